@@ -1,0 +1,127 @@
+"""The device-tiling engine the vLLM-Ascend patch set captures into, and how it is found.
+
+A patched attention layer hands its tensors to an engine as an :class:`AttentionCapture`
+while the graph is being captured. The engine must, inside the active capture,
+
+* enqueue the AI-CPU tiling task once per step per graph (the first layer of a graph
+  key triggers it; later layers reuse its tiling buffer), reading ``query_start_loc``
+  and ``seq_lens`` from device memory at replay time, and
+* enqueue the attention for this layer reading that device tiling and writing ``output``.
+
+Nothing it captures may need a host update per replay.
+
+Fallback guarantee: :func:`load_engine` returns ``(None, reason)`` when our kernels
+cannot be imported, no supported Ascend device is present, or no backend provides an
+engine. The patch set then patches nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from .errors import ActivationError
+
+#: Environment variable naming an engine factory as ``"package.module:callable"``.
+ENGINE_ENV = "AICPU_TILING_ENGINE"
+
+#: SoC name prefixes (``torch.npu.get_device_name()``) the tiling kernel is built for.
+SUPPORTED_SOCS = ("Ascend910B", "Ascend910_93")
+
+
+@dataclass(frozen=True)
+class AttentionCapture:
+    """One layer's attention, as the patched ``full_graph_fia`` sees it at capture.
+
+    Shapes follow vLLM-Ascend's TND decode path: ``query`` ``[T, num_heads, head_size]``;
+    ``key_cache``/``value_cache`` ``[num_blocks, block_size, num_kv_heads * head_size]``;
+    ``block_table`` int32 ``[max_batch, max_blocks_per_req]``; ``query_start_loc`` int32
+    ``[batch + 1]`` and ``seq_lens`` int32 ``[batch]`` (device-resident, refreshed in
+    place before each replay); ``output`` ``[T, num_heads * head_size]`` or
+    ``[T, num_heads, head_size]``.
+    """
+
+    graph_key: Hashable
+    layer_name: str | None
+    query: Any
+    key_cache: Any
+    value_cache: Any
+    block_table: Any
+    query_start_loc: Any
+    seq_lens: Any
+    output: Any
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    scale: float
+    causal: bool
+
+
+@runtime_checkable
+class TilingEngine(Protocol):
+    """What the patch set needs from a backend: capture one layer's tiled attention."""
+
+    name: str
+
+    def capture_attention(self, capture: AttentionCapture) -> None:
+        """Enqueue (tiling once per step and graph key, then) this layer's attention."""
+
+
+def _from_env(spec: str) -> TilingEngine:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ActivationError(f"{ENGINE_ENV}={spec!r} is not of the form 'package.module:callable'")
+    factory = getattr(importlib.import_module(module_name), attr)
+    return factory()
+
+
+def _npu_device_reason() -> str | None:
+    if importlib.util.find_spec("torch_npu") is None:
+        return "torch_npu is not installed, so no Ascend device can be used"
+    import torch
+    import torch_npu  # noqa: F401 - registers torch.npu
+
+    if not torch.npu.is_available():
+        return "no Ascend NPU is available (torch.npu.is_available() is False)"
+    soc = str(torch.npu.get_device_name())
+    if not soc.startswith(SUPPORTED_SOCS):
+        return f"device {soc} is not supported (supported: {', '.join(SUPPORTED_SOCS)}*)"
+    return None
+
+
+def load_engine() -> tuple[TilingEngine | None, str | None]:
+    """Find the engine to capture into; returns ``(engine, None)`` or ``(None, reason)``.
+
+    Order: the factory named by ``AICPU_TILING_ENGINE``; otherwise our kernels
+    (``pyruntime.tiling``) must import, a supported NPU must be present, and the
+    ``"npu"`` backend must offer ``vllm_tiling_engine()``.
+
+    Raises:
+        ActivationError: ``AICPU_TILING_ENGINE`` is set but malformed.
+    """
+    spec = os.environ.get(ENGINE_ENV, "").strip()
+    if spec:
+        return _from_env(spec), None
+    try:
+        importlib.import_module("pyruntime.tiling")
+    except Exception as exc:  # noqa: BLE001 - any failure means: do not patch
+        return None, f"our tiling kernels cannot load ({type(exc).__name__}: {exc})"
+    try:
+        reason = _npu_device_reason()
+    except Exception as exc:  # noqa: BLE001
+        return None, f"the Ascend device could not be queried ({type(exc).__name__}: {exc})"
+    if reason is not None:
+        return None, reason
+    try:
+        backend = importlib.import_module("pyruntime.backends").get("npu")
+    except Exception as exc:  # noqa: BLE001
+        return None, f"no NPU backend is available ({type(exc).__name__}: {exc})"
+    make = getattr(backend, "vllm_tiling_engine", None)
+    if make is None:
+        return None, "the NPU backend does not provide a vLLM tiling engine yet"
+    return make(), None

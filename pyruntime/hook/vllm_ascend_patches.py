@@ -1,0 +1,263 @@
+"""The vLLM-Ascend patch set: FIA full-graph decode reads a device tiling instead.
+
+What changes, for supported layers only (plain GQA/MHA decoder attention on the FIA
+full-graph path, main model):
+
+* ``AscendAttentionBackendImpl.full_graph_fia`` captures the engine's tiling task (once
+  per step and graph) and attention reading that device tiling, instead of an
+  ``ExternalEvent`` wait plus a task group holding FIA with frozen host lists.
+* ``AscendAttentionBackendImpl.update_graph_params`` and ``update_full_graph_params``
+  (in ``acl_graph`` and in every module that imported it by name) skip graphs in which
+  every FIA layer was captured this way; in a mixed graph the original update runs for
+  the host-path layers only.
+
+Everything else keeps the original path: sliding window, attention sinks (FIA v2),
+KV-cache quantization (C8 / non-"auto" dtypes), ALiBi, KV compression, non-decoder
+attention, subclasses (context parallel, C8), speculative draft graphs, paged-attention
+decode and MLA (a different implementation class). Each such layer is logged once
+with its reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections import defaultdict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from . import vllm_ascend_targets as targets
+from .engine import AttentionCapture, TilingEngine
+from .patching import PatchLedger
+
+log = logging.getLogger("pyruntime.hook")
+
+SUPPORTED_KV_DTYPES = ("auto", "float16", "bfloat16", "half", "float32")
+
+
+@dataclass
+class PatchState:
+    """Mutable state shared by the patched functions of one installation."""
+
+    engine: TilingEngine
+    line: str
+    ledger: PatchLedger = field(default_factory=PatchLedger)
+    #: graph key -> names (or ids) of layers captured on the device-tiling path
+    device_layers: dict[Hashable, set[str]] = field(default_factory=lambda: defaultdict(set))
+    #: (layer, reason) pairs kept on the host-update path
+    host_layers: set[tuple[str, str]] = field(default_factory=set)
+    updates_skipped: int = 0
+    update_wrapper: Any = None
+    update_original: Any = None
+    impl_cls: type | None = None
+    graph_params_fn: Any = None
+    patched_modules: list[str] = field(default_factory=list)
+
+    def whole_graph_device_tiled(self, num_tokens: int) -> bool:
+        """True when graph ``num_tokens`` has device-tiled layers and no host-path FIA."""
+        if self.graph_params_fn is None:
+            return False
+        graph_params = self.graph_params_fn()
+        if not self.device_layers.get(_graph_key(graph_params, num_tokens)):
+            return False
+        return not graph_params.attn_params.get(num_tokens)
+
+
+def layer_name(impl: Any) -> str:
+    """A stable name for an attention implementation instance (vLLM layer name if seen)."""
+    return (
+        getattr(impl, "_aicpu_tiling_layer_name", None) or f"<{type(impl).__name__}@{id(impl):#x}>"
+    )
+
+
+def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata: Any) -> str | None:
+    """Why this layer must keep the host-update path, or ``None`` if we handle it."""
+    if type(impl) is not impl_cls:
+        return f"subclass {type(impl).__name__} (context parallel / C8) is not supported"
+    if getattr(extra_ctx, "is_draft_model", False):
+        return "speculative draft-model graphs are not supported"
+    if impl.sliding_window is not None:
+        return f"sliding window ({impl.sliding_window}) is not supported"
+    if impl.sinks is not None:
+        return "attention sinks are not supported"
+    if getattr(impl, "enable_c8_quant", False) or impl.kv_cache_dtype not in SUPPORTED_KV_DTYPES:
+        return f"KV-cache quantization (kv_cache_dtype={impl.kv_cache_dtype!r}) is not supported"
+    if impl.alibi_slopes is not None:
+        return "ALiBi is not supported"
+    if getattr(impl, "enable_hamming_sparse", False):
+        return "KV compression (hamming sparse) is not supported"
+    if str(impl.attn_type).lower() not in ("decoder", "attentiontype.decoder"):
+        return f"attention type {impl.attn_type!r} is not supported"
+    if not getattr(attn_metadata, "causal", True):
+        return "non-causal attention is not supported"
+    return None
+
+
+def _note_host_path(state: PatchState, impl: Any, reason: str) -> None:
+    key = (layer_name(impl), reason)
+    if key not in state.host_layers:
+        state.host_layers.add(key)
+        log.info("aicpu-tiling: layer %s keeps the host-update path: %s", key[0], reason)
+
+
+def _graph_params(acl_graph: ModuleType, extra_ctx: Any) -> Any:
+    if getattr(extra_ctx, "is_draft_model", False):
+        if getattr(extra_ctx, "is_draft_model_prefill", False):
+            return acl_graph.get_draft_graph_prefill_params()
+        return acl_graph.get_draft_graph_params()
+    return acl_graph.get_graph_params()
+
+
+def _graph_key(graph_params: Any, num_tokens: int) -> Hashable:
+    return (id(graph_params), int(num_tokens))
+
+
+def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType) -> None:
+    """Patch ``AscendAttentionBackendImpl`` in ``attention_v1`` (see module docstring)."""
+    impl_cls = getattr(module, targets.IMPL)
+    ledger = state.ledger
+    extra_ctx = module._EXTRA_CTX
+
+    _, _, orig_fia = ledger.resolve(module, f"{targets.IMPL}.full_graph_fia")
+    _, _, orig_fia_v2 = ledger.resolve(module, f"{targets.IMPL}.full_graph_fia_v2")
+    _, _, orig_pa = ledger.resolve(module, f"{targets.IMPL}.full_graph_pa")
+    _, _, orig_forward = ledger.resolve(module, f"{targets.IMPL}.forward")
+    _, _, orig_update_sm = ledger.resolve(module, f"{targets.IMPL}.update_graph_params")
+    orig_update = orig_update_sm.__func__
+    update_sig = inspect.signature(orig_update)
+
+    @functools.wraps(orig_forward)
+    def forward(self, layer, *args, **kwargs):
+        name = getattr(layer, "layer_name", None)
+        if name is not None:
+            self._aicpu_tiling_layer_name = name
+        return orig_forward(self, layer, *args, **kwargs)
+
+    @functools.wraps(orig_fia)
+    def full_graph_fia(self, query, key, value, attn_metadata, output, layer=None):
+        reason = unsupported_reason(self, impl_cls, extra_ctx, attn_metadata)
+        if reason is not None:
+            _note_host_path(state, self, reason)
+            return orig_fia(self, query, key, value, attn_metadata, output, layer)
+        key_cache, value_cache, block_size, block_table, _ = self._get_fia_params(
+            key, value, attn_metadata
+        )
+        num_tokens = int(attn_metadata.actual_seq_lengths_q[-1])
+        graph_key = _graph_key(_graph_params(acl_graph, extra_ctx), num_tokens)
+        state.engine.capture_attention(
+            AttentionCapture(
+                graph_key=graph_key,
+                layer_name=layer_name(self),
+                query=query,
+                key_cache=key_cache,
+                value_cache=value_cache,
+                block_table=block_table,
+                query_start_loc=attn_metadata.query_start_loc,
+                seq_lens=attn_metadata.seq_lens,
+                output=output,
+                num_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads,
+                head_size=self.head_size,
+                block_size=int(block_size),
+                scale=float(self.scale),
+                causal=bool(attn_metadata.causal),
+            )
+        )
+        state.device_layers[graph_key].add(layer_name(self))
+        return output.view(output.shape[0], self.num_heads, self.head_size), num_tokens
+
+    def passthrough(original, reason):
+        @functools.wraps(original)
+        def wrapper(self, *args, **kwargs):
+            _note_host_path(state, self, reason)
+            return original(self, *args, **kwargs)
+
+        return wrapper
+
+    @functools.wraps(orig_update)
+    def update_graph_params(*args, **kwargs):
+        bound = update_sig.bind(*args, **kwargs)
+        forward_context = bound.arguments["forward_context"]
+        num_tokens = bound.arguments["num_tokens"]
+        if state.whole_graph_device_tiled(num_tokens):
+            state.updates_skipped += 1
+            return None
+        graph_params = _graph_params(acl_graph, extra_ctx)
+        device = state.device_layers.get(_graph_key(graph_params, num_tokens))
+        if not device:
+            return orig_update(*args, **kwargs)
+        bound.arguments["forward_context"] = _HostLayersView(forward_context, device)
+        return orig_update(*bound.args, **bound.kwargs)
+
+    state.impl_cls = impl_cls
+    state.graph_params_fn = functools.partial(_graph_params, acl_graph, extra_ctx)
+    ledger.replace(impl_cls, "forward", forward)
+    ledger.replace(impl_cls, "full_graph_fia", full_graph_fia)
+    ledger.replace(
+        impl_cls,
+        "full_graph_fia_v2",
+        passthrough(orig_fia_v2, "attention sinks (FIA v2) are not supported"),
+    )
+    ledger.replace(
+        impl_cls, "full_graph_pa", passthrough(orig_pa, "paged-attention decode is not supported")
+    )
+    ledger.replace(impl_cls, "update_graph_params", staticmethod(update_graph_params))
+
+
+class _HostLayersView:
+    """A forward context whose ``attn_metadata`` omits the device-tiled layers."""
+
+    def __init__(self, forward_context: Any, exclude: set[str]) -> None:
+        self._ctx = forward_context
+        metadata = forward_context.attn_metadata
+        self.attn_metadata = {k: v for k, v in metadata.items() if k not in exclude}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+def make_update_full_graph_params(original: Any, state: PatchState) -> Any:
+    """Wrap ``update_full_graph_params``: skip it when the whole graph is device-tiled."""
+    sig = inspect.signature(original)
+
+    @functools.wraps(original)
+    def update_full_graph_params(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        backend = bound.arguments["attn_backend"]
+        if (
+            state.impl_cls is not None
+            and backend.get_impl_cls() is state.impl_cls
+            and state.whole_graph_device_tiled(bound.arguments["num_tokens"])
+        ):
+            state.updates_skipped += 1
+            return None
+        return original(*args, **kwargs)
+
+    return update_full_graph_params
+
+
+def patch_acl_graph(module: ModuleType, state: PatchState) -> None:
+    """Replace ``acl_graph.update_full_graph_params`` with the skipping wrapper."""
+    original = module.update_full_graph_params
+    wrapper = make_update_full_graph_params(original, state)
+    state.update_original, state.update_wrapper = original, wrapper
+    state.ledger.replace(module, "update_full_graph_params", wrapper)
+
+
+def patch_importer(module: ModuleType, state: PatchState) -> None:
+    """Rebind an importer's ``update_full_graph_params`` to the wrapper (either way round)."""
+    current = vars(module).get("update_full_graph_params")
+    if current is None or state.update_wrapper is None:
+        return
+    if current is state.update_original:
+        state.ledger.replace(module, "update_full_graph_params", state.update_wrapper)
+    elif current is state.update_wrapper and not state.ledger.patched(
+        module, "update_full_graph_params"
+    ):
+        # Imported after acl_graph was patched: record how to restore the original.
+        state.ledger.replace(
+            module, "update_full_graph_params", state.update_wrapper, original=state.update_original
+        )
