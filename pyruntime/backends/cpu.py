@@ -1,0 +1,319 @@
+"""The CPU backend: an executable model of ACL graph semantics that runs anywhere.
+
+- Each stream is a `Worker` thread running its tasks in order, asynchronously to the host.
+- Events order streams (counter per event); external events block a waiter until some
+  stream records them, and refuse a second record before a reset.
+- Capture records launches as graph nodes instead of running them. A stream that waits
+  on an event recorded in the capture joins it (a fork); at replay its nodes run on a
+  graph-owned worker, ordered against the replay stream by the captured events.
+  Replay is one host call whatever the graph size, like ``aclmdlRIExecuteAsync``.
+- Task-group updates replace the group's tasks when the update stream reaches the
+  update (asynchronously); a second stream may not update a group while an update of it
+  is still in flight.
+- AI-CPU tasks run their body once; AI Core tasks run their body for every core index,
+  spread over a small thread pool (the C kernels release the GIL, so cores really run in
+  parallel).
+
+Device buffers are CPU torch tensors.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from .base import Backend
+from .cpu_worker import COMPUTE_KINDS, Timings, Worker
+from .errors import EventError, TaskUpdateError
+from .handles import AICPU, Event, Graph, Stream, Task, TaskGroup
+
+
+class _Slot:
+    """A captured task; a task update swaps `task`."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+
+class _EventState:
+    def __init__(self, external: bool) -> None:
+        self.external = external
+        self.pending = 0   # records enqueued by the host (plain events)
+        self.done = 0      # records executed by the device (plain events)
+        self.recorded = False  # external events
+
+
+class _GraphState:
+    def __init__(self) -> None:
+        self.nodes: dict[int, list[tuple[str, str, Callable[[int], None]]]] = {}
+        self.event_node: dict[int, int] = {}
+        self.node_done: dict[int, int] = {}
+        self.side_workers: dict[int, Worker] = {}
+        self.replays = 0
+        self.group_start: dict[int, int] = {}
+
+
+class _GroupState:
+    def __init__(self, slots: list[_Slot]) -> None:
+        self.slots = slots
+        self.inflight = 0
+        self.stream_id: int | None = None
+
+
+class CpuBackend(Backend):
+    """The CPU backend. ``get("cpu")`` returns one.
+
+    Args:
+        num_threads: AI Core pool size (default: CPU count, at most 8).
+        wait_timeout_s: how long a device-side wait may block before the task fails with
+            `EventError` (an external event never recorded would otherwise hang forever).
+    """
+
+    name = "cpu"
+    default_num_cores = 8
+
+    def __init__(self, *, num_threads: int | None = None, wait_timeout_s: float = 60.0):
+        super().__init__()
+        self.num_threads = num_threads or min(os.cpu_count() or 1, 8)
+        self.wait_timeout_s = wait_timeout_s
+        self.timings = Timings()
+        self._cond = threading.Condition()
+        self._workers: list[Worker] = []
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.num_threads, "cpu-aicore")
+        self._node_ids = itertools.count(1)
+
+    def close(self) -> None:
+        """Stop the worker threads and the core pool (the backend is unusable after)."""
+        for worker in self._workers:
+            worker.close()
+        self._pool.shutdown(wait=False)
+
+    # ---- buffers ----------------------------------------------------------------------------
+    def _alloc(self, shape, dtype):
+        return torch.zeros(shape, dtype=dtype)
+
+    def _copy_h2d(self, stream, dst, src):
+        stream.native.submit("copy", "copy_h2d", lambda: dst.copy_(src))
+
+    # ---- streams and events -----------------------------------------------------------------
+    def _new_stream(self, name):
+        worker = Worker(f"{name}-{len(self._workers)}", self.timings)
+        self._workers.append(worker)
+        return worker
+
+    def _default_stream(self):
+        return self._new_stream("default")
+
+    def _new_event(self, *, external):
+        return _EventState(external)
+
+    def _synchronize(self):
+        for worker in list(self._workers):
+            worker.synchronize()
+
+    def _stream_synchronize(self, stream):
+        stream.native.synchronize()
+
+    def _wait_for(self, ready: Callable[[], bool], what: str) -> None:
+        with self._cond:
+            if not self._cond.wait_for(ready, timeout=self.wait_timeout_s):
+                raise EventError(f"{what} did not happen within {self.wait_timeout_s} s")
+
+    def _notify(self, change: Callable[[], None]) -> None:
+        with self._cond:
+            change()
+            self._cond.notify_all()
+
+    def _ext_record(self, state: _EventState) -> None:
+        with self._cond:
+            if state.recorded:
+                raise EventError("ExternalEvent recorded again before it was reset")
+            state.recorded = True
+            self._cond.notify_all()
+
+    def _ext_reset(self, state: _EventState) -> None:
+        self._notify(lambda: setattr(state, "recorded", False))
+
+    def _event_record(self, event: Event, stream: Stream) -> None:
+        state = event.native
+        if stream.capturing is not None:
+            graph = stream.capturing.native
+            if state.external:
+                self._add_node(stream, "event", "external record",
+                               lambda r: self._ext_record(state))
+                return
+            node = next(self._node_ids)
+            graph.event_node[event.id] = node
+            graph.node_done[node] = 0
+
+            def done(r: int, node: int = node) -> None:
+                self._notify(lambda: graph.node_done.__setitem__(node, r))
+
+            self._add_node(stream, "event", "record", done)
+            return
+        if state.external:
+            stream.native.submit("event", "external record", lambda: self._ext_record(state))
+            return
+        state.pending += 1
+        target = state.pending
+
+        def record() -> None:
+            self._notify(lambda: setattr(state, "done", max(state.done, target)))
+
+        stream.native.submit("event", "record", record)
+
+    def _event_wait(self, event: Event, stream: Stream) -> None:
+        state = event.native
+        if state.external:
+            def wait(*_: int) -> None:
+                self._wait_for(lambda: state.recorded, "ExternalEvent record")
+
+            if stream.capturing is not None:
+                self._add_node(stream, "event", "external wait", wait)
+            else:
+                stream.native.submit("event", "external wait", wait)
+            return
+        if stream.capturing is not None:
+            graph = stream.capturing.native
+            node = graph.event_node[event.id]
+            self._add_node(stream, "event", "wait", lambda r: self._wait_for(
+                lambda: graph.node_done[node] >= r, "captured event record"))
+            return
+        target = state.pending
+        if target:
+            stream.native.submit("event", "wait", lambda: self._wait_for(
+                lambda: state.done >= target, "event record"))
+
+    def _event_reset(self, event: Event, stream: Stream) -> None:
+        state = event.native
+        if stream.capturing is not None:
+            self._add_node(stream, "event", "external reset", lambda r: self._ext_reset(state))
+        else:
+            stream.native.submit("event", "external reset", lambda: self._ext_reset(state))
+
+    def _event_synchronize(self, event: Event) -> None:
+        state = event.native
+        if state.external:
+            self._wait_for(lambda: state.recorded, "ExternalEvent record")
+        else:
+            target = state.pending
+            self._wait_for(lambda: state.done >= target, "event record")
+
+    # ---- graphs -----------------------------------------------------------------------------
+    def _new_graph(self):
+        return _GraphState()
+
+    def _add_node(self, stream: Stream, kind: str, name: str, fn: Callable[[int], None]):
+        stream.capturing.native.nodes.setdefault(stream.id, []).append((kind, name, fn))
+
+    def _capture_begin(self, graph: Graph, stream: Stream) -> None:
+        graph.native.nodes[stream.id] = []
+
+    def _capture_end(self, graph: Graph) -> None:
+        state = graph.native
+        for sid, side in graph.side_streams.items():
+            state.side_workers[sid] = self._new_stream(f"graph{graph.id}-{side.name}")
+
+    def _release_graph(self, graph: Graph) -> None:
+        for worker in graph.native.side_workers.values():
+            worker.close()
+            self._workers.remove(worker)
+
+    def _replay(self, graph: Graph, stream: Stream) -> None:
+        state = graph.native
+        state.replays += 1
+        r = state.replays
+        main = stream.native
+        for sid, worker in state.side_workers.items():
+            nodes = state.nodes[sid]
+            worker.submit("graph", f"graph{graph.id}",
+                          lambda n=nodes, w=worker: self._run_nodes(n, r, w, main))
+        nodes = state.nodes[graph.stream.id]
+        main.submit("graph", f"graph{graph.id}", lambda: self._run_nodes(nodes, r, main, main))
+
+    def _run_nodes(self, nodes, r: int, where: Worker, report: Worker) -> None:
+        failed = False
+        for kind, name, fn in nodes:
+            if failed and kind in COMPUTE_KINDS:
+                continue
+            start = time.perf_counter()
+            try:
+                fn(r)
+            except BaseException as exc:  # noqa: BLE001 - reported at synchronize
+                report.fail(name, exc)
+                failed = True
+            if kind in COMPUTE_KINDS:
+                self.timings.add(kind, name, where.name, start, time.perf_counter())
+
+    # ---- task groups --------------------------------------------------------------------------
+    def _group_begin(self, stream: Stream) -> None:
+        nodes = stream.capturing.native.nodes.setdefault(stream.id, [])
+        stream.capturing.native.group_start[stream.id] = len(nodes)
+
+    def _group_end(self, stream: Stream) -> _GroupState:
+        state = stream.capturing.native
+        start = state.group_start.pop(stream.id)
+        slots = [fn.slot for kind, _, fn in state.nodes[stream.id][start:]
+                 if kind in ("aicpu", "aicore")]
+        return _GroupState(slots)
+
+    def _update_begin(self, stream: Stream, group: TaskGroup) -> None:
+        native = group.native
+        if native.inflight and native.stream_id != stream.id:
+            raise TaskUpdateError("graph_task_update_begin: an update of this group from "
+                                  "another stream has not landed yet; concurrent updates "
+                                  "of one group are not allowed")
+
+    def _update_end(self, stream: Stream, group: TaskGroup, tasks: list[Task]) -> None:
+        native = group.native
+        native.inflight += 1
+        native.stream_id = stream.id
+
+        def land() -> None:
+            for slot, task in zip(native.slots, tasks, strict=True):
+                slot.task = task
+            native.inflight -= 1
+
+        stream.native.submit("update", "task update", land)
+
+    # ---- launches -------------------------------------------------------------------------------
+    def _launch(self, stream: Stream, task: Task) -> None:
+        if stream.updating is not None:
+            return  # the base keeps the task; _update_end lands it
+        kind = task.kernel.kind
+        if stream.capturing is not None:
+            slot = _Slot(task)
+
+            def run(r: int) -> None:
+                self._execute(slot.task)
+
+            run.slot = slot
+            self._add_node(stream, kind, task.kernel.name, run)
+            return
+        stream.native.submit(kind, task.kernel.name, lambda: self._execute(task))
+
+    def _execute(self, task: Task) -> None:
+        body, args = task.kernel.cpu_impl, task.args
+        if task.kernel.kind == AICPU:
+            body(**args)
+            return
+        n, lanes = task.num_cores, min(task.num_cores, self.num_threads)
+        if lanes <= 1:
+            for core in range(n):
+                body(core, **args)
+            return
+
+        def lane(first: int) -> None:
+            for core in range(first, n, lanes):
+                body(core, **args)
+
+        for future in [self._pool.submit(lane, k) for k in range(lanes)]:
+            future.result()

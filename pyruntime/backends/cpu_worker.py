@@ -1,0 +1,103 @@
+"""The CPU backend's stream engine: one worker thread per stream, plus task timings.
+
+A `Worker` runs submitted items in order on its own thread, asynchronously to the host.
+The first failure is kept and reported (as `DeviceTaskError`) by the next
+`synchronize()`; after a failure the worker skips compute items but still runs event
+items, so that other streams waiting on its events are not deadlocked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+from .errors import DeviceTaskError
+
+#: item kinds that do work; the others ("event", "graph", "sync") only order streams
+COMPUTE_KINDS = frozenset({"aicpu", "aicore", "copy", "update"})
+
+
+@dataclasses.dataclass
+class TaskTiming:
+    """Aggregate device time of one task kind (seconds)."""
+
+    count: int = 0
+    total_s: float = 0.0
+    max_s: float = 0.0
+
+
+class Timings:
+    """Thread-safe per-kind aggregates, plus an optional bounded list of task records."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.by_kind: dict[str, TaskTiming] = {}
+        self.records: list[tuple[str, str, str, float, float]] | None = None
+        self.max_records = 0
+
+    def add(self, kind: str, name: str, where: str, start: float, end: float) -> None:
+        with self._lock:
+            stat = self.by_kind.setdefault(kind, TaskTiming())
+            stat.count += 1
+            stat.total_s += end - start
+            stat.max_s = max(stat.max_s, end - start)
+            if self.records is not None and len(self.records) < self.max_records:
+                self.records.append((kind, name, where, start, end))
+
+    def reset(self) -> None:
+        with self._lock:
+            self.by_kind = {}
+            if self.records is not None:
+                self.records = []
+
+
+class Worker:
+    """An in-order executor on its own daemon thread."""
+
+    def __init__(self, name: str, timings: Timings) -> None:
+        self.name = name
+        self.timings = timings
+        self.error: DeviceTaskError | None = None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"cpu-stream-{name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, kind: str, name: str, fn: Callable[[], None]) -> None:
+        self._queue.put((kind, name, fn))
+
+    def fail(self, name: str, exc: BaseException) -> None:
+        """Keep the first failure for the next synchronize."""
+        if self.error is None:
+            self.error = exc if isinstance(exc, DeviceTaskError) else DeviceTaskError(name, exc)
+
+    def synchronize(self) -> None:
+        """Block until every item submitted so far has run; raise a kept failure."""
+        done = threading.Event()
+        self.submit("sync", "synchronize", done.set)
+        done.wait()
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            kind, name, fn = item
+            if self.error is not None and kind in COMPUTE_KINDS:
+                continue
+            start = time.perf_counter()
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - reported at synchronize
+                self.fail(name, exc)
+            if kind in COMPUTE_KINDS:
+                self.timings.add(kind, name, self.name, start, time.perf_counter())
