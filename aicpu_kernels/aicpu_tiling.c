@@ -1,0 +1,568 @@
+/*
+ * aicpu_tiling.c -- the portable tiling kernel. The header documents the contract; the
+ * comments here say why the code is shaped the way it is.
+ *
+ * No library calls, no allocation, no recursion: the same file runs on the AI-CPU, in a
+ * freestanding build, and under the sanitizers.
+ */
+#include "aicpu_tiling.h"
+
+#ifdef AICPU_TILING_DEBUG
+#include <assert.h>
+#define TILING_ASSERT(x) assert(x)
+#else
+#define TILING_ASSERT(x) ((void)0)
+#endif
+
+/* C99 static assert: a negative array size fails the build. Pins the ABI. */
+#define TILING_STATIC_ASSERT(name, cond) typedef char tiling_static_assert_##name[(cond) ? 1 : -1]
+TILING_STATIC_ASSERT(params_size, sizeof(aicpu_tiling_params) == 16 * sizeof(int32_t));
+TILING_STATIC_ASSERT(params_q_tile, offsetof(aicpu_tiling_params, q_tile) == 8 * sizeof(int32_t));
+TILING_STATIC_ASSERT(params_reserved,
+                     offsetof(aicpu_tiling_params, reserved) == 12 * sizeof(int32_t));
+TILING_STATIC_ASSERT(int32_width, sizeof(int32_t) == 4);
+
+/* Costs and counts are int64 inside and int32 in the buffer. */
+static int32_t int32_saturate(int64_t x) { return x > (int64_t)INT32_MAX ? INT32_MAX : (int32_t)x; }
+#define INT32_SATURATE(x) int32_saturate(x)
+/* Worst-case total cost allowed by the parameter check; keeps every sum below 2^62. */
+#define TILING_COST_LIMIT ((int64_t)1 << 60)
+
+static int64_t div_ceil64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Everything derived from the static parameters once per call. */
+typedef struct plan_ctx {
+    const aicpu_tiling_params *p;
+    const int32_t *cu;
+    const int32_t *kv;
+    int32_t batch;
+    int causal;
+    int32_t group;
+    int64_t seg;           /* cost_segment */
+    int64_t block_units;   /* ceil(block_size / 16) */
+    int block_shift;       /* log2(block_size) when a power of two, else -1 */
+} plan_ctx;
+
+/* One request's shape on the position axis. */
+typedef struct request_info {
+    int32_t q_len;
+    int32_t kv_len;
+    int32_t num_tiles;
+    int32_t num_full;    /* tiles of exactly q_tile tokens */
+    int64_t w_full;      /* block cost of a full tile */
+    int64_t w_last;      /* block cost of the last tile (== w_full when it is full) */
+    int64_t head_cost;   /* cost of all tiles of one kv head */
+} request_info;
+
+/* The unit containing a position, or the end of the work. */
+typedef struct unit_at {
+    int32_t r, h, t;
+    int64_t start;  /* U */
+    int64_t blocks; /* n */
+    int64_t w;
+    int64_t index;  /* global unit index in work order */
+} unit_at;
+
+/* Position tuple as written to the core table. */
+typedef struct work_pos {
+    int32_t r, h, t, k;
+    int64_t unit_index; /* of the unit it names; num_units at the end */
+} work_pos;
+
+static int64_t kv_blocks(const plan_ctx *c, int64_t tokens) {
+    if (c->block_shift >= 0) return (tokens + c->p->block_size - 1) >> c->block_shift;
+    return div_ceil64(tokens, c->p->block_size);
+}
+
+static int64_t block_cost(const plan_ctx *c, int64_t tokens) {
+    int64_t rows = tokens * c->group;
+    return c->block_units * (c->p->cost_kv_load + c->p->cost_qk_tile * ((rows + 15) >> 4));
+}
+
+/*
+ * sum_{i=0}^{n-1} floor((a*i + b) / m) for a, b >= 0, m > 0, without walking i: the
+ * classic floor-sum reduction, which swaps the roles of a and m like Euclid's algorithm
+ * and so takes O(log m) rounds. Causal tiles see kv lengths growing by q_tile per tile,
+ * so their block counts are such a sum.
+ */
+static int64_t floor_sum(int64_t n, int64_t m, int64_t a, int64_t b) {
+    int64_t total = 0;
+    for (;;) {
+        if (a >= m) {
+            total += (n * (n - 1) / 2) * (a / m);
+            a %= m;
+        }
+        if (b >= m) {
+            total += n * (b / m);
+            b %= m;
+        }
+        {
+            int64_t y_max = a * n + b;
+            int64_t next_a;
+            if (y_max < m) break;
+            n = y_max / m;
+            b = y_max % m;
+            next_a = m;
+            m = a;
+            a = next_a;
+        }
+    }
+    return total;
+}
+
+/* Blocks of full causal tiles 0..k-1: ceil((kv - q + (t + 1) * q_tile) / bs) summed. */
+static int64_t causal_full_blocks(const plan_ctx *c, const request_info *ri, int64_t k) {
+    int64_t bs = c->p->block_size, qt = c->p->q_tile;
+    return floor_sum(k, bs, qt, (int64_t)ri->kv_len - ri->q_len + qt + bs - 1);
+}
+
+/* Cost of tiles 0..k-1 of one head, k <= num_full. */
+static int64_t full_tiles_cost(const plan_ctx *c, const request_info *ri, int64_t k) {
+    int64_t blocks = c->causal ? causal_full_blocks(c, ri, k) : k * kv_blocks(c, ri->kv_len);
+    return k * c->seg + blocks * ri->w_full;
+}
+
+static void request_load(const plan_ctx *c, int32_t r, request_info *ri) {
+    int32_t qt = c->p->q_tile;
+    ri->q_len = c->cu[r + 1] - c->cu[r];
+    ri->kv_len = c->kv[r];
+    if (ri->q_len == 0) {
+        ri->num_tiles = ri->num_full = 0;
+        ri->w_full = ri->w_last = 0;
+        ri->head_cost = 0;
+        return;
+    }
+    if (ri->q_len <= qt) {
+        /* Decode and short speculative steps: one tile that sees the whole kv. */
+        ri->num_tiles = 1;
+        ri->num_full = ri->q_len == qt;
+        ri->w_full = ri->w_last = block_cost(c, ri->q_len);
+        ri->head_cost = c->seg + kv_blocks(c, ri->kv_len) * ri->w_full;
+        return;
+    }
+    ri->num_full = ri->q_len / qt;
+    ri->num_tiles = ri->num_full + (ri->q_len % qt != 0);
+    ri->w_full = block_cost(c, qt);
+    ri->w_last = block_cost(c, ri->q_len - (int64_t)(ri->num_tiles - 1) * qt);
+    ri->head_cost = full_tiles_cost(c, ri, ri->num_full);
+    if (ri->num_tiles > ri->num_full) /* the partial last tile sees the whole kv */
+        ri->head_cost += c->seg + kv_blocks(c, ri->kv_len) * ri->w_last;
+}
+
+/* Blocks of tile t. The last tile (full or not) and every non-causal tile see all kv. */
+static int64_t tile_blocks(const plan_ctx *c, const request_info *ri, int32_t t) {
+    int64_t end = ri->kv_len;
+    if (c->causal && t < ri->num_tiles - 1)
+        end = (int64_t)ri->kv_len - ri->q_len + (int64_t)(t + 1) * c->p->q_tile;
+    return kv_blocks(c, end);
+}
+
+/* The tile of one head whose interval holds offset o (0 <= o < head_cost); *start = S(t). */
+static int32_t tile_at(const plan_ctx *c, const request_info *ri, int64_t o, int64_t *start) {
+    int64_t lo = 0, hi = ri->num_full;
+    if (ri->num_tiles == 1) {
+        *start = 0;
+        return 0;
+    }
+    if (!c->causal) {
+        int64_t tile_cost = c->seg + kv_blocks(c, ri->kv_len) * ri->w_full;
+        int64_t t = o / tile_cost;
+        if (t > ri->num_full) t = ri->num_full;
+        *start = t * tile_cost;
+        return (int32_t)t;
+    }
+    /* Largest k in [0, num_full] with S(k) <= o; S grows strictly, so binary search. */
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if (full_tiles_cost(c, ri, mid) <= o) lo = mid;
+        else hi = mid - 1;
+    }
+    if (lo == ri->num_tiles) lo = ri->num_tiles - 1; /* o in the last full tile */
+    *start = full_tiles_cost(c, ri, lo);
+    return (int32_t)lo;
+}
+
+/* A forward-only cursor over requests: targets only grow, so the sweep is O(batch). */
+typedef struct cursor {
+    int32_t r;
+    int64_t start;      /* position of request r */
+    int64_t unit_index; /* global index of request r's first unit */
+    request_info ri;
+} cursor;
+
+static void cursor_init(const plan_ctx *c, cursor *cur) {
+    cur->r = 0;
+    cur->start = 0;
+    cur->unit_index = 0;
+    if (c->batch > 0) request_load(c, 0, &cur->ri);
+}
+
+/* Locate the unit containing pos, 0 <= pos < W, at or after the cursor. */
+static void cursor_locate(const plan_ctx *c, cursor *cur, int64_t pos, unit_at *u) {
+    int64_t heads = c->p->num_kv_heads, off, h, o, tile_start;
+    int32_t t;
+    while (pos >= cur->start + heads * cur->ri.head_cost) {
+        cur->start += heads * cur->ri.head_cost;
+        cur->unit_index += heads * cur->ri.num_tiles;
+        cur->r += 1;
+        TILING_ASSERT(cur->r < c->batch);
+        request_load(c, cur->r, &cur->ri);
+    }
+    off = pos - cur->start;
+    h = off / cur->ri.head_cost;
+    o = off - h * cur->ri.head_cost;
+    t = tile_at(c, &cur->ri, o, &tile_start);
+    u->r = cur->r;
+    u->h = (int32_t)h;
+    u->t = t;
+    u->start = cur->start + h * cur->ri.head_cost + tile_start;
+    u->blocks = tile_blocks(c, &cur->ri, t);
+    u->w = t == cur->ri.num_tiles - 1 ? cur->ri.w_last : cur->ri.w_full;
+    u->index = cur->unit_index + h * cur->ri.num_tiles + t;
+}
+
+/* Position tuple of a legal cut pos (a unit start, an inner block boundary, or W). */
+static void cursor_pos(const plan_ctx *c, cursor *cur, int64_t pos, int64_t total,
+                       int64_t num_units, work_pos *wp) {
+    unit_at u;
+    if (pos >= total) {
+        wp->r = c->batch;
+        wp->h = wp->t = wp->k = 0;
+        wp->unit_index = num_units;
+        return;
+    }
+    cursor_locate(c, cur, pos, &u);
+    wp->r = u.r;
+    wp->h = u.h;
+    wp->t = u.t;
+    wp->k = pos == u.start ? 0 : (int32_t)((pos - u.start - c->seg) / u.w);
+    wp->unit_index = u.index;
+}
+
+/* The legal cut nearest to target inside its unit; ties go to the lower cut. */
+static int64_t snap(const plan_ctx *c, const unit_at *u, int64_t target) {
+    int64_t o = target - u->start, k;
+    if (2 * o <= c->seg + u->w) return u->start;
+    if (o <= c->seg + u->w) k = 1;
+    else {
+        int64_t rem;
+        k = (o - c->seg) / u->w;
+        rem = o - c->seg - k * u->w;
+        if (2 * rem > u->w) k += 1;
+        if (k > u->blocks) k = u->blocks;
+    }
+    return u->start + c->seg + k * u->w;
+}
+
+static void write_words(int32_t *dst, int64_t count, int32_t value) {
+    int64_t i;
+    for (i = 0; i < count; ++i) dst[i] = value;
+}
+
+static void write_pos(int32_t *dst, const work_pos *wp) {
+    dst[0] = wp->r;
+    dst[1] = wp->h;
+    dst[2] = wp->t;
+    dst[3] = wp->k;
+}
+
+int aicpu_tiling_params_check(const aicpu_tiling_params *p) {
+    int64_t group, kv_cap, w_max, bound;
+    int i;
+    if (p == NULL) return AICPU_TILING_E_PARAMS;
+    if (p->num_q_heads < 1 || p->num_q_heads > AICPU_TILING_MAX_HEADS) return AICPU_TILING_E_PARAMS;
+    if (p->num_kv_heads < 1 || p->num_kv_heads > p->num_q_heads) return AICPU_TILING_E_PARAMS;
+    if (p->num_q_heads % p->num_kv_heads != 0) return AICPU_TILING_E_PARAMS;
+    if (p->head_dim < 1 || p->head_dim > AICPU_TILING_MAX_HEAD_DIM) return AICPU_TILING_E_PARAMS;
+    if (p->block_size < 1 || p->block_size > AICPU_TILING_MAX_BLOCK_SIZE)
+        return AICPU_TILING_E_PARAMS;
+    if (p->max_batch < 1 || p->max_batch > AICPU_TILING_MAX_BATCH) return AICPU_TILING_E_PARAMS;
+    if (p->max_tokens < 1 || p->max_tokens > AICPU_TILING_MAX_TOKENS) return AICPU_TILING_E_PARAMS;
+    if (p->max_blocks_per_req < 1) return AICPU_TILING_E_PARAMS;
+    kv_cap = (int64_t)p->max_blocks_per_req * p->block_size;
+    if (kv_cap > AICPU_TILING_MAX_KV_TOKENS) return AICPU_TILING_E_PARAMS;
+    if (p->num_cores < 1 || p->num_cores > AICPU_TILING_MAX_CORES) return AICPU_TILING_E_PARAMS;
+    group = p->num_q_heads / p->num_kv_heads;
+    if (p->q_tile < 1 || (int64_t)p->q_tile * group > AICPU_TILING_MAX_TILE_ROWS)
+        return AICPU_TILING_E_PARAMS;
+    if (p->cost_kv_load < 0 || p->cost_kv_load > AICPU_TILING_MAX_COST_WEIGHT ||
+        p->cost_qk_tile < 0 || p->cost_qk_tile > AICPU_TILING_MAX_COST_WEIGHT ||
+        p->cost_segment < 0 || p->cost_segment > AICPU_TILING_MAX_COST_WEIGHT ||
+        p->cost_kv_load + p->cost_qk_tile < 1)
+        return AICPU_TILING_E_PARAMS;
+    for (i = 0; i < 4; ++i)
+        if (p->reserved[i] != 0) return AICPU_TILING_E_PARAMS;
+    /* Every unit has at most q_tile tokens and kv_cap kv tokens; there are at most
+     * max_tokens * num_kv_heads units. All the limits above keep this product < 2^60. */
+    w_max = ((int64_t)p->block_size + 15) / 16 *
+            (p->cost_kv_load + (int64_t)p->cost_qk_tile * (((int64_t)p->q_tile * group + 15) / 16));
+    bound = (int64_t)p->max_tokens * p->num_kv_heads *
+            (p->cost_segment + div_ceil64(kv_cap, p->block_size) * w_max);
+    if (bound > TILING_COST_LIMIT) return AICPU_TILING_E_PARAMS;
+    return AICPU_TILING_OK;
+}
+
+/* Word offsets of the buffer's regions for valid params. */
+static int64_t core_table_words(const aicpu_tiling_params *p) {
+    return (int64_t)AICPU_TILING_CORE_WORDS * p->num_cores;
+}
+static int64_t prefix_offset(const aicpu_tiling_params *p) {
+    return AICPU_TILING_HDR_WORDS + core_table_words(p);
+}
+static int64_t combine_offset(const aicpu_tiling_params *p) {
+    return prefix_offset(p) + p->max_batch + 1;
+}
+static int64_t used_words(const aicpu_tiling_params *p) {
+    return combine_offset(p) + (int64_t)AICPU_TILING_COMB_WORDS * (p->num_cores - 1);
+}
+
+size_t aicpu_tiling_bytes(const aicpu_tiling_params *p) {
+    if (aicpu_tiling_params_check(p) != AICPU_TILING_OK) return 0;
+    return (size_t)((used_words(p) + 15) / 16 * 16 * 4);
+}
+
+int32_t aicpu_tiling_max_slots(const aicpu_tiling_params *p) {
+    if (aicpu_tiling_params_check(p) != AICPU_TILING_OK) return 0;
+    return 2 * (p->num_cores - 1);
+}
+
+size_t aicpu_tiling_workspace_bytes(const aicpu_tiling_params *p) {
+    int64_t rows;
+    if (aicpu_tiling_params_check(p) != AICPU_TILING_OK) return 0;
+    rows = (int64_t)p->q_tile * (p->num_q_heads / p->num_kv_heads);
+    return (size_t)(2 * (int64_t)(p->num_cores - 1) * rows * (p->head_dim + 1) * 4);
+}
+
+static void write_header(int32_t *buf, int status, int32_t batch, int32_t num_cores,
+                         uint32_t flags) {
+    write_words(buf, AICPU_TILING_HDR_WORDS, 0);
+    buf[AICPU_TILING_HDR_MAGIC] = AICPU_TILING_MAGIC;
+    buf[AICPU_TILING_HDR_VERSION] = AICPU_TILING_VERSION;
+    buf[AICPU_TILING_HDR_STATUS] = status;
+    buf[AICPU_TILING_HDR_BAD_REQUEST] = -1;
+    buf[AICPU_TILING_HDR_BATCH] = batch;
+    buf[AICPU_TILING_HDR_NUM_CORES] = num_cores;
+    buf[AICPU_TILING_HDR_FLAGS] = (int32_t)flags;
+}
+
+/* Input error: header names the offence, every core idle at (0,0,0,0), tables zero. */
+static int write_input_error(const aicpu_tiling_params *p, int32_t *buf, int status,
+                             int32_t request, int32_t value, int32_t limit, int32_t batch,
+                             uint32_t flags) {
+    int32_t core;
+    int64_t words = (int64_t)(aicpu_tiling_bytes(p) / 4);
+    write_words(buf, words, 0);
+    write_header(buf, status, batch, p->num_cores, flags);
+    buf[AICPU_TILING_HDR_BAD_REQUEST] = request;
+    buf[AICPU_TILING_HDR_BAD_VALUE] = value;
+    buf[AICPU_TILING_HDR_BAD_LIMIT] = limit;
+    for (core = 0; core < p->num_cores; ++core) {
+        int32_t *rec = buf + AICPU_TILING_HDR_WORDS + (int64_t)core * AICPU_TILING_CORE_WORDS;
+        rec[AICPU_TILING_CORE_FIRST_SLOT] = -1;
+        rec[AICPU_TILING_CORE_LAST_SLOT] = -1;
+    }
+    return status;
+}
+
+/* Check every request in order; on the first offence write it and return its status. */
+static int validate(const plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *total,
+                    int64_t *num_units) {
+    const aicpu_tiling_params *p = c->p;
+    int64_t kv_cap = (int64_t)p->max_blocks_per_req * p->block_size;
+    int32_t r;
+    request_info ri;
+    *total = 0;
+    *num_units = 0;
+    if (c->cu[0] != 0)
+        return write_input_error(p, buf, AICPU_TILING_E_QUERY_START, 0, c->cu[0], 0, c->batch,
+                                 flags);
+    for (r = 0; r < c->batch; ++r) {
+        int32_t lo = c->cu[r], hi = c->cu[r + 1], kv = c->kv[r];
+        int status = AICPU_TILING_OK;
+        int32_t value = 0, limit = 0;
+        if (hi < lo) status = AICPU_TILING_E_QUERY_DECREASING, value = hi, limit = lo;
+        else if (hi > p->max_tokens)
+            status = AICPU_TILING_E_QUERY_OVERFLOW, value = hi, limit = p->max_tokens;
+        else if (kv < 0) status = AICPU_TILING_E_KV_NEGATIVE, value = kv, limit = 0;
+        else if (c->causal && kv < hi - lo)
+            status = AICPU_TILING_E_KV_SHORT, value = kv, limit = hi - lo;
+        else if (kv > kv_cap)
+            status = AICPU_TILING_E_KV_CAPACITY, value = kv, limit = (int32_t)kv_cap;
+        else if (!c->causal && hi > lo && kv == 0)
+            status = AICPU_TILING_E_KV_EMPTY, value = 0, limit = 1;
+        if (status != AICPU_TILING_OK)
+            return write_input_error(p, buf, status, r, value, limit, c->batch, flags);
+        request_load(c, r, &ri);
+        *total += p->num_kv_heads * ri.head_cost;
+        *num_units += (int64_t)p->num_kv_heads * ri.num_tiles;
+    }
+    return AICPU_TILING_OK;
+}
+
+/* Partial slots and combine records, walking cores in work order. */
+typedef struct slot_state {
+    int32_t next_slot;
+    int32_t num_combine;
+    int32_t *combine;
+} slot_state;
+
+static int32_t open_split_unit(slot_state *s, const work_pos *unit) {
+    int32_t *rec = s->combine + (int64_t)s->num_combine * AICPU_TILING_COMB_WORDS;
+    rec[AICPU_TILING_COMB_REQUEST] = unit->r;
+    rec[AICPU_TILING_COMB_KV_HEAD] = unit->h;
+    rec[AICPU_TILING_COMB_Q_TILE] = unit->t;
+    rec[AICPU_TILING_COMB_FIRST_SLOT] = s->next_slot;
+    rec[AICPU_TILING_COMB_NUM_PIECES] = 1;
+    s->num_combine += 1;
+    return s->next_slot++;
+}
+
+static int32_t continue_split_unit(slot_state *s) {
+    TILING_ASSERT(s->num_combine > 0);
+    s->combine[(int64_t)(s->num_combine - 1) * AICPU_TILING_COMB_WORDS +
+               AICPU_TILING_COMB_NUM_PIECES] += 1;
+    return s->next_slot++;
+}
+
+/* Fill the slots of one core's first and last segments; returns its segment count. */
+static int64_t assign_slots(slot_state *s, const work_pos *begin, const work_pos *end,
+                            int32_t *rec) {
+    int64_t last_unit;
+    int begin_mid = begin->k > 0, end_mid = end->k > 0;
+    rec[AICPU_TILING_CORE_FIRST_SLOT] = -1;
+    rec[AICPU_TILING_CORE_LAST_SLOT] = -1;
+    if (begin->unit_index == end->unit_index && begin->k == end->k) return 0;
+    last_unit = end_mid ? end->unit_index : end->unit_index - 1;
+    if (begin_mid) rec[AICPU_TILING_CORE_FIRST_SLOT] = continue_split_unit(s);
+    else if (end_mid && last_unit == begin->unit_index)
+        rec[AICPU_TILING_CORE_FIRST_SLOT] = open_split_unit(s, begin);
+    if (last_unit == begin->unit_index) rec[AICPU_TILING_CORE_LAST_SLOT] = rec[AICPU_TILING_CORE_FIRST_SLOT];
+    else if (end_mid) rec[AICPU_TILING_CORE_LAST_SLOT] = open_split_unit(s, end);
+    return last_unit - begin->unit_index + 1;
+}
+
+static void write_split_prefix(const aicpu_tiling_params *p, const slot_state *s, int32_t *prefix) {
+    int32_t r, rec = 0, acc = 0;
+    for (r = 0; r <= p->max_batch; ++r) {
+        prefix[r] = acc;
+        while (rec < s->num_combine &&
+               s->combine[(int64_t)rec * AICPU_TILING_COMB_WORDS + AICPU_TILING_COMB_REQUEST] == r) {
+            acc += s->combine[(int64_t)rec * AICPU_TILING_COMB_WORDS + AICPU_TILING_COMB_NUM_PIECES];
+            rec += 1;
+        }
+    }
+}
+
+/* Cut [0, W) into P core ranges as THE PARTITION in the header describes. */
+static void partition(const plan_ctx *c, int32_t *buf, int64_t total, int64_t num_units) {
+    const aicpu_tiling_params *p = c->p;
+    int64_t cores = p->num_cores, seg = c->seg;
+    int64_t budget = (total + (cores - 1) * seg + cores - 1) / cores;
+    int64_t start = 0, continuations = 0, max_cost = 0, segments = 0;
+    int32_t core;
+    cursor cur;
+    work_pos begin, end;
+    slot_state slots;
+    slots.next_slot = 0;
+    slots.num_combine = 0;
+    slots.combine = buf + combine_offset(p);
+    cursor_init(c, &cur);
+    cursor_pos(c, &cur, 0, total, num_units, &begin);
+    for (core = 0; core < p->num_cores; ++core) {
+        int32_t *rec = buf + AICPU_TILING_HDR_WORDS + (int64_t)core * AICPU_TILING_CORE_WORDS;
+        int64_t stop, cost, core_segments;
+        if (begin.k > 0) continuations += 1;
+        if (core == p->num_cores - 1) stop = total;
+        else {
+            int64_t target = (core + 1) * budget - seg * continuations;
+            if (target < start) target = start;
+            if (target >= total) stop = total;
+            else {
+                unit_at u;
+                cursor_locate(c, &cur, target, &u);
+                stop = snap(c, &u, target);
+            }
+        }
+        cursor_pos(c, &cur, stop, total, num_units, &end);
+        cost = stop - start + (stop > start && begin.k > 0 ? seg : 0);
+        write_pos(rec + AICPU_TILING_CORE_BEGIN, &begin);
+        write_pos(rec + AICPU_TILING_CORE_END, &end);
+        core_segments = assign_slots(&slots, &begin, &end, rec);
+        rec[AICPU_TILING_CORE_NUM_SEGMENTS] = INT32_SATURATE(core_segments);
+        rec[AICPU_TILING_CORE_COST] = INT32_SATURATE(cost);
+        segments += core_segments;
+        if (cost > max_cost) max_cost = cost;
+        begin = end;
+        start = stop;
+    }
+    write_split_prefix(p, &slots, buf + prefix_offset(p));
+    buf[AICPU_TILING_HDR_NUM_UNITS] = INT32_SATURATE(num_units);
+    buf[AICPU_TILING_HDR_NUM_SEGMENTS] = INT32_SATURATE(segments);
+    buf[AICPU_TILING_HDR_NUM_SLOTS] = slots.next_slot;
+    buf[AICPU_TILING_HDR_NUM_COMBINE] = slots.num_combine;
+    buf[AICPU_TILING_HDR_MAX_CORE_COST] = INT32_SATURATE(max_cost);
+    buf[AICPU_TILING_HDR_TOTAL_COST] = INT32_SATURATE(total);
+}
+
+int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
+                      const int32_t *seqlens_kv, int32_t batch, uint32_t flags, void *buffer,
+                      size_t buffer_bytes) {
+    plan_ctx c;
+    int32_t *buf = (int32_t *)buffer;
+    int64_t total, num_units, words;
+    int status;
+    if (buffer == NULL || ((uintptr_t)buffer & 3u) != 0) return AICPU_TILING_E_BUFFER;
+    if (aicpu_tiling_params_check(p) != AICPU_TILING_OK) {
+        if (buffer_bytes < AICPU_TILING_HDR_WORDS * 4) return AICPU_TILING_E_BUFFER;
+        write_header(buf, AICPU_TILING_E_PARAMS, batch, 0, flags);
+        return AICPU_TILING_E_PARAMS;
+    }
+    if (buffer_bytes < aicpu_tiling_bytes(p)) return AICPU_TILING_E_BUFFER;
+    if (batch < 0 || batch > p->max_batch)
+        return write_input_error(p, buf, AICPU_TILING_E_BATCH, -1, batch, p->max_batch, batch,
+                                 flags);
+    if (cu_seqlens_q == NULL || (batch > 0 && seqlens_kv == NULL)) return AICPU_TILING_E_BUFFER;
+
+    c.p = p;
+    c.cu = cu_seqlens_q;
+    c.kv = seqlens_kv;
+    c.batch = batch;
+    c.causal = (flags & AICPU_TILING_CAUSAL) != 0;
+    c.group = p->num_q_heads / p->num_kv_heads;
+    c.seg = p->cost_segment;
+    c.block_units = ((int64_t)p->block_size + 15) / 16;
+    c.block_shift = -1;
+    if ((p->block_size & (p->block_size - 1)) == 0) {
+        int s = 0;
+        while ((1 << s) < p->block_size) ++s;
+        c.block_shift = s;
+    }
+    status = validate(&c, buf, flags, &total, &num_units);
+    if (status != AICPU_TILING_OK) return status;
+
+    /* Only the padding past the combine table is not written by the steps below. */
+    words = (int64_t)(aicpu_tiling_bytes(p) / 4);
+    write_words(buf + used_words(p), words - used_words(p), 0);
+    write_words(buf + combine_offset(p), used_words(p) - combine_offset(p), 0);
+    write_header(buf, AICPU_TILING_OK, batch, p->num_cores, flags);
+    buf[AICPU_TILING_HDR_NUM_TOKENS] = c.cu[batch];
+    partition(&c, buf, total, num_units);
+    return AICPU_TILING_OK;
+}
+
+const char *aicpu_tiling_strerror(int status) {
+    switch (status) {
+    case AICPU_TILING_OK: return "ok";
+    case AICPU_TILING_E_PARAMS: return "static tiling parameters out of range";
+    case AICPU_TILING_E_BUFFER: return "tiling buffer missing, misaligned or too small";
+    case AICPU_TILING_E_BATCH: return "live batch is negative or larger than max_batch";
+    case AICPU_TILING_E_QUERY_START: return "cu_seqlens_q[0] is not 0";
+    case AICPU_TILING_E_QUERY_DECREASING: return "cu_seqlens_q decreases";
+    case AICPU_TILING_E_QUERY_OVERFLOW: return "cu_seqlens_q runs past max_tokens";
+    case AICPU_TILING_E_KV_NEGATIVE: return "seqlens_kv is negative";
+    case AICPU_TILING_E_KV_SHORT: return "causal attention with seqlens_kv shorter than the query";
+    case AICPU_TILING_E_KV_CAPACITY: return "seqlens_kv exceeds the block table's capacity";
+    case AICPU_TILING_E_KV_EMPTY: return "non-causal query with an empty kv";
+    default: return "unknown tiling status";
+    }
+}

@@ -1,0 +1,252 @@
+/*
+ * aicpu_tiling.h -- attention tiling computed on the device, from lengths in device memory.
+ *
+ * This header is the documentation and the ABI. The same C99 source builds for the host
+ * (cffi, tests, the CPU backend) and for the Ascend AI-CPU (both CANN programming models).
+ *
+ * WHAT IT DOES
+ *   Given static parameters fixed at graph capture (aicpu_tiling_params) and the dynamic
+ *   per-step inputs cu_seqlens_q[batch + 1] and seqlens_kv[batch], aicpu_tiling_plan()
+ *   validates the inputs and writes a fixed-size tiling into a caller-owned buffer: which
+ *   emulated or real AI Core does which part of the attention work, where split-KV pieces
+ *   put their partial results, and what the combine step must merge.
+ *
+ * THE WORK ORDER
+ *   Work is laid out in one linear order over units and kv blocks:
+ *       request r (0..batch-1), kv head h (0..num_kv_heads-1), query tile t, kv block k.
+ *   A unit is (r, h, t): the query tokens [t*q_tile, min((t+1)*q_tile, q_len)) of request r
+ *   times the group = num_q_heads / num_kv_heads query heads sharing kv head h (GQA). Its
+ *   rows = tokens * group. A unit reads the kv positions [0, kv_end) of its request, where
+ *       kv_end = kv_len - q_len + min((t+1)*q_tile, q_len)   when causal (query rows are the
+ *                                                             last q_len positions of the KV)
+ *       kv_end = kv_len                                      otherwise,
+ *   in kv blocks of block_size tokens (the paged KV cache's block), so a unit has
+ *   ceil(kv_end / block_size) blocks. Requests with q_len == 0 (padded slots) have no units.
+ *
+ * THE COST MODEL (all integers; the weights are static parameters with documented defaults)
+ *   block cost   w(rows) = ceil(block_size / 16) * (cost_kv_load + cost_qk_tile * ceil(rows / 16))
+ *                  loading 16 kv tokens (K and V) costs cost_kv_load; each 16x16 tile of
+ *                  scores (QK^T, softmax, PV) costs cost_qk_tile. Decode is load bound
+ *                  (rows = group <= 16); prefill tiles grow with rows.
+ *   segment cost cost_segment: the fixed overhead of one contiguous piece of a unit on one
+ *                  core (load the query tile, init and write the output or partial, plus
+ *                  its share of the combine). FlashMLA's F, FIA V3's per-row constant.
+ *   unit cost    cost_segment + blocks * w(rows).
+ *   W, the total cost, is the sum of unit costs. A core's cost is the sum of its segments'.
+ *
+ * THE PARTITION (deterministic; O(batch + cores) for decode, O(log) more per multi-tile
+ * request: kv heads and query tiles are handled arithmetically, never walked)
+ *   Units occupy consecutive intervals of a position axis [0, W): unit u occupies
+ *   [U, U + cost_segment + blocks * w). Legal cut positions are unit starts and the block
+ *   boundaries inside a unit, U + cost_segment + k * w for 1 <= k < blocks (a piece always
+ *   holds at least one block). Core c takes [s_c, e_c) with s_0 = 0, s_{c+1} = e_c and
+ *   e_{P-1} = W. A core whose start is inside a unit (a continuation piece) pays
+ *   cost_segment once more. Cuts aim at equal cumulative cost:
+ *       B   = ceil((W + (P - 1) * cost_segment) / P)
+ *       T_c = (c + 1) * B - cost_segment * m_c
+ *   where m_c counts the continuation starts among cores 1..c. T_c is clamped to
+ *   [s_c, W] and snapped to the nearest legal cut in its unit (ties go to the lower one).
+ *   Because targets are absolute, snapping errors do not accumulate: each core's cumulative
+ *   cost is within half a cut gap of its target, and the widest gap is the first one of a
+ *   unit, cost_segment + w. So the busiest core costs at most
+ *       B + cost_segment + w_max  <=  W / P + 2 * cost_segment + w_max + 1,
+ *   one segment and one block above the ideal W / P + cost_segment.
+ *   Each cut inside a unit adds one segment: segments <= units + P - 1.
+ *
+ * THE BUFFER (int32 words; little-endian on every Ascend and host target we build for)
+ *   [0, 16)                      header, see AICPU_TILING_HDR_*
+ *   [16, 16 + 12 P)              core table: P records of 12 words, AICPU_TILING_CORE_*
+ *   next (max_batch + 1) words   split prefix: first partial slot of each request; entries
+ *                                batch..max_batch all hold the number of slots used
+ *   next 6 (P - 1) words         combine table: one record per split unit, AICPU_TILING_COMB_*
+ *   then padding to a multiple of 16 words (64 bytes).
+ *   Every word of the buffer is written on every call (success or input error), so two
+ *   calls with equal inputs give byte-identical buffers.
+ *
+ *   Core record: [begin_r, begin_h, begin_t, begin_k, end_r, end_h, end_t, end_k,
+ *                 first_slot, last_slot, num_segments, cost]. begin and end are positions
+ *   in the work order, end exclusive, compared lexicographically. A position at a unit
+ *   boundary names the start of the next unit (k = 0), or (batch, 0, 0, 0) at the end. An
+ *   idle core has begin == end. first_slot / last_slot are the partial slots of the core's
+ *   first / last segment when that segment is a piece of a split unit, else -1.
+ *   A segment that is the whole unit writes its output rows directly; a piece writes its
+ *   partial output and log-sum-exp to its slot and the combine step merges them.
+ *
+ *   Combine record: [request, kv_head, q_tile, first_slot, num_pieces, 0]. Pieces of one
+ *   unit have consecutive slots in work order.
+ *
+ *   Partial workspace (aicpu_tiling_workspace_bytes): slots <= 2 (P - 1), each
+ *   q_tile * group * (head_dim + 1) float32 values: partial_out [slots][q_tile][group][dim]
+ *   followed by partial_lse [slots][q_tile][group].
+ *
+ * VALIDATION (DESIGN.md section 3: stricter where it must be, looser than FIA where safe)
+ *   cu_seqlens_q[batch] < max_tokens is valid: the rows past it are padding. Each invalid
+ *   class has its own status; the header names the first offending request in request
+ *   order and the offending value and limit; the core table assigns no work. The kernel
+ *   reads cu_seqlens_q[0..batch] and seqlens_kv[0..batch-1] only, and only when
+ *   0 <= batch <= max_batch; it writes only inside the buffer.
+ *
+ * FREESTANDING BUILDS
+ *   The kernel calls no library function. Build with -std=c99 -pedantic -ffreestanding.
+ */
+#ifndef AICPU_TILING_H
+#define AICPU_TILING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AICPU_TILING_MAGIC 0x4C495441 /* "ATIL" read as little-endian int32 */
+#define AICPU_TILING_VERSION 1
+
+/* Status codes. 0 is success; every other value is one class of failure. */
+#define AICPU_TILING_OK 0
+#define AICPU_TILING_E_PARAMS 1           /* static parameters out of range */
+#define AICPU_TILING_E_BUFFER 2           /* buffer NULL, misaligned or too small */
+#define AICPU_TILING_E_BATCH 3            /* batch < 0 or batch > max_batch */
+#define AICPU_TILING_E_QUERY_START 4      /* cu_seqlens_q[0] != 0 */
+#define AICPU_TILING_E_QUERY_DECREASING 5 /* cu_seqlens_q[r+1] < cu_seqlens_q[r] */
+#define AICPU_TILING_E_QUERY_OVERFLOW 6   /* cu_seqlens_q[r+1] > max_tokens */
+#define AICPU_TILING_E_KV_NEGATIVE 7      /* seqlens_kv[r] < 0 */
+#define AICPU_TILING_E_KV_SHORT 8         /* causal and seqlens_kv[r] < q_len */
+#define AICPU_TILING_E_KV_CAPACITY 9      /* seqlens_kv[r] > max_blocks_per_req * block_size */
+#define AICPU_TILING_E_KV_EMPTY 10        /* not causal, q_len > 0 and seqlens_kv[r] == 0 */
+#define AICPU_TILING_NUM_STATUS 11
+
+/* Flags for aicpu_tiling_plan(). */
+#define AICPU_TILING_CAUSAL 1
+
+/* Header word indices. */
+#define AICPU_TILING_HDR_MAGIC 0
+#define AICPU_TILING_HDR_VERSION 1
+#define AICPU_TILING_HDR_STATUS 2
+#define AICPU_TILING_HDR_BAD_REQUEST 3  /* first offending request, -1 if none or global */
+#define AICPU_TILING_HDR_BAD_VALUE 4    /* the offending value */
+#define AICPU_TILING_HDR_BAD_LIMIT 5    /* the limit it broke (see aicpu_tiling_strerror) */
+#define AICPU_TILING_HDR_BATCH 6        /* live batch as given */
+#define AICPU_TILING_HDR_NUM_TOKENS 7   /* cu_seqlens_q[batch]: real query tokens */
+#define AICPU_TILING_HDR_NUM_CORES 8    /* P */
+#define AICPU_TILING_HDR_NUM_UNITS 9    /* (request, kv head, query tile) units */
+#define AICPU_TILING_HDR_NUM_SEGMENTS 10
+#define AICPU_TILING_HDR_NUM_SLOTS 11   /* partial slots used */
+#define AICPU_TILING_HDR_NUM_COMBINE 12 /* split units (combine records) */
+#define AICPU_TILING_HDR_MAX_CORE_COST 13 /* saturated at INT32_MAX */
+#define AICPU_TILING_HDR_TOTAL_COST 14    /* W, saturated at INT32_MAX */
+#define AICPU_TILING_HDR_FLAGS 15
+#define AICPU_TILING_HDR_WORDS 16
+
+/* Core record word indices. */
+#define AICPU_TILING_CORE_BEGIN 0 /* 4 words: request, kv head, query tile, kv block */
+#define AICPU_TILING_CORE_END 4   /* 4 words, exclusive */
+#define AICPU_TILING_CORE_FIRST_SLOT 8
+#define AICPU_TILING_CORE_LAST_SLOT 9
+#define AICPU_TILING_CORE_NUM_SEGMENTS 10
+#define AICPU_TILING_CORE_COST 11 /* saturated at INT32_MAX */
+#define AICPU_TILING_CORE_WORDS 12
+
+/* Combine record word indices. */
+#define AICPU_TILING_COMB_REQUEST 0
+#define AICPU_TILING_COMB_KV_HEAD 1
+#define AICPU_TILING_COMB_Q_TILE 2
+#define AICPU_TILING_COMB_FIRST_SLOT 3
+#define AICPU_TILING_COMB_NUM_PIECES 4
+#define AICPU_TILING_COMB_WORDS 6 /* the last word is padding, always 0 */
+
+/* Parameter limits, chosen so that every cost fits in int64 with room to spare. */
+#define AICPU_TILING_MAX_HEADS 1024
+#define AICPU_TILING_MAX_HEAD_DIM 1024
+#define AICPU_TILING_MAX_BLOCK_SIZE 4096
+#define AICPU_TILING_MAX_BATCH (1 << 20)
+#define AICPU_TILING_MAX_TOKENS (1 << 22)
+#define AICPU_TILING_MAX_KV_TOKENS (1 << 26) /* max_blocks_per_req * block_size */
+#define AICPU_TILING_MAX_CORES 1024
+#define AICPU_TILING_MAX_TILE_ROWS 4096 /* q_tile * group */
+#define AICPU_TILING_MAX_COST_WEIGHT 1024
+
+/* Default cost weights, used by the Python layer when the caller gives none. */
+#define AICPU_TILING_DEFAULT_COST_KV_LOAD 4
+#define AICPU_TILING_DEFAULT_COST_QK_TILE 1
+#define AICPU_TILING_DEFAULT_COST_SEGMENT 32
+
+/* Static parameters, fixed at capture. 16 int32 words, no padding. */
+typedef struct aicpu_tiling_params {
+    int32_t num_q_heads;        /* query heads, a multiple of num_kv_heads */
+    int32_t num_kv_heads;
+    int32_t head_dim;
+    int32_t block_size;         /* kv tokens per paged-cache block */
+    int32_t max_batch;          /* requests the buffers hold */
+    int32_t max_tokens;         /* T: query rows (query dim 0) */
+    int32_t max_blocks_per_req; /* block-table columns */
+    int32_t num_cores;          /* P: AI Cores the attention kernel is launched on */
+    int32_t q_tile;             /* query tokens per unit */
+    int32_t cost_kv_load;       /* see THE COST MODEL */
+    int32_t cost_qk_tile;
+    int32_t cost_segment;
+    int32_t reserved[4];        /* must be 0 */
+} aicpu_tiling_params;
+
+/* Compile-time bound on the buffer size in bytes, for static allocation. */
+#define AICPU_TILING_BYTES_BOUND(max_batch, num_cores)                                   \
+    ((size_t)4 * ((size_t)AICPU_TILING_HDR_WORDS + (size_t)AICPU_TILING_CORE_WORDS * (num_cores) \
+                  + (size_t)(max_batch) + 1 + (size_t)AICPU_TILING_COMB_WORDS * (num_cores) + 15))
+
+/*
+ * aicpu_tiling_params_check: AICPU_TILING_OK when every field is in range, else
+ * AICPU_TILING_E_PARAMS. Ranges: heads, head_dim, block_size, max_batch, max_tokens,
+ * max_blocks_per_req, num_cores, q_tile >= 1 and at most the AICPU_TILING_MAX_* limits;
+ * num_q_heads % num_kv_heads == 0; q_tile * group <= AICPU_TILING_MAX_TILE_ROWS;
+ * cost weights in [0, AICPU_TILING_MAX_COST_WEIGHT] with cost_kv_load + cost_qk_tile >= 1;
+ * reserved words 0.
+ *     if (aicpu_tiling_params_check(&p) != AICPU_TILING_OK) ...
+ */
+int aicpu_tiling_params_check(const aicpu_tiling_params *params);
+
+/*
+ * aicpu_tiling_bytes: the tiling buffer size in bytes for valid params (a multiple of 64),
+ * or 0 when params are invalid.
+ */
+size_t aicpu_tiling_bytes(const aicpu_tiling_params *params);
+
+/*
+ * aicpu_tiling_max_slots: the number of partial slots the workspace must hold,
+ * 2 * (num_cores - 1); 0 when params are invalid.
+ */
+int32_t aicpu_tiling_max_slots(const aicpu_tiling_params *params);
+
+/*
+ * aicpu_tiling_workspace_bytes: bytes of the split partials workspace (see THE BUFFER),
+ * or 0 when params are invalid or no split is possible (num_cores == 1).
+ */
+size_t aicpu_tiling_workspace_bytes(const aicpu_tiling_params *params);
+
+/*
+ * aicpu_tiling_plan: validate the inputs and write the tiling.
+ *   params        static parameters (checked on every call; cheap)
+ *   cu_seqlens_q  [batch + 1] int32 query offsets (query_start_loc), cu_seqlens_q[0] == 0
+ *   seqlens_kv    [batch] int32 kv lengths including this step's tokens
+ *   batch         live requests, 0 <= batch <= max_batch; slots with q_len == 0 and
+ *                 kv_len == 0 are padding and get no work
+ *   flags         AICPU_TILING_CAUSAL or 0
+ *   buffer        caller-owned, 4-byte aligned, at least aicpu_tiling_bytes(params) bytes
+ *   buffer_bytes  its size
+ * Returns AICPU_TILING_OK, or the status also written to the header. On
+ * AICPU_TILING_E_BUFFER nothing is written; on AICPU_TILING_E_PARAMS only the header is
+ * written, and only when the buffer holds it. On an input error the whole buffer is
+ * written: the header names the offence and every core is idle.
+ *     status = aicpu_tiling_plan(&p, cu, kv, batch, AICPU_TILING_CAUSAL, buf, sizeof buf);
+ */
+int aicpu_tiling_plan(const aicpu_tiling_params *params, const int32_t *cu_seqlens_q,
+                      const int32_t *seqlens_kv, int32_t batch, uint32_t flags, void *buffer,
+                      size_t buffer_bytes);
+
+/* aicpu_tiling_strerror: a static message for a status code; never NULL. */
+const char *aicpu_tiling_strerror(int status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* AICPU_TILING_H */
