@@ -1,0 +1,27 @@
+/* cffi declarations for aicpu_kernels/attention_ref.h. Values written "..." are filled in
+ * by the compiler from the real header. Needs aicpu_tiling.cdef.h first (aicpu_tiling_params). */
+#define AICPU_ATTENTION_FP32 ...
+#define AICPU_ATTENTION_FP16 ...
+#define AICPU_ATTENTION_BF16 ...
+
+#define AICPU_ATTENTION_E_ARGS ...
+#define AICPU_ATTENTION_E_TILING ...
+#define AICPU_ATTENTION_E_BLOCK_ID ...
+
+#define AICPU_ATTENTION_STACK_BYTES ...
+
+int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
+                         uint32_t flags, int32_t dtype, float scale, const void *query,
+                         const void *key_cache, const void *value_cache, int32_t num_blocks,
+                         const int32_t *block_table, const int32_t *cu_seqlens_q,
+                         const int32_t *seqlens_kv, void *out, float *partial_out,
+                         float *partial_lse);
+int aicpu_attention_finalize(const aicpu_tiling_params *params, const int32_t *tiling,
+                             int32_t dtype, const int32_t *cu_seqlens_q, void *out,
+                             const float *partial_out, const float *partial_lse);
+const char *aicpu_attention_strerror(int status);
+
+float aicpu_attention_half_to_float(uint16_t h);
+uint16_t aicpu_attention_float_to_half(float f);
+float aicpu_attention_bf16_to_float(uint16_t b);
+uint16_t aicpu_attention_float_to_bf16(float f);

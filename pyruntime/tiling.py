@@ -1,0 +1,601 @@
+"""The Python boundary of the tiling kernel: the only module that imports the cffi ``lib``.
+
+The kernel (``aicpu_kernels/aicpu_tiling.h`` documents it; that header is the ABI) turns
+per-request lengths into a fixed-size tiling buffer: which AI Core does which part of the
+attention work. This module validates static parameters, runs the kernel on the host,
+decodes its buffer, and maps status codes to one exception family.
+
+Example::
+
+    >>> from pyruntime.tiling import TilingParams, plan
+    >>> params = TilingParams(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=128,
+    ...                       max_batch=4, max_tokens=8, max_blocks_per_req=64, num_cores=24)
+    >>> tiling = plan(params, cu_seqlens_q=[0, 1, 2, 3], seqlens_kv=[700, 3000, 90])
+    >>> tiling.status, tiling.num_tokens, len(tiling.buffer) == params.tiling_bytes
+    (0, 3, True)
+    >>> plan(params, [0, 1, 9], [5, 5]).error        # 9 > max_tokens: caught on the device
+    QueryOverflowError('request 1: cu_seqlens_q runs past max_tokens (value 9, limit 8)')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from pyruntime._native import ffi, lib
+
+__all__ = [
+    "TilingParams",
+    "Tiling",
+    "Segment",
+    "CoreRange",
+    "CombineRecord",
+    "plan",
+    "plan_into",
+    "reference_plan",
+    "strerror",
+    "TilingError",
+    "TilingParamsError",
+    "TilingBufferError",
+    "TilingInputError",
+    "BatchError",
+    "QueryStartError",
+    "QueryDecreasingError",
+    "QueryOverflowError",
+    "KvNegativeError",
+    "KvShortError",
+    "KvCapacityError",
+    "KvEmptyError",
+]
+
+# Constants from the C header, filled in by the compiler through cffi.
+MAGIC: int = lib.AICPU_TILING_MAGIC
+VERSION: int = lib.AICPU_TILING_VERSION
+OK: int = lib.AICPU_TILING_OK
+CAUSAL: int = lib.AICPU_TILING_CAUSAL
+HEADER_WORDS: int = lib.AICPU_TILING_HDR_WORDS
+CORE_WORDS: int = lib.AICPU_TILING_CORE_WORDS
+COMBINE_WORDS: int = lib.AICPU_TILING_COMB_WORDS
+DEFAULT_COST_KV_LOAD: int = lib.AICPU_TILING_DEFAULT_COST_KV_LOAD
+DEFAULT_COST_QK_TILE: int = lib.AICPU_TILING_DEFAULT_COST_QK_TILE
+DEFAULT_COST_SEGMENT: int = lib.AICPU_TILING_DEFAULT_COST_SEGMENT
+#: Rows (query tokens x GQA group) a default query tile aims at.
+DEFAULT_TILE_ROWS = 128
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def strerror(status: int) -> str:
+    """The kernel's message for a status code."""
+    return ffi.string(lib.aicpu_tiling_strerror(int(status))).decode()
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class TilingError(Exception):
+    """Base of every tiling failure; never raised directly.
+
+    Attributes:
+        code: the kernel status code.
+        request: the first offending request, or -1 when the failure is not per request.
+        value: the offending value (0 when not applicable).
+        limit: the limit it broke (0 when not applicable).
+    """
+
+    code: int = -1
+
+    def __init__(self, message: str, *, request: int = -1, value: int = 0, limit: int = 0):
+        super().__init__(message)
+        self.request = request
+        self.value = value
+        self.limit = limit
+
+
+class TilingParamsError(TilingError, ValueError):
+    """Static parameters out of range."""
+
+    code = lib.AICPU_TILING_E_PARAMS
+
+
+class TilingBufferError(TilingError, ValueError):
+    """A tiling buffer or input array that the kernel cannot use."""
+
+    code = lib.AICPU_TILING_E_BUFFER
+
+
+class TilingInputError(TilingError, ValueError):
+    """Base of the per-step input errors the kernel reports through the tiling's status."""
+
+
+class BatchError(TilingInputError):
+    code = lib.AICPU_TILING_E_BATCH
+
+
+class QueryStartError(TilingInputError):
+    code = lib.AICPU_TILING_E_QUERY_START
+
+
+class QueryDecreasingError(TilingInputError):
+    code = lib.AICPU_TILING_E_QUERY_DECREASING
+
+
+class QueryOverflowError(TilingInputError):
+    code = lib.AICPU_TILING_E_QUERY_OVERFLOW
+
+
+class KvNegativeError(TilingInputError):
+    code = lib.AICPU_TILING_E_KV_NEGATIVE
+
+
+class KvShortError(TilingInputError):
+    code = lib.AICPU_TILING_E_KV_SHORT
+
+
+class KvCapacityError(TilingInputError):
+    code = lib.AICPU_TILING_E_KV_CAPACITY
+
+
+class KvEmptyError(TilingInputError):
+    code = lib.AICPU_TILING_E_KV_EMPTY
+
+
+_ERROR_BY_CODE: dict[int, type[TilingError]] = {
+    cls.code: cls
+    for cls in (
+        TilingParamsError,
+        TilingBufferError,
+        BatchError,
+        QueryStartError,
+        QueryDecreasingError,
+        QueryOverflowError,
+        KvNegativeError,
+        KvShortError,
+        KvCapacityError,
+        KvEmptyError,
+    )
+}
+assert len(_ERROR_BY_CODE) == lib.AICPU_TILING_NUM_STATUS - 1, "an error class per status"
+
+
+def error_for_status(status: int, *, request: int = -1, value: int = 0, limit: int = 0):
+    """The exception instance for a non-zero status (not raised), or None for OK."""
+    if status == OK:
+        return None
+    cls = _ERROR_BY_CODE.get(int(status))
+    if cls is None:
+        return TilingBufferError(f"unknown tiling status {status}")
+    where = f"request {request}: " if request >= 0 else ""
+    detail = f" (value {value}, limit {limit})" if cls is not TilingParamsError else ""
+    return cls(f"{where}{strerror(status)}{detail}", request=request, value=value, limit=limit)
+
+
+# --------------------------------------------------------------------------- params
+
+_FIELDS = (
+    "num_q_heads",
+    "num_kv_heads",
+    "head_dim",
+    "block_size",
+    "max_batch",
+    "max_tokens",
+    "max_blocks_per_req",
+    "num_cores",
+    "q_tile",
+    "cost_kv_load",
+    "cost_qk_tile",
+    "cost_segment",
+)
+
+
+def _explain_params(p: TilingParams) -> str:
+    """Why the kernel rejects these params, in one sentence (the C check is the authority)."""
+    positive = (
+        ("num_q_heads", lib.AICPU_TILING_MAX_HEADS),
+        ("num_kv_heads", p.num_q_heads),
+        ("head_dim", lib.AICPU_TILING_MAX_HEAD_DIM),
+        ("block_size", lib.AICPU_TILING_MAX_BLOCK_SIZE),
+        ("max_batch", lib.AICPU_TILING_MAX_BATCH),
+        ("max_tokens", lib.AICPU_TILING_MAX_TOKENS),
+        ("max_blocks_per_req", lib.AICPU_TILING_MAX_KV_TOKENS),
+        ("num_cores", lib.AICPU_TILING_MAX_CORES),
+        ("q_tile", lib.AICPU_TILING_MAX_TILE_ROWS),
+    )
+    for name, upper in positive:
+        value = getattr(p, name)
+        if not 1 <= value <= upper:
+            return f"{name} is {value}, but it must be between 1 and {upper}"
+    if p.num_q_heads % p.num_kv_heads:
+        return (
+            f"num_q_heads ({p.num_q_heads}) must be a multiple of num_kv_heads "
+            f"({p.num_kv_heads})"
+        )
+    if p.max_blocks_per_req * p.block_size > lib.AICPU_TILING_MAX_KV_TOKENS:
+        return (
+            f"max_blocks_per_req * block_size is {p.max_blocks_per_req * p.block_size}, "
+            f"above the kernel's limit of {lib.AICPU_TILING_MAX_KV_TOKENS} kv tokens"
+        )
+    if p.q_tile * p.group > lib.AICPU_TILING_MAX_TILE_ROWS:
+        return (
+            f"q_tile * group is {p.q_tile * p.group} rows, above the limit of "
+            f"{lib.AICPU_TILING_MAX_TILE_ROWS}"
+        )
+    for name in ("cost_kv_load", "cost_qk_tile", "cost_segment"):
+        value = getattr(p, name)
+        if not 0 <= value <= lib.AICPU_TILING_MAX_COST_WEIGHT:
+            return f"{name} is {value}, but it must be between 0 and {lib.AICPU_TILING_MAX_COST_WEIGHT}"
+    if p.cost_kv_load + p.cost_qk_tile < 1:
+        return "cost_kv_load + cost_qk_tile must be at least 1"
+    return "the worst-case total cost of these shapes would overflow the kernel's cost range"
+
+
+@dataclasses.dataclass(frozen=True)
+class TilingParams:
+    """Static tiling parameters, fixed at graph capture. Validated on construction.
+
+    Args:
+        num_q_heads: query heads; a multiple of ``num_kv_heads`` (GQA group = the ratio).
+        num_kv_heads: kv heads.
+        head_dim: head dimension.
+        block_size: kv tokens per paged-cache block.
+        max_batch: requests the static buffers hold (the capture bucket's batch).
+        max_tokens: query rows T (query dim 0) of the capture bucket.
+        max_blocks_per_req: block-table columns; kv capacity = this * block_size.
+        num_cores: AI Cores the attention kernel is launched on (24 on a 910B2).
+        q_tile: query tokens per work unit; default ``max(1, 128 // group)``.
+        cost_kv_load, cost_qk_tile, cost_segment: cost-model weights (see the C header).
+
+    Raises:
+        TilingParamsError (a ValueError): a field is out of the kernel's range.
+    """
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    max_batch: int
+    max_tokens: int
+    max_blocks_per_req: int
+    num_cores: int
+    q_tile: int | None = None
+    cost_kv_load: int = DEFAULT_COST_KV_LOAD
+    cost_qk_tile: int = DEFAULT_COST_QK_TILE
+    cost_segment: int = DEFAULT_COST_SEGMENT
+
+    def __post_init__(self) -> None:
+        for name in _FIELDS:
+            value = getattr(self, name)
+            if name == "q_tile" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TilingParamsError(f"{name} must be an int, not {type(value).__name__}")
+            if not _INT32_MIN <= value <= _INT32_MAX:
+                raise TilingParamsError(f"{name} is {value}, outside the int32 range")
+            object.__setattr__(self, name, int(value))
+        if self.num_kv_heads < 1 or self.num_q_heads < 1:
+            raise TilingParamsError(_explain_params(self))
+        if self.q_tile is None:
+            object.__setattr__(self, "q_tile", max(1, DEFAULT_TILE_ROWS // self.group))
+        c_params = ffi.new("aicpu_tiling_params *", {name: getattr(self, name) for name in _FIELDS})
+        if lib.aicpu_tiling_params_check(c_params) != OK:
+            raise TilingParamsError(f"invalid tiling params: {_explain_params(self)}")
+        object.__setattr__(self, "_c", c_params)
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head."""
+        return max(1, self.num_q_heads // max(1, self.num_kv_heads))
+
+    @property
+    def kv_capacity(self) -> int:
+        """Largest kv length a request may have: max_blocks_per_req * block_size."""
+        return self.max_blocks_per_req * self.block_size
+
+    @property
+    def tiling_bytes(self) -> int:
+        """Size of the tiling buffer in bytes (a multiple of 64)."""
+        return int(lib.aicpu_tiling_bytes(self._c))
+
+    @property
+    def max_partial_slots(self) -> int:
+        """Partial slots the split workspace holds: 2 * (num_cores - 1)."""
+        return int(lib.aicpu_tiling_max_slots(self._c))
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of the split partials workspace (float32 partial_out then partial_lse)."""
+        return int(lib.aicpu_tiling_workspace_bytes(self._c))
+
+    def _c_params(self) -> Any:
+        """The cffi ``aicpu_tiling_params *`` (for the other kernels' wrappers)."""
+        return self._c
+
+    def as_dict(self) -> dict[str, int]:
+        """The twelve C fields as a dict."""
+        return {name: getattr(self, name) for name in _FIELDS}
+
+
+# --------------------------------------------------------------------------- decoded views
+
+
+class Segment(NamedTuple):
+    """One contiguous piece of work on one core.
+
+    ``q_start:q_end`` are query-row offsets within the request (``[0, q_len)``),
+    ``kv_start:kv_end`` token offsets within its kv (``[0, kv_len)``); ``split`` is the
+    partial slot of a piece of a split unit, or -1 when the segment writes its output.
+    """
+
+    core: int
+    request: int
+    kv_head: int
+    q_start: int
+    q_end: int
+    kv_start: int
+    kv_end: int
+    split: int
+
+
+class CoreRange(NamedTuple):
+    """One core record: positions are (request, kv head, query tile, kv block)."""
+
+    begin: tuple[int, int, int, int]
+    end: tuple[int, int, int, int]
+    first_slot: int
+    last_slot: int
+    num_segments: int
+    cost: int
+
+
+class CombineRecord(NamedTuple):
+    """A split unit the combine step merges: slots first_slot .. first_slot+num_pieces-1."""
+
+    request: int
+    kv_head: int
+    q_tile: int
+    first_slot: int
+    num_pieces: int
+
+
+def _as_int32(name: str, values: Any) -> np.ndarray:
+    """A contiguous int32 copy of a sequence, numpy array or CPU tensor; checks the range."""
+    if hasattr(values, "detach"):  # torch.Tensor, without importing torch here
+        values = values.detach().cpu().numpy()
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise TilingBufferError(f"{name} must be one-dimensional, got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise TilingBufferError(f"{name} must hold integers, got dtype {array.dtype}")
+    if array.size and (array.min() < _INT32_MIN or array.max() > _INT32_MAX):
+        raise TilingBufferError(f"{name} has values outside the int32 range")
+    return np.ascontiguousarray(array, dtype=np.int32)
+
+
+class Tiling:
+    """A tiling buffer and the inputs it was planned from, with decoders.
+
+    Attributes:
+        params: the TilingParams.
+        buffer: the raw tiling, ``numpy.uint8`` of length ``params.tiling_bytes``.
+        words: the same memory viewed as int32.
+    """
+
+    def __init__(self, params: TilingParams, buffer: np.ndarray, cu_seqlens_q: np.ndarray,
+                 seqlens_kv: np.ndarray, causal: bool):
+        self.params = params
+        self.buffer = buffer
+        self.words = buffer.view(np.int32)
+        self.cu_seqlens_q = cu_seqlens_q
+        self.seqlens_kv = seqlens_kv
+        self.causal = causal
+
+    def _header(self, index: int) -> int:
+        return int(self.words[index])
+
+    @property
+    def status(self) -> int:
+        """0 when the tiling is valid, else the status code of the first offence."""
+        return self._header(lib.AICPU_TILING_HDR_STATUS)
+
+    @property
+    def error(self) -> TilingError | None:
+        """None, or the typed error (not raised) naming the request, value and limit."""
+        return error_for_status(
+            self.status,
+            request=self._header(lib.AICPU_TILING_HDR_BAD_REQUEST),
+            value=self._header(lib.AICPU_TILING_HDR_BAD_VALUE),
+            limit=self._header(lib.AICPU_TILING_HDR_BAD_LIMIT),
+        )
+
+    def raise_for_status(self) -> None:
+        """Raise ``self.error`` when the status is not OK."""
+        error = self.error
+        if error is not None:
+            raise error
+
+    batch = property(lambda self: self._header(lib.AICPU_TILING_HDR_BATCH), doc="Live batch.")
+    num_tokens = property(lambda self: self._header(lib.AICPU_TILING_HDR_NUM_TOKENS),
+                          doc="Real query tokens (cu_seqlens_q[batch]).")
+    num_units = property(lambda self: self._header(lib.AICPU_TILING_HDR_NUM_UNITS),
+                         doc="(request, kv head, query tile) units.")
+    num_segments = property(lambda self: self._header(lib.AICPU_TILING_HDR_NUM_SEGMENTS),
+                            doc="Segments over all cores.")
+    num_slots = property(lambda self: self._header(lib.AICPU_TILING_HDR_NUM_SLOTS),
+                         doc="Partial slots used by split units.")
+    max_core_cost = property(lambda self: self._header(lib.AICPU_TILING_HDR_MAX_CORE_COST),
+                             doc="Modelled cost of the busiest core.")
+    total_cost = property(lambda self: self._header(lib.AICPU_TILING_HDR_TOTAL_COST),
+                          doc="Modelled total cost W (one segment per unit).")
+
+    def cores(self) -> list[CoreRange]:
+        """The core table, one record per core."""
+        table = self.words[HEADER_WORDS : HEADER_WORDS + CORE_WORDS * self.params.num_cores]
+        records = []
+        for rec in table.reshape(self.params.num_cores, CORE_WORDS).tolist():
+            records.append(CoreRange(tuple(rec[0:4]), tuple(rec[4:8]), *rec[8:12]))
+        return records
+
+    def split_prefix(self) -> np.ndarray:
+        """int32 ``[max_batch + 1]``: the first partial slot of each request."""
+        start = HEADER_WORDS + CORE_WORDS * self.params.num_cores
+        return self.words[start : start + self.params.max_batch + 1]
+
+    def combine_records(self) -> list[CombineRecord]:
+        """The split units, in work order."""
+        start = HEADER_WORDS + CORE_WORDS * self.params.num_cores + self.params.max_batch + 1
+        count = self._header(lib.AICPU_TILING_HDR_NUM_COMBINE)
+        rows = self.words[start : start + COMBINE_WORDS * count].reshape(count, COMBINE_WORDS)
+        return [CombineRecord(*row[:5]) for row in rows.tolist()]
+
+    def segments(self) -> list[Segment]:
+        """Every core's segments in its execution order (empty when the status is not OK)."""
+        if self.status != OK:
+            return []
+        return decode_segments(self.params, self.cores(), self.cu_seqlens_q, self.seqlens_kv,
+                               self.causal)
+
+    def __repr__(self) -> str:
+        return (f"Tiling(status={self.status}, batch={self.batch}, tokens={self.num_tokens}, "
+                f"segments={self.num_segments}, max_core_cost={self.max_core_cost})")
+
+
+def decode_segments(params: TilingParams, cores: Sequence[CoreRange], cu_seqlens_q: Sequence[int],
+                    seqlens_kv: Sequence[int], causal: bool) -> list[Segment]:
+    """Walk each core's range in work order the way the attention kernel does."""
+    batch = len(seqlens_kv)
+    q_tile, block = params.q_tile, params.block_size
+    q_lens = [int(cu_seqlens_q[r + 1]) - int(cu_seqlens_q[r]) for r in range(batch)]
+
+    def unit_kv_end(r: int, t: int) -> int:
+        if not causal:
+            return int(seqlens_kv[r])
+        return int(seqlens_kv[r]) - q_lens[r] + min((t + 1) * q_tile, q_lens[r])
+
+    def next_unit(r: int, h: int, t: int) -> tuple[int, int, int]:
+        if (t + 1) * q_tile < q_lens[r]:
+            return r, h, t + 1
+        if h + 1 < params.num_kv_heads:
+            return r, h + 1, 0
+        r += 1
+        while r < batch and q_lens[r] == 0:
+            r += 1
+        return r, 0, 0
+
+    out: list[Segment] = []
+    for core, rec in enumerate(cores):
+        r, h, t = rec.begin[:3]
+        first_block = rec.begin[3]
+        for index in range(rec.num_segments):
+            kv_end = unit_kv_end(r, t)
+            blocks = -(-kv_end // block)
+            last = index == rec.num_segments - 1
+            stop_block = rec.end[3] if last and rec.end[3] > 0 else blocks
+            if index == 0:
+                split = rec.first_slot
+            else:
+                split = rec.last_slot if last else -1
+            out.append(Segment(core, r, h, t * q_tile, min((t + 1) * q_tile, q_lens[r]),
+                               first_block * block, min(stop_block * block, kv_end), split))
+            r, h, t = next_unit(r, h, t)
+            first_block = 0
+    return out
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _pointer(array: Any, ctype: str) -> Any:
+    """A cffi pointer to a contiguous numpy array or CPU torch tensor (no copy)."""
+    if hasattr(array, "data_ptr"):
+        if not array.is_contiguous():
+            raise TilingBufferError("tensors passed to the kernel must be contiguous")
+        return ffi.cast(ctype, array.data_ptr())
+    if not array.flags.c_contiguous:
+        raise TilingBufferError("arrays passed to the kernel must be C-contiguous")
+    return ffi.cast(ctype, array.ctypes.data)
+
+
+def _nbytes(array: Any) -> int:
+    if hasattr(array, "data_ptr"):
+        return array.numel() * array.element_size()
+    return array.nbytes
+
+
+def plan_into(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any, batch: int,
+              out_buffer: Any, *, causal: bool = True) -> int:
+    """Run the kernel on caller-owned memory, the way the AI-CPU task does. No copies.
+
+    Args:
+        params: static parameters.
+        cu_seqlens_q: int32 ``[>= batch + 1]`` contiguous numpy array or CPU tensor.
+        seqlens_kv: int32 ``[>= batch]`` likewise.
+        batch: live requests (``0 <= batch <= params.max_batch``, else the status says so).
+        out_buffer: contiguous numpy array or CPU tensor of at least ``params.tiling_bytes``.
+        causal: causal attention with a KV cache.
+
+    Returns:
+        The kernel status (0 is OK); the buffer's header holds the details.
+
+    Raises:
+        TilingBufferError: an input is not int32, too short, or the buffer too small.
+    """
+    for name, array, need in (("cu_seqlens_q", cu_seqlens_q, batch + 1),
+                              ("seqlens_kv", seqlens_kv, batch)):
+        dtype = str(getattr(array, "dtype", ""))
+        if "int32" not in dtype:
+            raise TilingBufferError(f"{name} must be int32, got {dtype or type(array).__name__}")
+        if 0 <= batch <= params.max_batch and _nbytes(array) < 4 * need:
+            raise TilingBufferError(f"{name} holds {_nbytes(array) // 4} values, need {need}")
+    size = _nbytes(out_buffer)
+    if size < params.tiling_bytes:
+        raise TilingBufferError(f"tiling buffer has {size} bytes, need {params.tiling_bytes}")
+    return lib.aicpu_tiling_plan(
+        params._c, _pointer(cu_seqlens_q, "int32_t *"), _pointer(seqlens_kv, "int32_t *"),
+        int(batch), CAUSAL if causal else 0, _pointer(out_buffer, "void *"), size)
+
+
+def _host_inputs(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any):
+    cu = _as_int32("cu_seqlens_q", cu_seqlens_q)
+    kv = _as_int32("seqlens_kv", seqlens_kv)
+    if cu.size != kv.size + 1:
+        raise TilingBufferError(
+            f"cu_seqlens_q must have len(seqlens_kv) + 1 = {kv.size + 1} entries, got {cu.size}")
+    return cu, kv
+
+
+def plan(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any, *,
+         causal: bool = True) -> Tiling:
+    """Run the C kernel on the host.
+
+    Args:
+        params: static parameters.
+        cu_seqlens_q: ``[batch + 1]`` query offsets (query_start_loc), ints.
+        seqlens_kv: ``[batch]`` kv lengths including this step's tokens, ints.
+        causal: causal attention with a KV cache (query rows are the last q_len positions).
+
+    Returns:
+        A Tiling. Bad lengths do not raise here: like on the device, they set the tiling's
+        status; call ``raise_for_status()`` or read ``.error``.
+
+    Raises:
+        TilingBufferError: the inputs are not 1-D integer sequences of matching lengths.
+    """
+    cu, kv = _host_inputs(params, cu_seqlens_q, seqlens_kv)
+    buffer = np.zeros(params.tiling_bytes, dtype=np.uint8)
+    plan_into(params, cu, kv, kv.size, buffer, causal=causal)
+    return Tiling(params, buffer, cu, kv, causal)
+
+
+def reference_plan(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any, *,
+                   causal: bool = True) -> Tiling:
+    """Same as :func:`plan`, computed by the slow pure-Python oracle."""
+    from pyruntime import tiling_oracle
+
+    cu, kv = _host_inputs(params, cu_seqlens_q, seqlens_kv)
+    words = tiling_oracle.oracle_plan(params, cu.tolist(), kv.tolist(), kv.size, causal)
+    buffer = np.zeros(params.tiling_bytes, dtype=np.uint8)
+    buffer.view(np.int32)[: len(words)] = words
+    return Tiling(params, buffer, cu, kv, causal)
