@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Download the wheels the import-hook conformance tests read (never installed).
+# Usage: tools/fetch_wheels.sh            (cache: ${AICPU_TILING_WHEEL_CACHE:-$HOME/.cache/aicpu-tiling/wheels})
+# Exit 0 when every wheel is present afterwards; 1 when a download failed (tests then skip).
+set -u
+cache="${AICPU_TILING_WHEEL_CACHE:-$HOME/.cache/aicpu-tiling/wheels}"
+mkdir -p "$cache"
+status=0
+fetch() {  # fetch <glob> <pip args...>
+    local glob="$1"; shift
+    if compgen -G "$cache/$glob" > /dev/null; then return 0; fi
+    python -m pip download --no-deps --only-binary=:all: -d "$cache" "$@" -q || {
+        echo "fetch_wheels: could not download $*" >&2; status=1; }
+}
+fetch 'vllm_ascend-0.23.0-*.whl' vllm-ascend==0.23.0
+fetch 'vllm_ascend-0.26.0rc1-*.whl' vllm-ascend==0.26.0rc1
+fetch 'torch_npu-2.10.0.post4-*.whl' torch_npu==2.10.0.post4 \
+    --platform manylinux_2_28_x86_64 --python-version 3.11 --implementation cp
+exit $status
