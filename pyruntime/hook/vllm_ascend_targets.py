@@ -157,10 +157,12 @@ IMPL_ATTRIBUTES = (
     "alibi_slopes",
     "attn_type",
     "enable_c8_quant",
-    "enable_hamming_sparse",
     "key_cache",
     "value_cache",
 )
+#: Read with ``getattr(..., False)`` because not every line has them (0.26 dropped
+#: ``enable_hamming_sparse``; the conformance test found this).
+OPTIONAL_IMPL_ATTRIBUTES = ("enable_hamming_sparse",)
 
 #: Fields of ``AscendMetadata`` the patch set reads.
 METADATA_FIELDS = (

@@ -1,0 +1,227 @@
+"""Conformance: every vllm-ascend and torch_npu name we rely on exists in the real wheels.
+
+The wheels are read as zip files and parsed with ``ast``; nothing is imported. They are
+downloaded by ``tools/fetch_wheels.sh`` into ``$AICPU_TILING_WHEEL_CACHE`` (default
+``~/.cache/aicpu-tiling/wheels``); the tests skip only when that download is impossible.
+"""
+
+import ast
+import os
+import re
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pyruntime.hook import vllm_ascend_targets as t
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("AICPU_TILING_WHEEL_CACHE",
+                            Path.home() / ".cache" / "aicpu-tiling" / "wheels"))
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def _wheel(glob):
+    found = sorted(CACHE.glob(glob))
+    if not found:
+        subprocess.run(["bash", str(REPO / "tools" / "fetch_wheels.sh")], capture_output=True,
+                       timeout=900)
+        found = sorted(CACHE.glob(glob))
+    if not found:
+        pytest.skip(f"wheel {glob} not in {CACHE} and could not be downloaded")
+    return zipfile.ZipFile(found[-1])
+
+
+class Source:
+    """Python sources of one tree (a wheel or the fixture folder), parsed on demand."""
+
+    def __init__(self, read):
+        self._read = read
+        self._trees = {}
+
+    def tree(self, module):
+        if module not in self._trees:
+            self._trees[module] = self._read(module)
+        return self._trees[module]
+
+
+def wheel_source(zf):
+    names = set(zf.namelist())
+
+    def read(module):
+        base = module.replace(".", "/")
+        for path in (f"{base}.py", f"{base}/__init__.py"):
+            if path in names:
+                return ast.parse(zf.read(path))
+        return None
+
+    return Source(read), names
+
+
+def fixture_source():
+    def read(module):
+        base = FIXTURES / module.replace(".", "/")
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.exists():
+                return ast.parse(path.read_text())
+        return None
+
+    return Source(read)
+
+
+def find_def(tree, qualname):
+    node = tree
+    for part in qualname.split("."):
+        body = getattr(node, "body", [])
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                     and n.name == part), None)
+        if node is None:
+            return None
+    return node
+
+
+def param_names(fn):
+    a = fn.args
+    return tuple(p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs])
+
+
+LINES = {"0.23": "vllm_ascend-0.23.0-*.whl", "0.26": "vllm_ascend-0.26.0rc1-*.whl"}
+
+
+@pytest.fixture(scope="module", params=sorted(LINES))
+def wheel(request):
+    src, names = wheel_source(_wheel(LINES[request.param]))
+    return request.param, src, names
+
+
+def test_functions_and_signatures(wheel):
+    line, src, _ = wheel
+    for (module, qualname), expected in t.FUNCTIONS[line].items():
+        tree = src.tree(module)
+        assert tree is not None, f"{line}: module {module} missing"
+        fn = find_def(tree, qualname)
+        assert isinstance(fn, ast.FunctionDef), f"{line}: {module}:{qualname} missing"
+        assert param_names(fn)[: len(expected)] == expected, (
+            f"{line}: {module}:{qualname} has {param_names(fn)}, expected {expected}")
+
+
+def test_staticmethods_attributes_and_fields(wheel):
+    line, src, _ = wheel
+    for module, qualname in t.STATICMETHODS:
+        fn = find_def(src.tree(module), qualname)
+        assert [ast.unparse(d) for d in fn.decorator_list] == ["staticmethod"], qualname
+    init = find_def(src.tree(t.ATTENTION), f"{t.IMPL}.__init__")
+    assigned = {n.attr for n in ast.walk(init) if isinstance(n, ast.Attribute)
+                and isinstance(n.ctx, ast.Store)}
+    assert set(t.IMPL_ATTRIBUTES) <= assigned, set(t.IMPL_ATTRIBUTES) - assigned
+    meta = find_def(src.tree(t.ATTENTION), "AscendMetadata")
+    fields = {n.target.id for n in meta.body if isinstance(n, ast.AnnAssign)}
+    assert set(t.METADATA_FIELDS) <= fields, set(t.METADATA_FIELDS) - fields
+    gp = find_def(src.tree(t.ACL_GRAPH), "GraphParams")
+    gp_fields = tuple(n.target.id for n in gp.body if isinstance(n, ast.AnnAssign))
+    assert gp_fields == t.GRAPH_PARAMS_FIELDS
+    for module, names in t.MODULE_GLOBALS.items():
+        text = ast.unparse(src.tree(module))
+        for name in names:
+            assert re.search(rf"\b{name}\b", text), f"{line}: {module} lacks {name}"
+
+
+def _importers_by_name(names, src):
+    found = set()
+    for path in names:
+        if not (path.startswith("vllm_ascend/") and path.endswith(".py")):
+            continue
+        module = path[:-3].replace("/", ".").removesuffix(".__init__")
+        for node in ast.walk(src.tree(module)):
+            if isinstance(node, ast.ImportFrom) and any(
+                a.name == "update_full_graph_params" for a in node.names
+            ):
+                found.add(module)
+    return found
+
+
+def test_every_importer_by_name_is_hooked(wheel):
+    line, src, names = wheel
+    found = _importers_by_name(names, src)
+    assert found, "no importer found: the scan is broken"
+    assert found <= set(t.IMPORTERS), f"{line}: unhooked importers {found - set(t.IMPORTERS)}"
+
+
+def test_fixture_matches_the_023_wheel():
+    fixture = fixture_source()
+    for (module, qualname), expected in t.FUNCTIONS["0.23"].items():
+        tree = fixture.tree(module)
+        assert tree is not None, f"fixture lacks {module}"
+        fn = find_def(tree, qualname)
+        assert fn is not None, f"fixture lacks {module}:{qualname}"
+        assert param_names(fn)[: len(expected)] == expected, (module, qualname)
+
+
+# ------------------------------------------------------------------ torch_npu
+
+#: torch_npu / torch.npu calls the host-update path makes (reproduced by our fixture
+#: and by the NPU backend), checked by name against the real wheel.
+NPU_CALLS = (
+    "torch.npu.graph_task_group_begin", "torch.npu.graph_task_group_end",
+    "torch.npu.graph_task_update_begin", "torch.npu.graph_task_update_end",
+    "torch.npu.ExternalEvent", "torch.npu.NPUGraph", "torch.npu.graph",
+    "torch.npu.current_stream", "torch.npu.is_available", "torch.npu.get_device_name",
+    "torch_npu.npu_fused_infer_attention_score",
+    "torch_npu.npu_fused_infer_attention_score_v2",
+)
+FIA_OUT_KWARGS = ("query", "key", "value", "block_table", "actual_seq_lengths",
+                  "actual_seq_lengths_kv", "num_key_value_heads", "num_heads", "scale",
+                  "input_layout", "block_size", "sparse_mode", "workspace")
+
+
+def _project_npu_calls():
+    calls = set()
+    for path in (REPO / "pyruntime").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                text = ast.unparse(node)
+                if re.fullmatch(r"(torch\.npu|torch_npu(\.npu)?)\.[A-Za-z_]\w*", text):
+                    calls.add(text)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def npu_wheel():
+    zf = _wheel("torch_npu-*.whl")
+    names = zf.namelist()
+    npu_all = set()
+    for path in ("torch_npu/npu/__init__.py",):
+        tree = ast.parse(zf.read(path))
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(
+                getattr(x, "id", None) == "__all__" for x in node.targets
+            ):
+                npu_all |= set(ast.literal_eval(node.value))
+    yaml = zf.read(next(n for n in names if n.endswith("npu_native_functions_by_codegen.yaml")))
+    ops = dict(re.findall(rb"- func: ([\w.]+)\(([^)]*)\)", yaml))
+    return npu_all, {k.decode(): v.decode() for k, v in ops.items()}, zf
+
+
+def _exists(call, npu_all, ops, zf):
+    name = call.rsplit(".", 1)[1]
+    if call.startswith(("torch.npu.", "torch_npu.npu.")):
+        return name in npu_all
+    if name in ops:
+        return True
+    init = zf.read("torch_npu/__init__.py").decode()
+    return re.search(rf"\b{name}\b", init) is not None
+
+
+def test_torch_npu_calls_exist(npu_wheel):
+    npu_all, ops, zf = npu_wheel
+    calls = set(NPU_CALLS) | _project_npu_calls()
+    missing = sorted(c for c in calls if not _exists(c, npu_all, ops, zf))
+    assert not missing, f"not in the torch_npu wheel: {missing}"
+
+
+def test_fia_out_keywords(npu_wheel):
+    _, ops, _ = npu_wheel
+    schema = ops["npu_fused_infer_attention_score.out"]
+    for kw in FIA_OUT_KWARGS:
+        assert re.search(rf"\b{kw}\b", schema), f"FIA .out lacks {kw}"
