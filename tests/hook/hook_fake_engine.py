@@ -51,7 +51,7 @@ class CpuTilingEngine:
             def tiling_task():
                 self.tiling_runs += 1
                 cu, kv = c.query_start_loc, c.seq_lens
-                batch = int(torch.count_nonzero(cu[1:] - cu[:-1]).item())
+                batch = int((cu[1:] > cu[:-1]).int().cumprod(0).sum())  # live prefix
                 slot[0] = plan(params, cu[: batch + 1].clone(), kv[:batch].clone(),
                                causal=c.causal)
                 slot[0].raise_for_status()
