@@ -30,6 +30,14 @@ static int32_t int32_saturate(int64_t x) { return x > (int64_t)INT32_MAX ? INT32
 
 static int64_t div_ceil64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/*
+ * The validation pass records the running cost and unit count at TILING_CHUNKS evenly
+ * spaced requests, so locating the P - 1 cuts afterwards walks at most one chunk of
+ * requests per cut instead of re-walking the batch: O(batch + P * batch / TILING_CHUNKS).
+ * 4 KiB of stack, fine on the AI-CPU.
+ */
+#define TILING_CHUNKS 256
+
 /* Everything derived from the static parameters once per call. */
 typedef struct plan_ctx {
     const aicpu_tiling_params *p;
@@ -41,6 +49,10 @@ typedef struct plan_ctx {
     int64_t seg;           /* cost_segment */
     int64_t block_units;   /* ceil(block_size / 16) */
     int block_shift;       /* log2(block_size) when a power of two, else -1 */
+    int64_t w_decode;      /* block cost of a one-token tile, the common case */
+    int32_t chunk_shift;   /* requests per checkpoint chunk = 1 << chunk_shift */
+    int64_t chunk_cost[TILING_CHUNKS];  /* position at the end of each chunk */
+    int64_t chunk_units[TILING_CHUNKS]; /* units before the end of each chunk */
 } plan_ctx;
 
 /* One request's shape on the position axis. */
@@ -136,7 +148,7 @@ static void request_load(const plan_ctx *c, int32_t r, request_info *ri) {
         /* Decode and short speculative steps: one tile that sees the whole kv. */
         ri->num_tiles = 1;
         ri->num_full = ri->q_len == qt;
-        ri->w_full = ri->w_last = block_cost(c, ri->q_len);
+        ri->w_full = ri->w_last = ri->q_len == 1 ? c->w_decode : block_cost(c, ri->q_len);
         ri->head_cost = c->seg + kv_blocks(c, ri->kv_len) * ri->w_full;
         return;
     }
@@ -182,9 +194,10 @@ static int32_t tile_at(const plan_ctx *c, const request_info *ri, int64_t o, int
     return (int32_t)lo;
 }
 
-/* A forward-only cursor over requests: targets only grow, so the sweep is O(batch). */
+/* A forward-only cursor over requests: targets only grow. */
 typedef struct cursor {
     int32_t r;
+    int32_t chunk;      /* the chunk holding request r */
     int64_t start;      /* position of request r */
     int64_t unit_index; /* global index of request r's first unit */
     request_info ri;
@@ -192,6 +205,7 @@ typedef struct cursor {
 
 static void cursor_init(const plan_ctx *c, cursor *cur) {
     cur->r = 0;
+    cur->chunk = 0;
     cur->start = 0;
     cur->unit_index = 0;
     if (c->batch > 0) request_load(c, 0, &cur->ri);
@@ -200,7 +214,15 @@ static void cursor_init(const plan_ctx *c, cursor *cur) {
 /* Locate the unit containing pos, 0 <= pos < W, at or after the cursor. */
 static void cursor_locate(const plan_ctx *c, cursor *cur, int64_t pos, unit_at *u) {
     int64_t heads = c->p->num_kv_heads, off, h, o, tile_start;
-    int32_t t;
+    int32_t t, chunk = cur->chunk;
+    while (pos >= c->chunk_cost[chunk]) chunk++; /* the last chunk ends at W > pos */
+    if (chunk != cur->chunk) {                   /* jump to the first request of that chunk */
+        cur->chunk = chunk;
+        cur->r = chunk << c->chunk_shift;
+        cur->start = c->chunk_cost[chunk - 1];
+        cur->unit_index = c->chunk_units[chunk - 1];
+        request_load(c, cur->r, &cur->ri);
+    }
     while (pos >= cur->start + heads * cur->ri.head_cost) {
         cur->start += heads * cur->ri.head_cost;
         cur->unit_index += heads * cur->ri.num_tiles;
@@ -209,7 +231,7 @@ static void cursor_locate(const plan_ctx *c, cursor *cur, int64_t pos, unit_at *
         request_load(c, cur->r, &cur->ri);
     }
     off = pos - cur->start;
-    h = off / cur->ri.head_cost;
+    h = off < cur->ri.head_cost ? 0 : off / cur->ri.head_cost;
     o = off - h * cur->ri.head_cost;
     t = tile_at(c, &cur->ri, o, &tile_start);
     u->r = cur->r;
@@ -316,9 +338,12 @@ static int64_t used_words(const aicpu_tiling_params *p) {
     return combine_offset(p) + (int64_t)AICPU_TILING_COMB_WORDS * (p->num_cores - 1);
 }
 
+/* Whole buffer in int32 words, padded to 64 bytes; params already checked. */
+static int64_t buffer_words(const aicpu_tiling_params *p) { return (used_words(p) + 15) / 16 * 16; }
+
 size_t aicpu_tiling_bytes(const aicpu_tiling_params *p) {
     if (aicpu_tiling_params_check(p) != AICPU_TILING_OK) return 0;
-    return (size_t)((used_words(p) + 15) / 16 * 16 * 4);
+    return (size_t)buffer_words(p) * 4;
 }
 
 int32_t aicpu_tiling_max_slots(const aicpu_tiling_params *p) {
@@ -342,7 +367,7 @@ static void write_header(int32_t *buf, int status, int32_t batch, int32_t num_co
     buf[AICPU_TILING_HDR_BAD_REQUEST] = -1;
     buf[AICPU_TILING_HDR_BATCH] = batch;
     buf[AICPU_TILING_HDR_NUM_CORES] = num_cores;
-    buf[AICPU_TILING_HDR_FLAGS] = (int32_t)flags;
+    buf[AICPU_TILING_HDR_FLAGS] = (int32_t)(flags & AICPU_TILING_CAUSAL); /* known bits only */
 }
 
 /* Input error: header names the offence, every core idle at (0,0,0,0), tables zero. */
@@ -350,8 +375,7 @@ static int write_input_error(const aicpu_tiling_params *p, int32_t *buf, int sta
                              int32_t request, int32_t value, int32_t limit, int32_t batch,
                              uint32_t flags) {
     int32_t core;
-    int64_t words = (int64_t)(aicpu_tiling_bytes(p) / 4);
-    write_words(buf, words, 0);
+    write_words(buf, buffer_words(p), 0);
     write_header(buf, status, batch, p->num_cores, flags);
     buf[AICPU_TILING_HDR_BAD_REQUEST] = request;
     buf[AICPU_TILING_HDR_BAD_VALUE] = value;
@@ -364,18 +388,59 @@ static int write_input_error(const aicpu_tiling_params *p, int32_t *buf, int sta
     return status;
 }
 
+/*
+ * Decode batches (every q_len 0 or 1) with a power-of-two block size, the per-step case
+ * that must be fast: one branch-free pass that computes the costs and only flags trouble.
+ * Returns 1 when it covered the batch; 0 sends the caller to the general pass, which also
+ * finds the first offending request.
+ */
+static int decode_pass(plan_ctx *c, int64_t *total, int64_t *num_units) {
+    const aicpu_tiling_params *p = c->p;
+    const int32_t *cu = c->cu, *kv = c->kv;
+    int64_t heads = p->num_kv_heads, cost = 0, count = 0;
+    int64_t unit_seg = heads * c->seg, unit_block = heads * c->w_decode;
+    int32_t round = p->block_size - 1, tokens = p->max_tokens, shift = c->block_shift;
+    uint32_t cap = (uint32_t)p->max_blocks_per_req * (uint32_t)p->block_size;
+    int32_t r, chunk, per_chunk = 1 << c->chunk_shift;
+    unsigned trouble = 0;
+    if (shift < 0) return 0;
+    /* Unsigned q: a decreasing offset wraps to a huge value and is caught by q > 1. With q
+     * in {0, 1}, kv < q is the one failure left (KV_SHORT when causal, KV_EMPTY when not). */
+    for (r = 0; r < c->batch; ++r) {
+        uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r], k = (uint32_t)kv[r];
+        trouble |= (unsigned)(q > 1u) | (unsigned)(cu[r + 1] > tokens) | (unsigned)(k > cap) |
+                   (unsigned)(k < q);
+    }
+    if (trouble) return 0;
+    for (chunk = 0; chunk << c->chunk_shift < c->batch; ++chunk) {
+        int32_t end = (chunk + 1) * per_chunk < c->batch ? (chunk + 1) * per_chunk : c->batch;
+        for (r = chunk * per_chunk; r < end; ++r) {
+            int64_t q = cu[r + 1] - cu[r]; /* 0 or 1 */
+            cost += (unit_seg + (int64_t)((kv[r] + round) >> shift) * unit_block) & -q;
+            count += q;
+        }
+        c->chunk_cost[chunk] = cost;
+        c->chunk_units[chunk] = count * heads;
+    }
+    *total = cost;
+    *num_units = count * heads;
+    return 1;
+}
+
 /* Check every request in order; on the first offence write it and return its status. */
-static int validate(const plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *total,
+static int validate(plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *total,
                     int64_t *num_units) {
     const aicpu_tiling_params *p = c->p;
     int64_t kv_cap = (int64_t)p->max_blocks_per_req * p->block_size;
-    int32_t r;
+    int64_t cost = 0, units = 0, heads = p->num_kv_heads;
+    int32_t r, chunk = 0, chunk_left = 1 << c->chunk_shift;
     request_info ri;
     *total = 0;
     *num_units = 0;
     if (c->cu[0] != 0)
         return write_input_error(p, buf, AICPU_TILING_E_QUERY_START, 0, c->cu[0], 0, c->batch,
                                  flags);
+    if (decode_pass(c, total, num_units)) return AICPU_TILING_OK;
     for (r = 0; r < c->batch; ++r) {
         int32_t lo = c->cu[r], hi = c->cu[r + 1], kv = c->kv[r];
         int status = AICPU_TILING_OK;
@@ -392,10 +457,23 @@ static int validate(const plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *to
             status = AICPU_TILING_E_KV_EMPTY, value = 0, limit = 1;
         if (status != AICPU_TILING_OK)
             return write_input_error(p, buf, status, r, value, limit, c->batch, flags);
-        request_load(c, r, &ri);
-        *total += p->num_kv_heads * ri.head_cost;
-        *num_units += (int64_t)p->num_kv_heads * ri.num_tiles;
+        if (hi - lo == 1) { /* decode: skip the general shape computation */
+            cost += heads * (c->seg + kv_blocks(c, kv) * c->w_decode);
+            units += heads;
+        } else if (hi > lo) {
+            request_load(c, r, &ri);
+            cost += heads * ri.head_cost;
+            units += heads * ri.num_tiles;
+        }
+        if (--chunk_left == 0 || r + 1 == c->batch) {
+            c->chunk_cost[chunk] = cost;
+            c->chunk_units[chunk] = units;
+            chunk += 1;
+            chunk_left = 1 << c->chunk_shift;
+        }
     }
+    *total = cost;
+    *num_units = units;
     return AICPU_TILING_OK;
 }
 
@@ -441,16 +519,17 @@ static int64_t assign_slots(slot_state *s, const work_pos *begin, const work_pos
     return last_unit - begin->unit_index + 1;
 }
 
+/* prefix[r] = slots of requests before r; runs of equal values are plain fills. */
 static void write_split_prefix(const aicpu_tiling_params *p, const slot_state *s, int32_t *prefix) {
-    int32_t r, rec = 0, acc = 0;
-    for (r = 0; r <= p->max_batch; ++r) {
-        prefix[r] = acc;
-        while (rec < s->num_combine &&
-               s->combine[(int64_t)rec * AICPU_TILING_COMB_WORDS + AICPU_TILING_COMB_REQUEST] == r) {
-            acc += s->combine[(int64_t)rec * AICPU_TILING_COMB_WORDS + AICPU_TILING_COMB_NUM_PIECES];
-            rec += 1;
-        }
+    int32_t rec, next = 0, acc = 0;
+    for (rec = 0; rec < s->num_combine; ++rec) {
+        const int32_t *c = s->combine + (int64_t)rec * AICPU_TILING_COMB_WORDS;
+        int32_t r = c[AICPU_TILING_COMB_REQUEST];
+        write_words(prefix + next, r + 1 - next, acc);
+        next = r + 1;
+        acc += c[AICPU_TILING_COMB_NUM_PIECES];
     }
+    write_words(prefix + next, p->max_batch + 1 - next, acc);
 }
 
 /* Cut [0, W) into P core ranges as THE PARTITION in the header describes. */
@@ -514,10 +593,10 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     if (buffer == NULL || ((uintptr_t)buffer & 3u) != 0) return AICPU_TILING_E_BUFFER;
     if (aicpu_tiling_params_check(p) != AICPU_TILING_OK) {
         if (buffer_bytes < AICPU_TILING_HDR_WORDS * 4) return AICPU_TILING_E_BUFFER;
-        write_header(buf, AICPU_TILING_E_PARAMS, batch, 0, flags);
+        write_header(buf, AICPU_TILING_E_PARAMS, batch, p != NULL ? p->num_cores : 0, flags);
         return AICPU_TILING_E_PARAMS;
     }
-    if (buffer_bytes < aicpu_tiling_bytes(p)) return AICPU_TILING_E_BUFFER;
+    if (buffer_bytes < (size_t)buffer_words(p) * 4) return AICPU_TILING_E_BUFFER;
     if (batch < 0 || batch > p->max_batch)
         return write_input_error(p, buf, AICPU_TILING_E_BATCH, -1, batch, p->max_batch, batch,
                                  flags);
@@ -531,6 +610,9 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     c.group = p->num_q_heads / p->num_kv_heads;
     c.seg = p->cost_segment;
     c.block_units = ((int64_t)p->block_size + 15) / 16;
+    c.w_decode = block_cost(&c, 1);
+    c.chunk_shift = 0;
+    while (((int64_t)TILING_CHUNKS << c.chunk_shift) < batch) c.chunk_shift++;
     c.block_shift = -1;
     if ((p->block_size & (p->block_size - 1)) == 0) {
         int s = 0;
@@ -541,7 +623,7 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     if (status != AICPU_TILING_OK) return status;
 
     /* Only the padding past the combine table is not written by the steps below. */
-    words = (int64_t)(aicpu_tiling_bytes(p) / 4);
+    words = buffer_words(p);
     write_words(buf + used_words(p), words - used_words(p), 0);
     write_words(buf + combine_offset(p), used_words(p) - combine_offset(p), 0);
     write_header(buf, AICPU_TILING_OK, batch, p->num_cores, flags);
