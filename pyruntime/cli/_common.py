@@ -1,0 +1,89 @@
+"""Shared CLI plumbing: the user-error type, consoles, JSON output and progress bars."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+PROG = "aicpu-tiling"
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit code 2, never a traceback."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors raise :class:`CliError` instead of exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise CliError(f"{self.prog}: {message}")
+
+
+def add_output_args(parser: argparse.ArgumentParser) -> None:
+    """``--json`` (machine output on stdout) and ``--no-progress``."""
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as JSON on stdout (no tables)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A console on stdout (or stderr) that wraps at the terminal width, 80 when piped."""
+    file = sys.stderr if stderr else sys.stdout
+    width = None if file.isatty() else 100
+    return Console(file=file, width=width, highlight=False, soft_wrap=False)
+
+
+def emit_json(data: Any) -> None:
+    """Print ``data`` as indented JSON on stdout."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write ``data`` as JSON to ``path``; a missing parent folder is a user error."""
+    path = Path(path)
+    try:
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    return path
+
+
+class _NullProgress:
+    """Stands in for a rich Progress when progress is hidden."""
+
+    def add_task(self, description: str, total: float | None = None) -> int:
+        return 0
+
+    def advance(self, task: int, advance: float = 1) -> None:
+        pass
+
+    def update(self, task: int, **kwargs: Any) -> None:
+        pass
+
+
+@contextmanager
+def progress(enabled: bool) -> Iterator[Any]:
+    """A transient rich progress bar on stderr, or a no-op stand-in."""
+    if not enabled:
+        yield _NullProgress()
+        return
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(file=sys.stderr),
+        transient=True,
+    )
+    with bar:
+        yield bar

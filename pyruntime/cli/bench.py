@@ -1,0 +1,219 @@
+"""``aicpu-tiling bench``: interleaved A/B runs of ``host_update`` against ``device_tiling``.
+
+For each grid point (layers, batch, length source) both modes are captured on the CPU
+backend and stepped on identical inputs, interleaved. Reports per-step host time and
+end-to-end step time as medians with bootstrap 95% intervals, and the host_update over
+device_tiling ratio with a paired bootstrap interval. Writes JSON (schema in
+docs/bench_schema.md) and, with the ``plot`` extra, a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from pathlib import Path
+
+from ..profiler import processors as proc
+from ..profiler.renderers.bench_tables import bench_table
+from ._common import CliError, add_output_args, emit_json, make_console, progress, write_json
+from .abrun import DTYPES, MODES, Geometry, Point, run_point
+from .balance import _int_list
+from .sources import SOURCES, SourceError
+
+SCHEMA = "aicpu-tiling/bench"
+SCHEMA_VERSION = 1
+HEADLINE = Point(61, 64, "trace")
+#: the default grid: the headline, its neighbours in layers and batch, two other sources
+DEFAULT_POINTS = (
+    HEADLINE,
+    Point(1, 64, "trace"),
+    Point(61, 8, "trace"),
+    Point(61, 256, "trace"),
+    Point(61, 64, "spec-decode"),
+    Point(61, 64, "chunked-prefill"),
+)
+QUICK_POINTS = (Point(61, 64, "trace"), Point(4, 8, "spec-decode"))
+DEFAULT_STEPS, DEFAULT_WARMUP = 40, 3
+QUICK_STEPS, QUICK_WARMUP = 8, 1
+
+
+def _sources(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in SOURCES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown source {', '.join(bad) or text!r}; choose from {', '.join(SOURCES)}"
+        )
+    return names
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``bench`` (its ``balance`` and ``tiling`` subcommands hang off it)."""
+    p = sub.add_parser(
+        "bench",
+        help="A/B: host_update vs device_tiling (and: bench balance, bench tiling)",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    grid = p.add_argument_group(
+        "grid (default: the headline L=61, batch 64, trace, and "
+        "neighbours; any of these makes the grid their product)"
+    )
+    grid.add_argument("--layers", type=_int_list, help="comma-separated layer counts")
+    grid.add_argument("--batch-sizes", type=_int_list, help="comma-separated batch sizes")
+    grid.add_argument("--sources", type=_sources, help=f"length sources: {', '.join(SOURCES)}")
+    p.add_argument("--steps", type=int, help=f"measured steps per mode (default {DEFAULT_STEPS})")
+    p.add_argument("--warmup", type=int, help=f"unmeasured steps (default {DEFAULT_WARMUP})")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--quick", action="store_true", help="a small grid in under a minute")
+    p.add_argument("-o", "--output", default="aicpu-tiling-bench.json", help="JSON file")
+    p.add_argument(
+        "--png",
+        default=None,
+        help="PNG chart (default: beside the JSON when matplotlib is installed)",
+    )
+    p.add_argument("--no-save", action="store_true", help="write no files")
+    g = p.add_argument_group("geometry")
+    d = Geometry()
+    g.add_argument("--q-heads", type=int, default=d.num_q_heads)
+    g.add_argument("--kv-heads", type=int, default=d.num_kv_heads)
+    g.add_argument("--head-dim", type=int, default=d.head_dim)
+    g.add_argument("--block-size", type=int, default=d.block_size)
+    g.add_argument("--cores", type=int, default=d.num_cores)
+    g.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    g.add_argument("--max-kv", type=int, default=d.max_kv, help="kv length cap per request")
+    add_output_args(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def grid(args: argparse.Namespace) -> list[Point]:
+    """The points to run, from the flags."""
+    if args.layers or args.batch_sizes or args.sources:
+        return [
+            Point(layers, batch, source)
+            for source in (args.sources or [HEADLINE.source])
+            for layers in (args.layers or [HEADLINE.layers])
+            for batch in (args.batch_sizes or [HEADLINE.batch])
+        ]
+    return list(QUICK_POINTS if args.quick else DEFAULT_POINTS)
+
+
+def summarize_point(point: Point, runs: list, *, seed: int, resamples: int) -> dict:
+    """Medians, intervals and ratios of one point's runs (``host_update`` first)."""
+    by_mode = {r.mode: r for r in runs}
+    modes = {}
+    for m, r in by_mode.items():
+        host = [s.host_s for s in r.steps]
+        step = [s.step_s for s in r.steps]
+        modes[m] = {
+            "host_us": proc.summarize(host, scale=1e6, seed=seed, resamples=resamples),
+            "step_us": proc.summarize(step, scale=1e6, seed=seed, resamples=resamples),
+            "counters_per_step": r.counters,
+        }
+    a, b = by_mode["host_update"], by_mode["device_tiling"]
+    return {
+        "layers": point.layers,
+        "batch": point.batch,
+        "source": point.source,
+        "steps": len(a.steps),
+        "modes": modes,
+        "host_ratio": proc.ratio_of_medians([s.host_s for s in a.steps],
+                                            [s.host_s for s in b.steps], seed=seed,
+                                            resamples=resamples),
+        "step_ratio": proc.ratio_of_medians([s.step_s for s in a.steps],
+                                            [s.step_s for s in b.steps], seed=seed,
+                                            resamples=resamples),
+    }  # fmt: skip
+
+
+def _environment() -> dict:
+    import numpy
+
+    env = {"python": platform.python_version(), "platform": platform.platform(),
+           "cpus": os.cpu_count(), "numpy": numpy.__version__}  # fmt: skip
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    return env
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the grid and report."""
+    if args.bench_command is not None:  # pragma: no cover - argparse dispatches those
+        return 2
+    points = grid(args)
+    steps = args.steps or (QUICK_STEPS if args.quick else DEFAULT_STEPS)
+    warmup = args.warmup if args.warmup is not None else (
+        QUICK_WARMUP if args.quick else DEFAULT_WARMUP)  # fmt: skip
+    if steps < 2 or warmup < 0:
+        raise CliError(f"--steps must be >= 2 and --warmup >= 0 (got {steps}, {warmup})")
+    geom = Geometry(num_q_heads=args.q_heads, num_kv_heads=args.kv_heads,
+                    head_dim=args.head_dim, block_size=args.block_size, num_cores=args.cores,
+                    dtype=args.dtype, max_kv=args.max_kv)  # fmt: skip
+    started = time.time()
+    results = []
+    with progress(not (args.json or args.no_progress)) as bar:
+        task = bar.add_task("bench", total=len(points) * (steps + warmup))
+        for point in points:
+            bar.update(task, description=f"bench {point.name}")
+            try:
+                runs = run_point(point, geom, steps=steps, warmup=warmup, seed=args.seed,
+                                 on_step=lambda: bar.advance(task))  # fmt: skip
+            except SourceError as exc:
+                raise CliError(str(exc)) from exc
+            except ValueError as exc:  # tiling params or attention sizes out of range
+                raise CliError(f"{point.name}: {exc}") from exc
+            results.append(summarize_point(point, runs, seed=args.seed,
+                                           resamples=args.resamples))  # fmt: skip
+    result = {
+        "schema": SCHEMA,
+        "version": SCHEMA_VERSION,
+        "command": " ".join(getattr(args, "argv", ["aicpu-tiling", "bench"])),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "elapsed_s": round(time.time() - started, 3),
+        "environment": _environment(),
+        "config": {"backend": "cpu", "geometry": geom.as_dict(), "steps": steps,
+                   "warmup": warmup, "seed": args.seed, "resamples": args.resamples,
+                   "confidence": 0.95, "quick": args.quick, "modes": list(MODES)},
+        "points": results,
+        "headline": None,
+    }  # fmt: skip
+    for p in results:
+        if (p["layers"], p["batch"], p["source"]) == (61, 64, "trace"):
+            result["headline"] = {
+                "layers": 61, "batch": 64, "source": "trace",
+                "host_update_us": p["modes"]["host_update"]["host_us"]["median"],
+                "device_tiling_us": p["modes"]["device_tiling"]["host_us"]["median"],
+                "host_ratio": p["host_ratio"]["value"], "host_ratio_ci": p["host_ratio"]["ci"],
+            }  # fmt: skip
+    written = _save(args, result)
+    if args.json:
+        emit_json(result)
+        return 0
+    console = make_console()
+    for item in bench_table(result):
+        console.print(item)
+    for path in written:
+        console.print(f"wrote {path}")
+    return 0
+
+
+def _save(args: argparse.Namespace, result: dict) -> list[Path]:
+    if args.no_save:
+        return []
+    written = [write_json(args.output, result)]
+    from ..profiler.renderers import plots
+
+    png = args.png or (str(Path(args.output).with_suffix(".png")) if plots.available() else None)
+    if png:
+        try:
+            written.append(plots.plot_bench(result, png))
+        except plots.PlotUnavailableError as exc:
+            raise CliError(str(exc)) from exc
+    return written

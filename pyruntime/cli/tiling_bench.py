@@ -1,0 +1,131 @@
+"""``aicpu-tiling bench tiling``: the C tiling kernel's time per call.
+
+Compiles ``tools/bench_tiling.c`` with the kernel source (``gcc -std=c99 -O2``) into
+``build/``, runs it on the trace and parses its lines
+``batch=B ns_per_call=X ns_per_request=Y min=A max=B repeats=N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from ..profiler.renderers.bench_tables import tiling_bench_table
+from ._common import CliError, add_output_args, emit_json, make_console, progress, write_json
+from .sources import SourceError, trace_path
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCES_C = ("aicpu_kernels/aicpu_tiling.c", "tools/bench_tiling.c")
+LINE = re.compile(
+    r"batch=(?P<batch>\d+)\s+ns_per_call=(?P<ns_per_call>[\d.]+)\s+"
+    r"ns_per_request=(?P<ns_per_request>[\d.]+)\s+min=(?P<min_ns>[\d.]+)\s+"
+    r"max=(?P<max_ns>[\d.]+)\s+repeats=(?P<repeats>\d+)"
+)
+QUICK_MACRO = "AICPU_BENCH_QUICK"
+
+
+def parse(output: str) -> list[dict]:
+    """The rows of the benchmark's output; unknown lines are ignored.
+
+    Raises:
+        ValueError: no result line at all.
+    """
+    rows = []
+    for m in LINE.finditer(output):
+        d = m.groupdict()
+        rows.append({
+            "batch": int(d["batch"]), "ns_per_call": float(d["ns_per_call"]),
+            "ns_per_request": float(d["ns_per_request"]), "min_ns": float(d["min_ns"]),
+            "max_ns": float(d["max_ns"]), "repeats": int(d["repeats"]),
+        })  # fmt: skip
+    if not rows:
+        raise ValueError("the tiling benchmark printed no result line")
+    return rows
+
+
+def build(quick: bool, compiler: str = "gcc", build_dir: Path | None = None) -> Path:
+    """Compile the benchmark (cached by a hash of its sources and flags); its path.
+
+    Raises:
+        CliError: the compiler or a source is missing, or compilation fails.
+    """
+    srcs = [REPO / s for s in SOURCES_C]
+    missing = [str(s) for s in srcs if not s.is_file()]
+    if missing:
+        raise CliError(f"missing benchmark source {missing[0]}")
+    if shutil.which(compiler) is None:
+        raise CliError(f"{compiler} not found: bench tiling compiles C with it (set CC)")
+    flags = ["-std=c99", "-O2", f"-I{REPO / 'aicpu_kernels'}"]
+    if quick:
+        flags.append(f"-D{QUICK_MACRO}=1")
+    digest = hashlib.sha256(" ".join(flags).encode())
+    for s in srcs:
+        digest.update(s.read_bytes())
+    out_dir = build_dir or REPO / "build"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    exe = out_dir / f"bench_tiling-{digest.hexdigest()[:12]}"
+    if not exe.exists():
+        proc = subprocess.run([compiler, *flags, *map(str, srcs), "-o", str(exe)],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        if proc.returncode != 0:
+            first = (proc.stderr.strip().splitlines() or ["unknown error"])[0]
+            raise CliError(f"compiling the tiling benchmark failed: {first}")
+    return exe
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``bench tiling``."""
+    p = sub.add_parser(
+        "tiling",
+        help="the C tiling kernel's time per call",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"build with -D{QUICK_MACRO} (fewer calls, when the source honours it)",
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up")
+    p.add_argument("-o", "--output", help="also write the JSON result here")
+    add_output_args(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build, run, parse, report."""
+    try:
+        trace = trace_path()
+    except SourceError as exc:
+        raise CliError(str(exc)) from exc
+    exe = build(args.quick, os.environ.get("CC", "gcc"))
+    with progress(not (args.json or args.no_progress)) as bar:
+        bar.add_task("bench tiling (C)", total=None)
+        try:
+            proc = subprocess.run([str(exe), str(trace)], capture_output=True, text=True, check=False,
+                                  timeout=args.timeout)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise CliError(f"the tiling benchmark ran past --timeout {args.timeout:g} s")
+    if proc.returncode != 0:
+        first = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[0]
+        raise CliError(f"the tiling benchmark failed: {first}")
+    try:
+        rows = parse(proc.stdout)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    result = {"command": "bench tiling", "source": "tools/bench_tiling.c", "quick": args.quick,
+              "rows": rows}  # fmt: skip
+    if args.output:
+        write_json(args.output, result)
+    if args.json:
+        emit_json(result)
+    else:
+        console = make_console()
+        for item in tiling_bench_table(result):
+            console.print(item)
+    return 0

@@ -1,0 +1,123 @@
+"""Rendered tables at 80 columns against golden text (UPDATE_GOLDEN=1 to accept changes)."""
+
+from __future__ import annotations
+
+from pyruntime.cli.profile import process
+from pyruntime.profiler.renderers import render_text
+from pyruntime.profiler.renderers.balance_tables import balance_tables
+from pyruntime.profiler.renderers.bench_tables import bench_table, tiling_bench_table
+from pyruntime.profiler.renderers.profile_tables import profile_tables
+from pyruntime.profiler.renderers.tiling_tables import load_bar, tiling_tables
+
+from .test_profiler import synthetic_session
+
+MODEL = {"num_q_heads": 16, "num_kv_heads": 1, "block_size": 128, "q_tile": 8,
+         "num_cores": 24, "cost_kv_load": 4, "cost_qk_tile": 1, "cost_segment": 32,
+         "causal": True}  # fmt: skip
+
+
+def _parts(ours, fe, fw, mla, fi):
+    out = {}
+    for name, (mean, worst, seg) in zip(
+        ("ours", "fia_even", "fia_weighted", "flashmla", "flashinfer"), (ours, fe, fw, mla, fi)
+    ):
+        out[name] = {"ratio_mean": mean, "ratio_max": worst, "segments_mean": seg,
+                     "segments_max": seg, "units_mean": 16.0}  # fmt: skip
+    return out
+
+
+def balance_result(violation: bool = False) -> dict:
+    sizes = [
+        {"batch": 16, "samples": 4, "partitioners": _parts(
+            (1.1, 1.18, 35), (3.5, 5.3, 16), (3.5, 5.3, 16), (1.45, 1.6, 28), (1.35, 1.66, 22))},
+        {"batch": 64, "samples": 4, "partitioners": _parts(
+            (1.03, 1.05, 86), (2.0, 2.68, 64), (1.43, 1.82, 64), (1.22, 1.55, 76),
+            (1.85, 2.04, 64))},
+    ]  # fmt: skip
+    violations = [{"batch": 64, "anchor": "flashmla", "statistic": "ratio_mean", "ours": 1.3,
+                   "anchor_value": 1.22}] if violation else []  # fmt: skip
+    return {
+        "model": MODEL,
+        "sizes": sizes,
+        "verdict": {"ours_at_or_below_all": not violation, "violations": violations},
+    }
+
+
+def bench_result() -> dict:
+    def mode(host, step):
+        return {"host_us": {"median": host, "ci": [host * 0.97, host * 1.02]},
+                "step_us": {"median": step, "ci": [step * 0.99, step * 1.01]}}  # fmt: skip
+
+    points = []
+    for layers, batch, source, hu, dt in (
+        (61, 64, "trace", 4310.0, 61.2),
+        (1, 64, "trace", 118.0, 60.5),
+        (61, 64, "chunked-prefill", 12650.0, 64.0),
+    ):
+        points.append({
+            "layers": layers, "batch": batch, "source": source, "steps": 40,
+            "modes": {"host_update": mode(hu, 30000.0), "device_tiling": mode(dt, 25000.0)},
+            "host_ratio": {"value": hu / dt, "ci": [hu / dt * 0.95, hu / dt * 1.04]},
+            "step_ratio": {"value": 1.2, "ci": [1.1, 1.3]},
+        })  # fmt: skip
+    return {
+        "points": points,
+        "headline": {"layers": 61, "batch": 64, "source": "trace", "host_update_us": 4310.0,
+                     "device_tiling_us": 61.2, "host_ratio": 4310.0 / 61.2},
+        "config": {"steps": 40, "warmup": 3, "resamples": 2000, "seed": 0},
+    }  # fmt: skip
+
+
+def inspect_view() -> dict:
+    cores = [{"begin": [0, 0, 0, k], "end": [0, 0, 0, k + 2], "first_slot": k // 2,
+              "last_slot": k // 2, "num_segments": 1, "cost": 112 - 8 * (k % 3)}
+             for k in range(0, 8, 2)]  # fmt: skip
+    return {
+        "status": 0, "error": None, "params": {"cost_segment": 32},
+        "summary": {"batch": 1, "num_tokens": 1, "num_units": 1, "num_segments": 4,
+                    "num_slots": 4, "num_combine": 1, "max_core_cost": 112, "total_cost": 352,
+                    "ideal": 120.0, "ratio": 112 / 120},
+        "cores": cores,
+        "combine": [{"request": 0, "kv_head": 0, "q_tile": 0, "first_slot": 0, "num_pieces": 4}],
+    }  # fmt: skip
+
+
+def test_balance_tables(golden):
+    golden("balance.txt", render_text(balance_tables(balance_result())))
+    golden("balance_violation.txt", render_text(balance_tables(balance_result(True))))
+
+
+def test_bench_table(golden):
+    golden("bench.txt", render_text(bench_table(bench_result())))
+
+
+def test_tiling_bench_table(golden):
+    rows = [{"batch": b, "ns_per_call": 100.0 * b + 2000, "ns_per_request": 100 + 2000 / b,
+             "min_ns": 90.0 * b + 1500, "max_ns": 120.0 * b + 4000, "repeats": 31}
+            for b in (1, 8, 64)]  # fmt: skip
+    golden("bench_tiling.txt", render_text(tiling_bench_table(
+        {"source": "tools/bench_tiling.c", "rows": rows})))  # fmt: skip
+
+
+def test_profile_tables(golden):
+    golden("profile.txt", render_text(profile_tables(process(synthetic_session()))))
+
+
+def test_inspect_tables(golden):
+    golden("inspect.txt", render_text(tiling_tables(inspect_view())))
+    bad = {**inspect_view(), "status": 8, "error": "request 2: kv shorter than query"}
+    golden("inspect_error.txt", render_text(tiling_tables(bad)))
+
+
+def test_rendered_lines_fit_80_columns():
+    for text in (render_text(balance_tables(balance_result())),
+                 render_text(bench_table(bench_result())),
+                 render_text(profile_tables(process(synthetic_session()))),
+                 render_text(tiling_tables(inspect_view()))):  # fmt: skip
+        assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_load_bar():
+    assert load_bar(0, 10) == "" and load_bar(5, 0) == ""
+    assert load_bar(10, 10, width=4) == "████"
+    assert load_bar(5, 10, width=3) == "█▌"
