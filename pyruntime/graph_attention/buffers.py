@@ -1,0 +1,125 @@
+"""Static buffers of one capture bucket, and validation of the per-step inputs.
+
+Everything a captured graph reads lives here, allocated once on the backend and filled
+in place (`copy_h2d`) before each replay, never rebound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from pyruntime.backends import Backend
+from pyruntime.tiling import TilingParams
+
+from .errors import AttentionInputError, FrozenSizeError
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInputs:
+    """Validated host inputs of one step (numpy int32, contiguous)."""
+
+    block_table: np.ndarray  # [max_batch, max_blocks_per_req]
+    cu_seqlens_q: np.ndarray  # [live_batch + 1]
+    seqlens_kv: np.ndarray  # [live_batch]
+
+    @property
+    def live_batch(self) -> int:
+        return int(self.seqlens_kv.shape[0])
+
+
+def _int32_array(name: str, value: Any, ndim: int) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            raise AttentionInputError(f"{name} must be a host (CPU) tensor, got {value.device}")
+        value = value.detach().numpy()
+    if not isinstance(value, np.ndarray):
+        raise AttentionInputError(f"{name} must be an int32 torch tensor or numpy array, "
+                                  f"got {type(value).__name__}")
+    if value.dtype != np.int32:
+        raise AttentionInputError(f"{name} must be int32, got {value.dtype}")
+    if value.ndim != ndim:
+        raise AttentionInputError(f"{name} must have {ndim} dimension(s), got shape "
+                                  f"{tuple(value.shape)}")
+    return np.ascontiguousarray(value)
+
+
+class StaticBuffers:
+    """The device buffers of one bucket, shared by every layer.
+
+    Attributes (device buffers):
+        queries: ``num_layers`` x ``[max_tokens, num_q_heads, head_dim]`` dtype.
+        kv_caches: ``num_layers`` x ``(k, v)``, each ``[num_blocks, block_size,
+            num_kv_heads, head_dim]`` dtype.
+        outputs: ``num_layers`` x ``[max_tokens, num_q_heads, head_dim]`` dtype.
+        block_table: int32 ``[max_batch, max_blocks_per_req]``.
+        lengths: int32 ``[1 + (max_batch + 1) + max_batch]``: live batch, cu_seqlens_q,
+            seqlens_kv, packed so one copy refreshes them; `cu_seqlens_q`, `seqlens_kv` and
+            `batch` are views into it.
+        tiling: uint8 ``[params.tiling_bytes]``.
+        partial_out: float32 ``[max_partial_slots, q_tile, group, head_dim]``.
+        partial_lse: float32 ``[max_partial_slots, q_tile, group]``.
+    """
+
+    def __init__(self, backend: Backend, params: TilingParams, *, num_layers: int,
+                 num_blocks: int, dtype: torch.dtype) -> None:
+        if dtype not in DTYPES:
+            raise AttentionInputError(f"dtype must be one of {DTYPES}, got {dtype}")
+        if num_layers < 1 or num_blocks < 1:
+            raise AttentionInputError(f"num_layers ({num_layers}) and num_blocks "
+                                      f"({num_blocks}) must be at least 1")
+        p, alloc = params, backend.alloc
+        self.params, self.num_blocks, self.dtype = p, num_blocks, dtype
+        self.scale = 1.0 / math.sqrt(p.head_dim)
+        row = (p.max_tokens, p.num_q_heads, p.head_dim)
+        cache = (num_blocks, p.block_size, p.num_kv_heads, p.head_dim)
+        self.queries = [alloc(row, dtype) for _ in range(num_layers)]
+        self.kv_caches = [(alloc(cache, dtype), alloc(cache, dtype)) for _ in range(num_layers)]
+        self.outputs = [alloc(row, dtype) for _ in range(num_layers)]
+        self.block_table = alloc((p.max_batch, p.max_blocks_per_req), torch.int32)
+        self.lengths = alloc((2 * p.max_batch + 2,), torch.int32)
+        self.batch = self.lengths[0:1]
+        self.cu_seqlens_q = self.lengths[1 : p.max_batch + 2]
+        self.seqlens_kv = self.lengths[p.max_batch + 2 :]
+        self.tiling = alloc((p.tiling_bytes,), torch.uint8)
+        slots = max(1, p.max_partial_slots)
+        self.partial_out = alloc((slots, p.q_tile, p.group, p.head_dim), torch.float32)
+        self.partial_lse = alloc((slots, p.q_tile, p.group), torch.float32)
+        self._staging = np.zeros(2 * p.max_batch + 2, dtype=np.int32)
+
+    def validate(self, block_table: Any, cu_seqlens_q: Any, seqlens_kv: Any) -> StepInputs:
+        """Check types, dtypes and frozen sizes; values are the tiling's business.
+
+        Raises:
+            AttentionInputError: wrong type, dtype or rank.
+            FrozenSizeError: a size beyond what the capture froze.
+        """
+        p = self.params
+        bt = _int32_array("block_table", block_table, 2)
+        cu = _int32_array("cu_seqlens_q", cu_seqlens_q, 1)
+        kv = _int32_array("seqlens_kv", seqlens_kv, 1)
+        if bt.shape[0] != p.max_batch:
+            raise FrozenSizeError("max_batch", p.max_batch, bt.shape[0], "block_table's rows")
+        if bt.shape[1] != p.max_blocks_per_req:
+            raise FrozenSizeError("max_blocks_per_req", p.max_blocks_per_req, bt.shape[1],
+                                  "block_table's columns")
+        if kv.shape[0] > p.max_batch:
+            raise FrozenSizeError("max_batch", p.max_batch, kv.shape[0], "the live batch")
+        if cu.shape[0] != kv.shape[0] + 1:
+            raise AttentionInputError(f"cu_seqlens_q must have len(seqlens_kv) + 1 = "
+                                      f"{kv.shape[0] + 1} entries, got {cu.shape[0]}")
+        return StepInputs(bt, cu, kv)
+
+    def stage_lengths(self, inputs: StepInputs) -> np.ndarray:
+        """The packed host image of `lengths` for this step (reused host memory)."""
+        n, staging = inputs.live_batch, self._staging
+        staging[0] = n
+        staging[1 : n + 2] = inputs.cu_seqlens_q
+        staging[self.params.max_batch + 2 : self.params.max_batch + 2 + n] = inputs.seqlens_kv
+        return staging

@@ -1,0 +1,73 @@
+"""Device tiling: one AI-CPU tiling task per step feeds every layer; no host work per layer.
+
+Captured once per bucket::
+
+    capture stream:  record fork ─────────────┐            wait join ─> L x (attention, combine)
+    AI-CPU stream:                 wait fork ─┴─> tiling ─> record join
+
+(AI-CPU and AI Core tasks never share a stream; events order them.) A step copies the
+packed lengths and the block table into the static buffers, then replays: two copies
+and one replay, whatever the layer count.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pyruntime.backends import Backend
+from pyruntime.tiling import TilingError
+
+from . import kernels
+from .buffers import StaticBuffers, StepInputs
+
+
+class DeviceTilingPath:
+    """The device-tiling graph of one bucket (see the module docstring)."""
+
+    def __init__(self, backend: Backend, buffers: StaticBuffers, *, causal: bool) -> None:
+        self.backend, self.buffers, self.causal = backend, buffers, causal
+        self.stream = backend.stream("attention")
+        self.aicpu_stream = backend.stream("aicpu")
+        self.graph = backend.graph()
+
+    def capture(self) -> None:
+        be, b, main, side = self.backend, self.buffers, self.stream, self.aicpu_stream
+        params = kernels.params_list(b.params)
+        with be.capture(self.graph, main):
+            side.wait_event(main.record_event())
+            be.launch(kernels.TILING, {
+                "cu_seqlens_q": b.cu_seqlens_q, "seqlens_kv": b.seqlens_kv, "batch": b.batch,
+                "tiling_out": b.tiling, "params": params, "causal": self.causal,
+            }, stream=side)
+            main.wait_event(side.record_event())
+            for layer, query in enumerate(b.queries):
+                key_cache, value_cache = b.kv_caches[layer]
+                out = b.outputs[layer]
+                be.launch(kernels.ATTENTION, {
+                    "query": query, "key_cache": key_cache, "value_cache": value_cache,
+                    "block_table": b.block_table, "cu_seqlens_q": b.cu_seqlens_q,
+                    "seqlens_kv": b.seqlens_kv, "tiling_in": b.tiling, "out": out,
+                    "partial_out": b.partial_out, "partial_lse": b.partial_lse,
+                    "params": params, "scale": b.scale, "causal": self.causal,
+                }, num_cores=b.params.num_cores, stream=main)
+                be.launch(kernels.COMBINE, {
+                    "cu_seqlens_q": b.cu_seqlens_q, "tiling_in": b.tiling, "out": out,
+                    "partial_out": b.partial_out, "partial_lse": b.partial_lse,
+                    "params": params,
+                }, num_cores=1, stream=main)
+
+    def step(self, inputs: StepInputs) -> float:
+        """Copy the inputs, replay; return the host seconds spent (no device wait)."""
+        start = time.perf_counter()
+        be, b = self.backend, self.buffers
+        be.copy_h2d(b.lengths, b.stage_lengths(inputs), stream=self.stream)
+        be.copy_h2d(b.block_table, inputs.block_table, stream=self.stream)
+        self.graph.replay(self.stream)
+        return time.perf_counter() - start
+
+    def wait(self) -> None:
+        self.stream.synchronize()
+
+    def error(self) -> TilingError | None:
+        """The typed error of the last step's tiling (read back from the device buffer)."""
+        return kernels.tiling_status(self.buffers.params, self.buffers.tiling).error

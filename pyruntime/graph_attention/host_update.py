@@ -1,0 +1,91 @@
+"""Host update: the vLLM-Ascend FULL_DECODE_ONLY baseline, reproduced call for call.
+
+Capture, per layer: ``ext.wait(s); ext.reset(s); graph_task_group_begin(s)``; attention
+and combine launched with a capture-time host tiling; ``graph_task_group_end(s)``.
+Each step: block table copied, ``current_stream().synchronize()``, ``graph.replay()``;
+then for EVERY layer on the update stream: ``graph_task_update_begin``, the host tiling
+(what FIA computes at each launch), attention and combine re-issued with the host tiling
+and host length lists passed by value, ``graph_task_update_end``, ``ext.record``. The
+graph's layer waits on its external event until its update lands.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from pyruntime.backends import Backend
+from pyruntime.tiling import TilingError
+
+from . import kernels
+from .buffers import StaticBuffers, StepInputs
+
+
+class HostUpdatePath:
+    """The host-update graph of one bucket (see the module docstring)."""
+
+    def __init__(self, backend: Backend, buffers: StaticBuffers, *, causal: bool) -> None:
+        self.backend, self.buffers, self.causal = backend, buffers, causal
+        self.stream = backend.stream("attention")
+        self.update_stream = backend.stream("update")
+        self.graph = backend.graph()
+        self.events = [backend.external_event() for _ in buffers.queries]
+        self.groups: list = []
+        self._params = kernels.params_list(buffers.params)
+        self._last_error: TilingError | None = None
+
+    def _launch_layer(self, layer: int, stream, tiling_bytes: np.ndarray, cu: np.ndarray,
+                      kv: np.ndarray) -> None:
+        be, b = self.backend, self.buffers
+        key_cache, value_cache = b.kv_caches[layer]
+        out = b.outputs[layer]
+        be.launch(kernels.ATTENTION, {
+            "query": b.queries[layer], "key_cache": key_cache, "value_cache": value_cache,
+            "block_table": b.block_table, "cu_seqlens_q": cu, "seqlens_kv": kv,
+            "tiling_in": tiling_bytes, "out": out, "partial_out": b.partial_out,
+            "partial_lse": b.partial_lse, "params": self._params, "scale": b.scale,
+            "causal": self.causal,
+        }, num_cores=b.params.num_cores, stream=stream)
+        be.launch(kernels.COMBINE, {
+            "cu_seqlens_q": cu, "tiling_in": tiling_bytes, "out": out,
+            "partial_out": b.partial_out, "partial_lse": b.partial_lse, "params": self._params,
+        }, num_cores=1, stream=stream)
+
+    def capture(self) -> None:
+        be, main = self.backend, self.stream
+        cu, kv = np.zeros(1, np.int32), np.zeros(0, np.int32)  # capture-time metadata
+        capture_tiling = be.plan_on_host(self.buffers.params, cu, kv, causal=self.causal)
+        with be.capture(self.graph, main):
+            for layer, event in enumerate(self.events):
+                event.wait(main)
+                event.reset(main)
+                be.graph_task_group_begin(main)
+                self._launch_layer(layer, main, capture_tiling.buffer, cu, kv)
+                self.groups.append(be.graph_task_group_end(main))
+
+    def step(self, inputs: StepInputs) -> float:
+        """Copy, sync, replay, then update every layer; return the host seconds spent."""
+        start = time.perf_counter()
+        be, upd = self.backend, self.update_stream
+        be.copy_h2d(self.buffers.block_table, inputs.block_table, stream=self.stream)
+        self.stream.synchronize()  # vllm-ascend's pre-replay sync (idle here: cheap)
+        self.graph.replay(self.stream)
+        cu, kv, error = inputs.cu_seqlens_q, inputs.seqlens_kv, None
+        for layer, event in enumerate(self.events):
+            be.graph_task_update_begin(upd, self.groups[layer])
+            host_tiling = be.plan_on_host(self.buffers.params, cu, kv, causal=self.causal)
+            error = host_tiling.error
+            self._launch_layer(layer, upd, host_tiling.buffer, cu, kv)
+            be.graph_task_update_end(upd)
+            event.record(upd)
+        self._last_error = error
+        return time.perf_counter() - start
+
+    def wait(self) -> None:
+        self.stream.synchronize()
+        self.update_stream.synchronize()
+
+    def error(self) -> TilingError | None:
+        """The typed error of the last step's host tiling, if any."""
+        return self._last_error

@@ -1,0 +1,105 @@
+"""The three device kernels of one attention step, as backend `Kernel`s.
+
+- ``TILING`` (AI-CPU): reads the live batch and lengths from device memory and writes
+  the tiling buffer (the C kernel through `pyruntime.tiling.plan_into`, zero-copy).
+- ``ATTENTION`` (AI Core): each core runs exactly the work its tiling range gives it
+  (`pyruntime.reference_attention.attention_core`).
+- ``COMBINE`` (AI Core, one core): merges split-KV partials and zeroes padding rows
+  (`pyruntime.reference_attention.attention_finalize`); zeroes every row when the tiling
+  is not OK.
+
+Argument dicts use the names of the torch custom ops in `custom_ops`, so the NPU backend
+can call ``npu_op(**args)``. By-value arguments (the host-update path passes its tiling
+and host lengths inside the task, as FIA does) arrive as numpy arrays and are viewed as
+tensors without a copy. A kernel status other than OK or the tiling's own status raises,
+which the backend reports as a device task failure at the next synchronize.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+
+from pyruntime import reference_attention, tiling
+from pyruntime.backends import AICORE, AICPU, Kernel
+
+
+class AttentionKernelError(RuntimeError):
+    """The attention kernel reported a failure other than a bad tiling (e.g. a bad block id)."""
+
+
+@functools.lru_cache(maxsize=64)
+def params_from(values: tuple[int, ...]) -> tiling.TilingParams:
+    """`TilingParams` from the flat int list the kernels and custom ops carry."""
+    return tiling.TilingParams(*values)
+
+
+def params_list(params: tiling.TilingParams) -> list[int]:
+    """The flat int list of `params` (the inverse of `params_from`)."""
+    return list(params.as_dict().values())
+
+
+def _tensor(value: Any) -> torch.Tensor:
+    return torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+
+
+_NO_LENGTHS = np.zeros(0, dtype=np.int32)
+
+
+def tiling_status(params: tiling.TilingParams, tiling_buf: torch.Tensor) -> tiling.Tiling:
+    """The decoded view of a tiling buffer (only its header is meaningful without lengths)."""
+    return tiling.Tiling(params, tiling_buf.numpy().view(np.uint8), _NO_LENGTHS, _NO_LENGTHS,
+                         True)
+
+
+def _check(status: int, params: tiling.TilingParams, tiling_buf: torch.Tensor, what: str):
+    if status == reference_attention.OK:
+        return
+    if status == tiling_status(params, tiling_buf).status:
+        return  # a bad tiling: outputs are zero and check() reports it
+    raise AttentionKernelError(f"{what}: {reference_attention.strerror(status)}")
+
+
+def tiling_body(*, cu_seqlens_q, seqlens_kv, batch, tiling_out, params, causal) -> None:
+    """AI-CPU: plan into `tiling_out` from device-resident lengths and batch."""
+    tiling.plan_into(params_from(tuple(params)), cu_seqlens_q, seqlens_kv, int(batch[0]),
+                     tiling_out, causal=causal)
+
+
+def attention_body(core: int, *, query, key_cache, value_cache, block_table, cu_seqlens_q,
+                   seqlens_kv, tiling_in, out, partial_out, partial_lse, params, scale,
+                   causal) -> None:
+    """AI Core `core`: its share of one layer, as the tiling assigns it."""
+    tiling_in, params = _tensor(tiling_in), params_from(tuple(params))
+    status = reference_attention.attention_core(
+        params, tiling_in, core, query=query, key_cache=key_cache,
+        value_cache=value_cache, block_table=block_table, cu_seqlens_q=_tensor(cu_seqlens_q),
+        seqlens_kv=_tensor(seqlens_kv), out=out, partial_out=partial_out,
+        partial_lse=partial_lse, scale=scale, causal=causal)
+    _check(status, params, tiling_in, f"attention core {core}")
+
+
+def combine_body(core: int, *, cu_seqlens_q, tiling_in, out, partial_out, partial_lse,
+                 params) -> None:
+    """AI Core (one core): merge split partials, zero padding rows."""
+    tiling_in, params = _tensor(tiling_in), params_from(tuple(params))
+    status = reference_attention.attention_finalize(
+        params, tiling_in, cu_seqlens_q=_tensor(cu_seqlens_q), out=out,
+        partial_out=partial_out, partial_lse=partial_lse)
+    _check(status, params, tiling_in, "attention combine")
+
+
+def _op(name: str):
+    def call(**args):
+        from . import custom_ops  # registers the ops on first use
+
+        return getattr(custom_ops.ops(), name)(**args)
+    return call
+
+
+TILING = Kernel("aicpu_tiling.plan", AICPU, tiling_body, _op("plan_tiling"))
+ATTENTION = Kernel("aicpu_tiling.attention", AICORE, attention_body, _op("paged_attention"))
+COMBINE = Kernel("aicpu_tiling.combine", AICORE, combine_body, _op("attention_combine"))

@@ -1,0 +1,87 @@
+"""The decode loop: feed a `StaticAttention` step after step and check every output.
+
+Example::
+
+    attn = StaticAttention(backend, ..., mode="device_tiling", dtype=torch.float32)
+    batcher = ContinuousBatcher(load_trace(limit=500), max_batch=8, ..., buckets=[2, 4, 8])
+    stats = run_decode_loop(attn, batcher, steps=200)
+    stats.max_rel_err, stats.median_host_seconds
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import torch
+
+from .batching import ContinuousBatcher
+from .reference import reference_attention, relative_error
+
+
+@dataclasses.dataclass
+class LoopStats:
+    """What a decode loop saw.
+
+    Attributes:
+        steps: steps run; max_rel_err: worst relative error over every step and layer
+        (NaN when not checked); host_seconds: `last_step_host_seconds` of each step;
+        padded_steps / spec_steps / prefill_steps: steps with a padded bucket, with
+        several query tokens for some request, with a prefill chunk.
+    """
+
+    steps: int = 0
+    max_rel_err: float = float("nan")
+    host_seconds: list[float] = dataclasses.field(default_factory=list)
+    padded_steps: int = 0
+    spec_steps: int = 0
+    prefill_steps: int = 0
+    zero_length_slots: int = 0
+
+    @property
+    def median_host_seconds(self) -> float:
+        return statistics.median(self.host_seconds)
+
+
+def randomize(attn, *, seed: int = 0) -> None:
+    """Fill every layer's KV cache with N(0, 1) values (in place, storage dtype)."""
+    gen = torch.Generator().manual_seed(seed)
+    for k, v in attn.kv_caches:
+        k.copy_(torch.randn(k.shape, generator=gen))
+        v.copy_(torch.randn(v.shape, generator=gen))
+
+
+def run_decode_loop(attn, batcher: ContinuousBatcher, *, steps: int, check: bool = True,
+                    seed: int = 0, on_step=None) -> LoopStats:
+    """Run up to `steps` steps (fewer if the requests run out).
+
+    Each step fills every layer's query with fresh N(0, 1) values, steps `attn`, calls
+    `attn.check()` and, when `check`, compares every layer's output with the float64
+    per-request reference (`max_rel_err`). `on_step(i, batch, outputs)` is called after
+    each step when given.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    stats = LoopStats(max_rel_err=0.0 if check else float("nan"))
+    scale = attn.params.head_dim ** -0.5
+    for i, batch in zip(range(steps), batcher):
+        for q in attn.queries:
+            q.copy_(torch.randn(q.shape, generator=gen))
+        outputs = attn.step(batch.block_table, batch.cu_seqlens_q, batch.seqlens_kv)
+        attn.check()
+        stats.steps += 1
+        stats.host_seconds.append(attn.last_step_host_seconds)
+        q_lens = batch.cu_seqlens_q[1:] - batch.cu_seqlens_q[:-1]
+        stats.padded_steps += batch.bucket > batch.live
+        stats.zero_length_slots += batch.bucket - batch.live
+        stats.spec_steps += bool((q_lens[: batch.live] > 1).any()) and batch.prefills == 0
+        stats.prefill_steps += batch.prefills > 0
+        if check:
+            for layer, out in enumerate(outputs):
+                k, v = attn.kv_caches[layer]
+                want = reference_attention(attn.queries[layer], k, v, batch.block_table,
+                                           batch.cu_seqlens_q, batch.seqlens_kv, scale=scale,
+                                           causal=attn.causal)
+                stats.max_rel_err = max(stats.max_rel_err, relative_error(out, want))
+        if on_step is not None:
+            on_step(i, batch, outputs)
+    return stats

@@ -1,0 +1,53 @@
+"""An independent float64 attention, one request at a time (numpy), for checking outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def _f64(t: torch.Tensor) -> np.ndarray:
+    # via float32: exact for every storage dtype, and far faster than bf16 -> float64
+    return t.detach().float().numpy().astype(np.float64)
+
+
+def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        block_table: np.ndarray, cu_seqlens_q: np.ndarray,
+                        seqlens_kv: np.ndarray, *, scale: float, causal: bool = True
+                        ) -> np.ndarray:
+    """float64 ``[max_tokens, num_q_heads, head_dim]``; rows of no request are zero.
+
+    Args:
+        query: ``[max_tokens, Hq, D]``; key_cache, value_cache: ``[blocks, bs, Hkv, D]``.
+        block_table: int ``[max_batch, max_blocks_per_req]``; cu_seqlens_q int
+            ``[batch + 1]``; seqlens_kv int ``[batch]``.
+    """
+    block_size, num_kv_heads, head_dim = key_cache.shape[1:]
+    group = query.shape[1] // num_kv_heads
+    out = np.zeros(tuple(query.shape), dtype=np.float64)
+    for r in range(len(seqlens_kv)):
+        q0, q1, kv_len = int(cu_seqlens_q[r]), int(cu_seqlens_q[r + 1]), int(seqlens_kv[r])
+        q_len = q1 - q0
+        if q_len == 0:
+            continue
+        blocks = torch.from_numpy(np.ascontiguousarray(block_table[r, : -(-kv_len // block_size)]))
+        k = _f64(key_cache[blocks]).reshape(-1, num_kv_heads, head_dim)[:kv_len]
+        v = _f64(value_cache[blocks]).reshape(-1, num_kv_heads, head_dim)[:kv_len]
+        k = np.repeat(k, group, axis=1)  # [kv_len, Hq, D]
+        v = np.repeat(v, group, axis=1)
+        s = np.einsum("qhd,khd->hqk", _f64(query[q0:q1]), k) * scale
+        if causal:
+            visible = np.arange(kv_len)[None, :] <= (kv_len - q_len + np.arange(q_len))[:, None]
+            s = np.where(visible[None], s, -np.inf)
+        s -= s.max(axis=-1, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(axis=-1, keepdims=True)
+        out[q0:q1] = np.einsum("hqk,khd->qhd", p, v)
+    return out
+
+
+def relative_error(got: torch.Tensor, want: np.ndarray) -> float:
+    """max |got - want| / max |want| (0 when both are zero)."""
+    err = float(np.abs(_f64(got) - want).max(initial=0.0))
+    scale = float(np.abs(want).max(initial=0.0))
+    return err / scale if scale else err
