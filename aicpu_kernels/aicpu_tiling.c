@@ -314,13 +314,14 @@ int aicpu_tiling_params_check(const aicpu_tiling_params *p) {
         return AICPU_TILING_E_PARAMS;
     for (i = 0; i < 4; ++i)
         if (p->reserved[i] != 0) return AICPU_TILING_E_PARAMS;
-    /* Every unit has at most q_tile tokens and kv_cap kv tokens; there are at most
-     * max_tokens * num_kv_heads units. All the limits above keep this product < 2^60. */
+    /* Worst case: max_tokens one-token requests on every kv head, each unit with a full
+     * block table at the widest tile's block cost. The per-unit cost is below 2^53 by the
+     * limits above; dividing instead of multiplying keeps the check itself overflow-free. */
     w_max = ((int64_t)p->block_size + 15) / 16 *
             (p->cost_kv_load + (int64_t)p->cost_qk_tile * (((int64_t)p->q_tile * group + 15) / 16));
-    bound = (int64_t)p->max_tokens * p->num_kv_heads *
-            (p->cost_segment + div_ceil64(kv_cap, p->block_size) * w_max);
-    if (bound > TILING_COST_LIMIT) return AICPU_TILING_E_PARAMS;
+    bound = p->cost_segment + (int64_t)p->max_blocks_per_req * w_max;
+    if (bound > TILING_COST_LIMIT / ((int64_t)p->max_tokens * p->num_kv_heads))
+        return AICPU_TILING_E_PARAMS;
     return AICPU_TILING_OK;
 }
 

@@ -220,6 +220,17 @@ def oracle_params_check(params) -> int:
         return AICPU_TILING_E_PARAMS
     if len(reserved) != 4 or any(reserved):
         return AICPU_TILING_E_PARAMS
+    # The worst case: max_tokens one-token requests on every kv head, each a unit with a full
+    # block table at the widest tile's block cost. It must stay below 2^60 so that C's int64
+    # sums cannot overflow.
+    w_max = _ceil_div(p["block_size"], 16) * (
+        p["cost_kv_load"] + p["cost_qk_tile"] * _ceil_div(p["q_tile"] * group, 16)
+    )
+    worst = p["max_tokens"] * p["num_kv_heads"] * (
+        p["cost_segment"] + p["max_blocks_per_req"] * w_max
+    )
+    if worst > 1 << 60:
+        return AICPU_TILING_E_PARAMS
     return AICPU_TILING_OK
 
 
