@@ -76,7 +76,9 @@ class StaticAttention:
             (what `step` returns).
         params: the `pyruntime.tiling.TilingParams` frozen at construction.
         last_step_host_seconds: host time of the last step (copies, replay launch,
-            updates), excluding the wait for device results.
+            updates), excluding the wait for device results: the CPU time of the calling
+            thread (``time.thread_time``), i.e. host busy time, so that the CPU backend's
+            emulated device threads running concurrently do not inflate it.
 
     Raises:
         ValueError: unknown mode; AttentionInputError: bad dtype or counts;

@@ -65,8 +65,8 @@ class HostUpdatePath:
                 self.groups.append(be.graph_task_group_end(main))
 
     def step(self, inputs: StepInputs) -> float:
-        """Copy, sync, replay, then update every layer; return the host seconds spent."""
-        start = time.perf_counter()
+        """Copy, sync, replay, then update every layer; return the host CPU seconds spent."""
+        start = time.thread_time()
         be, upd = self.backend, self.update_stream
         be.copy_h2d(self.buffers.block_table, inputs.block_table, stream=self.stream)
         self.stream.synchronize()  # vllm-ascend's pre-replay sync (idle here: cheap)
@@ -80,7 +80,7 @@ class HostUpdatePath:
             be.graph_task_update_end(upd)
             event.record(upd)
         self._last_error = error
-        return time.perf_counter() - start
+        return time.thread_time() - start
 
     def wait(self) -> None:
         self.stream.synchronize()
