@@ -1,0 +1,675 @@
+/*
+ * attention_ref.c -- the reference attention (AI Core role); see attention_ref.h.
+ *
+ * Layout of the work: a segment (the part of one unit a core owns) is processed in row blocks
+ * that fit the query/output scratch, and within a row block kv block by kv block, in chunks of
+ * at most CHUNK tokens. For every row and chunk: scores by dot products over head_dim, an
+ * online-softmax update (running max m, running sum l, output rescaled when m grows), then the
+ * probability-weighted sum of V rows. Decode rows of one unit share every K/V row they read,
+ * so K/V come from memory once per unit and from L1 for the other rows of the group.
+ *
+ * The inner loops are written for gcc's vectoriser without -ffast-math: fixed-width lane
+ * accumulators instead of a float reduction, restrict pointers, and a branch-free exp.
+ */
+#include "attention_ref.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Scratch sizes in floats; they bound the stack (AICPU_ATTENTION_STACK_BYTES). */
+#define QO_FLOATS 8192  /* query rows (scaled, fp32) and output accumulators, each */
+#define KV_FLOATS 16384 /* one chunk of K and of V converted to fp32, each */
+#define S_FLOATS 4096  /* scores of one chunk for every row of a row block */
+#define MAX_CHUNK 64   /* kv tokens per chunk */
+#define MAX_ROWS 256   /* rows per row block */
+#define LANES 8        /* accumulator lanes of a dot product */
+
+typedef char attention_stack_bound_check
+    [(4 * (2 * QO_FLOATS + 2 * KV_FLOATS + S_FLOATS + 4 * MAX_ROWS) <=
+      AICPU_ATTENTION_STACK_BYTES) ? 1 : -1];
+
+typedef union {
+    float f;
+    uint32_t u;
+} f32_bits;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Storage conversions                                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+static float bits_to_float(uint32_t u) {
+    f32_bits c;
+    c.u = u;
+    return c.f;
+}
+
+static uint32_t float_to_bits(float f) {
+    f32_bits c;
+    c.f = f;
+    return c.u;
+}
+
+/* Normals rebias the exponent (112 = 127 - 15); subnormals are em * 2^-24, exact in fp32.
+ * Selects are integer masks so that loops over this vectorise. */
+static float half_bits_to_float(uint32_t h) {
+    uint32_t sign = (h & 0x8000u) << 16;
+    uint32_t em = h & 0x7fffu;
+    uint32_t infnan = 0u - (uint32_t)(em >= 0x7c00u); /* exponent 31 -> 255 */
+    uint32_t sub = 0u - (uint32_t)(em < 0x400u);
+    uint32_t normal = (em << 13) + 0x38000000u + (0x38000000u & infnan);
+    uint32_t subnormal = float_to_bits((float)(int32_t)em * 5.9604644775390625e-8f);
+    return bits_to_float((normal & ~sub) | (subnormal & sub) | sign);
+}
+
+float aicpu_attention_half_to_float(uint16_t h) { return half_bits_to_float(h); }
+
+uint16_t aicpu_attention_float_to_half(float f) {
+    uint32_t x = float_to_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t h;
+    x &= 0x7fffffffu;
+    if (x >= 0x7f800000u) {
+        h = x > 0x7f800000u ? 0x7e00u | ((x >> 13) & 0x3ffu) : 0x7c00u;
+    } else if (x >= 0x477ff000u) { /* >= 65520 rounds to infinity */
+        h = 0x7c00u;
+    } else if (x >= 0x38800000u) { /* normal half: rebias, round to nearest even */
+        h = (x - 0x38000000u + 0xfffu + ((x >> 13) & 1u)) >> 13;
+    } else if (x > 0x33000000u) { /* subnormal half, units of 2^-24 */
+        uint32_t e = x >> 23;
+        uint32_t m = (x & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126u - e;
+        uint32_t rem = m & ((1u << shift) - 1u);
+        uint32_t half = 1u << (shift - 1u);
+        h = m >> shift;
+        if (rem > half || (rem == half && (h & 1u))) h += 1u;
+    } else { /* <= 2^-25 rounds to zero (2^-25 is a tie, to even) */
+        h = 0;
+    }
+    return (uint16_t)(h | sign);
+}
+
+float aicpu_attention_bf16_to_float(uint16_t b) { return bits_to_float((uint32_t)b << 16); }
+
+uint16_t aicpu_attention_float_to_bf16(float f) {
+    uint32_t x = float_to_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* One row of head_dim values from storage to fp32, times mul. */
+static void load_row(float *restrict dst, const void *src, int32_t dtype, int32_t d, float mul) {
+    int32_t x;
+    if (dtype == AICPU_ATTENTION_FP32) {
+        const float *s = (const float *)src;
+        for (x = 0; x < d; x++) dst[x] = s[x] * mul;
+    } else if (dtype == AICPU_ATTENTION_BF16) {
+        const uint16_t *s = (const uint16_t *)src;
+        for (x = 0; x < d; x++) dst[x] = bits_to_float((uint32_t)s[x] << 16) * mul;
+    } else {
+        const uint16_t *s = (const uint16_t *)src;
+        for (x = 0; x < d; x++) dst[x] = half_bits_to_float(s[x]) * mul;
+    }
+}
+
+/* n rows of head_dim at a token stride of `stride` elements into contiguous fp32. */
+static void load_rows(float *restrict dst, const void *src, int32_t dtype, int32_t n, int32_t d,
+                      ptrdiff_t stride) {
+    int32_t j;
+    if (dtype == AICPU_ATTENTION_BF16) {
+        const uint16_t *s = (const uint16_t *)src;
+        for (j = 0; j < n; j++) {
+            const uint16_t *restrict row = s + j * stride;
+            float *restrict o = dst + (ptrdiff_t)j * d;
+            int32_t x;
+            for (x = 0; x < d; x++) o[x] = bits_to_float((uint32_t)row[x] << 16);
+        }
+    } else {
+        const uint16_t *s = (const uint16_t *)src;
+        for (j = 0; j < n; j++) {
+            const uint16_t *restrict row = s + j * stride;
+            float *restrict o = dst + (ptrdiff_t)j * d;
+            int32_t x;
+            for (x = 0; x < d; x++) o[x] = half_bits_to_float(row[x]);
+        }
+    }
+}
+
+static void store_row(void *dst, const float *restrict src, int32_t dtype, int32_t d, float mul) {
+    int32_t x;
+    if (dtype == AICPU_ATTENTION_FP32) {
+        float *o = (float *)dst;
+        for (x = 0; x < d; x++) o[x] = src[x] * mul;
+    } else if (dtype == AICPU_ATTENTION_BF16) {
+        uint16_t *o = (uint16_t *)dst;
+        for (x = 0; x < d; x++) o[x] = aicpu_attention_float_to_bf16(src[x] * mul);
+    } else {
+        uint16_t *o = (uint16_t *)dst;
+        for (x = 0; x < d; x++) o[x] = aicpu_attention_float_to_half(src[x] * mul);
+    }
+}
+
+static size_t dtype_bytes(int32_t dtype) { return dtype == AICPU_ATTENTION_FP32 ? 4 : 2; }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Inner loops                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * e^x for x <= 0, branch-free so that loops over it vectorise: x = k ln2 + r, |r| <= ln2/2,
+ * e^r by its degree-7 Taylor polynomial (relative error < 1e-8 before rounding), 2^k built in
+ * the exponent field. Below -87 (where 2^k would leave the normal range) the result is 0.
+ */
+static float exp_nonpositive(float x) {
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    /* x < -87 by its bits (x <= 0 is given, -inf included): integer masks, not float
+     * compares, so that gcc if-converts and vectorises without -ffast-math */
+    uint32_t ux = float_to_bits(x);
+    uint32_t under = 0u - (uint32_t)(ux > 0xc2ae0000u);
+    float xc = bits_to_float((ux & ~under) | (0xc2ae0000u & under));
+    float kf = (xc * 1.44269504088896341f + shifter) - shifter;
+    float r = (xc - kf * 0.693145751953125f) - kf * 1.42860682030941723e-6f;
+    float p = 1.0f / 5040.0f;
+    float scale = bits_to_float((uint32_t)((int32_t)kf + 127) << 23);
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return bits_to_float(float_to_bits(p * scale) & ~under);
+}
+
+static float lane_sum(const float *a) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+/* q . k with LANES independent partial sums (a float reduction gcc vectorises in strict mode). */
+static float dot(const float *restrict q, const float *restrict k, int32_t d) {
+    float a[LANES] = {0};
+    float t = 0.0f;
+    int32_t x, i, dv = d - d % LANES;
+    for (x = 0; x < dv; x += LANES)
+        for (i = 0; i < LANES; i++) a[i] += q[x + i] * k[x + i];
+    for (x = dv; x < d; x++) t += q[x] * k[x];
+    return lane_sum(a) + t;
+}
+
+/* o += p[0] v_0 + ... + p[3] v_3, v_j = v + j * vs: one pass over o for four kv tokens. */
+static void accumulate4(float *restrict o, const float *restrict p, const float *restrict v,
+                        ptrdiff_t vs, int32_t d) {
+    const float *restrict v0 = v;
+    const float *restrict v1 = v0 + vs;
+    const float *restrict v2 = v1 + vs;
+    const float *restrict v3 = v2 + vs;
+    float p0 = p[0], p1 = p[1], p2 = p[2], p3 = p[3];
+    int32_t x;
+    for (x = 0; x < d; x++) o[x] += (p0 * v0[x] + p1 * v1[x]) + (p2 * v2[x] + p3 * v3[x]);
+}
+
+static void accumulate1(float *restrict o, float p, const float *restrict v, int32_t d) {
+    int32_t x;
+    for (x = 0; x < d; x++) o[x] += p * v[x];
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tiling access                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    int32_t r, h, t, k;
+} work_pos;
+
+static int pos_less(const work_pos *a, const work_pos *b) {
+    if (a->r != b->r) return a->r < b->r;
+    if (a->h != b->h) return a->h < b->h;
+    if (a->t != b->t) return a->t < b->t;
+    return a->k < b->k;
+}
+
+static void read_pos(work_pos *p, const int32_t *w) {
+    p->r = w[0];
+    p->h = w[1];
+    p->t = w[2];
+    p->k = w[3];
+}
+
+/* What the kernel needs of one live request, re-checked against the static params. */
+typedef struct {
+    int32_t q_start, q_len, kv_len;
+} request_lens;
+
+typedef struct {
+    const aicpu_tiling_params *p;
+    int32_t group, causal, dtype, num_blocks, max_slots;
+    float scale;
+    const void *query, *key_cache, *value_cache;
+    const int32_t *block_table, *cu, *kv;
+    void *out;
+    float *partial_out, *partial_lse;
+} core_ctx;
+
+static int load_request(const core_ctx *c, int32_t r, request_lens *rl) {
+    int32_t lo = c->cu[r], hi = c->cu[r + 1], kv = c->kv[r];
+    int64_t capacity = (int64_t)c->p->max_blocks_per_req * c->p->block_size;
+    if (lo < 0 || hi < lo || hi > c->p->max_tokens || kv < 0 || kv > capacity) return 0;
+    if (c->causal ? kv < hi - lo : (hi > lo && kv == 0)) return 0;
+    rl->q_start = lo;
+    rl->q_len = hi - lo;
+    rl->kv_len = kv;
+    return 1;
+}
+
+static int32_t num_tiles(const core_ctx *c, const request_lens *rl) {
+    return (int32_t)(((int64_t)rl->q_len + c->p->q_tile - 1) / c->p->q_tile);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* One segment                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * A segment: kv blocks [kb, ke) of unit (r, h, t), or of the nh units (r, h..h+nh-1, t) when
+ * consecutive whole units of a single-tile request are fused. Fusing kv heads turns the reads
+ * of K and V into one contiguous run per token ([token][kv head][dim] in the cache) instead of
+ * nh runs of head_dim values at a stride, which hardware prefetchers follow far better.
+ */
+typedef struct {
+    int32_t r, h, t, kb, ke, nh;
+    int32_t slot; /* partial slot, or -1 when the segment is whole units */
+    int32_t ntok; /* query tokens in the tile */
+    request_lens rl;
+} segment;
+
+/* Rows of a segment are ordered (kv head, token in tile, group member). */
+/* A piece that could not run (bad block id) gets lse = +inf: finalize then zeroes the unit's
+ * rows instead of merging a result that silently misses some kv blocks. */
+static void write_row(const core_ctx *c, const segment *sg, int32_t row, const float *acc,
+                      float l, float m, int poisoned) {
+    const int32_t d = c->p->head_dim, per_head = sg->ntok * c->group;
+    int32_t h = sg->h + row / per_head, tok = row % per_head / c->group, g = row % c->group;
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    if (sg->slot < 0) {
+        size_t at = ((size_t)(sg->rl.q_start + sg->t * c->p->q_tile + tok) * c->p->num_q_heads +
+                     (size_t)h * c->group + g) * d;
+        store_row((char *)c->out + at * dtype_bytes(c->dtype), acc, c->dtype, d, inv);
+    } else {
+        size_t at = ((size_t)sg->slot * c->p->q_tile + tok) * c->group + g;
+        store_row(c->partial_out + at * d, acc, AICPU_ATTENTION_FP32, d, inv);
+        c->partial_lse[at] = poisoned ? INFINITY : l > 0.0f ? m + logf(l) : -INFINITY;
+    }
+}
+
+/*
+ * One chunk of n kv tokens (positions c0..c0+n-1, rows at a stride of `stride` floats) for nr
+ * rows. Token-outer loops: a K or V row is used by every query row right after it is loaded,
+ * before the next rows (4 KiB apart in the cache for 8 kv heads x 128) can evict it from L1.
+ */
+static void process_chunk(const core_ctx *c, const float *qs, float *acc, float *sbuf, float *m,
+                          float *l, const int32_t *limit, const int32_t *head_at, int32_t nr,
+                          int32_t c0, int32_t n, const float *kp, const float *vp,
+                          ptrdiff_t stride) {
+    const int32_t d = c->p->head_dim;
+    int32_t nv[MAX_ROWS];
+    int32_t i, j, x;
+    for (i = 0; i < nr; i++) {
+        int32_t v = limit[i] - c0;
+        nv[i] = v < 0 ? 0 : v < n ? v : n;
+    }
+    for (j = 0; j < n; j++) {
+        const float *kj = kp + j * stride;
+        for (i = 0; i < nr; i++)
+            if (j < nv[i]) sbuf[i * n + j] = dot(qs + (size_t)i * d, kj + head_at[i], d);
+    }
+    for (i = 0; i < nr; i++) {
+        float *s = sbuf + i * n;
+        float mx, sum = 0.0f;
+        if (nv[i] == 0) continue;
+        mx = s[0];
+        for (j = 1; j < nv[i]; j++) mx = s[j] > mx ? s[j] : mx;
+        if (mx > m[i]) {
+            float corr = m[i] == -INFINITY ? 0.0f : exp_nonpositive(m[i] - mx);
+            float *o = acc + (size_t)i * d;
+            for (x = 0; x < d; x++) o[x] *= corr;
+            l[i] *= corr;
+            m[i] = mx;
+        }
+        mx = m[i];
+        for (j = 0; j < nv[i]; j++) s[j] = exp_nonpositive(s[j] - mx);
+        for (j = 0; j < nv[i]; j++) sum += s[j];
+        l[i] += sum;
+    }
+    for (j = 0; j + 4 <= n; j += 4) {
+        for (i = 0; i < nr; i++) {
+            const float *vj = vp + j * stride + head_at[i];
+            float *o = acc + (size_t)i * d;
+            const float *pr = sbuf + i * n + j;
+            int32_t jj;
+            if (nv[i] >= j + 4)
+                accumulate4(o, pr, vj, stride, d);
+            else
+                for (jj = 0; jj < nv[i] - j; jj++) accumulate1(o, pr[jj], vj + jj * stride, d);
+        }
+    }
+    for (i = 0; i < nr; i++) {
+        int32_t jj;
+        for (jj = j; jj < nv[i]; jj++)
+            accumulate1(acc + (size_t)i * d, sbuf[i * n + jj], vp + jj * stride + head_at[i], d);
+    }
+}
+
+static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
+    const aicpu_tiling_params *p = c->p;
+    const int32_t d = p->head_dim, bs = p->block_size;
+    const int32_t tok0 = sg->t * p->q_tile;
+    const int32_t ntok = sg->ntok, per_head = ntok * c->group;
+    const int32_t rows = sg->nh * per_head, width = sg->nh * d;
+    const int32_t row_block = QO_FLOATS / d < MAX_ROWS ? QO_FLOATS / d : MAX_ROWS;
+    const ptrdiff_t token_stride = (ptrdiff_t)p->num_kv_heads * d;
+    const size_t esize = dtype_bytes(c->dtype);
+    const int32_t *bt_row = c->block_table + (size_t)sg->r * p->max_blocks_per_req;
+    const int32_t shift = c->causal ? sg->rl.kv_len - sg->rl.q_len : 0;
+    float qs[QO_FLOATS], acc[QO_FLOATS], kbuf[KV_FLOATS], vbuf[KV_FLOATS];
+    float sbuf[S_FLOATS], m[MAX_ROWS], l[MAX_ROWS];
+    int32_t limit[MAX_ROWS], head_at[MAX_ROWS];
+    int32_t r0;
+
+    for (r0 = 0; r0 < rows; r0 += row_block) {
+        const int32_t nr = rows - r0 < row_block ? rows - r0 : row_block;
+        int32_t chunk = KV_FLOATS / width < MAX_CHUNK ? KV_FLOATS / width : MAX_CHUNK;
+        int32_t i, b, kv_hi = 0;
+        for (i = 0; i < nr; i++) {
+            int32_t hh = (r0 + i) / per_head, tok = (r0 + i) % per_head / c->group;
+            int32_t g = (r0 + i) % c->group;
+            size_t at = ((size_t)(sg->rl.q_start + tok0 + tok) * p->num_q_heads +
+                         (size_t)(sg->h + hh) * c->group + g) * d;
+            head_at[i] = hh * d;
+            load_row(qs + (size_t)i * d, (const char *)c->query + at * esize, c->dtype, d,
+                     c->scale);
+            memset(acc + (size_t)i * d, 0, (size_t)d * sizeof(float));
+            m[i] = -INFINITY;
+            l[i] = 0.0f;
+            limit[i] = c->causal ? shift + tok0 + tok + 1 : sg->rl.kv_len;
+            if (limit[i] > kv_hi) kv_hi = limit[i];
+        }
+        if (kv_hi > sg->ke * bs) kv_hi = sg->ke * bs;
+        if (chunk > S_FLOATS / nr) chunk = S_FLOATS / nr;
+        for (b = sg->kb; blocks_ok && b < sg->ke && b * bs < kv_hi; b++) {
+            const size_t block_at = ((size_t)bt_row[b] * bs * p->num_kv_heads + sg->h) * d;
+            const int32_t p0 = b * bs;
+            const int32_t p1 = p0 + bs < kv_hi ? p0 + bs : kv_hi;
+            int32_t c0;
+            for (c0 = p0; c0 < p1; c0 += chunk) {
+                const int32_t n = p1 - c0 < chunk ? p1 - c0 : chunk;
+                const size_t tok_at = block_at + (size_t)(c0 - p0) * token_stride;
+                const float *kp, *vp;
+                ptrdiff_t stride;
+                if (c->dtype == AICPU_ATTENTION_FP32) {
+                    kp = (const float *)c->key_cache + tok_at;
+                    vp = (const float *)c->value_cache + tok_at;
+                    stride = token_stride;
+                } else {
+                    load_rows(kbuf, (const uint16_t *)c->key_cache + tok_at, c->dtype, n, width,
+                              token_stride);
+                    load_rows(vbuf, (const uint16_t *)c->value_cache + tok_at, c->dtype, n, width,
+                              token_stride);
+                    kp = kbuf;
+                    vp = vbuf;
+                    stride = width;
+                }
+                process_chunk(c, qs, acc, sbuf, m, l, limit, head_at, nr, c0, n, kp, vp,
+                              stride);
+            }
+        }
+        for (i = 0; i < nr; i++)
+            write_row(c, sg, r0 + i, acc + (size_t)i * d, l[i], m[i], !blocks_ok);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Entry points                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+static int header_ok(const aicpu_tiling_params *p, const int32_t *tiling) {
+    return tiling[AICPU_TILING_HDR_MAGIC] == AICPU_TILING_MAGIC &&
+           tiling[AICPU_TILING_HDR_VERSION] == AICPU_TILING_VERSION &&
+           tiling[AICPU_TILING_HDR_NUM_CORES] == p->num_cores;
+}
+
+static int dtype_ok(int32_t dtype) {
+    return dtype == AICPU_ATTENTION_FP32 || dtype == AICPU_ATTENTION_FP16 ||
+           dtype == AICPU_ATTENTION_BF16;
+}
+
+int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
+                         uint32_t flags, int32_t dtype, float scale, const void *query,
+                         const void *key_cache, const void *value_cache, int32_t num_blocks,
+                         const int32_t *block_table, const int32_t *cu_seqlens_q,
+                         const int32_t *seqlens_kv, void *out, float *partial_out,
+                         float *partial_lse) {
+    core_ctx c;
+    const int32_t *rec;
+    work_pos pos, end;
+    int32_t first_slot, last_slot, batch, nseg = 0;
+    int status = AICPU_TILING_OK;
+
+    if (params == NULL || tiling == NULL || aicpu_tiling_params_check(params) != AICPU_TILING_OK ||
+        core < 0 || core >= params->num_cores || !dtype_ok(dtype) || num_blocks < 0)
+        return AICPU_ATTENTION_E_ARGS;
+    if (!header_ok(params, tiling)) return AICPU_ATTENTION_E_TILING;
+    if (tiling[AICPU_TILING_HDR_STATUS] != AICPU_TILING_OK) return tiling[AICPU_TILING_HDR_STATUS];
+    if ((uint32_t)tiling[AICPU_TILING_HDR_FLAGS] != (flags & AICPU_TILING_CAUSAL))
+        return AICPU_ATTENTION_E_TILING;
+    batch = tiling[AICPU_TILING_HDR_BATCH];
+    if (batch < 0 || batch > params->max_batch) return AICPU_ATTENTION_E_TILING;
+
+    rec = tiling + AICPU_TILING_HDR_WORDS + (size_t)core * AICPU_TILING_CORE_WORDS;
+    read_pos(&pos, rec + AICPU_TILING_CORE_BEGIN);
+    read_pos(&end, rec + AICPU_TILING_CORE_END);
+    first_slot = rec[AICPU_TILING_CORE_FIRST_SLOT];
+    last_slot = rec[AICPU_TILING_CORE_LAST_SLOT];
+    if (!pos_less(&pos, &end)) return AICPU_TILING_OK; /* idle core */
+    if (query == NULL || key_cache == NULL || value_cache == NULL || block_table == NULL ||
+        cu_seqlens_q == NULL || seqlens_kv == NULL || out == NULL)
+        return AICPU_ATTENTION_E_ARGS;
+
+    c.p = params;
+    c.group = params->num_q_heads / params->num_kv_heads;
+    c.causal = (flags & AICPU_TILING_CAUSAL) != 0;
+    c.dtype = dtype;
+    c.num_blocks = num_blocks;
+    c.max_slots = aicpu_tiling_max_slots(params);
+    c.scale = scale;
+    c.query = query;
+    c.key_cache = key_cache;
+    c.value_cache = value_cache;
+    c.block_table = block_table;
+    c.cu = cu_seqlens_q;
+    c.kv = seqlens_kv;
+    c.out = out;
+    c.partial_out = partial_out;
+    c.partial_lse = partial_lse;
+
+    while (pos_less(&pos, &end)) {
+        segment sg;
+        int32_t kv_end, nblocks, b, blocks_ok = 1;
+        if (pos.r < 0 || pos.r >= batch || pos.h < 0 || pos.h >= params->num_kv_heads ||
+            pos.t < 0 || !load_request(&c, pos.r, &sg.rl) || pos.t >= num_tiles(&c, &sg.rl))
+            return AICPU_ATTENTION_E_TILING;
+        kv_end = sg.rl.kv_len;
+        if (c.causal) {
+            int32_t q_end = (pos.t + 1) * params->q_tile;
+            kv_end = sg.rl.kv_len - sg.rl.q_len + (q_end < sg.rl.q_len ? q_end : sg.rl.q_len);
+        }
+        nblocks = (int32_t)(((int64_t)kv_end + params->block_size - 1) / params->block_size);
+        sg.r = pos.r;
+        sg.h = pos.h;
+        sg.t = pos.t;
+        sg.kb = pos.k;
+        sg.ke = (end.r == pos.r && end.h == pos.h && end.t == pos.t) ? end.k : nblocks;
+        if (sg.kb < 0 || sg.ke <= sg.kb || sg.ke > nblocks) return AICPU_ATTENTION_E_TILING;
+        sg.slot = -1;
+        sg.nh = 1;
+        sg.ntok = sg.rl.q_len - pos.t * params->q_tile;
+        if (sg.ntok > params->q_tile) sg.ntok = params->q_tile;
+        if (sg.kb == 0 && sg.ke == nblocks && num_tiles(&c, &sg.rl) == 1) {
+            /* fuse the following whole units (r, h + 1, 0), ... inside the core's range */
+            int32_t last_h = end.r > pos.r ? params->num_kv_heads : end.h;
+            int32_t per_head = sg.ntok * c.group, row_block = QO_FLOATS / params->head_dim;
+            int32_t cap = KV_FLOATS / params->head_dim;
+            if (row_block > MAX_ROWS) row_block = MAX_ROWS;
+            if (cap > row_block / per_head) cap = row_block / per_head;
+            while (sg.nh < cap && pos.h + sg.nh < last_h) sg.nh++;
+        }
+        if (sg.kb > 0 || sg.ke < nblocks) {
+            /* Only a core's first segment can start inside a unit and only its last can end
+             * inside one; a piece that is both has first_slot == last_slot. */
+            int last = sg.ke < nblocks || nseg + 1 == rec[AICPU_TILING_CORE_NUM_SEGMENTS];
+            sg.slot = nseg == 0 ? first_slot : last_slot;
+            if ((nseg > 0 && (sg.kb > 0 || !last)) || (nseg == 0 && last && first_slot != last_slot))
+                return AICPU_ATTENTION_E_TILING;
+            if (sg.slot < 0 || sg.slot >= c.max_slots || partial_out == NULL ||
+                partial_lse == NULL)
+                return AICPU_ATTENTION_E_TILING;
+        }
+        for (b = sg.kb; b < sg.ke; b++) {
+            int32_t id = block_table[(size_t)sg.r * params->max_blocks_per_req + b];
+            if (id < 0 || id >= num_blocks) blocks_ok = 0;
+        }
+        if (!blocks_ok) status = AICPU_ATTENTION_E_BLOCK_ID;
+        run_segment(&c, &sg, blocks_ok);
+        nseg += sg.nh;
+        pos.h += sg.nh - 1;
+
+        if (sg.ke < nblocks) {
+            pos.k = sg.ke; /* a cut inside the unit: only the core's end can be there */
+            if (!(pos.r == end.r && pos.h == end.h && pos.t == end.t && pos.k == end.k))
+                return AICPU_ATTENTION_E_TILING;
+            break;
+        }
+        pos.k = 0;
+        if (++pos.t >= num_tiles(&c, &sg.rl)) {
+            pos.t = 0;
+            if (++pos.h >= params->num_kv_heads) {
+                pos.h = 0;
+                /* skip requests without query tokens; they have no units */
+                for (pos.r++; pos.r < batch && c.cu[pos.r + 1] == c.cu[pos.r]; pos.r++) {
+                }
+            }
+        }
+    }
+    if (nseg != rec[AICPU_TILING_CORE_NUM_SEGMENTS]) return AICPU_ATTENTION_E_TILING;
+    return status;
+}
+
+static void zero_rows(const aicpu_tiling_params *p, int32_t dtype, void *out, int32_t from) {
+    size_t row_bytes = (size_t)p->num_q_heads * p->head_dim * dtype_bytes(dtype);
+    if (from < p->max_tokens)
+        memset((char *)out + (size_t)from * row_bytes, 0,
+               (size_t)(p->max_tokens - from) * row_bytes);
+}
+
+int aicpu_attention_finalize(const aicpu_tiling_params *params, const int32_t *tiling,
+                             int32_t dtype, const int32_t *cu_seqlens_q, void *out,
+                             const float *partial_out, const float *partial_lse) {
+    const int32_t *comb;
+    int32_t batch, num_tokens, ncomb, max_slots, group, d, i;
+    int status;
+
+    if (params == NULL || aicpu_tiling_params_check(params) != AICPU_TILING_OK ||
+        !dtype_ok(dtype) || out == NULL)
+        return AICPU_ATTENTION_E_ARGS;
+    if (tiling == NULL || !header_ok(params, tiling)) {
+        zero_rows(params, dtype, out, 0);
+        return AICPU_ATTENTION_E_TILING;
+    }
+    status = tiling[AICPU_TILING_HDR_STATUS];
+    if (status != AICPU_TILING_OK) {
+        zero_rows(params, dtype, out, 0);
+        return status;
+    }
+    batch = tiling[AICPU_TILING_HDR_BATCH];
+    num_tokens = tiling[AICPU_TILING_HDR_NUM_TOKENS];
+    ncomb = tiling[AICPU_TILING_HDR_NUM_COMBINE];
+    max_slots = aicpu_tiling_max_slots(params);
+    group = params->num_q_heads / params->num_kv_heads;
+    d = params->head_dim;
+    comb = tiling + AICPU_TILING_HDR_WORDS + (size_t)AICPU_TILING_CORE_WORDS * params->num_cores +
+           params->max_batch + 1;
+
+    /* Check everything before writing anything, so a bad buffer cannot leave half a merge. */
+    status = AICPU_TILING_OK;
+    if (batch < 0 || batch > params->max_batch || num_tokens < 0 ||
+        num_tokens > params->max_tokens || ncomb < 0 || ncomb > params->num_cores - 1 ||
+        (ncomb > 0 && (cu_seqlens_q == NULL || partial_out == NULL || partial_lse == NULL)) ||
+        (cu_seqlens_q != NULL && cu_seqlens_q[batch] != num_tokens))
+        status = AICPU_ATTENTION_E_TILING;
+    for (i = 0; status == AICPU_TILING_OK && i < ncomb; i++) {
+        const int32_t *cr = comb + (size_t)i * AICPU_TILING_COMB_WORDS;
+        int32_t r = cr[AICPU_TILING_COMB_REQUEST], h = cr[AICPU_TILING_COMB_KV_HEAD];
+        int32_t t = cr[AICPU_TILING_COMB_Q_TILE], s0 = cr[AICPU_TILING_COMB_FIRST_SLOT];
+        int32_t np = cr[AICPU_TILING_COMB_NUM_PIECES];
+        if (r < 0 || r >= batch || h < 0 || h >= params->num_kv_heads || t < 0 || s0 < 0 ||
+            np < 2 || np > max_slots || s0 > max_slots - np ||
+            cu_seqlens_q[r] < 0 || cu_seqlens_q[r + 1] > num_tokens ||
+            (int64_t)t * params->q_tile >= (int64_t)cu_seqlens_q[r + 1] - cu_seqlens_q[r])
+            status = AICPU_ATTENTION_E_TILING;
+    }
+    if (status != AICPU_TILING_OK) {
+        zero_rows(params, dtype, out, 0);
+        return status;
+    }
+
+    for (i = 0; i < ncomb; i++) {
+        const int32_t *cr = comb + (size_t)i * AICPU_TILING_COMB_WORDS;
+        int32_t r = cr[AICPU_TILING_COMB_REQUEST], h = cr[AICPU_TILING_COMB_KV_HEAD];
+        int32_t t = cr[AICPU_TILING_COMB_Q_TILE], s0 = cr[AICPU_TILING_COMB_FIRST_SLOT];
+        int32_t np = cr[AICPU_TILING_COMB_NUM_PIECES];
+        int32_t q_len = cu_seqlens_q[r + 1] - cu_seqlens_q[r];
+        int32_t ntok = q_len - t * params->q_tile;
+        int32_t tok, g, piece, x;
+        float merged[AICPU_TILING_MAX_HEAD_DIM];
+        if (ntok > params->q_tile) ntok = params->q_tile;
+        for (tok = 0; tok < ntok; tok++) {
+            for (g = 0; g < group; g++) {
+                size_t row = (size_t)tok * group + g;
+                size_t slot_rows = (size_t)params->q_tile * group;
+                size_t at = ((size_t)(cu_seqlens_q[r] + t * params->q_tile + tok) *
+                                 params->num_q_heads + (size_t)h * group + g) * d;
+                float mx = -INFINITY, wsum = 0.0f;
+                for (piece = 0; piece < np; piece++) {
+                    float lse = partial_lse[(size_t)(s0 + piece) * slot_rows + row];
+                    mx = lse > mx ? lse : mx;
+                }
+                for (x = 0; x < d; x++) merged[x] = 0.0f;
+                if (mx > -INFINITY && mx < INFINITY) { /* +inf: a poisoned piece */
+                    for (piece = 0; piece < np; piece++) {
+                        size_t srow = (size_t)(s0 + piece) * slot_rows + row;
+                        const float *po = partial_out + srow * d;
+                        float w = partial_lse[srow] > -INFINITY ? expf(partial_lse[srow] - mx)
+                                                                : 0.0f;
+                        wsum += w;
+                        for (x = 0; x < d; x++) merged[x] += w * po[x];
+                    }
+                }
+                store_row((char *)out + at * dtype_bytes(dtype), merged, dtype, d,
+                          wsum > 0.0f ? 1.0f / wsum : 0.0f);
+            }
+        }
+    }
+    zero_rows(params, dtype, out, num_tokens);
+    return AICPU_TILING_OK;
+}
+
+const char *aicpu_attention_strerror(int status) {
+    switch (status) {
+    case AICPU_ATTENTION_E_ARGS:
+        return "attention: invalid argument (NULL pointer, dtype, core index or params)";
+    case AICPU_ATTENTION_E_TILING:
+        return "attention: the tiling buffer does not match the params, flags or lengths";
+    case AICPU_ATTENTION_E_BLOCK_ID:
+        return "attention: a block-table entry is outside [0, num_blocks)";
+    default:
+        return aicpu_tiling_strerror(status);
+    }
+}

@@ -1,0 +1,276 @@
+"""The reference attention (the AI Core role) on CPU torch tensors.
+
+A thin, checked wrapper over ``aicpu_kernels/attention_ref.h``: :func:`attention_core` runs
+what one AI Core does with its range of a tiling, :func:`attention_finalize` merges split-KV
+pieces by log-sum-exp and zeroes the padding rows. Running ``attention_core`` for every core
+(in any order, or concurrently: the C call releases the GIL) and then ``attention_finalize``
+computes one attention layer::
+
+    import torch
+    from pyruntime import tiling, reference_attention as ra
+
+    params = tiling.TilingParams(num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
+                                 max_batch=4, max_tokens=8, max_blocks_per_req=8, num_cores=4,
+                                 q_tile=4)
+    buf = tiling.plan(params, cu_seqlens_q, seqlens_kv, causal=True)   # int32 tensor
+    q = torch.randn(8, 8, 64, dtype=torch.bfloat16)                    # [max_tokens, Hq, D]
+    k = torch.randn(32, 16, 2, 64, dtype=torch.bfloat16)               # [blocks, bs, Hkv, D]
+    v = torch.randn_like(k)
+    out = torch.empty_like(q)
+    po, pl = ra.partial_buffers(params)                                # float32 workspace
+    for core in range(params.num_cores):
+        ra.attention_core(params, buf, core, query=q, key_cache=k, value_cache=v,
+                          block_table=bt, cu_seqlens_q=cu, seqlens_kv=kv, out=out,
+                          partial_out=po, partial_lse=pl, scale=64 ** -0.5, causal=True)
+    ra.attention_finalize(params, buf, cu_seqlens_q=cu, out=out, partial_out=po,
+                          partial_lse=pl)
+
+Both functions return the C status (an int) instead of raising, because in the graph runtime
+they run as device tasks whose failures surface later through ``check()``: ``OK`` (0), the
+tiling's own status when the tiling is not OK (the core did nothing; finalize zeroed every
+row), or one of :data:`E_TILING`, :data:`E_BLOCK_ID`. Python-side misuse (wrong type, dtype,
+shape, device, contiguity) raises ``TypeError`` / ``ValueError`` before any C code runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from pyruntime import tiling as _tiling
+
+# pyruntime.tiling is the one importer of the cffi module; take ffi/lib from it.
+_ffi = getattr(_tiling, "_ffi", None) or _tiling.ffi
+_lib = getattr(_tiling, "_lib", None) or _tiling.lib
+
+OK: int = 0
+E_ARGS: int = _lib.AICPU_ATTENTION_E_ARGS
+E_TILING: int = _lib.AICPU_ATTENTION_E_TILING
+E_BLOCK_ID: int = _lib.AICPU_ATTENTION_E_BLOCK_ID
+
+#: Storage dtype -> the C dtype code. Accumulation is always float32.
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.float32: _lib.AICPU_ATTENTION_FP32,
+    torch.float16: _lib.AICPU_ATTENTION_FP16,
+    torch.bfloat16: _lib.AICPU_ATTENTION_BF16,
+}
+
+_HDR_STATUS = _lib.AICPU_TILING_HDR_STATUS
+_HDR_BATCH = _lib.AICPU_TILING_HDR_BATCH
+
+
+def strerror(status: int) -> str:
+    """The C message for any status the two functions return."""
+    return _ffi.string(_lib.aicpu_attention_strerror(int(status))).decode()
+
+
+def max_partial_slots(params) -> int:
+    """Partial slots a tiling for ``params`` may use: 2 * (num_cores - 1)."""
+    return int(_lib.aicpu_tiling_max_slots(params._c_params()))
+
+
+def partial_shapes(params) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of (partial_out, partial_lse): [slots, q_tile, group, head_dim], [.., group]."""
+    group = int(params.num_q_heads) // int(params.num_kv_heads)
+    lse = (max_partial_slots(params), int(params.q_tile), group)
+    return (*lse, int(params.head_dim)), lse
+
+
+def partial_buffers(params) -> tuple[torch.Tensor, torch.Tensor]:
+    """Freshly allocated float32 (partial_out, partial_lse) workspace for ``params``."""
+    out_shape, lse_shape = partial_shapes(params)
+    return torch.zeros(out_shape, dtype=torch.float32), torch.zeros(lse_shape, dtype=torch.float32)
+
+
+def _tensor(name: str, t, dtype=None, shape=None, dtypes=None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got device {t.device}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+    if dtypes is not None and t.dtype not in dtypes:
+        allowed = ", ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name} must have one of the dtypes {allowed}, got {t.dtype}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    return t
+
+
+def _ptr(ctype: str, t: torch.Tensor | None):
+    if t is None or t.numel() == 0:
+        return _ffi.NULL
+    return _ffi.cast(ctype, t.data_ptr())
+
+
+def _tiling_ptr(params, c_params, buf):
+    if hasattr(buf, "buffer") and not isinstance(buf, (torch.Tensor, np.ndarray)):
+        buf = buf.buffer  # a pyruntime.tiling.Tiling
+    if isinstance(buf, np.ndarray):
+        if buf.dtype not in (np.int32, np.uint8) or not buf.flags.c_contiguous:
+            raise TypeError("a numpy tiling_buffer must be a C-contiguous int32 or uint8 array")
+        have, address = buf.nbytes, buf.ctypes.data
+    else:
+        _tensor("tiling_buffer", buf, dtypes=(torch.int32, torch.uint8))
+        have, address = buf.numel() * buf.element_size(), buf.data_ptr()
+    need = int(_lib.aicpu_tiling_bytes(c_params))
+    if need == 0:
+        raise ValueError("params are invalid (aicpu_tiling_bytes returned 0)")
+    if have < need:
+        raise ValueError(f"tiling_buffer holds {have} bytes but these params need {need}")
+    if address % 4:
+        raise ValueError("tiling_buffer must be 4-byte aligned")
+    return _ffi.cast("const int32_t *", address)
+
+
+def _partials(params, partial_out, partial_lse):
+    out_shape, lse_shape = partial_shapes(params)
+    if partial_out is not None:
+        _tensor("partial_out", partial_out, torch.float32, out_shape)
+    if partial_lse is not None:
+        _tensor("partial_lse", partial_lse, torch.float32, lse_shape)
+    return _ptr("float *", partial_out), _ptr("float *", partial_lse)
+
+
+def attention_core(
+    params,
+    tiling_buffer: torch.Tensor,
+    core: int,
+    *,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqlens_kv: torch.Tensor,
+    out: torch.Tensor,
+    partial_out: torch.Tensor | None,
+    partial_lse: torch.Tensor | None,
+    scale: float | None = None,
+    causal: bool = True,
+) -> int:
+    """Run AI Core ``core``'s share of one attention layer, as the tiling assigns it.
+
+    Args:
+        params: ``pyruntime.tiling.TilingParams`` the tiling was planned with.
+        tiling_buffer: the tiling: an int32 or uint8 CPU tensor or numpy array of at least
+            ``params.tiling_bytes`` bytes, or a ``pyruntime.tiling.Tiling`` (its buffer).
+        core: 0 <= core < params.num_cores.
+        query: [max_tokens, num_q_heads, head_dim], float32, float16 or bfloat16.
+        key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], query's dtype.
+        block_table: int32 [max_batch, max_blocks_per_req]; only rows of live requests are read.
+        cu_seqlens_q: int32, at least batch + 1 entries (batch = the tiling's live batch).
+        seqlens_kv: int32, at least batch entries.
+        out: [max_tokens, num_q_heads, head_dim], query's dtype; this core's whole units are
+            written here.
+        partial_out: float32 [max_slots, q_tile, group, head_dim] (see :func:`partial_shapes`);
+            None only if the tiling never gives this core a piece of a split unit.
+        partial_lse: float32 [max_slots, q_tile, group]; same rule.
+        scale: softmax scale; default 1 / sqrt(head_dim).
+        causal: must equal the causal flag the tiling was planned with.
+
+    Returns:
+        The C status: OK, the tiling's status if it is not OK, E_TILING or E_BLOCK_ID.
+
+    Raises:
+        TypeError: a tensor argument has the wrong type or dtype.
+        ValueError: a wrong shape, device, contiguity, core index or buffer size.
+    """
+    c_params = params._c_params()
+    tiling_ptr = _tiling_ptr(params, c_params, tiling_buffer)
+    num_cores = int(params.num_cores)
+    if not 0 <= int(core) < num_cores:
+        raise ValueError(f"core must be in [0, {num_cores}), got {core}")
+    hq, hkv, d = int(params.num_q_heads), int(params.num_kv_heads), int(params.head_dim)
+    _tensor("query", query, shape=(int(params.max_tokens), hq, d), dtypes=tuple(DTYPE_CODES))
+    dtype = query.dtype
+    _tensor("key_cache", key_cache, dtype)
+    if key_cache.dim() != 4 or tuple(key_cache.shape[1:]) != (int(params.block_size), hkv, d):
+        raise ValueError(
+            f"key_cache must have shape [num_blocks, {params.block_size}, {hkv}, {d}], "
+            f"got {list(key_cache.shape)}"
+        )
+    _tensor("value_cache", value_cache, dtype, key_cache.shape)
+    if key_cache.shape[0] >= 2**31:
+        raise ValueError("key_cache has more than 2**31 - 1 blocks")
+    _tensor(
+        "block_table", block_table, torch.int32,
+        (int(params.max_batch), int(params.max_blocks_per_req)),
+    )
+    _tensor("out", out, dtype, query.shape)
+    _tensor("cu_seqlens_q", cu_seqlens_q, torch.int32)
+    _tensor("seqlens_kv", seqlens_kv, torch.int32)
+    if tiling_ptr[_HDR_STATUS] == OK:
+        batch = int(tiling_ptr[_HDR_BATCH])
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < batch + 1:
+            raise ValueError(
+                f"cu_seqlens_q must be 1-D with at least {batch + 1} entries (the tiling's "
+                f"batch + 1), got shape {list(cu_seqlens_q.shape)}"
+            )
+        if seqlens_kv.dim() != 1 or seqlens_kv.numel() < batch:
+            raise ValueError(
+                f"seqlens_kv must be 1-D with at least {batch} entries (the tiling's batch), "
+                f"got shape {list(seqlens_kv.shape)}"
+            )
+    po, pl = _partials(params, partial_out, partial_lse)
+    flags = _lib.AICPU_TILING_CAUSAL if causal else 0
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    return int(
+        _lib.aicpu_attention_core(
+            c_params, tiling_ptr, int(core), flags, DTYPE_CODES[dtype], scale,
+            _ptr("const void *", query), _ptr("const void *", key_cache),
+            _ptr("const void *", value_cache), int(key_cache.shape[0]),
+            _ptr("const int32_t *", block_table), _ptr("const int32_t *", cu_seqlens_q),
+            _ptr("const int32_t *", seqlens_kv), _ptr("void *", out), po, pl,
+        )
+    )
+
+
+def attention_finalize(
+    params,
+    tiling_buffer: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    out: torch.Tensor,
+    partial_out: torch.Tensor | None,
+    partial_lse: torch.Tensor | None,
+) -> int:
+    """Merge the split pieces into ``out`` and zero its padding rows; run after every core.
+
+    Args:
+        params, tiling_buffer: as for :func:`attention_core`.
+        cu_seqlens_q: int32, at least batch + 1 entries: locates each split unit's rows.
+        out: [max_tokens, num_q_heads, head_dim], float32, float16 or bfloat16.
+        partial_out, partial_lse: the workspace the cores wrote (None only if the tiling has
+            no split unit).
+
+    Returns:
+        OK; or, after writing zeros to every row, the tiling's status when it is not OK, or
+        E_TILING when the buffer is not a consistent tiling for ``params``.
+
+    Raises:
+        TypeError, ValueError: as for :func:`attention_core`.
+    """
+    c_params = params._c_params()
+    tiling_ptr = _tiling_ptr(params, c_params, tiling_buffer)
+    shape = (int(params.max_tokens), int(params.num_q_heads), int(params.head_dim))
+    _tensor("out", out, shape=shape, dtypes=tuple(DTYPE_CODES))
+    _tensor("cu_seqlens_q", cu_seqlens_q, torch.int32)
+    if tiling_ptr[_HDR_STATUS] == OK:
+        batch = int(tiling_ptr[_HDR_BATCH])
+        if cu_seqlens_q.dim() != 1 or not 0 <= batch < cu_seqlens_q.numel():
+            raise ValueError(
+                f"cu_seqlens_q must be 1-D with at least {batch + 1} entries (the tiling's "
+                f"batch + 1), got shape {list(cu_seqlens_q.shape)}"
+            )
+    po, pl = _partials(params, partial_out, partial_lse)
+    return int(
+        _lib.aicpu_attention_finalize(
+            c_params, tiling_ptr, DTYPE_CODES[out.dtype], _ptr("const int32_t *", cu_seqlens_q),
+            _ptr("void *", out), po, pl,
+        )
+    )

@@ -1,0 +1,403 @@
+"""The reference attention (AI Core role) against an independent float64 per-request reference.
+
+Tilings come from the C kernel (``tiling.plan``) and from the pure-Python oracle
+(``tiling.reference_plan``); the attention reads only the tiling to decide its work, so every
+core count, split pattern and core order must give the same result.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pyruntime import reference_attention as ra
+from pyruntime import tiling
+from pyruntime.tiling import TilingParams
+
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+POISON_BLOCK = 2**31 - 1  # block-table entries the kernel must never read
+HDR = tiling.lib if hasattr(tiling, "lib") else tiling._lib
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Case:
+    """A paged-KV attention problem: static params, live lengths and tensors."""
+
+    def __init__(self, rng: np.random.Generator, *, hq=8, hkv=2, d=32, bs=16, max_batch=None,
+                 max_tokens=None, mbpr=None, cores=4, q_tile=None, q_lens=(1, 1), kv_lens=(20, 5),
+                 dtype=torch.float32, causal=True, spare_blocks=3):
+        batch = len(q_lens)
+        self.max_batch = max_batch or batch + 1
+        self.max_tokens = max_tokens or sum(q_lens) + 2
+        self.mbpr = mbpr or max(1, max(_ceil_div(k, bs) for k in kv_lens) if kv_lens else 1)
+        self.params = TilingParams(
+            num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
+            max_batch=self.max_batch, max_tokens=self.max_tokens, max_blocks_per_req=self.mbpr,
+            num_cores=cores, q_tile=q_tile,
+        )
+        self.causal, self.dtype, self.batch = causal, dtype, batch
+        self.q_lens, self.kv_lens = list(q_lens), list(kv_lens)
+        self.cu = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
+        self.kv = torch.tensor(kv_lens, dtype=torch.int32)
+        needed = [_ceil_div(k, bs) for k in kv_lens]
+        num_blocks = sum(needed) + spare_blocks
+        ids = rng.permutation(num_blocks)
+        self.block_table = torch.full((self.max_batch, self.mbpr), POISON_BLOCK, dtype=torch.int32)
+        at = 0
+        for r, n in enumerate(needed):
+            self.block_table[r, :n] = torch.from_numpy(ids[at:at + n].astype(np.int32))
+            at += n
+        gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
+        self.query = torch.randn(self.max_tokens, hq, d, generator=gen).to(dtype)
+        self.key_cache = torch.randn(num_blocks, bs, hkv, d, generator=gen).to(dtype)
+        self.value_cache = torch.randn(num_blocks, bs, hkv, d, generator=gen).to(dtype)
+        self.scale = 1.0 / math.sqrt(d)
+
+    def tiling(self, oracle: bool = False):
+        make = tiling.reference_plan if oracle else tiling.plan
+        return make(self.params, self.cu.numpy(), self.kv.numpy(), causal=self.causal)
+
+    def run(self, tiling_obj=None, order=None, threads: int = 0, out_fill=float("nan")):
+        """Run every core then finalize; returns (out, core statuses, finalize status)."""
+        t = tiling_obj if tiling_obj is not None else self.tiling()
+        out = torch.full_like(self.query, out_fill)
+        po, pl = ra.partial_buffers(self.params)
+        po.fill_(float("nan"))
+        pl.fill_(float("nan"))
+        cores = list(order) if order is not None else list(range(self.params.num_cores))
+        statuses: dict[int, int] = {}
+
+        def one(core: int) -> None:
+            statuses[core] = ra.attention_core(
+                self.params, t, core, query=self.query, key_cache=self.key_cache,
+                value_cache=self.value_cache, block_table=self.block_table,
+                cu_seqlens_q=self.cu, seqlens_kv=self.kv, out=out, partial_out=po,
+                partial_lse=pl, scale=self.scale, causal=self.causal)
+
+        if threads:
+            workers = [threading.Thread(target=lambda cs=cores[i::threads]: [one(c) for c in cs])
+                       for i in range(threads)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+        else:
+            for core in cores:
+                one(core)
+        fin = ra.attention_finalize(self.params, t, cu_seqlens_q=self.cu, out=out,
+                                    partial_out=po, partial_lse=pl)
+        return out, statuses, fin
+
+    def reference(self) -> torch.Tensor:
+        """float64 attention computed request by request from the paged cache."""
+        p = self.params
+        group = p.num_q_heads // p.num_kv_heads
+        ref = torch.zeros(self.max_tokens, p.num_q_heads, p.head_dim, dtype=torch.float64)
+        for r in range(self.batch):
+            lo, hi, kl = int(self.cu[r]), int(self.cu[r + 1]), self.kv_lens[r]
+            ql = hi - lo
+            if ql == 0:
+                continue
+            ids = self.block_table[r, :_ceil_div(kl, p.block_size)].long()
+            k = self.key_cache[ids].double().reshape(-1, p.num_kv_heads, p.head_dim)[:kl]
+            v = self.value_cache[ids].double().reshape(-1, p.num_kv_heads, p.head_dim)[:kl]
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+            q = self.query[lo:hi].double()
+            s = torch.einsum("qhd,khd->hqk", q, k) * self.scale
+            if self.causal:
+                i = torch.arange(ql).view(ql, 1)
+                j = torch.arange(kl).view(1, kl)
+                s = s.masked_fill(j >= kl - ql + i + 1, float("-inf"))
+            ref[lo:hi] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v)
+        return ref
+
+
+def assert_close(case: Case, out: torch.Tensor) -> None:
+    ref = case.reference()
+    got = out.double()
+    assert not torch.isnan(got).any(), "some output row was never written"
+    num_tokens = int(case.cu[-1])
+    assert torch.equal(got[num_tokens:], torch.zeros_like(got[num_tokens:])), "padding not zero"
+    tol = TOL[case.dtype]
+    if num_tokens:
+        rel = (got - ref).norm() / ref.norm()
+        worst = (got - ref).abs().max() / ref.abs().max()
+        assert rel <= tol and worst <= 4 * tol, (float(rel), float(worst))
+
+
+def check_ok(case: Case, **run_kwargs) -> torch.Tensor:
+    out, statuses, fin = case.run(**run_kwargs)
+    assert set(statuses.values()) <= {0}, {c: ra.strerror(s) for c, s in statuses.items() if s}
+    assert fin == 0, ra.strerror(fin)
+    assert_close(case, out)
+    return out
+
+
+# ------------------------------------------------------------------------------ correctness
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cores", [1, 3, 8])
+def test_decode_gqa_paged(dtype, cores):
+    rng = np.random.default_rng(cores)
+    case = Case(rng, hq=8, hkv=2, d=64, bs=16, cores=cores, q_lens=[1] * 5,
+                kv_lens=[1, 17, 130, 64, 33], dtype=dtype)
+    check_ok(case)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunked_prefill_and_speculative_mix(dtype):
+    rng = np.random.default_rng(7)
+    case = Case(rng, hq=4, hkv=1, d=48, bs=8, cores=5, q_tile=4,
+                q_lens=[1, 3, 11, 0, 6, 1], kv_lens=[9, 40, 11, 0, 70, 1], dtype=dtype,
+                max_tokens=30, max_batch=8)
+    check_ok(case)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_non_causal_and_causal(causal):
+    rng = np.random.default_rng(11)
+    case = Case(rng, hq=6, hkv=3, d=40, bs=4, cores=6, q_tile=2, q_lens=[5, 2, 7],
+                kv_lens=[9, 2, 30], causal=causal)
+    check_ok(case)
+
+
+def test_head_dim_not_multiple_of_lanes_and_mha():
+    rng = np.random.default_rng(3)
+    case = Case(rng, hq=3, hkv=3, d=13, bs=5, cores=7, q_tile=3, q_lens=[4, 1, 9],
+                kv_lens=[23, 1, 9])
+    check_ok(case)
+
+
+def test_splits_are_merged():
+    rng = np.random.default_rng(5)
+    case = Case(rng, hq=4, hkv=1, d=32, bs=4, cores=16, q_lens=[1, 1], kv_lens=[400, 7])
+    t = case.tiling()
+    assert t.buffer.view(np.int32)[HDR.AICPU_TILING_HDR_NUM_COMBINE] >= 1
+    check_ok(case, tiling_obj=t)
+
+
+@pytest.mark.parametrize("oracle", [False, True])
+def test_oracle_and_c_tilings_agree(oracle):
+    rng = np.random.default_rng(9)
+    case = Case(rng, hq=8, hkv=4, d=32, bs=16, cores=9, q_tile=8,
+                q_lens=[1, 20, 0, 2], kv_lens=[300, 50, 0, 90], max_batch=6, max_tokens=40)
+    check_ok(case, tiling_obj=case.tiling(oracle=oracle))
+
+
+def test_core_order_and_threads_give_identical_bits():
+    rng = np.random.default_rng(13)
+    case = Case(rng, hq=8, hkv=2, d=64, bs=16, cores=12, q_lens=[1, 4, 1, 2],
+                kv_lens=[200, 77, 5, 150], dtype=torch.bfloat16, q_tile=2)
+    base = check_ok(case)
+    backwards, _, _ = case.run(order=reversed(range(12)))
+    threaded, _, _ = case.run(threads=3)
+    assert torch.equal(base.view(torch.int16), backwards.view(torch.int16))
+    assert torch.equal(base.view(torch.int16), threaded.view(torch.int16))
+
+
+def test_empty_batch_zeroes_everything():
+    rng = np.random.default_rng(1)
+    case = Case(rng, q_lens=[], kv_lens=[], max_batch=2, max_tokens=4, mbpr=2)
+    out = check_ok(case)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_padded_slots_with_lengths_but_no_queries():
+    rng = np.random.default_rng(2)
+    case = Case(rng, q_lens=[0, 1, 0], kv_lens=[30, 12, 0], cores=3)
+    check_ok(case)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_property_random_problems(data):
+    draw = data.draw
+    hkv = draw(st.integers(1, 3))
+    group = draw(st.sampled_from([1, 2, 4, 5]))
+    d = draw(st.integers(1, 40))
+    bs = draw(st.integers(1, 9))
+    batch = draw(st.integers(0, 5))
+    causal = draw(st.booleans())
+    q_lens = draw(st.lists(st.integers(0, 9), min_size=batch, max_size=batch))
+    kv_lens = [q + draw(st.integers(0 if causal or q == 0 else 1, 40)) for q in q_lens]
+    if not causal:
+        kv_lens = [k if q else draw(st.integers(0, 5)) for q, k in zip(q_lens, kv_lens)]
+    dtype = draw(st.sampled_from(DTYPES))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    case = Case(rng, hq=hkv * group, hkv=hkv, d=d, bs=bs, cores=draw(st.integers(1, 12)),
+                q_tile=draw(st.integers(1, 6)), q_lens=q_lens, kv_lens=kv_lens, dtype=dtype,
+                causal=causal, max_batch=batch + draw(st.integers(0, 2)),
+                max_tokens=sum(q_lens) + draw(st.integers(0, 3)) or 1,
+                mbpr=max([_ceil_div(k, bs) for k in kv_lens] + [1]) + draw(st.integers(0, 2)))
+    check_ok(case, tiling_obj=case.tiling(oracle=draw(st.booleans())))
+
+
+# ------------------------------------------------------------------------------ failures
+
+
+def test_bad_tiling_status_does_nothing_then_finalize_zeroes_all_rows():
+    rng = np.random.default_rng(4)
+    case = Case(rng, q_lens=[1, 2], kv_lens=[5, 1])  # kv 1 < q_len 2: E_KV_SHORT
+    t = case.tiling()
+    assert t.status == HDR.AICPU_TILING_E_KV_SHORT
+    keys, values, bt = case.key_cache.clone(), case.value_cache.clone(), case.block_table.clone()
+    out, statuses, fin = case.run(tiling_obj=t, out_fill=7.0)
+    assert set(statuses.values()) == {HDR.AICPU_TILING_E_KV_SHORT}
+    assert fin == HDR.AICPU_TILING_E_KV_SHORT
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(keys, case.key_cache) and torch.equal(values, case.value_cache)
+    assert torch.equal(bt, case.block_table)
+
+
+def test_core_with_bad_status_writes_nothing():
+    rng = np.random.default_rng(4)
+    case = Case(rng, q_lens=[1, 2], kv_lens=[5, 1])
+    out = torch.full_like(case.query, 3.0)
+    status = ra.attention_core(
+        case.params, case.tiling(), 0, query=case.query, key_cache=case.key_cache,
+        value_cache=case.value_cache, block_table=case.block_table, cu_seqlens_q=case.cu,
+        seqlens_kv=case.kv, out=out, partial_out=None, partial_lse=None, causal=True)
+    assert status == HDR.AICPU_TILING_E_KV_SHORT
+    assert torch.equal(out, torch.full_like(out, 3.0))
+
+
+@pytest.mark.parametrize("cores", [2, 5])
+@pytest.mark.parametrize("bad", [-1, 10**6])
+def test_bad_block_id_is_reported_and_zeroed(bad, cores):
+    rng = np.random.default_rng(6)
+    case = Case(rng, q_lens=[1, 1, 1], kv_lens=[40, 40, 40], bs=8, cores=cores)
+    ref = case.reference()
+    case.block_table[1, 2] = bad
+    out, statuses, fin = case.run()
+    assert ra.E_BLOCK_ID in statuses.values() and fin == 0
+    for r in (0, 2):
+        assert torch.allclose(out[r].double(), ref[r], atol=1e-5)
+    assert not torch.isnan(out).any()
+    # every unit of request 1 reads block 2: its rows are zero, also where a unit was split
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+def test_flags_mismatch_and_corrupt_buffer():
+    rng = np.random.default_rng(8)
+    case = Case(rng, q_lens=[1, 1], kv_lens=[40, 9], cores=2)
+    t = case.tiling()
+    args = dict(query=case.query, key_cache=case.key_cache, value_cache=case.value_cache,
+                block_table=case.block_table, cu_seqlens_q=case.cu, seqlens_kv=case.kv,
+                out=torch.zeros_like(case.query), partial_out=None, partial_lse=None)
+    assert ra.attention_core(case.params, t, 0, causal=False, **args) == ra.E_TILING
+    words = t.buffer.copy().view(np.int32)
+    words[0] ^= 1
+    assert ra.attention_core(case.params, words, 0, causal=True, **args) == ra.E_TILING
+    out = torch.ones_like(case.query)
+    fin = ra.attention_finalize(case.params, words, cu_seqlens_q=case.cu, out=out,
+                                partial_out=None, partial_lse=None)
+    assert fin == ra.E_TILING and torch.equal(out, torch.zeros_like(out))
+    # lengths changed after planning: detected, never read out of bounds
+    longer = case.kv.clone()
+    longer[0] = case.params.kv_capacity + 1
+    args["seqlens_kv"] = longer
+    statuses = {ra.attention_core(case.params, t, c, causal=True, **args) for c in range(2)}
+    assert ra.E_TILING in statuses
+
+
+# ------------------------------------------------------------------------------ wrapper
+
+
+def test_wrapper_rejects_bad_arguments():
+    rng = np.random.default_rng(10)
+    case = Case(rng, q_lens=[1], kv_lens=[3])
+    t = case.tiling()
+    po, pl = ra.partial_buffers(case.params)
+    good = dict(query=case.query, key_cache=case.key_cache, value_cache=case.value_cache,
+                block_table=case.block_table, cu_seqlens_q=case.cu, seqlens_kv=case.kv,
+                out=torch.zeros_like(case.query), partial_out=po, partial_lse=pl)
+
+    def call(core=0, **change):
+        return ra.attention_core(case.params, t, core, **{**good, **change})
+
+    assert call() == 0
+    with pytest.raises(TypeError, match="key_cache"):
+        call(key_cache=case.key_cache.half())
+    with pytest.raises(TypeError, match="block_table"):
+        call(block_table=case.block_table.long())
+    with pytest.raises(ValueError, match="query must have shape"):
+        call(query=case.query[:-1].contiguous())
+    with pytest.raises(ValueError, match="contiguous"):
+        call(out=torch.zeros(case.query.shape[::-1]).transpose(0, 2))
+    with pytest.raises(ValueError, match="core"):
+        call(core=case.params.num_cores)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        call(cu_seqlens_q=case.cu[:1].contiguous())
+    with pytest.raises(ValueError, match="partial_out"):
+        call(partial_out=po[:, :1].contiguous())
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        call(query=case.query.numpy())
+    with pytest.raises(ValueError, match="tiling_buffer holds"):
+        call_buf = t.buffer[:16]
+        ra.attention_core(case.params, call_buf, 0, **good)
+
+
+def test_strerror_names_every_status():
+    for status in (0, ra.E_ARGS, ra.E_TILING, ra.E_BLOCK_ID, HDR.AICPU_TILING_E_KV_SHORT):
+        assert ra.strerror(status)
+    assert "block" in ra.strerror(ra.E_BLOCK_ID)
+
+
+# ------------------------------------------------------------------------------ conversions
+
+
+def test_half_conversions_match_ieee_round_to_nearest_even():
+    lib = ra._lib
+    every = np.arange(2**16, dtype=np.uint16)
+    as_float = np.array([lib.aicpu_attention_half_to_float(int(h)) for h in every], np.float32)
+    expect = every.view(np.float16).astype(np.float32)
+    same = (as_float.view(np.uint32) == expect.view(np.uint32)) | (np.isnan(as_float)
+                                                                   & np.isnan(expect))
+    assert same.all()
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32),
+                           expect.view(np.uint32),                         # exact halves
+                           expect.view(np.uint32) + 0x1000, expect.view(np.uint32) + 0xfff,
+                           np.array([0x477ff000, 0x477fefff, 0x33000000, 0x33000001,
+                                     0x38800000, 0x387fffff, 0x7f800000, 0xff800001],
+                                    np.uint32)])
+    floats = bits.view(np.float32)
+    got = np.array([lib.aicpu_attention_float_to_half(float(f)) for f in floats], np.uint16)
+    with np.errstate(over="ignore"):
+        want = floats.astype(np.float16).view(np.uint16)
+    nan = np.isnan(floats)
+    assert (got[~nan] == want[~nan]).all()
+    assert np.isnan(got[nan].view(np.float16)).all()
+
+
+def test_bf16_conversions_match_torch():
+    lib = ra._lib
+    rng = np.random.default_rng(1)
+    bits = np.concatenate([rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32),
+                           np.array([0x7f7fffff, 0x3f808000, 0x3f818000, 0xff800000,
+                                     0x7fc00001], np.uint32)])
+    floats = bits.view(np.float32)
+    got = np.array([lib.aicpu_attention_float_to_bf16(float(f)) for f in floats], np.uint16)
+    want = torch.from_numpy(floats).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    nan = np.isnan(floats)
+    assert (got[~nan] == want[~nan]).all()
+    assert all(lib.aicpu_attention_bf16_to_float(int(b)) != lib.aicpu_attention_bf16_to_float(
+        int(b)) for b in got[nan])
+    for b in rng.integers(0, 2**16, 1000):
+        raw = torch.from_numpy(np.array([b], np.uint16).view(np.int16))
+        want_f = raw.view(torch.bfloat16).float().item()
+        got_f = lib.aicpu_attention_bf16_to_float(int(b))
+        assert got_f == want_f or (math.isnan(got_f) and math.isnan(want_f))
