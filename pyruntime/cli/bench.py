@@ -29,14 +29,14 @@ HEADLINE = Point(61, 64, "trace")
 DEFAULT_POINTS = (
     HEADLINE,
     Point(1, 64, "trace"),
+    Point(16, 64, "trace"),
     Point(61, 8, "trace"),
-    Point(61, 256, "trace"),
-    Point(61, 64, "spec-decode"),
-    Point(61, 64, "chunked-prefill"),
+    Point(61, 16, "spec-decode"),
+    Point(61, 16, "chunked-prefill"),
 )
-QUICK_POINTS = (Point(61, 64, "trace"), Point(4, 8, "spec-decode"))
-DEFAULT_STEPS, DEFAULT_WARMUP = 40, 3
-QUICK_STEPS, QUICK_WARMUP = 8, 1
+QUICK_POINTS = (HEADLINE, Point(4, 8, "spec-decode"))
+DEFAULT_STEPS, DEFAULT_WARMUP = 30, 3
+QUICK_STEPS, QUICK_WARMUP = 6, 1
 
 
 def _sources(text: str) -> list[str]:

@@ -157,3 +157,20 @@ def test_chrome_trace_has_host_and_device_lanes(tmp_path):
     assert any(e["name"] == "attention layer 2" and e["tid"] == 1 for e in slices)
     assert any(e["name"] == "step 0" and e["tid"] == 0 for e in slices)
     assert chrome_trace(Session())["traceEvents"] == []
+
+
+def test_device_tasks_numbered_by_layer_in_start_order():
+    from pyruntime.cli.abrun import device_tasks_of_step
+
+    records = [
+        ("aicore", "aicpu_tiling.attention", "s-0", 3.0, 4.0),
+        ("aicpu", "aicpu_tiling.plan", "s-0", 0.0, 1.0),
+        ("aicore", "aicpu_tiling.attention", "s-0", 1.0, 2.0),
+        ("aicore", "aicpu_tiling.combine", "s-0", 2.0, 3.0),
+    ]
+    tasks = device_tasks_of_step(7, records)
+    assert [t.name for t in tasks] == ["aicpu_tiling.plan", "attention layer 0",
+                                       "aicpu_tiling.combine", "attention layer 1"]  # fmt: skip
+    assert {proc.task_group(t) for t in tasks} == {"aicpu tiling", "attention layer 0",
+                                                   "combine", "attention layer 1"}  # fmt: skip
+    assert all(t.step == 7 for t in tasks)
