@@ -12,7 +12,7 @@ _PHASE_LABEL = {
     "host_tiling": "host tiling",
     "task_updates": "task updates",
     "replay_launch": "replay launch",
-    "synchronize": "synchronize",
+    "synchronize": "synchronize + wait",
     "other": "other",
     "host": "host (runtime's own)",
     "total": "step, end to end",
