@@ -71,16 +71,16 @@ class HostUpdatePath:
         be.copy_h2d(self.buffers.block_table, inputs.block_table, stream=self.stream)
         self.stream.synchronize()  # vllm-ascend's pre-replay sync (idle here: cheap)
         self.graph.replay(self.stream)
-        cu, kv, error = inputs.cu_seqlens_q, inputs.seqlens_kv, None
+        cu, kv = inputs.cu_seqlens_q, inputs.seqlens_kv
         for layer, event in enumerate(self.events):
             be.graph_task_update_begin(upd, self.groups[layer])
             host_tiling = be.plan_on_host(self.buffers.params, cu, kv, causal=self.causal)
-            error = host_tiling.error
             self._launch_layer(layer, upd, host_tiling.buffer, cu, kv)
             be.graph_task_update_end(upd)
             event.record(upd)
-        self._last_error = error
-        return time.thread_time() - start
+        elapsed = time.thread_time() - start
+        self._last_error = host_tiling.error  # every layer planned the same lengths
+        return elapsed
 
     def wait(self) -> None:
         self.stream.synchronize()
