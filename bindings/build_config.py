@@ -22,7 +22,12 @@ BINDINGS_DIR = ROOT / "bindings"
 MODULE_NAME = "pyruntime._native"
 
 # (cdef file in bindings/, header to #include, C source in aicpu_kernels/)
-COMPONENTS = (("aicpu_tiling.cdef.h", "aicpu_tiling.h", "aicpu_tiling.c"),)
+COMPONENTS = (
+    ("aicpu_tiling.cdef.h", "aicpu_tiling.h", "aicpu_tiling.c"),
+    ("attention_ref.cdef.h", "attention_ref.h", "attention_ref.c"),
+)
+#: The reference attention uses expf/logf (it is a host emulation, not freestanding).
+LIBRARIES = ["m"]
 
 _SANITIZERS = ("address", "undefined")
 _OPT_LEVELS = ("0", "1", "2", "3", "s")

@@ -25,4 +25,5 @@ ffibuilder.set_source(
     include_dirs=[str(build_config.KERNEL_DIR.relative_to(build_config.ROOT))],
     extra_compile_args=_compile_args,
     extra_link_args=_link_args,
+    libraries=build_config.LIBRARIES,
 )

@@ -27,6 +27,10 @@ import numpy as np
 
 from pyruntime._native import ffi, lib
 
+# The other kernels' wrappers (reference_attention) take the cffi module from here, so this
+# stays the one module that imports it.
+_ffi, _lib = ffi, lib
+
 __all__ = [
     "TilingParams",
     "Tiling",

@@ -2,7 +2,9 @@
  * bench_tiling.c -- time aicpu_tiling_plan() per call in C, without Python in the loop.
  *
  *   gcc -std=c99 -O3 -Iaicpu_kernels aicpu_kernels/aicpu_tiling.c tools/bench_tiling.c \
- *       -o build/bench_tiling && build/bench_tiling ../shared/data/azure_llm_2023_conv.csv
+ *       -o build/bench_tiling && build/bench_tiling ../shared/data/azure_llm_2023_conv.csv [quick]
+ *
+ * "quick" runs 5 repeats of a tenth of the calls (a smoke test, about a second).
  *
  * For each batch size it draws decode batches from the Azure conversation trace (kv length
  * = ContextTokens + a uniform share of GeneratedTokens, one query token per request),
@@ -19,7 +21,7 @@
 #include "aicpu_tiling.h"
 
 #define MAX_REQUESTS 20000
-#define REPEATS 31
+#define MAX_REPEATS 31
 #define BATCHES 8 /* distinct batches per size, cycled so no single input is cached */
 
 static int32_t context[MAX_REQUESTS], generated[MAX_REQUESTS];
@@ -66,6 +68,8 @@ static int cmp_double(const void *a, const void *b) {
 int main(int argc, char **argv) {
     static const int32_t sizes[] = {1, 8, 64, 256, 1024};
     const char *trace = argc > 1 ? argv[1] : "../shared/data/azure_llm_2023_conv.csv";
+    int quick = argc > 2 && strcmp(argv[2], "quick") == 0;
+    int repeats = quick ? 5 : MAX_REPEATS;
     int n = load_trace(trace), s;
     aicpu_tiling_params p;
     if (n <= 0) return 1;
@@ -79,8 +83,8 @@ int main(int argc, char **argv) {
         int32_t batch = sizes[s], b, r, i;
         static int32_t cu[BATCHES][1025], kv[BATCHES][1024];
         static unsigned char buf[AICPU_TILING_BYTES_BOUND(1024, 24)];
-        double per_call[REPEATS];
-        long calls = batch >= 256 ? 20000 : 100000;
+        double per_call[MAX_REPEATS];
+        long calls = (batch >= 256 ? 20000 : 100000) / (quick ? 10 : 1);
         for (b = 0; b < BATCHES; ++b) {
             cu[b][0] = 0;
             for (r = 0; r < batch; ++r) {
@@ -91,7 +95,7 @@ int main(int argc, char **argv) {
                 kv[b][r] = (int32_t)len;
             }
         }
-        for (i = 0; i < REPEATS; ++i) {
+        for (i = 0; i < repeats; ++i) {
             double t0 = now_ns();
             long c;
             for (c = 0; c < calls; ++c) {
@@ -104,10 +108,10 @@ int main(int argc, char **argv) {
             }
             per_call[i] = (now_ns() - t0) / (double)calls;
         }
-        qsort(per_call, REPEATS, sizeof per_call[0], cmp_double);
+        qsort(per_call, (size_t)repeats, sizeof per_call[0], cmp_double);
         printf("batch=%d ns_per_call=%.1f ns_per_request=%.2f min=%.1f max=%.1f repeats=%d\n",
-               batch, per_call[REPEATS / 2], per_call[REPEATS / 2] / batch, per_call[0],
-               per_call[REPEATS - 1], REPEATS);
+               batch, per_call[repeats / 2], per_call[repeats / 2] / batch, per_call[0],
+               per_call[repeats - 1], repeats);
     }
     return 0;
 }
