@@ -3,22 +3,27 @@
  *
  *   cc -std=c99 -O3 -I aicpu_kernels aicpu_kernels/tests/attention_bench.c \
  *      aicpu_kernels/attention_ref.c aicpu_kernels/aicpu_tiling.c -lm -o /tmp/attention_bench
- *   /tmp/attention_bench [dtype 0|1|2] [group] [kv_len] [batch]
+ *   /tmp/attention_bench [dtype 0|1|2] [group] [kv_len] [batch] [repeats] [cores]
+ * Environment: ATTENTION_BENCH_CPU=1 times thread CPU time instead of wall time;
+ * ATTENTION_BENCH_HUGE=1 asks for 2 MiB pages for the caches.
  *
  * Prints KV bytes read per second by one thread running every core of a decode tiling, and
  * the read bandwidth of a plain summing loop over a buffer of the same size.
  */
-#define _POSIX_C_SOURCE 199309L
+#define _DEFAULT_SOURCE
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "attention_ref.h"
 
+/* Thread CPU time when ATTENTION_BENCH_CPU=1 (steadier on a shared machine), else wall time. */
 static double now(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const char *cpu = getenv("ATTENTION_BENCH_CPU");
+    clock_gettime(cpu && atoi(cpu) ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -27,20 +32,33 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Large buffers, on 2 MiB pages when ATTENTION_BENCH_HUGE=1 and the kernel allows it. */
+static unsigned char *big_alloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, (size_t)2 << 20, bytes)) return NULL;
+    if (getenv("ATTENTION_BENCH_HUGE") && atoi(getenv("ATTENTION_BENCH_HUGE")))
+        madvise(p, bytes, MADV_HUGEPAGE);
+    return p;
+}
+
 int main(int argc, char **argv) {
     int32_t dtype = argc > 1 ? atoi(argv[1]) : 2;
     int32_t group = argc > 2 ? atoi(argv[2]) : 4;
     int32_t kv_len = argc > 3 ? atoi(argv[3]) : 2048;
     int32_t batch = argc > 4 ? atoi(argv[4]) : 32;
-    int32_t hkv = 8, d = 128, bs = 128, cores = 24, reps = 7, i, r, c;
+    int32_t reps = argc > 5 ? atoi(argv[5]) : 7, cores = argc > 6 ? atoi(argv[6]) : 24;
+    int32_t hkv = 8, d = 128, bs = 128, i, r, c;
     aicpu_tiling_params p;
     size_t esize = dtype == AICPU_ATTENTION_FP32 ? 4 : 2, cache_elems, nb;
     int32_t *cu, *kv, *bt, *tiling, mbpr = (kv_len + bs - 1) / bs, num_blocks;
     float *po, *pl;
     unsigned char *kc, *vc, *q, *out;
-    double times[16], kv_bytes, t0, sumt[16];
+    double *times, *sumt, kv_bytes, t0;
     volatile float sink = 0;
 
+    if (reps < 1) reps = 1;
+    times = malloc(sizeof(double) * (size_t)reps);
+    sumt = malloc(sizeof(double) * (size_t)reps);
     memset(&p, 0, sizeof p);
     p.num_q_heads = hkv * group;
     p.num_kv_heads = hkv;
@@ -56,8 +74,8 @@ int main(int argc, char **argv) {
     p.cost_segment = AICPU_TILING_DEFAULT_COST_SEGMENT;
     num_blocks = batch * mbpr;
     cache_elems = (size_t)num_blocks * bs * hkv * d;
-    kc = malloc(cache_elems * esize);
-    vc = malloc(cache_elems * esize);
+    kc = big_alloc(cache_elems * esize);
+    vc = big_alloc(cache_elems * esize);
     q = malloc((size_t)batch * p.num_q_heads * d * esize);
     out = malloc((size_t)batch * p.num_q_heads * d * esize);
     cu = malloc(sizeof(int32_t) * (size_t)(batch + 1));
@@ -105,5 +123,17 @@ int main(int argc, char **argv) {
            dtype, group, kv_len, batch, kv_bytes / times[reps / 2] / 1e9,
            (double)(cache_elems * esize) / sumt[reps / 2] / 1e9,
            100.0 * (kv_bytes / times[reps / 2]) / ((double)(cache_elems * esize) / sumt[reps / 2]));
+    free(kc);
+    free(vc);
+    free(q);
+    free(out);
+    free(cu);
+    free(kv);
+    free(bt);
+    free(tiling);
+    free(po);
+    free(pl);
+    free(times);
+    free(sumt);
     return 0;
 }
