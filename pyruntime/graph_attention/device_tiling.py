@@ -40,21 +40,10 @@ class DeviceTilingPath:
                 "tiling_out": b.tiling, "params": params, "causal": self.causal,
             }, stream=side)
             main.wait_event(side.record_event())
-            for layer, query in enumerate(b.queries):
-                key_cache, value_cache = b.kv_caches[layer]
-                out = b.outputs[layer]
-                be.launch(kernels.ATTENTION, {
-                    "query": query, "key_cache": key_cache, "value_cache": value_cache,
-                    "block_table": b.block_table, "cu_seqlens_q": b.cu_seqlens_q,
-                    "seqlens_kv": b.seqlens_kv, "tiling_in": b.tiling, "out": out,
-                    "partial_out": b.partial_out, "partial_lse": b.partial_lse,
-                    "params": params, "scale": b.scale, "causal": self.causal,
-                }, num_cores=b.params.num_cores, stream=main)
-                be.launch(kernels.COMBINE, {
-                    "cu_seqlens_q": b.cu_seqlens_q, "tiling_in": b.tiling, "out": out,
-                    "partial_out": b.partial_out, "partial_lse": b.partial_lse,
-                    "params": params,
-                }, num_cores=1, stream=main)
+            for layer in range(len(b.queries)):
+                kernels.launch_layer(be, b, layer, stream=main, tiling_in=b.tiling,
+                                     cu_seqlens_q=b.cu_seqlens_q, seqlens_kv=b.seqlens_kv,
+                                     causal=self.causal)
 
     def step(self, inputs: StepInputs) -> float:
         """Copy the inputs, replay; return the host CPU seconds spent (no device wait)."""

@@ -32,25 +32,7 @@ class HostUpdatePath:
         self.graph = backend.graph()
         self.events = [backend.external_event() for _ in buffers.queries]
         self.groups: list = []
-        self._params = kernels.params_list(buffers.params)
         self._last_error: TilingError | None = None
-
-    def _launch_layer(self, layer: int, stream, tiling_bytes: np.ndarray, cu: np.ndarray,
-                      kv: np.ndarray) -> None:
-        be, b = self.backend, self.buffers
-        key_cache, value_cache = b.kv_caches[layer]
-        out = b.outputs[layer]
-        be.launch(kernels.ATTENTION, {
-            "query": b.queries[layer], "key_cache": key_cache, "value_cache": value_cache,
-            "block_table": b.block_table, "cu_seqlens_q": cu, "seqlens_kv": kv,
-            "tiling_in": tiling_bytes, "out": out, "partial_out": b.partial_out,
-            "partial_lse": b.partial_lse, "params": self._params, "scale": b.scale,
-            "causal": self.causal,
-        }, num_cores=b.params.num_cores, stream=stream)
-        be.launch(kernels.COMBINE, {
-            "cu_seqlens_q": cu, "tiling_in": tiling_bytes, "out": out,
-            "partial_out": b.partial_out, "partial_lse": b.partial_lse, "params": self._params,
-        }, num_cores=1, stream=stream)
 
     def capture(self) -> None:
         be, main = self.backend, self.stream
@@ -61,7 +43,9 @@ class HostUpdatePath:
                 event.wait(main)
                 event.reset(main)
                 be.graph_task_group_begin(main)
-                self._launch_layer(layer, main, capture_tiling.buffer, cu, kv)
+                kernels.launch_layer(be, self.buffers, layer, stream=main,
+                                     tiling_in=capture_tiling.buffer, cu_seqlens_q=cu,
+                                     seqlens_kv=kv, causal=self.causal)
                 self.groups.append(be.graph_task_group_end(main))
 
     def step(self, inputs: StepInputs) -> float:
@@ -75,7 +59,9 @@ class HostUpdatePath:
         for layer, event in enumerate(self.events):
             be.graph_task_update_begin(upd, self.groups[layer])
             host_tiling = be.plan_on_host(self.buffers.params, cu, kv, causal=self.causal)
-            self._launch_layer(layer, upd, host_tiling.buffer, cu, kv)
+            kernels.launch_layer(be, self.buffers, layer, stream=upd,
+                                 tiling_in=host_tiling.buffer, cu_seqlens_q=cu,
+                                 seqlens_kv=kv, causal=self.causal)
             be.graph_task_update_end(upd)
             event.record(upd)
         elapsed = time.thread_time() - start

@@ -37,8 +37,9 @@ def params_from(values: tuple[int, ...]) -> tiling.TilingParams:
     return tiling.TilingParams(*values)
 
 
+@functools.lru_cache(maxsize=64)
 def params_list(params: tiling.TilingParams) -> list[int]:
-    """The flat int list of `params` (the inverse of `params_from`)."""
+    """The flat int list of `params` (the inverse of `params_from`); shared, do not mutate."""
     return list(params.as_dict().values())
 
 
@@ -98,6 +99,26 @@ def _op(name: str):
 
         return getattr(custom_ops.ops(), name)(**args)
     return call
+
+
+def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_q, seqlens_kv,
+                 causal: bool) -> None:
+    """Launch one layer's attention (every core) and combine on `stream`.
+
+    `tiling_in`, `cu_seqlens_q` and `seqlens_kv` are device buffers (device tiling) or
+    numpy arrays passed by value inside the tasks (host update).
+    """
+    key_cache, value_cache = buffers.kv_caches[layer]
+    out, params = buffers.outputs[layer], params_list(buffers.params)
+    workspace = {"partial_out": buffers.partial_out, "partial_lse": buffers.partial_lse}
+    backend.launch(ATTENTION, {
+        "query": buffers.queries[layer], "key_cache": key_cache, "value_cache": value_cache,
+        "block_table": buffers.block_table, "cu_seqlens_q": cu_seqlens_q,
+        "seqlens_kv": seqlens_kv, "tiling_in": tiling_in, "out": out, **workspace,
+        "params": params, "scale": buffers.scale, "causal": causal,
+    }, num_cores=buffers.params.num_cores, stream=stream)
+    backend.launch(COMBINE, {"cu_seqlens_q": cu_seqlens_q, "tiling_in": tiling_in, "out": out,
+                             **workspace, "params": params}, num_cores=1, stream=stream)
 
 
 TILING = Kernel("aicpu_tiling.plan", AICPU, tiling_body, _op("plan_tiling"))

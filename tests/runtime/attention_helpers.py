@@ -15,7 +15,8 @@ BUCKETS = (1, 2, 4, 8)
 
 def make_attention(mode, *, dtype=torch.float32, num_layers=2, causal=True, backend=None,
                    **overrides):
-    backend = backend or backends.get("cpu", num_threads=2, wait_timeout_s=10.0)
+    # one core lane: fewer thread hand-offs per step (parallel cores are tested elsewhere)
+    backend = backend or backends.get("cpu", num_threads=1, wait_timeout_s=10.0)
     shapes = {**SHAPES, **overrides}
     attn = StaticAttention(backend, num_layers=num_layers, num_blocks=NUM_BLOCKS, mode=mode,
                            dtype=dtype, causal=causal, num_cores=4, **shapes)
