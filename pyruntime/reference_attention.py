@@ -7,23 +7,25 @@ pieces by log-sum-exp and zeroes the padding rows. Running ``attention_core`` fo
 computes one attention layer::
 
     import torch
-    from pyruntime import tiling, reference_attention as ra
+    from pyruntime import reference_attention as ra, tiling
 
     params = tiling.TilingParams(num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
-                                 max_batch=4, max_tokens=8, max_blocks_per_req=8, num_cores=4,
-                                 q_tile=4)
-    buf = tiling.plan(params, cu_seqlens_q, seqlens_kv, causal=True)   # int32 tensor
-    q = torch.randn(8, 8, 64, dtype=torch.bfloat16)                    # [max_tokens, Hq, D]
-    k = torch.randn(32, 16, 2, 64, dtype=torch.bfloat16)               # [blocks, bs, Hkv, D]
+                                 max_batch=4, max_tokens=8, max_blocks_per_req=8, num_cores=4)
+    cu = torch.tensor([0, 1, 4], dtype=torch.int32)            # 2 live requests: 1 + 3 tokens
+    kv = torch.tensor([40, 20], dtype=torch.int32)             # kv lengths incl. these tokens
+    plan = tiling.plan(params, cu.numpy(), kv.numpy(), causal=True)
+    block_table = torch.arange(32, dtype=torch.int32).reshape(4, 8)      # [max_batch, blocks]
+    q = torch.randn(8, 8, 64, dtype=torch.bfloat16)                      # [max_tokens, Hq, D]
+    k = torch.randn(32, 16, 2, 64, dtype=torch.bfloat16)                 # [blocks, bs, Hkv, D]
     v = torch.randn_like(k)
     out = torch.empty_like(q)
-    po, pl = ra.partial_buffers(params)                                # float32 workspace
+    po, pl = ra.partial_buffers(params)                                  # float32 workspace
     for core in range(params.num_cores):
-        ra.attention_core(params, buf, core, query=q, key_cache=k, value_cache=v,
-                          block_table=bt, cu_seqlens_q=cu, seqlens_kv=kv, out=out,
-                          partial_out=po, partial_lse=pl, scale=64 ** -0.5, causal=True)
-    ra.attention_finalize(params, buf, cu_seqlens_q=cu, out=out, partial_out=po,
-                          partial_lse=pl)
+        ra.attention_core(params, plan, core, query=q, key_cache=k, value_cache=v,
+                          block_table=block_table, cu_seqlens_q=cu, seqlens_kv=kv, out=out,
+                          partial_out=po, partial_lse=pl, scale=64**-0.5, causal=True)
+    assert ra.attention_finalize(params, plan, cu_seqlens_q=cu, out=out, partial_out=po,
+                                 partial_lse=pl) == ra.OK              # rows 4..7 are zero
 
 Both functions return the C status (an int) instead of raising, because in the graph runtime
 they run as device tasks whose failures surface later through ``check()``: ``OK`` (0), the
@@ -198,7 +200,9 @@ def attention_core(
     if key_cache.shape[0] >= 2**31:
         raise ValueError("key_cache has more than 2**31 - 1 blocks")
     _tensor(
-        "block_table", block_table, torch.int32,
+        "block_table",
+        block_table,
+        torch.int32,
         (int(params.max_batch), int(params.max_blocks_per_req)),
     )
     _tensor("out", out, dtype, query.shape)
@@ -221,11 +225,22 @@ def attention_core(
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     return int(
         _lib.aicpu_attention_core(
-            c_params, tiling_ptr, int(core), flags, DTYPE_CODES[dtype], scale,
-            _ptr("const void *", query), _ptr("const void *", key_cache),
-            _ptr("const void *", value_cache), int(key_cache.shape[0]),
-            _ptr("const int32_t *", block_table), _ptr("const int32_t *", cu_seqlens_q),
-            _ptr("const int32_t *", seqlens_kv), _ptr("void *", out), po, pl,
+            c_params,
+            tiling_ptr,
+            int(core),
+            flags,
+            DTYPE_CODES[dtype],
+            scale,
+            _ptr("const void *", query),
+            _ptr("const void *", key_cache),
+            _ptr("const void *", value_cache),
+            int(key_cache.shape[0]),
+            _ptr("const int32_t *", block_table),
+            _ptr("const int32_t *", cu_seqlens_q),
+            _ptr("const int32_t *", seqlens_kv),
+            _ptr("void *", out),
+            po,
+            pl,
         )
     )
 
@@ -270,7 +285,12 @@ def attention_finalize(
     po, pl = _partials(params, partial_out, partial_lse)
     return int(
         _lib.aicpu_attention_finalize(
-            c_params, tiling_ptr, DTYPE_CODES[out.dtype], _ptr("const int32_t *", cu_seqlens_q),
-            _ptr("void *", out), po, pl,
+            c_params,
+            tiling_ptr,
+            DTYPE_CODES[out.dtype],
+            _ptr("const int32_t *", cu_seqlens_q),
+            _ptr("void *", out),
+            po,
+            pl,
         )
     )

@@ -32,17 +32,39 @@ def _ceil_div(a: int, b: int) -> int:
 class Case:
     """A paged-KV attention problem: static params, live lengths and tensors."""
 
-    def __init__(self, rng: np.random.Generator, *, hq=8, hkv=2, d=32, bs=16, max_batch=None,
-                 max_tokens=None, mbpr=None, cores=4, q_tile=None, q_lens=(1, 1), kv_lens=(20, 5),
-                 dtype=torch.float32, causal=True, spare_blocks=3):
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        *,
+        hq=8,
+        hkv=2,
+        d=32,
+        bs=16,
+        max_batch=None,
+        max_tokens=None,
+        mbpr=None,
+        cores=4,
+        q_tile=None,
+        q_lens=(1, 1),
+        kv_lens=(20, 5),
+        dtype=torch.float32,
+        causal=True,
+        spare_blocks=3,
+    ):
         batch = len(q_lens)
         self.max_batch = max_batch or batch + 1
         self.max_tokens = max_tokens or sum(q_lens) + 2
         self.mbpr = mbpr or max(1, max(_ceil_div(k, bs) for k in kv_lens) if kv_lens else 1)
         self.params = TilingParams(
-            num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
-            max_batch=self.max_batch, max_tokens=self.max_tokens, max_blocks_per_req=self.mbpr,
-            num_cores=cores, q_tile=q_tile,
+            num_q_heads=hq,
+            num_kv_heads=hkv,
+            head_dim=d,
+            block_size=bs,
+            max_batch=self.max_batch,
+            max_tokens=self.max_tokens,
+            max_blocks_per_req=self.mbpr,
+            num_cores=cores,
+            q_tile=q_tile,
         )
         self.causal, self.dtype, self.batch = causal, dtype, batch
         self.q_lens, self.kv_lens = list(q_lens), list(kv_lens)
@@ -54,7 +76,7 @@ class Case:
         self.block_table = torch.full((self.max_batch, self.mbpr), POISON_BLOCK, dtype=torch.int32)
         at = 0
         for r, n in enumerate(needed):
-            self.block_table[r, :n] = torch.from_numpy(ids[at:at + n].astype(np.int32))
+            self.block_table[r, :n] = torch.from_numpy(ids[at : at + n].astype(np.int32))
             at += n
         gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
         self.query = torch.randn(self.max_tokens, hq, d, generator=gen).to(dtype)
@@ -78,14 +100,27 @@ class Case:
 
         def one(core: int) -> None:
             statuses[core] = ra.attention_core(
-                self.params, t, core, query=self.query, key_cache=self.key_cache,
-                value_cache=self.value_cache, block_table=self.block_table,
-                cu_seqlens_q=self.cu, seqlens_kv=self.kv, out=out, partial_out=po,
-                partial_lse=pl, scale=self.scale, causal=self.causal)
+                self.params,
+                t,
+                core,
+                query=self.query,
+                key_cache=self.key_cache,
+                value_cache=self.value_cache,
+                block_table=self.block_table,
+                cu_seqlens_q=self.cu,
+                seqlens_kv=self.kv,
+                out=out,
+                partial_out=po,
+                partial_lse=pl,
+                scale=self.scale,
+                causal=self.causal,
+            )
 
         if threads:
-            workers = [threading.Thread(target=lambda cs=cores[i::threads]: [one(c) for c in cs])
-                       for i in range(threads)]
+            workers = [
+                threading.Thread(target=lambda cs=cores[i::threads]: [one(c) for c in cs])
+                for i in range(threads)
+            ]
             for w in workers:
                 w.start()
             for w in workers:
@@ -93,8 +128,9 @@ class Case:
         else:
             for core in cores:
                 one(core)
-        fin = ra.attention_finalize(self.params, t, cu_seqlens_q=self.cu, out=out,
-                                    partial_out=po, partial_lse=pl)
+        fin = ra.attention_finalize(
+            self.params, t, cu_seqlens_q=self.cu, out=out, partial_out=po, partial_lse=pl
+        )
         return out, statuses, fin
 
     def reference(self) -> torch.Tensor:
@@ -107,7 +143,7 @@ class Case:
             ql = hi - lo
             if ql == 0:
                 continue
-            ids = self.block_table[r, :_ceil_div(kl, p.block_size)].long()
+            ids = self.block_table[r, : _ceil_div(kl, p.block_size)].long()
             k = self.key_cache[ids].double().reshape(-1, p.num_kv_heads, p.head_dim)[:kl]
             v = self.value_cache[ids].double().reshape(-1, p.num_kv_heads, p.head_dim)[:kl]
             k = k.repeat_interleave(group, dim=1)
@@ -152,32 +188,63 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 @pytest.mark.parametrize("cores", [1, 3, 8])
 def test_decode_gqa_paged(dtype, cores):
     rng = np.random.default_rng(cores)
-    case = Case(rng, hq=8, hkv=2, d=64, bs=16, cores=cores, q_lens=[1] * 5,
-                kv_lens=[1, 17, 130, 64, 33], dtype=dtype)
+    case = Case(
+        rng,
+        hq=8,
+        hkv=2,
+        d=64,
+        bs=16,
+        cores=cores,
+        q_lens=[1] * 5,
+        kv_lens=[1, 17, 130, 64, 33],
+        dtype=dtype,
+    )
     check_ok(case)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_chunked_prefill_and_speculative_mix(dtype):
     rng = np.random.default_rng(7)
-    case = Case(rng, hq=4, hkv=1, d=48, bs=8, cores=5, q_tile=4,
-                q_lens=[1, 3, 11, 0, 6, 1], kv_lens=[9, 40, 11, 0, 70, 1], dtype=dtype,
-                max_tokens=30, max_batch=8)
+    case = Case(
+        rng,
+        hq=4,
+        hkv=1,
+        d=48,
+        bs=8,
+        cores=5,
+        q_tile=4,
+        q_lens=[1, 3, 11, 0, 6, 1],
+        kv_lens=[9, 40, 11, 0, 70, 1],
+        dtype=dtype,
+        max_tokens=30,
+        max_batch=8,
+    )
     check_ok(case)
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_non_causal_and_causal(causal):
     rng = np.random.default_rng(11)
-    case = Case(rng, hq=6, hkv=3, d=40, bs=4, cores=6, q_tile=2, q_lens=[5, 2, 7],
-                kv_lens=[9, 2, 30], causal=causal)
+    case = Case(
+        rng,
+        hq=6,
+        hkv=3,
+        d=40,
+        bs=4,
+        cores=6,
+        q_tile=2,
+        q_lens=[5, 2, 7],
+        kv_lens=[9, 2, 30],
+        causal=causal,
+    )
     check_ok(case)
 
 
 def test_head_dim_not_multiple_of_lanes_and_mha():
     rng = np.random.default_rng(3)
-    case = Case(rng, hq=3, hkv=3, d=13, bs=5, cores=7, q_tile=3, q_lens=[4, 1, 9],
-                kv_lens=[23, 1, 9])
+    case = Case(
+        rng, hq=3, hkv=3, d=13, bs=5, cores=7, q_tile=3, q_lens=[4, 1, 9], kv_lens=[23, 1, 9]
+    )
     check_ok(case)
 
 
@@ -192,15 +259,36 @@ def test_splits_are_merged():
 @pytest.mark.parametrize("oracle", [False, True])
 def test_oracle_and_c_tilings_agree(oracle):
     rng = np.random.default_rng(9)
-    case = Case(rng, hq=8, hkv=4, d=32, bs=16, cores=9, q_tile=8,
-                q_lens=[1, 20, 0, 2], kv_lens=[300, 50, 0, 90], max_batch=6, max_tokens=40)
+    case = Case(
+        rng,
+        hq=8,
+        hkv=4,
+        d=32,
+        bs=16,
+        cores=9,
+        q_tile=8,
+        q_lens=[1, 20, 0, 2],
+        kv_lens=[300, 50, 0, 90],
+        max_batch=6,
+        max_tokens=40,
+    )
     check_ok(case, tiling_obj=case.tiling(oracle=oracle))
 
 
 def test_core_order_and_threads_give_identical_bits():
     rng = np.random.default_rng(13)
-    case = Case(rng, hq=8, hkv=2, d=64, bs=16, cores=12, q_lens=[1, 4, 1, 2],
-                kv_lens=[200, 77, 5, 150], dtype=torch.bfloat16, q_tile=2)
+    case = Case(
+        rng,
+        hq=8,
+        hkv=2,
+        d=64,
+        bs=16,
+        cores=12,
+        q_lens=[1, 4, 1, 2],
+        kv_lens=[200, 77, 5, 150],
+        dtype=torch.bfloat16,
+        q_tile=2,
+    )
     base = check_ok(case)
     backwards, _, _ = case.run(order=reversed(range(12)))
     threaded, _, _ = case.run(threads=3)
@@ -237,11 +325,22 @@ def test_property_random_problems(data):
         kv_lens = [k if q else draw(st.integers(0, 5)) for q, k in zip(q_lens, kv_lens)]
     dtype = draw(st.sampled_from(DTYPES))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    case = Case(rng, hq=hkv * group, hkv=hkv, d=d, bs=bs, cores=draw(st.integers(1, 12)),
-                q_tile=draw(st.integers(1, 6)), q_lens=q_lens, kv_lens=kv_lens, dtype=dtype,
-                causal=causal, max_batch=batch + draw(st.integers(0, 2)),
-                max_tokens=sum(q_lens) + draw(st.integers(0, 3)) or 1,
-                mbpr=max([_ceil_div(k, bs) for k in kv_lens] + [1]) + draw(st.integers(0, 2)))
+    case = Case(
+        rng,
+        hq=hkv * group,
+        hkv=hkv,
+        d=d,
+        bs=bs,
+        cores=draw(st.integers(1, 12)),
+        q_tile=draw(st.integers(1, 6)),
+        q_lens=q_lens,
+        kv_lens=kv_lens,
+        dtype=dtype,
+        causal=causal,
+        max_batch=batch + draw(st.integers(0, 2)),
+        max_tokens=sum(q_lens) + draw(st.integers(0, 3)) or 1,
+        mbpr=max([_ceil_div(k, bs) for k in kv_lens] + [1]) + draw(st.integers(0, 2)),
+    )
     check_ok(case, tiling_obj=case.tiling(oracle=draw(st.booleans())))
 
 
@@ -267,9 +366,20 @@ def test_core_with_bad_status_writes_nothing():
     case = Case(rng, q_lens=[1, 2], kv_lens=[5, 1])
     out = torch.full_like(case.query, 3.0)
     status = ra.attention_core(
-        case.params, case.tiling(), 0, query=case.query, key_cache=case.key_cache,
-        value_cache=case.value_cache, block_table=case.block_table, cu_seqlens_q=case.cu,
-        seqlens_kv=case.kv, out=out, partial_out=None, partial_lse=None, causal=True)
+        case.params,
+        case.tiling(),
+        0,
+        query=case.query,
+        key_cache=case.key_cache,
+        value_cache=case.value_cache,
+        block_table=case.block_table,
+        cu_seqlens_q=case.cu,
+        seqlens_kv=case.kv,
+        out=out,
+        partial_out=None,
+        partial_lse=None,
+        causal=True,
+    )
     assert status == HDR.AICPU_TILING_E_KV_SHORT
     assert torch.equal(out, torch.full_like(out, 3.0))
 
@@ -294,16 +404,25 @@ def test_flags_mismatch_and_corrupt_buffer():
     rng = np.random.default_rng(8)
     case = Case(rng, q_lens=[1, 1], kv_lens=[40, 9], cores=2)
     t = case.tiling()
-    args = dict(query=case.query, key_cache=case.key_cache, value_cache=case.value_cache,
-                block_table=case.block_table, cu_seqlens_q=case.cu, seqlens_kv=case.kv,
-                out=torch.zeros_like(case.query), partial_out=None, partial_lse=None)
+    args = {
+        "query": case.query,
+        "key_cache": case.key_cache,
+        "value_cache": case.value_cache,
+        "block_table": case.block_table,
+        "cu_seqlens_q": case.cu,
+        "seqlens_kv": case.kv,
+        "out": torch.zeros_like(case.query),
+        "partial_out": None,
+        "partial_lse": None,
+    }
     assert ra.attention_core(case.params, t, 0, causal=False, **args) == ra.E_TILING
     words = t.buffer.copy().view(np.int32)
     words[0] ^= 1
     assert ra.attention_core(case.params, words, 0, causal=True, **args) == ra.E_TILING
     out = torch.ones_like(case.query)
-    fin = ra.attention_finalize(case.params, words, cu_seqlens_q=case.cu, out=out,
-                                partial_out=None, partial_lse=None)
+    fin = ra.attention_finalize(
+        case.params, words, cu_seqlens_q=case.cu, out=out, partial_out=None, partial_lse=None
+    )
     assert fin == ra.E_TILING and torch.equal(out, torch.zeros_like(out))
     # lengths changed after planning: detected, never read out of bounds
     longer = case.kv.clone()
@@ -321,9 +440,17 @@ def test_wrapper_rejects_bad_arguments():
     case = Case(rng, q_lens=[1], kv_lens=[3])
     t = case.tiling()
     po, pl = ra.partial_buffers(case.params)
-    good = dict(query=case.query, key_cache=case.key_cache, value_cache=case.value_cache,
-                block_table=case.block_table, cu_seqlens_q=case.cu, seqlens_kv=case.kv,
-                out=torch.zeros_like(case.query), partial_out=po, partial_lse=pl)
+    good = {
+        "query": case.query,
+        "key_cache": case.key_cache,
+        "value_cache": case.value_cache,
+        "block_table": case.block_table,
+        "cu_seqlens_q": case.cu,
+        "seqlens_kv": case.kv,
+        "out": torch.zeros_like(case.query),
+        "partial_out": po,
+        "partial_lse": pl,
+    }
 
     def call(core=0, **change):
         return ra.attention_core(case.params, t, core, **{**good, **change})
@@ -364,16 +491,32 @@ def test_half_conversions_match_ieee_round_to_nearest_even():
     every = np.arange(2**16, dtype=np.uint16)
     as_float = np.array([lib.aicpu_attention_half_to_float(int(h)) for h in every], np.float32)
     expect = every.view(np.float16).astype(np.float32)
-    same = (as_float.view(np.uint32) == expect.view(np.uint32)) | (np.isnan(as_float)
-                                                                   & np.isnan(expect))
+    same = (as_float.view(np.uint32) == expect.view(np.uint32)) | (
+        np.isnan(as_float) & np.isnan(expect)
+    )
     assert same.all()
     rng = np.random.default_rng(0)
-    bits = np.concatenate([rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32),
-                           expect.view(np.uint32),                         # exact halves
-                           expect.view(np.uint32) + 0x1000, expect.view(np.uint32) + 0xfff,
-                           np.array([0x477ff000, 0x477fefff, 0x33000000, 0x33000001,
-                                     0x38800000, 0x387fffff, 0x7f800000, 0xff800001],
-                                    np.uint32)])
+    bits = np.concatenate(
+        [
+            rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32),
+            expect.view(np.uint32),  # exact halves
+            expect.view(np.uint32) + 0x1000,
+            expect.view(np.uint32) + 0xFFF,
+            np.array(
+                [
+                    0x477FF000,
+                    0x477FEFFF,
+                    0x33000000,
+                    0x33000001,
+                    0x38800000,
+                    0x387FFFFF,
+                    0x7F800000,
+                    0xFF800001,
+                ],
+                np.uint32,
+            ),
+        ]
+    )
     floats = bits.view(np.float32)
     got = np.array([lib.aicpu_attention_float_to_half(float(f)) for f in floats], np.uint16)
     with np.errstate(over="ignore"):
@@ -386,18 +529,33 @@ def test_half_conversions_match_ieee_round_to_nearest_even():
 def test_bf16_conversions_match_torch():
     lib = ra._lib
     rng = np.random.default_rng(1)
-    bits = np.concatenate([rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32),
-                           np.array([0x7f7fffff, 0x3f808000, 0x3f818000, 0xff800000,
-                                     0x7fc00001], np.uint32)])
+    bits = np.concatenate(
+        [
+            rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32),
+            np.array([0x7F7FFFFF, 0x3F808000, 0x3F818000, 0xFF800000, 0x7FC00001], np.uint32),
+        ]
+    )
     floats = bits.view(np.float32)
     got = np.array([lib.aicpu_attention_float_to_bf16(float(f)) for f in floats], np.uint16)
     want = torch.from_numpy(floats).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     nan = np.isnan(floats)
     assert (got[~nan] == want[~nan]).all()
-    assert all(lib.aicpu_attention_bf16_to_float(int(b)) != lib.aicpu_attention_bf16_to_float(
-        int(b)) for b in got[nan])
+    assert all(
+        lib.aicpu_attention_bf16_to_float(int(b)) != lib.aicpu_attention_bf16_to_float(int(b))
+        for b in got[nan]
+    )
     for b in rng.integers(0, 2**16, 1000):
         raw = torch.from_numpy(np.array([b], np.uint16).view(np.int16))
         want_f = raw.view(torch.bfloat16).float().item()
         got_f = lib.aicpu_attention_bf16_to_float(int(b))
         assert got_f == want_f or (math.isnan(got_f) and math.isnan(want_f))
+
+
+def test_module_docstring_example_runs():
+    import textwrap
+
+    code = ra.__doc__.split("computes one attention layer::")[1].split("Both functions")[0]
+    namespace: dict = {}
+    exec(textwrap.dedent(code), namespace)  # noqa: S102 (our own docstring)
+    out = namespace["out"]
+    assert torch.equal(out[4:], torch.zeros_like(out[4:]))

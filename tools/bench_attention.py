@@ -33,8 +33,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pyruntime import reference_attention as ra  # noqa: E402
-from pyruntime import tiling  # noqa: E402
+from pyruntime import reference_attention as ra
+from pyruntime import tiling
 
 TRACE = ROOT.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -84,8 +84,13 @@ def build_problem(args) -> dict:
     bs = args.block_size
     mbpr = math.ceil(args.max_kv / bs)
     params = tiling.TilingParams(
-        num_q_heads=args.q_heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
-        block_size=bs, max_batch=args.batch, max_tokens=args.batch, max_blocks_per_req=mbpr,
+        num_q_heads=args.q_heads,
+        num_kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        block_size=bs,
+        max_batch=args.batch,
+        max_tokens=args.batch,
+        max_blocks_per_req=mbpr,
         num_cores=args.cores,
     )
     needed = [math.ceil(k / bs) for k in kv_lens]
@@ -94,7 +99,7 @@ def build_problem(args) -> dict:
     block_table = torch.zeros(args.batch, mbpr, dtype=torch.int32)
     at = 0
     for r, n in enumerate(needed):
-        block_table[r, :n] = torch.from_numpy(ids[at:at + n])
+        block_table[r, :n] = torch.from_numpy(ids[at : at + n])
         at += n
     shape = (num_blocks, bs, args.kv_heads, args.head_dim)
     gen = torch.Generator().manual_seed(args.seed)
@@ -108,10 +113,21 @@ def build_problem(args) -> dict:
         raise SystemExit(f"tiling failed: {plan.error}")
     po, pl = ra.partial_buffers(params)
     kv_bytes = sum(kv_lens) * args.kv_heads * args.head_dim * 2 * key_cache.element_size()
-    return dict(params=params, plan=plan, query=query, key_cache=key_cache,
-                value_cache=value_cache, block_table=block_table, cu=cu, kv=kv,
-                out=torch.empty_like(query), po=po, pl=pl, kv_bytes=kv_bytes,
-                cache_bytes=2 * key_cache.numel() * key_cache.element_size())
+    return {
+        "params": params,
+        "plan": plan,
+        "query": query,
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+        "block_table": block_table,
+        "cu": cu,
+        "kv": kv,
+        "out": torch.empty_like(query),
+        "po": po,
+        "pl": pl,
+        "kv_bytes": kv_bytes,
+        "cache_bytes": 2 * key_cache.numel() * key_cache.element_size(),
+    }
 
 
 def run_layer(p: dict, threads: int) -> None:
@@ -120,19 +136,39 @@ def run_layer(p: dict, threads: int) -> None:
 
     def cores(first: int) -> None:
         for core in range(first, params.num_cores, threads):
-            statuses.append(ra.attention_core(
-                params, p["plan"], core, query=p["query"], key_cache=p["key_cache"],
-                value_cache=p["value_cache"], block_table=p["block_table"],
-                cu_seqlens_q=p["cu"], seqlens_kv=p["kv"], out=p["out"], partial_out=p["po"],
-                partial_lse=p["pl"], causal=True))
+            statuses.append(
+                ra.attention_core(
+                    params,
+                    p["plan"],
+                    core,
+                    query=p["query"],
+                    key_cache=p["key_cache"],
+                    value_cache=p["value_cache"],
+                    block_table=p["block_table"],
+                    cu_seqlens_q=p["cu"],
+                    seqlens_kv=p["kv"],
+                    out=p["out"],
+                    partial_out=p["po"],
+                    partial_lse=p["pl"],
+                    causal=True,
+                )
+            )
 
     workers = [threading.Thread(target=cores, args=(i,)) for i in range(threads)]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
-    statuses.append(ra.attention_finalize(params, p["plan"], cu_seqlens_q=p["cu"], out=p["out"],
-                                          partial_out=p["po"], partial_lse=p["pl"]))
+    statuses.append(
+        ra.attention_finalize(
+            params,
+            p["plan"],
+            cu_seqlens_q=p["cu"],
+            out=p["out"],
+            partial_out=p["po"],
+            partial_lse=p["pl"],
+        )
+    )
     if any(statuses):
         raise SystemExit(f"attention failed: {ra.strerror(max(statuses))}")
 
@@ -172,11 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     gb = 1e9
-    print(f"decode attention: batch {args.batch}, heads {args.q_heads}/{args.kv_heads}, "
-          f"head_dim {args.head_dim}, block {args.block_size}, {args.dtype}, "
-          f"{args.cores} emulated cores on {args.threads} threads")
-    print(f"  KV read per step      {problem['kv_bytes'] / 2**20:10.1f} MiB "
-          f"(cache {problem['cache_bytes'] / 2**20:.1f} MiB)")
+    print(
+        f"decode attention: batch {args.batch}, heads {args.q_heads}/{args.kv_heads}, "
+        f"head_dim {args.head_dim}, block {args.block_size}, {args.dtype}, "
+        f"{args.cores} emulated cores on {args.threads} threads"
+    )
+    print(
+        f"  KV read per step      {problem['kv_bytes'] / 2**20:10.1f} MiB "
+        f"(cache {problem['cache_bytes'] / 2**20:.1f} MiB)"
+    )
     print(f"  step time (median)    {seconds * 1e3:10.2f} ms")
     print(f"  KV throughput         {kv_rate / gb:10.2f} GB/s")
     print(f"  memory read (sum)     {bandwidth['read'] / gb:10.2f} GB/s")
