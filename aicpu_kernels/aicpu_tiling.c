@@ -30,6 +30,13 @@ static int32_t int32_saturate(int64_t x) { return x > (int64_t)INT32_MAX ? INT32
 
 static int64_t div_ceil64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* a / b for 0 <= a and 0 < b. Positions are int64, but in practice both fit in 32 bits, and
+ * a 32-bit divide is several times faster than a 64-bit one on common x86 and ARM cores. */
+static int64_t div_pos(int64_t a, int64_t b) {
+    if ((a | b) <= (int64_t)UINT32_MAX) return (int64_t)((uint32_t)a / (uint32_t)b);
+    return a / b;
+}
+
 /*
  * The validation pass records the running cost and unit count at TILING_CHUNKS evenly
  * spaced requests, so locating the P - 1 cuts afterwards walks at most one chunk of
@@ -231,7 +238,7 @@ static void cursor_locate(const plan_ctx *c, cursor *cur, int64_t pos, unit_at *
         request_load(c, cur->r, &cur->ri);
     }
     off = pos - cur->start;
-    h = off < cur->ri.head_cost ? 0 : off / cur->ri.head_cost;
+    h = off < cur->ri.head_cost ? 0 : div_pos(off, cur->ri.head_cost);
     o = off - h * cur->ri.head_cost;
     t = tile_at(c, &cur->ri, o, &tile_start);
     u->r = cur->r;
@@ -257,23 +264,24 @@ static void cursor_pos(const plan_ctx *c, cursor *cur, int64_t pos, int64_t tota
     wp->r = u.r;
     wp->h = u.h;
     wp->t = u.t;
-    wp->k = pos == u.start ? 0 : (int32_t)((pos - u.start - c->seg) / u.w);
+    wp->k = pos == u.start ? 0 : (int32_t)div_pos(pos - u.start - c->seg, u.w);
     wp->unit_index = u.index;
 }
 
-/* The legal cut nearest to target inside its unit; ties go to the lower cut. */
+/* The legal cut nearest to target inside its unit, as the number of the unit's blocks
+ * before it (0: the unit's start; blocks: the next unit's start). Ties go to the lower cut. */
 static int64_t snap(const plan_ctx *c, const unit_at *u, int64_t target) {
-    int64_t o = target - u->start, k;
-    if (2 * o <= c->seg + u->w) return u->start;
-    if (o <= c->seg + u->w) k = 1;
-    else {
-        int64_t rem;
-        k = (o - c->seg) / u->w;
-        rem = o - c->seg - k * u->w;
-        if (2 * rem > u->w) k += 1;
-        if (k > u->blocks) k = u->blocks;
-    }
-    return u->start + c->seg + k * u->w;
+    int64_t o = target - u->start, k, rem;
+    if (2 * o <= c->seg + u->w) return 0;
+    if (o <= c->seg + u->w) return 1;
+    k = div_pos(o - c->seg, u->w);
+    rem = o - c->seg - k * u->w;
+    if (2 * rem > u->w) k += 1;
+    return k > u->blocks ? u->blocks : k;
+}
+
+static int64_t cut_position(const plan_ctx *c, const unit_at *u, int64_t k) {
+    return k == 0 ? u->start : u->start + c->seg + k * u->w;
 }
 
 static void write_words(int32_t *dst, int64_t count, int32_t value) {
@@ -402,7 +410,7 @@ static int decode_pass(plan_ctx *c, int64_t *total, int64_t *num_units) {
     int64_t unit_seg = heads * c->seg, unit_block = heads * c->w_decode;
     int32_t round = p->block_size - 1, tokens = p->max_tokens, shift = c->block_shift;
     uint32_t cap = (uint32_t)p->max_blocks_per_req * (uint32_t)p->block_size;
-    int32_t r, chunk, per_chunk = 1 << c->chunk_shift;
+    int32_t r, mask = (1 << c->chunk_shift) - 1;
     unsigned trouble = 0;
     if (shift < 0) return 0;
     /* Unsigned q: a decreasing offset wraps to a huge value and is caught by q > 1. With q
@@ -413,15 +421,18 @@ static int decode_pass(plan_ctx *c, int64_t *total, int64_t *num_units) {
                    (unsigned)(k < q);
     }
     if (trouble) return 0;
-    for (chunk = 0; chunk << c->chunk_shift < c->batch; ++chunk) {
-        int32_t end = (chunk + 1) * per_chunk < c->batch ? (chunk + 1) * per_chunk : c->batch;
-        for (r = chunk * per_chunk; r < end; ++r) {
-            int64_t q = cu[r + 1] - cu[r]; /* 0 or 1 */
-            cost += (unit_seg + (int64_t)((kv[r] + round) >> shift) * unit_block) & -q;
-            count += q;
+    for (r = 0; r < c->batch; ++r) {
+        int64_t q = cu[r + 1] - cu[r]; /* 0 or 1 */
+        cost += (unit_seg + (int64_t)((kv[r] + round) >> shift) * unit_block) & -q;
+        count += q;
+        if (((r + 1) & mask) == 0) {
+            c->chunk_cost[r >> c->chunk_shift] = cost;
+            c->chunk_units[r >> c->chunk_shift] = count * heads;
         }
-        c->chunk_cost[chunk] = cost;
-        c->chunk_units[chunk] = count * heads;
+    }
+    if (c->batch & mask) { /* the last, partial chunk */
+        c->chunk_cost[c->batch >> c->chunk_shift] = cost;
+        c->chunk_units[c->batch >> c->chunk_shift] = count * heads;
     }
     *total = cost;
     *num_units = count * heads;
@@ -551,6 +562,7 @@ static void partition(const plan_ctx *c, int32_t *buf, int64_t total, int64_t nu
     for (core = 0; core < p->num_cores; ++core) {
         int32_t *rec = buf + AICPU_TILING_HDR_WORDS + (int64_t)core * AICPU_TILING_CORE_WORDS;
         int64_t stop, cost, core_segments;
+        int have_end = 0;
         if (begin.k > 0) continuations += 1;
         if (core == p->num_cores - 1) stop = total;
         else {
@@ -559,11 +571,18 @@ static void partition(const plan_ctx *c, int32_t *buf, int64_t total, int64_t nu
             if (target >= total) stop = total;
             else {
                 unit_at u;
+                int64_t k;
                 cursor_locate(c, &cur, target, &u);
-                stop = snap(c, &u, target);
+                k = snap(c, &u, target);
+                stop = cut_position(c, &u, k);
+                if (k < u.blocks) { /* inside the unit we already hold: no second search */
+                    end.r = u.r, end.h = u.h, end.t = u.t, end.k = (int32_t)k;
+                    end.unit_index = u.index;
+                    have_end = 1;
+                }
             }
         }
-        cursor_pos(c, &cur, stop, total, num_units, &end);
+        if (!have_end) cursor_pos(c, &cur, stop, total, num_units, &end);
         cost = stop - start + (stop > start && begin.k > 0 ? seg : 0);
         write_pos(rec + AICPU_TILING_CORE_BEGIN, &begin);
         write_pos(rec + AICPU_TILING_CORE_END, &end);
