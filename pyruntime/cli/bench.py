@@ -31,8 +31,8 @@ DEFAULT_POINTS = (
     Point(1, 64, "trace"),
     Point(16, 64, "trace"),
     Point(61, 8, "trace"),
-    Point(61, 16, "spec-decode"),
-    Point(61, 16, "chunked-prefill"),
+    Point(16, 16, "spec-decode"),
+    Point(16, 16, "chunked-prefill"),
 )
 QUICK_POINTS = (HEADLINE, Point(4, 8, "spec-decode"))
 DEFAULT_STEPS, DEFAULT_WARMUP = 30, 3
