@@ -13,7 +13,7 @@ from pathlib import Path
 from cffi import FFI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import build_config  # noqa: E402
+import build_config
 
 ffibuilder = FFI()
 ffibuilder.cdef(build_config.cdef_source())

@@ -9,10 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from pyruntime import tiling, tiling_oracle
 from pyruntime._native import lib
-from pyruntime.tiling import TilingParams, plan, plan_into, reference_plan
 from tiling_inputs import (
     any_inputs,
     small_params,
@@ -21,9 +18,12 @@ from tiling_inputs import (
     valid_inputs,
 )
 
+from pyruntime import tiling, tiling_oracle
+from pyruntime.tiling import TilingParams, plan, plan_into, reference_plan
+
 GOLDEN = Path(__file__).parent / "data" / "golden_tiling.json"
 
-LLAMA_8B = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=128)
+LLAMA_8B = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 128}
 
 
 def trace_params(max_batch: int = 1024, num_cores: int = 24, **overrides) -> TilingParams:
@@ -56,17 +56,17 @@ def test_params_defaults_and_sizes():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (dict(num_kv_heads=5), "multiple of num_kv_heads"),
-        (dict(num_cores=0), "num_cores is 0"),
-        (dict(block_size=lib.AICPU_TILING_MAX_BLOCK_SIZE + 1), "block_size"),
-        (dict(max_blocks_per_req=lib.AICPU_TILING_MAX_KV_TOKENS), "kv tokens"),
-        (dict(q_tile=lib.AICPU_TILING_MAX_TILE_ROWS), r"q_tile \* group"),
-        (dict(cost_segment=-1), "cost_segment"),
-        (dict(cost_kv_load=0, cost_qk_tile=0), "at least 1"),
-        (dict(head_dim=2.5), "must be an int"),
-        (dict(max_tokens=2**40), "int32 range"),
-        (dict(max_tokens=lib.AICPU_TILING_MAX_TOKENS, num_kv_heads=32, num_q_heads=1024,
-              max_blocks_per_req=1 << 19, cost_kv_load=1024, cost_qk_tile=1024), "overflow"),
+        ({"num_kv_heads": 5}, "multiple of num_kv_heads"),
+        ({"num_cores": 0}, "num_cores is 0"),
+        ({"block_size": lib.AICPU_TILING_MAX_BLOCK_SIZE + 1}, "block_size"),
+        ({"max_blocks_per_req": lib.AICPU_TILING_MAX_KV_TOKENS}, "kv tokens"),
+        ({"q_tile": lib.AICPU_TILING_MAX_TILE_ROWS}, r"q_tile \* group"),
+        ({"cost_segment": -1}, "cost_segment"),
+        ({"cost_kv_load": 0, "cost_qk_tile": 0}, "at least 1"),
+        ({"head_dim": 2.5}, "must be an int"),
+        ({"max_tokens": 2**40}, "int32 range"),
+        ({"max_tokens": lib.AICPU_TILING_MAX_TOKENS, "num_kv_heads": 32, "num_q_heads": 1024,
+              "max_blocks_per_req": 1 << 19, "cost_kv_load": 1024, "cost_qk_tile": 1024}, "overflow"),
     ],
 )
 def test_bad_params_raise_a_value_error_naming_the_field(change, message):

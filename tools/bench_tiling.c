@@ -4,7 +4,8 @@
  *   gcc -std=c99 -O3 -Iaicpu_kernels aicpu_kernels/aicpu_tiling.c tools/bench_tiling.c \
  *       -o build/bench_tiling && build/bench_tiling ../shared/data/azure_llm_2023_conv.csv [quick]
  *
- * "quick" runs 5 repeats of a tenth of the calls (a smoke test, about a second).
+ * "quick" (or building with -DAICPU_BENCH_QUICK=1) runs 5 repeats of a tenth of the calls:
+ * a smoke test of about a second.
  *
  * For each batch size it draws decode batches from the Azure conversation trace (kv length
  * = ContextTokens + a uniform share of GeneratedTokens, one query token per request),
@@ -68,7 +69,11 @@ static int cmp_double(const void *a, const void *b) {
 int main(int argc, char **argv) {
     static const int32_t sizes[] = {1, 8, 64, 256, 1024};
     const char *trace = argc > 1 ? argv[1] : "../shared/data/azure_llm_2023_conv.csv";
+#ifdef AICPU_BENCH_QUICK
+    int quick = 1; /* the CLI's smoke mode compiles with -DAICPU_BENCH_QUICK=1 */
+#else
     int quick = argc > 2 && strcmp(argv[2], "quick") == 0;
+#endif
     int repeats = quick ? 5 : MAX_REPEATS;
     int n = load_trace(trace), s;
     aicpu_tiling_params p;

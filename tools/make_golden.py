@@ -18,38 +18,38 @@ from pyruntime.tiling import TilingParams
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "golden_tiling.json"
 
-LLAMA = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=128)
-SMALL = dict(num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16)
+LLAMA = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 128}
+SMALL = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 64, "block_size": 16}
 
 CASES = [
-    ("decode one request", LLAMA, dict(max_batch=4, max_tokens=8, max_blocks_per_req=64,
-                                       num_cores=24), [0, 1], [3000], True),
-    ("decode trace-like", LLAMA, dict(max_batch=8, max_tokens=8, max_blocks_per_req=64,
-                                      num_cores=24),
+    ("decode one request", LLAMA, {"max_batch": 4, "max_tokens": 8, "max_blocks_per_req": 64,
+                                       "num_cores": 24}, [0, 1], [3000], True),
+    ("decode trace-like", LLAMA, {"max_batch": 8, "max_tokens": 8, "max_blocks_per_req": 64,
+                                      "num_cores": 24},
      [0, 1, 2, 3, 4, 5, 6], [374, 396, 879, 91, 1500, 2411], True),
-    ("padded bucket", LLAMA, dict(max_batch=8, max_tokens=8, max_blocks_per_req=64,
-                                  num_cores=24), [0, 1, 1, 2, 2, 2], [700, 0, 64, 0, 0], True),
-    ("speculative decode", LLAMA, dict(max_batch=4, max_tokens=16, max_blocks_per_req=64,
-                                       num_cores=20), [0, 4, 8, 12], [900, 35, 4000], True),
-    ("chunked prefill mix", SMALL, dict(max_batch=4, max_tokens=512, max_blocks_per_req=64,
-                                        num_cores=5, q_tile=16),
+    ("padded bucket", LLAMA, {"max_batch": 8, "max_tokens": 8, "max_blocks_per_req": 64,
+                                  "num_cores": 24}, [0, 1, 1, 2, 2, 2], [700, 0, 64, 0, 0], True),
+    ("speculative decode", LLAMA, {"max_batch": 4, "max_tokens": 16, "max_blocks_per_req": 64,
+                                       "num_cores": 20}, [0, 4, 8, 12], [900, 35, 4000], True),
+    ("chunked prefill mix", SMALL, {"max_batch": 4, "max_tokens": 512, "max_blocks_per_req": 64,
+                                        "num_cores": 5, "q_tile": 16},
      [0, 300, 301, 400], [300, 800, 120], True),
-    ("non-causal", SMALL, dict(max_batch=4, max_tokens=64, max_blocks_per_req=8, num_cores=3,
-                               q_tile=4), [0, 10, 11], [50, 7], False),
-    ("one core", SMALL, dict(max_batch=2, max_tokens=8, max_blocks_per_req=8, num_cores=1),
+    ("non-causal", SMALL, {"max_batch": 4, "max_tokens": 64, "max_blocks_per_req": 8, "num_cores": 3,
+                               "q_tile": 4}, [0, 10, 11], [50, 7], False),
+    ("one core", SMALL, {"max_batch": 2, "max_tokens": 8, "max_blocks_per_req": 8, "num_cores": 1},
      [0, 3, 4], [20, 100], True),
-    ("more cores than work", SMALL, dict(max_batch=2, max_tokens=8, max_blocks_per_req=8,
-                                         num_cores=16), [0, 1], [16], True),
-    ("block size 7", SMALL, dict(max_batch=3, max_tokens=40, max_blocks_per_req=9,
-                                 num_cores=6, q_tile=5, cost_segment=0),
+    ("more cores than work", SMALL, {"max_batch": 2, "max_tokens": 8, "max_blocks_per_req": 8,
+                                         "num_cores": 16}, [0, 1], [16], True),
+    ("block size 7", SMALL, {"max_batch": 3, "max_tokens": 40, "max_blocks_per_req": 9,
+                                 "num_cores": 6, "q_tile": 5, "cost_segment": 0},
      [0, 17, 18, 30], [60, 1, 12], True),
-    ("empty batch", SMALL, dict(max_batch=3, max_tokens=8, max_blocks_per_req=4,
-                                num_cores=4), [0], [], True),
-    ("error: kv shorter than query", SMALL, dict(max_batch=3, max_tokens=8,
-                                                 max_blocks_per_req=4, num_cores=4),
+    ("empty batch", SMALL, {"max_batch": 3, "max_tokens": 8, "max_blocks_per_req": 4,
+                                "num_cores": 4}, [0], [], True),
+    ("error: kv shorter than query", SMALL, {"max_batch": 3, "max_tokens": 8,
+                                                 "max_blocks_per_req": 4, "num_cores": 4},
      [0, 1, 5], [3, 2], True),
-    ("error: past max_tokens", SMALL, dict(max_batch=3, max_tokens=8, max_blocks_per_req=4,
-                                           num_cores=4), [0, 1, 9], [3, 20], True),
+    ("error: past max_tokens", SMALL, {"max_batch": 3, "max_tokens": 8, "max_blocks_per_req": 4,
+                                           "num_cores": 4}, [0, 1, 9], [3, 20], True),
 ]
 
 
@@ -58,8 +58,8 @@ def main() -> None:
     for name, heads, rest, cu, kv, causal in CASES:
         params = TilingParams(**heads, **rest)
         words = tiling_oracle.oracle_plan(params, cu, kv, len(kv), causal)
-        cases.append(dict(name=name, params=params.as_dict(), cu_seqlens_q=cu, seqlens_kv=kv,
-                          causal=causal, words=[int(w) for w in words]))
+        cases.append({"name": name, "params": params.as_dict(), "cu_seqlens_q": cu, "seqlens_kv": kv,
+                          "causal": causal, "words": [int(w) for w in words]})
     OUT.write_text(json.dumps(cases, indent=1) + "\n")
     print(f"wrote {len(cases)} cases to {OUT}")
 

@@ -60,7 +60,7 @@ def build(quick: bool, compiler: str = "gcc", build_dir: Path | None = None) -> 
         raise CliError(f"missing benchmark source {missing[0]}")
     if shutil.which(compiler) is None:
         raise CliError(f"{compiler} not found: bench tiling compiles C with it (set CC)")
-    flags = ["-std=c99", "-O2", f"-I{REPO / 'aicpu_kernels'}"]
+    flags = ["-std=c99", "-O3", f"-I{REPO / 'aicpu_kernels'}"]  # as the cffi build
     if quick:
         flags.append(f"-D{QUICK_MACRO}=1")
     digest = hashlib.sha256(" ".join(flags).encode())
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     result = {"command": "bench tiling", "source": "tools/bench_tiling.c", "quick": args.quick,
-              "rows": rows}  # fmt: skip
+              "rows": rows, "oracle": oracle_times(trace, quick=args.quick)}  # fmt: skip
     if args.output:
         write_json(args.output, result)
     if args.json:
@@ -128,4 +128,36 @@ def run(args: argparse.Namespace) -> int:
         console = make_console()
         for item in tiling_bench_table(result):
             console.print(item)
+        for row in result["oracle"]:
+            console.print(f"pure-Python oracle, batch {row['batch']}: "
+                          f"{row['us_per_call']:.0f} us per call (median of {row['repeats']})")
     return 0
+
+
+def oracle_times(trace: Path, *, quick: bool) -> list[dict]:
+    """Median time per call of the pure-Python oracle on the C benchmark's geometry."""
+    import csv
+    import statistics
+    import time
+
+    import numpy as np
+
+    from pyruntime.tiling import TilingParams, reference_plan
+
+    params = TilingParams(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=128,
+                          max_batch=1024, max_tokens=1024, max_blocks_per_req=512, num_cores=24,
+                          q_tile=16)  # fmt: skip
+    with open(trace, newline="") as f:
+        context = np.array([int(r["ContextTokens"]) for r in csv.DictReader(f)])
+    rng = np.random.default_rng(0)
+    rows = []
+    for batch in (1, 8, 64) if quick else (1, 8, 64, 256):
+        kv = np.minimum(context[rng.integers(0, len(context), batch)] + 1, params.kv_capacity)
+        samples = []
+        for _ in range(3 if quick else 7):
+            start = time.perf_counter()
+            reference_plan(params, np.arange(batch + 1), kv)
+            samples.append(time.perf_counter() - start)
+        rows.append({"batch": batch, "us_per_call": statistics.median(samples) * 1e6,
+                     "repeats": len(samples)})  # fmt: skip
+    return rows
