@@ -9,8 +9,16 @@
  * the whole layer.
  *
  * NOT FREESTANDING. Unlike the tiling kernel, this file is a host emulation of the AI Core
- * kernel and uses <math.h> (logf, expf in the combine step): link with -lm where libm is
- * separate. It allocates nothing; each call uses about AICPU_ATTENTION_STACK_BYTES of stack.
+ * kernel and uses <math.h> (logf, expf in the combine step, INFINITY) and <string.h>: link with
+ * -lm where libm is separate. It allocates nothing; a call uses at most about
+ * AICPU_ATTENTION_STACK_BYTES of stack (fine for glibc's 8 MiB thread stacks; size threads
+ * created with a small explicit stack accordingly). Calls share no state: cores may run
+ * concurrently on one layer, writing disjoint output rows and partial slots.
+ *
+ * BUILD. Strict ISO C99 (-std=c99 -pedantic -Wall -Wextra -Werror clean), no extensions. The
+ * inner loops vectorise at -O3 without -ffast-math; -march=native (AVX2/FMA with
+ * -ffp-contract=fast) helps little, the decode loop being bound by memory latency and the
+ * per-token work of the group's rows (tools/bench_attention.py measures it).
  *
  * TENSORS (all row-major, contiguous; "dtype" is the storage type of query, caches and out)
  *   query        [max_tokens][num_q_heads][head_dim]
@@ -30,11 +38,16 @@
  *   Query token i (0 <= i < q_len) of a request with q_len query tokens and kv_len kv tokens
  *   sees the kv positions [0, kv_len - q_len + i + 1) when causal, [0, kv_len) otherwise:
  *       out = sum_j softmax_j(scale * q . k_j) v_j
- *   A piece of a split unit covers only some kv blocks; it stores, per row, the normalised
- *   partial output o_p = sum_j e^(s_j - m) v_j / l and lse_p = m + ln(l), l = sum_j e^(s_j - m),
- *   over the positions the piece covers and the row sees (o_p = 0, lse_p = -inf when it sees
- *   none). The finalize step merges the pieces: out = sum_p e^(lse_p - M) o_p / sum_p
+ *   A piece of a split unit covers only some kv blocks; with s_j = scale * q . k_j it stores,
+ *   per row, the normalised partial output o_p = sum_j e^(s_j - m) v_j / l and the natural-log
+ *   lse_p = m + ln(l), l = sum_j e^(s_j - m), m = max_j s_j, over the positions the piece covers
+ *   and the row sees (o_p = 0, lse_p = -inf when it sees none; +inf marks a poisoned piece). The finalize step merges the pieces: out = sum_p e^(lse_p - M) o_p / sum_p
  *   e^(lse_p - M), M = max_p lse_p. Rows of a partial slot are [token in tile][g].
+ *
+ * ACCURACY. fp32 accumulation, an exp accurate to about 1e-7 relative, outputs rounded to the
+ * storage dtype to nearest even: relative error ~1e-7 for fp32 storage, one rounding of the
+ * output for fp16/bf16. Results are deterministic: the same inputs give the same bits whatever
+ * the order or concurrency of the core calls.
  *
  * STATUS
  *   0 (AICPU_TILING_OK) on success. The tiling's own status (1..AICPU_TILING_NUM_STATUS-1)
