@@ -544,11 +544,75 @@ static void write_split_prefix(const aicpu_tiling_params *p, const slot_state *s
     write_words(prefix + next, p->max_batch + 1 - next, acc);
 }
 
-/* Cut [0, W) into P core ranges as THE PARTITION in the header describes. */
-static void partition(const plan_ctx *c, int32_t *buf, int64_t total, int64_t num_units) {
+/*
+ * Where a core's range stops. The nearest rule aims core c at the absolute cumulative target
+ * (c + 1) * budget and snaps to the nearest legal cut; the greedy rule fills the core up to
+ * `budget` and stops at the last legal cut that fits (see THE PARTITION in the header).
+ */
+typedef struct cut_rule {
+    int greedy;
+    int64_t budget;
+} cut_rule;
+
+static int64_t rule_target(const cut_rule *rule, int32_t core, int64_t start, int begin_mid,
+                           int64_t continuations, int64_t seg) {
+    if (rule->greedy) return start + rule->budget - (begin_mid ? seg : 0);
+    return (core + 1) * rule->budget - seg * continuations;
+}
+
+/* The largest legal cut <= target inside its unit, as a block count (0: the unit start). */
+static int64_t snap_down(const plan_ctx *c, const unit_at *u, int64_t target) {
+    int64_t o = target - u->start;
+    if (o < c->seg + u->w) return 0;
+    return div_pos(o - c->seg, u->w); /* < blocks, since target < the next unit's start */
+}
+
+/* Stop position of one core; fills *end when the stop lies inside the unit it searched. */
+static int64_t rule_stop(const plan_ctx *c, cursor *cur, const cut_rule *rule, int32_t core,
+                         int64_t start, int begin_mid, int64_t continuations, int64_t total,
+                         work_pos *end, int *have_end) {
+    unit_at u;
+    int64_t target, k, stop;
+    *have_end = 0;
+    if (core == c->p->num_cores - 1) return total; /* the last core takes the rest */
+    target = rule_target(rule, core, start, begin_mid, continuations, c->seg);
+    if (target < start) target = start;
+    if (target >= total) return total;
+    cursor_locate(c, cur, target, &u);
+    k = rule->greedy ? snap_down(c, &u, target) : snap(c, &u, target);
+    stop = cut_position(c, &u, k);
+    if (k < u.blocks) { /* inside the unit we already hold: no second search */
+        end->r = u.r, end->h = u.h, end->t = u.t, end->k = (int32_t)k;
+        end->unit_index = u.index;
+        *have_end = 1;
+    }
+    return stop;
+}
+
+/* Whether greedy filling with this budget fits all work on P cores (the last core too). */
+static int greedy_fits(const plan_ctx *c, int64_t budget, int64_t total) {
+    cut_rule rule;
+    cursor cur;
+    work_pos end;
+    int64_t start = 0, stop;
+    int32_t core;
+    int begin_mid = 0, have_end;
+    rule.greedy = 1;
+    rule.budget = budget;
+    cursor_init(c, &cur);
+    for (core = 0; core < c->p->num_cores - 1 && start < total; ++core) {
+        stop = rule_stop(c, &cur, &rule, core, start, begin_mid, 0, total, &end, &have_end);
+        if (stop > start) begin_mid = have_end && end.k > 0;
+        start = stop;
+    }
+    return total - start + (start < total && begin_mid ? c->seg : 0) <= budget;
+}
+
+/* Write the core table, slots, combine table and split prefix for one rule; returns the
+ * busiest core's cost. */
+static int64_t write_partition(const plan_ctx *c, int32_t *buf, int64_t total,
+                               int64_t num_units, const cut_rule *rule) {
     const aicpu_tiling_params *p = c->p;
-    int64_t cores = p->num_cores, seg = c->seg;
-    int64_t budget = (total + (cores - 1) * seg + cores - 1) / cores;
     int64_t start = 0, continuations = 0, max_cost = 0, segments = 0;
     int32_t core;
     cursor cur;
@@ -557,33 +621,18 @@ static void partition(const plan_ctx *c, int32_t *buf, int64_t total, int64_t nu
     slots.next_slot = 0;
     slots.num_combine = 0;
     slots.combine = buf + combine_offset(p);
+    write_words(slots.combine, used_words(p) - combine_offset(p), 0);
     cursor_init(c, &cur);
     cursor_pos(c, &cur, 0, total, num_units, &begin);
     for (core = 0; core < p->num_cores; ++core) {
         int32_t *rec = buf + AICPU_TILING_HDR_WORDS + (int64_t)core * AICPU_TILING_CORE_WORDS;
         int64_t stop, cost, core_segments;
-        int have_end = 0;
+        int have_end;
         if (begin.k > 0) continuations += 1;
-        if (core == p->num_cores - 1) stop = total;
-        else {
-            int64_t target = (core + 1) * budget - seg * continuations;
-            if (target < start) target = start;
-            if (target >= total) stop = total;
-            else {
-                unit_at u;
-                int64_t k;
-                cursor_locate(c, &cur, target, &u);
-                k = snap(c, &u, target);
-                stop = cut_position(c, &u, k);
-                if (k < u.blocks) { /* inside the unit we already hold: no second search */
-                    end.r = u.r, end.h = u.h, end.t = u.t, end.k = (int32_t)k;
-                    end.unit_index = u.index;
-                    have_end = 1;
-                }
-            }
-        }
+        stop = rule_stop(c, &cur, rule, core, start, begin.k > 0, continuations, total, &end,
+                         &have_end);
         if (!have_end) cursor_pos(c, &cur, stop, total, num_units, &end);
-        cost = stop - start + (stop > start && begin.k > 0 ? seg : 0);
+        cost = stop - start + (stop > start && begin.k > 0 ? c->seg : 0);
         write_pos(rec + AICPU_TILING_CORE_BEGIN, &begin);
         write_pos(rec + AICPU_TILING_CORE_END, &end);
         core_segments = assign_slots(&slots, &begin, &end, rec);
@@ -601,6 +650,33 @@ static void partition(const plan_ctx *c, int32_t *buf, int64_t total, int64_t nu
     buf[AICPU_TILING_HDR_NUM_COMBINE] = slots.num_combine;
     buf[AICPU_TILING_HDR_MAX_CORE_COST] = INT32_SATURATE(max_cost);
     buf[AICPU_TILING_HDR_TOTAL_COST] = INT32_SATURATE(total);
+    return max_cost;
+}
+
+/*
+ * Cut [0, W) into P core ranges as THE PARTITION in the header describes: nearest cuts to
+ * absolute targets, which cost O(P) searches; and when that leaves the busiest core more
+ * than 1/16 above its budget (few units per core, so a block or a segment is a large share
+ * of a core), the optimal greedy budget found by bisection, O(P log(F + w)) more searches.
+ */
+static void partition(const plan_ctx *c, int32_t *buf, int64_t total, int64_t num_units) {
+    int64_t cores = c->p->num_cores;
+    int64_t lo, hi, max_cost;
+    cut_rule rule;
+    rule.greedy = 0;
+    rule.budget = (total + (cores - 1) * c->seg + cores - 1) / cores;
+    max_cost = write_partition(c, buf, total, num_units, &rule);
+    if (16 * (max_cost - rule.budget) <= rule.budget) return;
+    lo = (total + cores - 1) / cores;
+    hi = max_cost;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (greedy_fits(c, mid, total)) hi = mid;
+        else lo = mid + 1;
+    }
+    rule.greedy = 1;
+    rule.budget = lo;
+    write_partition(c, buf, total, num_units, &rule);
 }
 
 int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
@@ -645,7 +721,6 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     /* Only the padding past the combine table is not written by the steps below. */
     words = buffer_words(p);
     write_words(buf + used_words(p), words - used_words(p), 0);
-    write_words(buf + combine_offset(p), used_words(p) - combine_offset(p), 0);
     write_header(buf, AICPU_TILING_OK, batch, p->num_cores, flags);
     buf[AICPU_TILING_HDR_NUM_TOKENS] = c.cu[batch];
     partition(&c, buf, total, num_units);

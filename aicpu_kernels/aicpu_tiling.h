@@ -35,7 +35,8 @@
  *   W, the total cost, is the sum of unit costs. A core's cost is the sum of its segments'.
  *
  * THE PARTITION (deterministic; O(batch + cores) for decode, O(log) more per multi-tile
- * request: kv heads and query tiles are handled arithmetically, never walked)
+ * request, O(cores log(cost_segment + w)) more when refined: kv heads and query tiles are
+ * handled arithmetically, never walked)
  *   Units occupy consecutive intervals of a position axis [0, W): unit u occupies
  *   [U, U + cost_segment + blocks * w). Legal cut positions are unit starts and the block
  *   boundaries inside a unit, U + cost_segment + k * w for 1 <= k < blocks (a piece always
@@ -51,6 +52,12 @@
  *   unit, cost_segment + w. So the busiest core costs at most
  *       B + cost_segment + w_max  <=  W / P + 2 * cost_segment + w_max + 1,
  *   one segment and one block above the ideal W / P + cost_segment.
+ *   When that leaves the busiest core more than B / 16 above B (few units per core, so one
+ *   block or segment is a large share of a core's work), the cuts are recomputed by greedy
+ *   filling: each core takes work up to a budget X and stops at the last legal cut that
+ *   fits, the last core takes the rest; X is the smallest budget in [ceil(W / P), max] for
+ *   which that fits, found by bisection. Greedy filling is optimal for a given X (starting
+ *   further along never costs more), so this is the best partition these cuts allow.
  *   Each cut inside a unit adds one segment: segments <= units + P - 1.
  *
  * THE BUFFER (int32 words; little-endian on every Ascend and host target we build for)

@@ -406,11 +406,21 @@ def _snap(units: list[Unit], starts: list[int], target: int, total: int, seg: in
     return best
 
 
-def oracle_cuts(params, units: list[Unit]) -> list[tuple[int, int]]:
-    """Per-core position ranges [s_c, e_c) as in THE PARTITION (see the module docstring)."""
+def _snap_down(units: list[Unit], starts: list[int], target: int, seg: int) -> int:
+    """The largest legal cut <= target inside its unit (target < W)."""
+    unit = units[_containing_unit(starts, target)]
+    return max(cut for cut in unit.legal_cuts(seg) if cut <= target)
+
+
+def _range_cost(begin: int, end: int, unit_starts: set[int], total: int, seg: int) -> int:
+    """A core's cost: its span, plus one more segment when it starts inside a unit."""
+    if end <= begin:
+        return 0
+    return end - begin + (seg if 0 < begin < total and begin not in unit_starts else 0)
+
+
+def _nearest_ranges(params, units, starts, total) -> list[tuple[int, int]]:
     cores, seg = int(params.num_cores), int(params.cost_segment)
-    starts = [u.start for u in units]
-    total = sum(u.cost for u in units)
     unit_starts = set(starts)
     share = _ceil_div(total + (cores - 1) * seg, cores)
     ranges = []
@@ -427,6 +437,55 @@ def oracle_cuts(params, units: list[Unit]) -> list[tuple[int, int]]:
         ranges.append((begin, end))
         begin = end
     return ranges
+
+
+def _greedy_ranges(params, units, starts, total, budget: int) -> list[tuple[int, int]]:
+    """Fill each core up to ``budget``; the last core takes the rest."""
+    cores, seg = int(params.num_cores), int(params.cost_segment)
+    unit_starts = set(starts)
+    ranges = []
+    begin = 0
+    for c in range(cores):
+        if c == cores - 1:
+            end = total
+        else:
+            mid = 0 < begin < total and begin not in unit_starts
+            target = max(begin + budget - (seg if mid else 0), begin)
+            end = total if target >= total else _snap_down(units, starts, target, seg)
+        ranges.append((begin, end))
+        begin = end
+    return ranges
+
+
+def oracle_cuts(params, units: list[Unit], *, refine: bool = True) -> list[tuple[int, int]]:
+    """Per-core position ranges [s_c, e_c) as in THE PARTITION (see the module docstring).
+
+    Nearest cuts to the absolute targets first; when the busiest core then costs more than
+    budget * 17 / 16, the smallest greedy budget that fits (found here by plain bisection
+    over brute-force greedy fills) replaces them.
+    """
+    cores, seg = int(params.num_cores), int(params.cost_segment)
+    starts = [u.start for u in units]
+    total = sum(u.cost for u in units)
+    unit_starts = set(starts)
+    share = _ceil_div(total + (cores - 1) * seg, cores)
+    ranges = _nearest_ranges(params, units, starts, total)
+    worst = max(_range_cost(b, e, unit_starts, total, seg) for b, e in ranges)
+    if not refine or 16 * (worst - share) <= share:
+        return ranges
+
+    def fits(budget: int) -> bool:
+        greedy = _greedy_ranges(params, units, starts, total, budget)
+        return all(_range_cost(b, e, unit_starts, total, seg) <= budget for b, e in greedy)
+
+    lo, hi = _ceil_div(total, cores), worst
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return _greedy_ranges(params, units, starts, total, lo)
 
 
 def _coordinates(units: list[Unit], starts: list[int], x: int, batch: int, seg: int) -> tuple:
@@ -460,7 +519,13 @@ def _idle_core(position: tuple) -> list[int]:
 
 
 def oracle_plan(
-    params, cu_seqlens_q: Sequence[int], seqlens_kv: Sequence[int], batch: int, causal: bool
+    params,
+    cu_seqlens_q: Sequence[int],
+    seqlens_kv: Sequence[int],
+    batch: int,
+    causal: bool,
+    *,
+    refine: bool = True,
 ) -> np.ndarray:
     """The tiling buffer aicpu_tiling_plan() writes, as int32 words.
 
@@ -470,6 +535,8 @@ def oracle_plan(
         seqlens_kv: kv lengths; only [0..batch-1] is read, under the same condition.
         batch: live requests.
         causal: the AICPU_TILING_CAUSAL flag.
+        refine: False skips the greedy refinement, leaving the nearest cuts (for tests that
+            check the nearest rule by hand; the C kernel always refines).
 
     Returns:
         int32 array of oracle_tiling_bytes(params) // 4 words; for invalid params the 16-word
@@ -495,7 +562,7 @@ def oracle_plan(
 
     units = oracle_units(params, cu_seqlens_q, seqlens_kv, batch, causal)
     starts = [u.start for u in units]
-    ranges = oracle_cuts(params, units)
+    ranges = oracle_cuts(params, units, refine=refine)
     total = sum(u.cost for u in units)
 
     # Interior cuts of each unit, then slots over the pieces of split units in work order.

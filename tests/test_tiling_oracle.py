@@ -144,7 +144,7 @@ def test_plan_mixed_causal_hand_computed():
     # c2: T 333 in [304,346), cuts 304/341/346 -> 341.  c3: continuation, ends at W.
     p = make_params()
     cu, kv = [0, 1, 2, 8], [40, 17, 30]
-    buf = o.oracle_plan(p, cu, kv, 3, True)
+    buf = o.oracle_plan(p, cu, kv, 3, True, refine=False)
     assert len(buf) == 96
     assert header(buf) == [o.AICPU_TILING_MAGIC, 1, 0, -1, 0, 0, 3, 8, 4, 8, 9, 2, 1, 126, 346, 1]
     assert cores(p, buf).tolist() == [
@@ -170,7 +170,7 @@ def test_plan_idle_cores_inside_a_unit_count_as_continuations():
     # c1..c6 start at 36 (inside), so m = 1..6: T = 34, 35, 36, 37, 38 (tie -> 36), 39 -> 40.
     # Cores 1..5 are idle at (0,0,0,1); core 6 takes the second block; core 7 idles at the end.
     p = make_params(num_q_heads=1, num_kv_heads=1, num_cores=8, cost_kv_load=3)
-    buf = o.oracle_plan(p, [0, 1], [32], 1, False)
+    buf = o.oracle_plan(p, [0, 1], [32], 1, False, refine=False)
     table = cores(p, buf).tolist()
     assert table[0] == [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1, 36]
     for c in range(1, 6):
@@ -344,9 +344,30 @@ def test_header_bound_counterexample():
         num_q_heads=3, num_kv_heads=3, block_size=128, max_batch=1, max_tokens=1,
         max_blocks_per_req=1, num_cores=3, q_tile=1, cost_kv_load=0, cost_segment=7,
     )  # fmt: skip
-    buf = o.oracle_plan(p, [0, 1], [1], 1, False)
+    buf = o.oracle_plan(p, [0, 1], [1], 1, False, refine=False)
     assert cores(p, buf)[:, 11].tolist() == [15, 30, 0]
     assert header(buf)[13] == 30 > 20 + 8
+    # 30 is more than B + B / 16, so the kernel refines: the smallest greedy budget that fits
+    # is 15, one unit per core, which is optimal.
+    refined = o.oracle_plan(p, [0, 1], [1], 1, False)
+    assert cores(p, refined)[:, 11].tolist() == [15, 15, 15]
+
+
+def test_refinement_hand_computed():
+    # The mixed causal case of test_plan_mixed_causal_hand_computed: nearest cuts leave core 1
+    # at 126 > 111 + 111 / 16, so the kernel bisects the greedy budget in [ceil(346 / 4), 126].
+    # Units (start, cost): 0:47 47:47 94:42 136:42 178:42 220:42 262:42 304:42, w 5, seg 32.
+    # Budget 94: c0 takes units 0-1 [0,94); c1 [94,178) 84 (the next unit would reach 220);
+    # c2 [178,262) 84; c3 the rest [262,346) 84: fits.
+    # Budget 93: c0 stops inside unit 1 at 47+32+2*5 = 89; c1 pays 32 again, target 150
+    # snaps down to 136; c2 target 229 snaps down to 220; c3 would take 126 > 93: no fit.
+    # So the kernel's answer is the optimum for these cuts: 94, 84, 84, 84.
+    p = make_params()
+    cu, kv = [0, 1, 2, 8], [40, 17, 30]
+    buf = o.oracle_plan(p, cu, kv, 3, True)
+    assert cores(p, buf)[:, 11].tolist() == [94, 84, 84, 84]
+    assert header(buf)[13] == 94
+    o.check_coverage(p, cu, kv, 3, True, buf)
 
 
 @pytest.mark.parametrize(
@@ -363,7 +384,7 @@ def test_header_bound_counterexample():
 def test_checker_catches_corruption(word, value):
     p = make_params()
     cu, kv = [0, 1, 2, 8], [40, 17, 30]
-    buf = o.oracle_plan(p, cu, kv, 3, True).copy()
+    buf = o.oracle_plan(p, cu, kv, 3, True, refine=False).copy()
     assert buf[word] != value
     buf[word] = value
     with pytest.raises(AssertionError):
