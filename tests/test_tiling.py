@@ -247,11 +247,16 @@ def test_plan_rejects_mismatched_lengths():
 
 
 @pytest.mark.parametrize("batch", [16, 64, 256, 1024])
-def test_balance_on_trace_batches(batch):
-    """Busiest core within 10% of total / cores + one segment (Llama-3-8B heads, 24 cores)."""
-    params = trace_params()
+@pytest.mark.parametrize("heads", [(32, 8), (16, 1)], ids=["32q-8kv", "16q-1kv"])
+def test_balance_on_trace_batches(batch, heads):
+    """Busiest core within 10% of total / cores + one segment, 24 cores.
+
+    32q/8kv is Llama-3-8B on one card; 16q/1kv is a tensor-parallel shard (few units per
+    core, where the refinement matters).
+    """
+    params = trace_params(num_q_heads=heads[0], num_kv_heads=heads[1])
     rng = np.random.default_rng(1000 + batch)
-    for _ in range(5):
+    for _ in range(8):
         cu, kv = trace_decode_batch(batch, rng, params.kv_capacity)
         result = plan(params, cu, kv)
         ideal = result.total_cost / params.num_cores + params.cost_segment
