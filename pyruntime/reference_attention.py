@@ -27,6 +27,9 @@ computes one attention layer::
     assert ra.attention_finalize(params, plan, cu_seqlens_q=cu, out=out, partial_out=po,
                                  partial_lse=pl) == ra.OK              # rows 4..7 are zero
 
+For graph mode, :class:`BoundAttention` checks the static buffers once and then launches
+each core or the combine step with a single C call (a few microseconds of Python).
+
 Both functions return the C status (an int) instead of raising, because in the graph runtime
 they run as device tasks whose failures surface later through ``check()``: ``OK`` (0), the
 tiling's own status when the tiling is not OK (the core did nothing; finalize zeroed every
@@ -138,6 +141,141 @@ def _partials(params, partial_out, partial_lse):
     return _ptr("float *", partial_out), _ptr("float *", partial_lse)
 
 
+class BoundAttention:
+    """The arguments of one attention layer, checked and converted to C pointers once.
+
+    In graph mode every buffer is static, so the checks and pointer casts belong at capture;
+    :meth:`core` and :meth:`finalize` then cost one C call each (plus reading the tiling's
+    live batch), however many layers and cores run per step. The tensors are referenced, not
+    copied: they must stay alive and keep their storage while the object is in use (fill them
+    in place with ``copy_``, never rebind or resize them). Arguments are as for
+    :func:`attention_core`; ``query``, the caches and ``seqlens_kv`` may be None for an object
+    used only for :meth:`finalize`.
+
+    Raises:
+        TypeError, ValueError: as for :func:`attention_core`.
+    """
+
+    def __init__(
+        self,
+        params,
+        tiling_buffer,
+        *,
+        query: torch.Tensor | None,
+        key_cache: torch.Tensor | None,
+        value_cache: torch.Tensor | None,
+        block_table: torch.Tensor | None,
+        cu_seqlens_q: torch.Tensor,
+        seqlens_kv: torch.Tensor | None,
+        out: torch.Tensor,
+        partial_out: torch.Tensor | None,
+        partial_lse: torch.Tensor | None,
+        scale: float | None = None,
+        causal: bool = True,
+    ) -> None:
+        self._c_params = params._c_params()
+        self._tiling = _tiling_ptr(params, self._c_params, tiling_buffer)
+        self._keep = (
+            tiling_buffer,
+            query,
+            key_cache,
+            value_cache,
+            block_table,
+            cu_seqlens_q,
+            seqlens_kv,
+            out,
+            partial_out,
+            partial_lse,
+        )
+        self.num_cores = int(params.num_cores)
+        hq, hkv, d = int(params.num_q_heads), int(params.num_kv_heads), int(params.head_dim)
+        shape = (int(params.max_tokens), hq, d)
+        _tensor("out", out, shape=shape, dtypes=tuple(DTYPE_CODES))
+        self._dtype = DTYPE_CODES[out.dtype]
+        _tensor("cu_seqlens_q", cu_seqlens_q, torch.int32)
+        if cu_seqlens_q.dim() != 1:
+            raise ValueError(f"cu_seqlens_q must be 1-D, got shape {list(cu_seqlens_q.shape)}")
+        self._cu_len = cu_seqlens_q.numel()
+        self._kv_len = None
+        self._po, self._pl = _partials(params, partial_out, partial_lse)
+        self._cu = _ptr("const int32_t *", cu_seqlens_q)
+        self._out = _ptr("void *", out)
+        self._core_args = None
+        if query is None:
+            return
+        _tensor("query", query, out.dtype, shape)
+        _tensor("key_cache", key_cache, out.dtype)
+        if key_cache.dim() != 4 or tuple(key_cache.shape[1:]) != (int(params.block_size), hkv, d):
+            raise ValueError(
+                f"key_cache must have shape [num_blocks, {params.block_size}, {hkv}, {d}], "
+                f"got {list(key_cache.shape)}"
+            )
+        _tensor("value_cache", value_cache, out.dtype, key_cache.shape)
+        if key_cache.shape[0] >= 2**31:
+            raise ValueError("key_cache has more than 2**31 - 1 blocks")
+        bt_shape = (int(params.max_batch), int(params.max_blocks_per_req))
+        _tensor("block_table", block_table, torch.int32, bt_shape)
+        _tensor("seqlens_kv", seqlens_kv, torch.int32)
+        if seqlens_kv.dim() != 1:
+            raise ValueError(f"seqlens_kv must be 1-D, got shape {list(seqlens_kv.shape)}")
+        self._kv_len = seqlens_kv.numel()
+        flags = _lib.AICPU_TILING_CAUSAL if causal else 0
+        scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+        self._core_args = (
+            flags,
+            self._dtype,
+            scale,
+            _ptr("const void *", query),
+            _ptr("const void *", key_cache),
+            _ptr("const void *", value_cache),
+            int(key_cache.shape[0]),
+            _ptr("const int32_t *", block_table),
+            self._cu,
+            _ptr("const int32_t *", seqlens_kv),
+            self._out,
+            self._po,
+            self._pl,
+        )
+
+    def _check_lengths(self, need_kv: bool) -> None:
+        """The length arrays must cover the tiling's live batch (read now: it is dynamic)."""
+        if self._tiling[_HDR_STATUS] != OK:
+            return  # the C call does nothing with the lengths
+        batch = int(self._tiling[_HDR_BATCH])
+        if self._cu_len < batch + 1:
+            raise ValueError(
+                f"cu_seqlens_q has {self._cu_len} entries but the tiling's batch needs {batch + 1}"
+            )
+        if need_kv and self._kv_len < batch:
+            raise ValueError(
+                f"seqlens_kv has {self._kv_len} entries but the tiling's batch needs {batch}"
+            )
+
+    def core(self, core: int) -> int:
+        """Run AI Core ``core`` (see :func:`attention_core`); returns the C status."""
+        if self._core_args is None:
+            raise ValueError("bound without query and caches: only finalize() is available")
+        if not 0 <= core < self.num_cores:
+            raise ValueError(f"core must be in [0, {self.num_cores}), got {core}")
+        self._check_lengths(need_kv=True)
+        return int(_lib.aicpu_attention_core(self._c_params, self._tiling, core, *self._core_args))
+
+    def finalize(self) -> int:
+        """The combine step (see :func:`attention_finalize`); returns the C status."""
+        self._check_lengths(need_kv=False)
+        return int(
+            _lib.aicpu_attention_finalize(
+                self._c_params,
+                self._tiling,
+                self._dtype,
+                self._cu,
+                self._out,
+                self._po,
+                self._pl,
+            )
+        )
+
+
 def attention_core(
     params,
     tiling_buffer: torch.Tensor,
@@ -157,6 +295,8 @@ def attention_core(
 ) -> int:
     """Run AI Core ``core``'s share of one attention layer, as the tiling assigns it.
 
+    Checks every argument on each call; :class:`BoundAttention` checks once for many calls.
+
     Args:
         params: ``pyruntime.tiling.TilingParams`` the tiling was planned with.
         tiling_buffer: the tiling: an int32 or uint8 CPU tensor or numpy array of at least
@@ -165,8 +305,8 @@ def attention_core(
         query: [max_tokens, num_q_heads, head_dim], float32, float16 or bfloat16.
         key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], query's dtype.
         block_table: int32 [max_batch, max_blocks_per_req]; only rows of live requests are read.
-        cu_seqlens_q: int32, at least batch + 1 entries (batch = the tiling's live batch).
-        seqlens_kv: int32, at least batch entries.
+        cu_seqlens_q: int32, 1-D, at least batch + 1 entries (batch = the tiling's live batch).
+        seqlens_kv: int32, 1-D, at least batch entries.
         out: [max_tokens, num_q_heads, head_dim], query's dtype; this core's whole units are
             written here.
         partial_out: float32 [max_slots, q_tile, group, head_dim] (see :func:`partial_shapes`);
@@ -176,73 +316,37 @@ def attention_core(
         causal: must equal the causal flag the tiling was planned with.
 
     Returns:
-        The C status: OK, the tiling's status if it is not OK, E_TILING or E_BLOCK_ID.
+        The C status: OK, the tiling's status if it is not OK (nothing was done), E_TILING
+        (the buffer or the lengths do not match) or E_BLOCK_ID (a block id out of range; the
+        affected rows are zero).
 
     Raises:
         TypeError: a tensor argument has the wrong type or dtype.
         ValueError: a wrong shape, device, contiguity, core index or buffer size.
     """
-    c_params = params._c_params()
-    tiling_ptr = _tiling_ptr(params, c_params, tiling_buffer)
-    num_cores = int(params.num_cores)
-    if not 0 <= int(core) < num_cores:
-        raise ValueError(f"core must be in [0, {num_cores}), got {core}")
-    hq, hkv, d = int(params.num_q_heads), int(params.num_kv_heads), int(params.head_dim)
-    _tensor("query", query, shape=(int(params.max_tokens), hq, d), dtypes=tuple(DTYPE_CODES))
-    dtype = query.dtype
-    _tensor("key_cache", key_cache, dtype)
-    if key_cache.dim() != 4 or tuple(key_cache.shape[1:]) != (int(params.block_size), hkv, d):
-        raise ValueError(
-            f"key_cache must have shape [num_blocks, {params.block_size}, {hkv}, {d}], "
-            f"got {list(key_cache.shape)}"
-        )
-    _tensor("value_cache", value_cache, dtype, key_cache.shape)
-    if key_cache.shape[0] >= 2**31:
-        raise ValueError("key_cache has more than 2**31 - 1 blocks")
-    _tensor(
-        "block_table",
-        block_table,
-        torch.int32,
-        (int(params.max_batch), int(params.max_blocks_per_req)),
+    if not isinstance(query, torch.Tensor):
+        raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
+    if query.dtype not in DTYPE_CODES:
+        allowed = ", ".join(str(d) for d in DTYPE_CODES)
+        raise TypeError(f"query must have one of the dtypes {allowed}, got {query.dtype}")
+    _tensor("query", query, shape=(params.max_tokens, params.num_q_heads, params.head_dim))
+    _tensor("out", out, query.dtype)
+    bound = BoundAttention(
+        params,
+        tiling_buffer,
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_table=block_table,
+        cu_seqlens_q=cu_seqlens_q,
+        seqlens_kv=seqlens_kv,
+        out=out,
+        partial_out=partial_out,
+        partial_lse=partial_lse,
+        scale=scale,
+        causal=causal,
     )
-    _tensor("out", out, dtype, query.shape)
-    _tensor("cu_seqlens_q", cu_seqlens_q, torch.int32)
-    _tensor("seqlens_kv", seqlens_kv, torch.int32)
-    if tiling_ptr[_HDR_STATUS] == OK:
-        batch = int(tiling_ptr[_HDR_BATCH])
-        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.numel() < batch + 1:
-            raise ValueError(
-                f"cu_seqlens_q must be 1-D with at least {batch + 1} entries (the tiling's "
-                f"batch + 1), got shape {list(cu_seqlens_q.shape)}"
-            )
-        if seqlens_kv.dim() != 1 or seqlens_kv.numel() < batch:
-            raise ValueError(
-                f"seqlens_kv must be 1-D with at least {batch} entries (the tiling's batch), "
-                f"got shape {list(seqlens_kv.shape)}"
-            )
-    po, pl = _partials(params, partial_out, partial_lse)
-    flags = _lib.AICPU_TILING_CAUSAL if causal else 0
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    return int(
-        _lib.aicpu_attention_core(
-            c_params,
-            tiling_ptr,
-            int(core),
-            flags,
-            DTYPE_CODES[dtype],
-            scale,
-            _ptr("const void *", query),
-            _ptr("const void *", key_cache),
-            _ptr("const void *", value_cache),
-            int(key_cache.shape[0]),
-            _ptr("const int32_t *", block_table),
-            _ptr("const int32_t *", cu_seqlens_q),
-            _ptr("const int32_t *", seqlens_kv),
-            _ptr("void *", out),
-            po,
-            pl,
-        )
-    )
+    return bound.core(int(core))
 
 
 def attention_finalize(
@@ -258,7 +362,7 @@ def attention_finalize(
 
     Args:
         params, tiling_buffer: as for :func:`attention_core`.
-        cu_seqlens_q: int32, at least batch + 1 entries: locates each split unit's rows.
+        cu_seqlens_q: int32, 1-D, at least batch + 1 entries: locates each split unit's rows.
         out: [max_tokens, num_q_heads, head_dim], float32, float16 or bfloat16.
         partial_out, partial_lse: the workspace the cores wrote (None only if the tiling has
             no split unit).
@@ -270,27 +374,17 @@ def attention_finalize(
     Raises:
         TypeError, ValueError: as for :func:`attention_core`.
     """
-    c_params = params._c_params()
-    tiling_ptr = _tiling_ptr(params, c_params, tiling_buffer)
-    shape = (int(params.max_tokens), int(params.num_q_heads), int(params.head_dim))
-    _tensor("out", out, shape=shape, dtypes=tuple(DTYPE_CODES))
-    _tensor("cu_seqlens_q", cu_seqlens_q, torch.int32)
-    if tiling_ptr[_HDR_STATUS] == OK:
-        batch = int(tiling_ptr[_HDR_BATCH])
-        if cu_seqlens_q.dim() != 1 or not 0 <= batch < cu_seqlens_q.numel():
-            raise ValueError(
-                f"cu_seqlens_q must be 1-D with at least {batch + 1} entries (the tiling's "
-                f"batch + 1), got shape {list(cu_seqlens_q.shape)}"
-            )
-    po, pl = _partials(params, partial_out, partial_lse)
-    return int(
-        _lib.aicpu_attention_finalize(
-            c_params,
-            tiling_ptr,
-            DTYPE_CODES[out.dtype],
-            _ptr("const int32_t *", cu_seqlens_q),
-            _ptr("void *", out),
-            po,
-            pl,
-        )
+    bound = BoundAttention(
+        params,
+        tiling_buffer,
+        query=None,
+        key_cache=None,
+        value_cache=None,
+        block_table=None,
+        cu_seqlens_q=cu_seqlens_q,
+        seqlens_kv=None,
+        out=out,
+        partial_out=partial_out,
+        partial_lse=partial_lse,
     )
+    return bound.finalize()

@@ -554,8 +554,44 @@ def test_bf16_conversions_match_torch():
 def test_module_docstring_example_runs():
     import textwrap
 
-    code = ra.__doc__.split("computes one attention layer::")[1].split("Both functions")[0]
+    after = ra.__doc__.split("computes one attention layer::")[1].splitlines()
+    block = []
+    for line in after[1:]:
+        if line.strip() and not line.startswith("    "):
+            break
+        block.append(line)
+    code = "\n".join(block)
     namespace: dict = {}
     exec(textwrap.dedent(code), namespace)  # noqa: S102 (our own docstring)
     out = namespace["out"]
     assert torch.equal(out[4:], torch.zeros_like(out[4:]))
+
+
+def test_bound_attention_follows_the_tiling_buffer_across_steps():
+    """Bound once to static buffers, launched for two steps planned into the same buffer."""
+    rng = np.random.default_rng(21)
+    case = Case(rng, hq=8, hkv=2, d=32, bs=8, cores=6, q_lens=[1, 1, 1], kv_lens=[90, 3, 40],
+                max_batch=4, max_tokens=6, mbpr=12)  # fmt: skip
+    buf = torch.zeros(case.params.tiling_bytes // 4, dtype=torch.int32)
+    cu = torch.zeros(case.max_batch + 1, dtype=torch.int32)
+    kv = torch.zeros(case.max_batch, dtype=torch.int32)
+    out = torch.full_like(case.query, float("nan"))
+    po, pl = ra.partial_buffers(case.params)
+    bound = ra.BoundAttention(
+        case.params, buf, query=case.query, key_cache=case.key_cache,
+        value_cache=case.value_cache, block_table=case.block_table, cu_seqlens_q=cu,
+        seqlens_kv=kv, out=out, partial_out=po, partial_lse=pl, scale=case.scale,
+    )  # fmt: skip
+    for q_lens, kv_lens in (([1, 1, 1], [90, 3, 40]), ([1, 1], [85, 1])):
+        batch = len(q_lens)
+        cu[: batch + 1] = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]))
+        kv[:batch] = torch.tensor(kv_lens)
+        tiling.plan_into(case.params, cu, kv, batch, buf, causal=True)
+        statuses = [bound.core(c) for c in range(case.params.num_cores)]
+        assert statuses == [0] * case.params.num_cores, [ra.strerror(x) for x in statuses]
+        assert bound.finalize() == 0
+        case.batch, case.q_lens, case.kv_lens = batch, q_lens, kv_lens
+        case.cu, case.kv = cu[: batch + 1].clone(), kv[:batch].clone()
+        assert_close(case, out)
+    with pytest.raises(ValueError, match="core"):
+        bound.core(case.params.num_cores)
