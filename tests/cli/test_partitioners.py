@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,8 +12,6 @@ from pyruntime.partitioners.flashinfer import chunk_blocks, flashinfer
 from pyruntime.partitioners.flashmla import FIXED_OVERHEAD_BLOCKS, flashmla
 from pyruntime.partitioners.study import balance_study
 from pyruntime.tiling import CoreRange
-
-HEADER = Path(__file__).resolve().parents[2] / "aicpu_kernels" / "aicpu_tiling.h"
 
 
 def _workload(kv, q=None, **model):
