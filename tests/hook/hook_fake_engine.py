@@ -1,9 +1,9 @@
 """A recording engine for mechanics tests, and a CPU engine for the behaviour test.
 
-``CpuTilingEngine`` captures into the fixture device: per graph key one tiling task that
-runs our tiling kernel (``pyruntime.tiling.plan``) on the lengths read from the static
-tensors at replay time, and per layer an attention task that does exactly the work the
-tiling's segments assign (split-KV partials merged by log-sum-exp). No host lists.
+``CpuTilingEngine`` captures into the fixture device with the kernels the CPU backend runs:
+per graph key one AI-CPU tiling task (``plan_into`` on the static length tensors at replay
+time) and per layer the C reference attention over every core's tiling range plus the
+combine step. No host lists.
 """
 
 import torch
@@ -24,6 +24,14 @@ def make_recording():
 
 
 class CpuTilingEngine:
+    """Captures into the fixture device with the project's own kernels, as on the CPU backend.
+
+    Per graph key, one AI-CPU tiling task: ``pyruntime.tiling.plan_into`` reads the static
+    ``query_start_loc`` / ``seq_lens`` tensors at replay time and writes a fixed tiling
+    buffer (no host lists). Per layer, one AI Core task: the C reference attention runs
+    every core's range of that buffer, then the combine step.
+    """
+
     name = "cpu-test"
 
     def __init__(self, launch, *, max_batch, max_blocks_per_req, num_cores=8):
@@ -36,7 +44,8 @@ class CpuTilingEngine:
         self.captured_keys = []
 
     def capture_attention(self, c):
-        from pyruntime.tiling import TilingParams, plan
+        from pyruntime import reference_attention as ra
+        from pyruntime.tiling import TilingParams, plan_into
 
         if c.graph_key not in self.tilings:
             self.captured_keys.append(c.graph_key)
@@ -46,52 +55,40 @@ class CpuTilingEngine:
                 max_tokens=c.query.shape[0], max_blocks_per_req=self.max_blocks_per_req,
                 num_cores=self.num_cores,
             )
-            slot = self.tilings[c.graph_key] = [None]
+            buffer = torch.zeros(params.tiling_bytes, dtype=torch.uint8)
+            self.tilings[c.graph_key] = (params, buffer, ra.partial_buffers(params))
 
             def tiling_task():
                 self.tiling_runs += 1
                 cu, kv = c.query_start_loc, c.seq_lens
                 batch = int((cu[1:] > cu[:-1]).int().cumprod(0).sum())  # live prefix
-                slot[0] = plan(params, cu[: batch + 1].clone(), kv[:batch].clone(),
-                               causal=c.causal)
-                slot[0].raise_for_status()
+                status = plan_into(params, cu, kv, batch, buffer, causal=c.causal)
+                assert status == 0, status
 
             self.launch(tiling_task)
-        slot = self.tilings[c.graph_key]
-        self.launch(lambda: _tiled_attention(c, slot[0]))
+        params, buffer, (partial_out, partial_lse) = self.tilings[c.graph_key]
+        self.launch(lambda: _tiled_attention(c, params, buffer, partial_out, partial_lse))
 
 
-def _tiled_attention(c, tiling):
+def _tiled_attention(c, params, buffer, partial_out, partial_lse):
+    from pyruntime import reference_attention as ra
+
     out = c.output.view(c.output.shape[0], c.num_heads, c.head_size)
-    out.zero_()
-    group = c.num_heads // c.num_kv_heads
-    cu = tiling.cu_seqlens_q
-    kv_lens = tiling.seqlens_kv
-    acc = {}
-    for seg in tiling.segments():
-        r, h = seg.request, seg.kv_head
-        kv_len, q0 = int(kv_lens[r]), int(cu[r])
-        q_len = int(cu[r + 1]) - q0
-        tokens = torch.arange(seg.kv_start, seg.kv_end)
-        blocks = c.block_table[r, tokens // c.block_size].long()
-        kc = c.key_cache.view(c.key_cache.shape[0], c.block_size, c.num_kv_heads, -1)
-        vc = c.value_cache.view(kc.shape)
-        k = kc[blocks, tokens % c.block_size, h].double()
-        v = vc[blocks, tokens % c.block_size, h].double()
-        heads = slice(h * group, (h + 1) * group)
-        rows = torch.arange(seg.q_start, seg.q_end)
-        q = c.query[q0 + rows, heads].double()
-        s = torch.einsum("qgd,kd->gqk", q, k) * c.scale
-        pos = (kv_len - q_len + rows).unsqueeze(1)
-        s = s.masked_fill(tokens.unsqueeze(0) > pos, float("-inf"))
-        m = s.amax(-1, keepdim=True).clamp_min(-1e300)
-        p = torch.exp(s - m)
-        lse = (m + torch.log(p.sum(-1, keepdim=True))).squeeze(-1)
-        o = torch.einsum("gqk,kd->gqd", p / p.sum(-1, keepdim=True).clamp_min(1e-300), v)
-        for i, row in enumerate(rows.tolist()):
-            acc.setdefault((q0 + row, h), []).append((o[:, i], lse[:, i]))
-    for (row, h), parts in acc.items():
-        lses = torch.stack([lse for _, lse in parts])
-        weights = torch.softmax(lses, dim=0).unsqueeze(-1)
-        merged = (torch.stack([o for o, _ in parts]) * weights).sum(0)
-        out[row, h * group : (h + 1) * group] = merged.to(out.dtype)
+    cache_shape = (c.key_cache.shape[0], c.block_size, c.num_kv_heads, c.head_size)
+    block_table = torch.zeros(params.max_batch, params.max_blocks_per_req, dtype=torch.int32)
+    rows = min(c.block_table.shape[0], params.max_batch)
+    block_table[:rows] = c.block_table[:rows, : params.max_blocks_per_req]
+    batch = int(buffer.view(torch.int32)[6])  # the tiling header's live batch
+    cu = c.query_start_loc[: batch + 1].contiguous()
+    kv = c.seq_lens[:batch].contiguous()
+    for core in range(params.num_cores):
+        status = ra.attention_core(
+            params, buffer, core, query=c.query, key_cache=c.key_cache.view(cache_shape),
+            value_cache=c.value_cache.view(cache_shape), block_table=block_table,
+            cu_seqlens_q=cu, seqlens_kv=kv, out=out, partial_out=partial_out,
+            partial_lse=partial_lse, scale=c.scale, causal=c.causal,
+        )  # fmt: skip
+        assert status == ra.OK, ra.strerror(status)
+    status = ra.attention_finalize(params, buffer, cu_seqlens_q=cu, out=out,
+                                   partial_out=partial_out, partial_lse=partial_lse)
+    assert status == ra.OK, ra.strerror(status)
