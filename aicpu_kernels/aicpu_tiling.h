@@ -92,6 +92,19 @@
  *   order and the offending value and limit; the core table assigns no work. The kernel
  *   reads cu_seqlens_q[0..batch] and seqlens_kv[0..batch-1] only, and only when
  *   0 <= batch <= max_batch; it writes only inside the buffer.
+ *   Order: E_BATCH first (request -1, value batch, limit max_batch; nothing is read), then
+ *   E_QUERY_START (request 0, value cu_seqlens_q[0], limit 0; checked even when batch is 0),
+ *   then each request r in turn, its checks in status-code order, where q_len is
+ *   cu_seqlens_q[r+1] - cu_seqlens_q[r]:
+ *       E_QUERY_DECREASING  value cu_seqlens_q[r+1], limit cu_seqlens_q[r]
+ *       E_QUERY_OVERFLOW    value cu_seqlens_q[r+1], limit max_tokens
+ *       E_KV_NEGATIVE       value seqlens_kv[r],     limit 0
+ *       E_KV_SHORT          value seqlens_kv[r],     limit q_len          (causal only)
+ *       E_KV_CAPACITY       value seqlens_kv[r],     limit max_blocks_per_req * block_size
+ *       E_KV_EMPTY          value 0,                 limit 1              (not causal, q_len > 0)
+ *   A request with q_len == 0 is valid whatever its kv length within capacity, and gets no
+ *   work. On an input error every core is idle at (0, 0, 0, 0) with slots -1, and the split
+ *   prefix and combine table are zero.
  *
  * FREESTANDING BUILDS
  *   The kernel calls no library function. Build with -std=c99 -pedantic -ffreestanding.
