@@ -102,7 +102,7 @@
  *       E_KV_SHORT          value seqlens_kv[r],     limit q_len          (causal only)
  *       E_KV_CAPACITY       value seqlens_kv[r],     limit max_blocks_per_req * block_size
  *       E_KV_EMPTY          value 0,                 limit 1              (not causal, q_len > 0)
- *   A request with q_len == 0 is valid whatever its kv length within capacity, and gets no
+ *   A request with q_len == 0 is valid with any kv length in [0, capacity], and gets no
  *   work. On an input error every core is idle at (0, 0, 0, 0) with slots -1, and the split
  *   prefix and combine table are zero.
  *
