@@ -9,7 +9,7 @@ status=0
 fetch() {  # fetch <glob> <pip args...>
     local glob="$1"; shift
     if compgen -G "$cache/$glob" > /dev/null; then return 0; fi
-    python -m pip download --no-deps --only-binary=:all: -d "$cache" "$@" -q || {
+    "${PYTHON:-python3}" -m pip download --no-deps --only-binary=:all: -d "$cache" "$@" -q || {
         echo "fetch_wheels: could not download $*" >&2; status=1; }
 }
 fetch 'vllm_ascend-0.23.0-*.whl' vllm-ascend==0.23.0
