@@ -5,14 +5,19 @@
  * whole units of a single-tile request (decode, short speculative decode) are fused across kv
  * heads, so that each token's K and V are read as one contiguous run. A segment is processed
  * in row blocks that fit the query/output scratch and, within a row block, in chunks of kv
- * tokens: scores by dot products over head_dim, an online-softmax update (running max m and
- * sum l, the output rescaled when m grows), then the probability-weighted sum of V rows.
- * Loops run token-outer, so every query row of a group uses a K/V row right after it is loaded.
- * While a chunk is computed, the next chunk's cache lines are touched (portable prefetch).
+ * tokens. Within a chunk the rows of one kv head (a decode token's `group` query heads) are
+ * handled together: that head's K rows of the chunk are converted to fp32 once into a small
+ * L1-resident scratch, scores by dot products over head_dim, an online-softmax update once per
+ * chunk (chunk max, running max m and sum l, the output rescaled when m grows), then the
+ * head's V rows likewise and the probability-weighted sum, four rows x four kv tokens per pass
+ * over the output rows. While a chunk is computed, the next chunk's cache lines are touched
+ * (portable prefetch).
  *
  * The inner loops are written for gcc's vectoriser in strict IEEE mode (no -ffast-math needed):
  * lane accumulators instead of a single float reduction, restrict pointers, selects written as
  * integer masks (float compares block if-conversion), and a polynomial exp instead of expf.
+ * gcc 12 does not vectorise dot products of several query rows against one K row (it
+ * interleaves their lane accumulators into shuffles), so scores stay one row at a time.
  * Measured on a 2-core AMD EPYC (Zen 3) with the default -O3 SSE2 build, see
  * tools/bench_attention.py: a decode token costs about 100 cycles per query row of its group.
  */
@@ -23,7 +28,7 @@
 
 /* Scratch sizes in floats; they bound the stack (AICPU_ATTENTION_STACK_BYTES). */
 #define QO_FLOATS 8192  /* query rows (scaled, fp32) and output accumulators, each */
-#define KV_FLOATS 16384 /* one chunk of K and of V (all fused heads) in fp32, each */
+#define KV_FLOATS 16384 /* one chunk of K and of V (one kv head) in fp32, each */
 #define S_FLOATS 4096   /* scores of one chunk for every row of a row block */
 #define MAX_CHUNK 64    /* kv tokens per chunk */
 #define MAX_ROWS 256    /* rows per row block */
@@ -120,7 +125,10 @@ static void load_row(float *restrict dst, const void *src, int32_t dtype, int32_
 static void load_rows(float *restrict dst, const void *src, int32_t dtype, int32_t n, int32_t d,
                       ptrdiff_t stride) {
     int32_t j;
-    if (dtype == AICPU_ATTENTION_BF16) {
+    if (dtype == AICPU_ATTENTION_FP32) {
+        const float *s = (const float *)src;
+        for (j = 0; j < n; j++) memcpy(dst + (ptrdiff_t)j * d, s + j * stride, (size_t)d * 4);
+    } else if (dtype == AICPU_ATTENTION_BF16) {
         const uint16_t *s = (const uint16_t *)src;
         for (j = 0; j < n; j++) {
             const uint16_t *restrict row = s + j * stride;
@@ -220,6 +228,35 @@ static void accumulate4(float *restrict o, const float *restrict p, const float 
 static void accumulate1(float *restrict o, float p, const float *restrict v, int32_t d) {
     int32_t x;
     for (x = 0; x < d; x++) o[x] += p * v[x];
+}
+
+/*
+ * o_r += sum_{j < 4} p_r[j] v_j for four rows r (o_r = o + r d, p_r = p + r ps, v_j = v + j vs):
+ * one pass over the four output rows for four kv tokens, every V value loaded serving the four
+ * rows (the inner loop is elementwise over head_dim, which gcc vectorises in strict mode).
+ */
+static void accumulate4x4(float *restrict o, const float *restrict p, ptrdiff_t ps,
+                          const float *restrict v, ptrdiff_t vs, int32_t d) {
+    float *restrict o0 = o;
+    float *restrict o1 = o0 + d;
+    float *restrict o2 = o1 + d;
+    float *restrict o3 = o2 + d;
+    const float *restrict v0 = v;
+    const float *restrict v1 = v0 + vs;
+    const float *restrict v2 = v1 + vs;
+    const float *restrict v3 = v2 + vs;
+    const float a0 = p[0], a1 = p[1], a2 = p[2], a3 = p[3];
+    const float b0 = p[ps], b1 = p[ps + 1], b2 = p[ps + 2], b3 = p[ps + 3];
+    const float c0 = p[2 * ps], c1 = p[2 * ps + 1], c2 = p[2 * ps + 2], c3 = p[2 * ps + 3];
+    const float e0 = p[3 * ps], e1 = p[3 * ps + 1], e2 = p[3 * ps + 2], e3 = p[3 * ps + 3];
+    int32_t x;
+    for (x = 0; x < d; x++) {
+        const float w0 = v0[x], w1 = v1[x], w2 = v2[x], w3 = v3[x];
+        o0[x] += (a0 * w0 + a1 * w1) + (a2 * w2 + a3 * w3);
+        o1[x] += (b0 * w0 + b1 * w1) + (b2 * w2 + b3 * w3);
+        o2[x] += (c0 * w0 + c1 * w1) + (c2 * w2 + c3 * w3);
+        o3[x] += (e0 * w0 + e1 * w1) + (e2 * w2 + e3 * w3);
+    }
 }
 
 /*
@@ -331,60 +368,95 @@ static void write_row(const core_ctx *c, const segment *sg, int32_t row, const f
 }
 
 /*
- * One chunk of n kv tokens (positions c0..c0+n-1, rows at a stride of `stride` floats) for nr
- * rows. Token-outer loops: a K or V row is used by every query row right after it is loaded,
- * before the next rows (4 KiB apart in the cache for 8 kv heads x 128) can evict it from L1.
+ * One chunk of n kv tokens (positions c0..c0+n-1) for nr rows. K and V of the chunk are read
+ * from the caches at kraw and vraw (the chunk's first token, head sh of the segment), tokens
+ * `stride` elements apart, a row's head at head_at[i] elements further. Rows of one kv head
+ * (consecutive, head_at equal) are processed together: that head's K rows of the chunk are
+ * brought to fp32 once into kbuf (16-bit storage, or fp32 with rows blocked by four), scores of
+ * four rows at a time share each K row, the online softmax is updated once per chunk (chunk
+ * max, then one exp per score), then V likewise into vbuf and the four rows accumulate the
+ * probability-weighted V rows in registers.
  */
 static void process_chunk(const core_ctx *c, const float *qs, float *acc, float *sbuf, float *m,
                           float *l, const int32_t *limit, const int32_t *head_at, int32_t nr,
-                          int32_t c0, int32_t n, const float *kp, const float *vp,
-                          ptrdiff_t stride) {
+                          int32_t c0, int32_t n, const void *kraw, const void *vraw,
+                          ptrdiff_t stride, float *kbuf, float *vbuf) {
     const int32_t d = c->p->head_dim;
+    const size_t esize = dtype_bytes(c->dtype);
     int32_t nv[MAX_ROWS];
-    int32_t i, j, x;
+    int32_t i, e, j, x;
     for (i = 0; i < nr; i++) {
         int32_t v = limit[i] - c0;
         nv[i] = v < 0 ? 0 : v < n ? v : n;
     }
-    for (j = 0; j < n; j++) {
-        const float *kj = kp + j * stride;
-        for (i = 0; i < nr; i++)
-            if (j < nv[i]) sbuf[i * n + j] = dot(qs + (size_t)i * d, kj + head_at[i], d);
-    }
-    for (i = 0; i < nr; i++) {
-        float *s = sbuf + i * n;
-        float mx, sum = 0.0f;
-        if (nv[i] == 0) continue;
-        mx = s[0];
-        for (j = 1; j < nv[i]; j++) mx = s[j] > mx ? s[j] : mx;
-        if (mx > m[i]) {
-            float corr = m[i] == -INFINITY ? 0.0f : exp_nonpositive(m[i] - mx);
-            float *o = acc + (size_t)i * d;
-            for (x = 0; x < d; x++) o[x] *= corr;
-            l[i] *= corr;
-            m[i] = mx;
+    for (i = 0; i < nr; i = e) {
+        int32_t r, jmax = 0, copy;
+        const float *kp, *vp;
+        ptrdiff_t ks;
+        for (e = i; e < nr && head_at[e] == head_at[i]; e++)
+            if (nv[e] > jmax) jmax = nv[e];
+        if (jmax == 0) continue;
+        copy = c->dtype != AICPU_ATTENTION_FP32 || e - i >= 4;
+        if (copy) {
+            load_rows(kbuf, (const char *)kraw + (size_t)head_at[i] * esize, c->dtype, jmax, d,
+                      stride);
+            kp = kbuf;
+            ks = d;
+        } else {
+            kp = (const float *)kraw + head_at[i];
+            ks = stride;
         }
-        mx = m[i];
-        for (j = 0; j < nv[i]; j++) s[j] = exp_nonpositive(s[j] - mx);
-        for (j = 0; j < nv[i]; j++) sum += s[j];
-        l[i] += sum;
-    }
-    for (j = 0; j + 4 <= n; j += 4) {
-        for (i = 0; i < nr; i++) {
-            const float *vj = vp + j * stride + head_at[i];
-            float *o = acc + (size_t)i * d;
-            const float *pr = sbuf + i * n + j;
-            int32_t jj;
-            if (nv[i] >= j + 4)
-                accumulate4(o, pr, vj, stride, d);
-            else
-                for (jj = 0; jj < nv[i] - j; jj++) accumulate1(o, pr[jj], vj + jj * stride, d);
+        /* scores: token-outer, so each K row serves the head's rows while it is in L1 */
+        for (j = 0; j < jmax; j++)
+            for (r = i; r < e; r++)
+                if (j < nv[r]) sbuf[(size_t)r * n + j] = dot(qs + (size_t)r * d, kp + j * ks, d);
+        /* online softmax, once per chunk */
+        for (r = i; r < e; r++) {
+            float *s = sbuf + (size_t)r * n;
+            float mx, sum = 0.0f;
+            if (nv[r] == 0) continue;
+            mx = s[0];
+            for (j = 1; j < nv[r]; j++) mx = s[j] > mx ? s[j] : mx;
+            if (mx > m[r]) {
+                float corr = m[r] == -INFINITY ? 0.0f : exp_nonpositive(m[r] - mx);
+                float *o = acc + (size_t)r * d;
+                for (x = 0; x < d; x++) o[x] *= corr;
+                l[r] *= corr;
+                m[r] = mx;
+            }
+            mx = m[r];
+            for (j = 0; j < nv[r]; j++) s[j] = exp_nonpositive(s[j] - mx);
+            for (j = 0; j < nv[r]; j++) sum += s[j];
+            l[r] += sum;
         }
-    }
-    for (i = 0; i < nr; i++) {
-        int32_t jj;
-        for (jj = j; jj < nv[i]; jj++)
-            accumulate1(acc + (size_t)i * d, sbuf[i * n + jj], vp + jj * stride + head_at[i], d);
+        /* probability-weighted V rows */
+        if (copy) {
+            load_rows(vbuf, (const char *)vraw + (size_t)head_at[i] * esize, c->dtype, jmax, d,
+                      stride);
+            vp = vbuf;
+        } else {
+            vp = (const float *)vraw + head_at[i];
+        }
+        for (r = i; r + 4 <= e; r += 4) {
+            int32_t jm = nv[r], rr;
+            if (nv[r + 1] < jm) jm = nv[r + 1];
+            if (nv[r + 2] < jm) jm = nv[r + 2];
+            if (nv[r + 3] < jm) jm = nv[r + 3];
+            for (j = 0; j + 4 <= jm; j += 4)
+                accumulate4x4(acc + (size_t)r * d, sbuf + (size_t)r * n + j, n, vp + j * ks, ks,
+                              d);
+            for (rr = r; rr < r + 4; rr++) {
+                int32_t jj;
+                for (jj = j; jj < nv[rr]; jj++)
+                    accumulate1(acc + (size_t)rr * d, sbuf[(size_t)rr * n + jj], vp + jj * ks, d);
+            }
+        }
+        for (; r < e; r++) {
+            float *o = acc + (size_t)r * d;
+            const float *pr = sbuf + (size_t)r * n;
+            for (j = 0; j + 4 <= nv[r]; j += 4) accumulate4(o, pr + j, vp + j * ks, ks, d);
+            for (; j < nv[r]; j++) accumulate1(o, pr[j], vp + j * ks, d);
+        }
     }
 }
 
@@ -407,6 +479,7 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
 
     for (r0 = 0; r0 < rows; r0 += row_block) {
         const int32_t nr = rows - r0 < row_block ? rows - r0 : row_block;
+        /* width-bound: the chunk touched ahead stays about KV_FLOATS values of K and of V */
         int32_t chunk = KV_FLOATS / width < MAX_CHUNK ? KV_FLOATS / width : MAX_CHUNK;
         int32_t i, b, kv_hi = 0;
         for (i = 0; i < nr; i++) {
@@ -433,8 +506,6 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
             for (c0 = p0; c0 < p1; c0 += chunk) {
                 const int32_t n = p1 - c0 < chunk ? p1 - c0 : chunk;
                 const size_t tok_at = block_at + (size_t)(c0 - p0) * token_stride;
-                const float *kp, *vp;
-                ptrdiff_t stride;
                 { /* touch the next chunk, in this block or the next, while this one runs */
                     int32_t nc0 = c0 + chunk, nb = b;
                     if (nc0 >= p1 && b + 1 < sg->ke && (b + 1) * bs < kv_hi) {
@@ -454,21 +525,10 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
                                            token_stride * (ptrdiff_t)esize);
                     }
                 }
-                if (c->dtype == AICPU_ATTENTION_FP32) {
-                    kp = (const float *)c->key_cache + tok_at;
-                    vp = (const float *)c->value_cache + tok_at;
-                    stride = token_stride;
-                } else {
-                    load_rows(kbuf, (const uint16_t *)c->key_cache + tok_at, c->dtype, n, width,
-                              token_stride);
-                    load_rows(vbuf, (const uint16_t *)c->value_cache + tok_at, c->dtype, n, width,
-                              token_stride);
-                    kp = kbuf;
-                    vp = vbuf;
-                    stride = width;
-                }
-                process_chunk(c, qs, acc, sbuf, m, l, limit, head_at, nr, c0, n, kp, vp,
-                              stride);
+                process_chunk(c, qs, acc, sbuf, m, l, limit, head_at, nr, c0, n,
+                              (const char *)c->key_cache + tok_at * esize,
+                              (const char *)c->value_cache + tok_at * esize, token_stride, kbuf,
+                              vbuf);
             }
         }
         for (i = 0; i < nr; i++)
