@@ -5,34 +5,21 @@ Bounds come from the kernel's own constants (``pyruntime._native.lib``), never r
 
 from __future__ import annotations
 
-import csv
-import os
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 from hypothesis import strategies as st
 
 from pyruntime.tiling import TilingParams
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def trace_path() -> Path:
-    """The Azure conversation trace: $AICPU_TILING_TRACE, else ../shared/data beside the repo."""
-    override = os.environ.get("AICPU_TILING_TRACE")
-    if override:
-        return Path(override)
-    return REPO.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
+from pyruntime.workload.trace import load_trace
 
 
 @lru_cache(maxsize=1)
 def trace_lengths() -> tuple[np.ndarray, np.ndarray]:
-    """(ContextTokens, GeneratedTokens) as int64 arrays."""
-    with open(trace_path(), newline="") as f:
-        rows = list(csv.DictReader(f))
-    context = np.array([int(r["ContextTokens"]) for r in rows], dtype=np.int64)
-    generated = np.array([int(r["GeneratedTokens"]) for r in rows], dtype=np.int64)
+    """(ContextTokens, GeneratedTokens) of the Azure trace as int64 arrays."""
+    requests = load_trace()
+    context = np.array([r.context_tokens for r in requests], dtype=np.int64)
+    generated = np.array([r.generated_tokens for r in requests], dtype=np.int64)
     return context, generated
 
 

@@ -19,15 +19,15 @@ seeded random point of their request so the first step already looks like steady
 from __future__ import annotations
 
 import csv
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-TRACE_ENV = "AICPU_TILING_TRACE"
-TRACE_NAME = "azure_llm_2023_conv.csv"
+from pyruntime.workload import trace as workload_trace
+from pyruntime.workload.trace import TRACE_ENV, TRACE_NAME  # noqa: F401 - re-exported
+
 SOURCES = ("trace", "uniform", "long-tail", "spec-decode", "chunked-prefill")
 
 
@@ -54,22 +54,15 @@ class Step:
 
 
 def trace_path() -> Path:
-    """The trace: ``$AICPU_TILING_TRACE``, else ``../shared/data/`` beside the repository.
+    """The trace, found by :func:`pyruntime.workload.trace.trace_path`.
 
     Raises:
         SourceError: no trace file there.
     """
-    env = os.environ.get(TRACE_ENV)
-    if env:
-        path = Path(env)
-    else:
-        repo = Path(__file__).resolve().parents[2]
-        path = repo.parent / "shared" / "data" / TRACE_NAME
-        if not path.exists():
-            path = Path.cwd().parent / "shared" / "data" / TRACE_NAME
-    if not path.is_file():
-        raise SourceError(f"trace not found at {path}; set {TRACE_ENV} to the CSV file")
-    return path
+    try:
+        return workload_trace.trace_path()
+    except workload_trace.TraceNotFoundError as exc:
+        raise SourceError(str(exc)) from exc
 
 
 _TRACE_CACHE: dict[Path, np.ndarray] = {}

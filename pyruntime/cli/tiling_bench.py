@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..profiler.renderers.bench_tables import tiling_bench_table
 from ._common import CliError, add_output_args, emit_json, make_console, progress, write_json
-from .sources import SourceError, trace_path
+from .sources import SourceError, load_trace, trace_path
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES_C = ("aicpu_kernels/aicpu_tiling.c", "tools/bench_tiling.c")
@@ -136,7 +136,6 @@ def run(args: argparse.Namespace) -> int:
 
 def oracle_times(trace: Path, *, quick: bool) -> list[dict]:
     """Median time per call of the pure-Python oracle on the C benchmark's geometry."""
-    import csv
     import statistics
     import time
 
@@ -147,8 +146,7 @@ def oracle_times(trace: Path, *, quick: bool) -> list[dict]:
     params = TilingParams(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=128,
                           max_batch=1024, max_tokens=1024, max_blocks_per_req=512, num_cores=24,
                           q_tile=16)  # fmt: skip
-    with open(trace, newline="") as f:
-        context = np.array([int(r["ContextTokens"]) for r in csv.DictReader(f)])
+    context = load_trace(trace)[:, 0]
     rng = np.random.default_rng(0)
     rows = []
     for batch in (1, 8, 64) if quick else (1, 8, 64, 256):

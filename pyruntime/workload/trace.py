@@ -29,7 +29,8 @@ class TraceRequest:
 
 
 def trace_path() -> Path:
-    """``$AICPU_TILING_TRACE`` if set, else ``<repo>/../shared/data/azure_llm_2023_conv.csv``.
+    """``$AICPU_TILING_TRACE`` if set, else ``<repo>/../shared/data/azure_llm_2023_conv.csv``,
+    else ``../shared/data/`` beside the working directory (an installed, non-editable copy).
 
     Raises:
         TraceNotFoundError: the file does not exist.
@@ -37,6 +38,8 @@ def trace_path() -> Path:
     env = os.environ.get(TRACE_ENV)
     repo = Path(__file__).resolve().parents[2]
     path = Path(env) if env else repo.parent / "shared" / "data" / TRACE_NAME
+    if not env and not path.is_file():
+        path = Path.cwd().parent / "shared" / "data" / TRACE_NAME
     if not path.is_file():
         how = f"{TRACE_ENV}={env}" if env else f"the default beside the repository ({repo})"
         raise TraceNotFoundError(f"the request trace {path} does not exist (looked up from "
