@@ -17,7 +17,7 @@ import time
 from pyruntime.backends import Backend
 from pyruntime.tiling import TilingError
 
-from . import kernels
+from pyruntime.kernels import step as kernels
 from .buffers import StaticBuffers, StepInputs
 
 

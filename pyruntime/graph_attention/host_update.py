@@ -18,7 +18,7 @@ import numpy as np
 from pyruntime.backends import Backend
 from pyruntime.tiling import TilingError
 
-from . import kernels
+from pyruntime.kernels import step as kernels
 from .buffers import StaticBuffers, StepInputs
 
 
