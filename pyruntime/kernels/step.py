@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from pyruntime import tiling
-from pyruntime.kernels import reference_attention
 from pyruntime.backends import AICORE, AICPU, Kernel
+from pyruntime.kernels import reference_attention
 
 
 class AttentionKernelError(RuntimeError):
