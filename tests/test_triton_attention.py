@@ -230,3 +230,34 @@ def test_sweep_prints_max_relative_error_per_dtype():
     for dtype, (vs_ref, vs_c, n) in worst.items():
         print(f"{str(dtype):9} {n:5d}  {vs_ref:22.3e}  {vs_c:17.3e}")
         assert vs_ref <= TOL[dtype]
+
+
+# ------------------------------------------------------------------ the NPU implementations
+
+
+def test_npu_implementations_match_the_c_path_on_cpu_tensors():
+    """`step.attention_npu` / `combine_npu` (the ops' PrivateUse1 kernels) run the same launch;
+    on CPU tensors it is interpreted, so the NPU code path is checked here up to the device."""
+    from pyruntime.kernels import step
+
+    case = Case(np.random.default_rng(9), dtype=torch.float16, **CASES["decode_gqa_split"])
+    plan = case.tiling()
+    c_out, _, _ = case.run(plan)
+    out = torch.full_like(case.query, float("nan"))
+    po, pl = ra.partial_buffers(case.params)
+    params = step.params_list(case.params)
+    step.attention_npu(case.query, case.key_cache, case.value_cache, case.block_table, case.cu,
+                       case.kv, plan.buffer, out, po, pl, params, case.scale, True)
+    step.combine_npu(case.cu, plan.buffer, out, po, pl, params)
+    assert step.status_buffer(out.device, "attention", case.params.num_cores).tolist() == [0] * 6
+    assert set(step.status_buffer(out.device, "combine", 6).tolist()) == {0}
+    assert errors(case, out, c_out)[1] <= TOL[torch.float16]
+
+
+def test_custom_ops_register_the_npu_implementations():
+    from pyruntime.kernels import custom_ops
+
+    custom_ops.ops()
+    for op in ("paged_attention", "attention_combine"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(
+            f"{custom_ops.NAMESPACE}::{op}", "PrivateUse1"), op
