@@ -29,20 +29,23 @@ TOL = {torch.float32: 2e-6, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 CASES = {
     # name: Case keyword arguments (trace-like shapes, tiny)
-    "decode_gqa_split": dict(hq=8, hkv=2, d=16, bs=8, q_lens=(1, 1, 1), kv_lens=(70, 5, 33),
-                             cores=6),
-    "decode_kv_heads_8": dict(hq=8, hkv=8, d=16, bs=8, q_lens=(1, 1), kv_lens=(40, 17), cores=3),
-    "decode_kv_heads_1": dict(hq=8, hkv=1, d=32, bs=16, q_lens=(1, 1), kv_lens=(50, 9),
-                              cores=4),
-    "spec_decode": dict(hq=4, hkv=2, d=16, bs=8, q_lens=(3, 3, 1), kv_lens=(40, 20, 9),
-                        cores=4),
-    "chunked_prefill": dict(hq=4, hkv=1, d=16, bs=8, q_lens=(1, 9), kv_lens=(30, 25), q_tile=4,
-                            cores=5),
-    "padded_zero_length": dict(hq=4, hkv=2, d=16, bs=8, q_lens=(1, 0, 2, 0),
-                               kv_lens=(20, 11, 10, 0), max_batch=6, max_tokens=8, cores=4),
-    "unsplit_one_core": dict(hq=4, hkv=2, d=16, bs=8, q_lens=(2, 1), kv_lens=(30, 12), cores=1),
-    "non_causal": dict(hq=4, hkv=2, d=16, bs=8, q_lens=(2, 1), kv_lens=(19, 7), cores=3,
-                       causal=False),
+    "decode_gqa_split": {"hq": 8, "hkv": 2, "d": 16, "bs": 8, "q_lens": (1, 1, 1),
+                         "kv_lens": (70, 5, 33), "cores": 6},
+    "decode_kv_heads_8": {"hq": 8, "hkv": 8, "d": 16, "bs": 8, "q_lens": (1, 1),
+                          "kv_lens": (40, 17), "cores": 3},
+    "decode_kv_heads_1": {"hq": 8, "hkv": 1, "d": 32, "bs": 16, "q_lens": (1, 1),
+                          "kv_lens": (50, 9), "cores": 4},
+    "spec_decode": {"hq": 4, "hkv": 2, "d": 16, "bs": 8, "q_lens": (3, 3, 1),
+                    "kv_lens": (40, 20, 9), "cores": 4},
+    "chunked_prefill": {"hq": 4, "hkv": 1, "d": 16, "bs": 8, "q_lens": (1, 9),
+                        "kv_lens": (30, 25), "q_tile": 4, "cores": 5},
+    "padded_zero_length": {"hq": 4, "hkv": 2, "d": 16, "bs": 8, "q_lens": (1, 0, 2, 0),
+                           "kv_lens": (20, 11, 10, 0), "max_batch": 6, "max_tokens": 8,
+                           "cores": 4},
+    "unsplit_one_core": {"hq": 4, "hkv": 2, "d": 16, "bs": 8, "q_lens": (2, 1),
+                         "kv_lens": (30, 12), "cores": 1},
+    "non_causal": {"hq": 4, "hkv": 2, "d": 16, "bs": 8, "q_lens": (2, 1), "kv_lens": (19, 7),
+                   "cores": 3, "causal": False},
 }
 
 
@@ -179,10 +182,10 @@ def test_wrong_shapes_and_dtypes_raise_before_launch():
     case = Case(np.random.default_rng(6))
     plan = torch.from_numpy(case.tiling().buffer)
     po, pl = ra.partial_buffers(case.params)
-    args = dict(tiling_in=plan, query=case.query, key_cache=case.key_cache,
-                value_cache=case.value_cache, block_table=case.block_table,
-                cu_seqlens_q=case.cu, seqlens_kv=case.kv, out=torch.zeros_like(case.query),
-                partial_out=po, partial_lse=pl, scale=0.25, causal=True)
+    args = {"tiling_in": plan, "query": case.query, "key_cache": case.key_cache,
+                "value_cache": case.value_cache, "block_table": case.block_table,
+                "cu_seqlens_q": case.cu, "seqlens_kv": case.kv, "out": torch.zeros_like(case.query),
+                "partial_out": po, "partial_lse": pl, "scale": 0.25, "causal": True}
     with pytest.raises(TypeError, match="query"):
         triton_launch.launch_attention(case.params, **{**args, "query": case.query.half()})
     with pytest.raises(ValueError, match="out"):
@@ -204,8 +207,8 @@ def test_sweep_prints_max_relative_error_per_dtype():
     """Random trace-like batches at model-like head sizes; prints the error table."""
     rng = np.random.default_rng(2026)
     worst = {dtype: [0.0, 0.0, 0] for dtype in DTYPES}
-    shapes = [dict(hq=32, hkv=8, d=128, bs=128), dict(hq=16, hkv=1, d=64, bs=16),
-              dict(hq=8, hkv=8, d=64, bs=32)]
+    shapes = [{"hq": 32, "hkv": 8, "d": 128, "bs": 128}, {"hq": 16, "hkv": 1, "d": 64, "bs": 16},
+              {"hq": 8, "hkv": 8, "d": 64, "bs": 32}]
     for trial in range(int(os.environ.get("AICPU_TILING_TRITON_SWEEP_TRIALS", "12"))):
         shape = shapes[trial % len(shapes)]
         batch = int(rng.integers(1, 6))
@@ -228,7 +231,7 @@ def test_sweep_prints_max_relative_error_per_dtype():
             w[0], w[1], w[2] = max(w[0], vs_ref), max(w[1], vs_c), w[2] + 1
     print("\ndtype     cases  max rel err vs float64  max rel diff vs C")
     for dtype, (vs_ref, vs_c, n) in worst.items():
-        print(f"{str(dtype):9} {n:5d}  {vs_ref:22.3e}  {vs_c:17.3e}")
+        print(f"{dtype!s:9} {n:5d}  {vs_ref:22.3e}  {vs_c:17.3e}")
         assert vs_ref <= TOL[dtype]
 
 

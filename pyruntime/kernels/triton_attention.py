@@ -338,7 +338,7 @@ def attention_combine_kernel(
     comb = tiling + HEADER_WORDS + CORE_WORDS * NUM_CORES + MAX_BATCH + 1
     if status == OK:
         status = tl.where(tl.load(cu_seqlens_q + batch) == num_tokens, status, E_TILING)
-        for i in range(0, num_combine):
+        for i in range(num_combine):
             rec = comb + i * COMB_WORDS
             r = tl.load(rec + COMB_REQUEST)
             h = tl.load(rec + COMB_KV_HEAD)
@@ -370,7 +370,7 @@ def attention_combine_kernel(
                 offs_m = m0 + tl.arange(0, BLOCK_M)
                 row_ok = offs_m < rows
                 mx = tl.full([BLOCK_M], float("-inf"), tl.float32)
-                for piece in range(0, npieces):
+                for piece in range(npieces):
                     lse = tl.load(partial_lse + (s0 + piece) * SLOT_ROWS + offs_m, mask=row_ok,
                                   other=float("-inf"))
                     mx = tl.maximum(mx, lse)
@@ -378,7 +378,7 @@ def attention_combine_kernel(
                 mx_use = tl.where(usable, mx, 0.0)
                 acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
                 wsum = tl.zeros([BLOCK_M], tl.float32)
-                for piece in range(0, npieces):
+                for piece in range(npieces):
                     srow = ((s0 + piece) * SLOT_ROWS + offs_m).to(tl.int64)
                     lse = tl.load(partial_lse + srow, mask=row_ok, other=float("-inf"))
                     w = tl.where(usable & (lse > float("-inf")), tl.exp(lse - mx_use), 0.0)
