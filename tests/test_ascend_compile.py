@@ -26,7 +26,8 @@ VENV = pathlib.Path(os.environ.get(
                            "once, or set CI=1 to let the test create it)")
 def test_kernels_lower_to_hivm_and_stop_only_for_hivmc(tmp_path):
     run = subprocess.run([sys.executable, str(TOOL), "--venv", str(VENV), "--out",
-                          str(tmp_path), "--json"], capture_output=True, text=True, cwd=ROOT)
+                          str(tmp_path), "--json"], check=False, capture_output=True, text=True,
+                         cwd=ROOT)
     if run.returncode == 2:
         pytest.skip(f"the Ascend toolchain venv cannot be set up here: {run.stderr.strip()}")
     report = json.loads(run.stdout)
