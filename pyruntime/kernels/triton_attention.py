@@ -69,19 +69,24 @@ def _less(a_r, a_h, a_t, a_k, b_r, b_h, b_t, b_k):
 
 @triton.jit
 def _tiling_status(tiling, NUM_CORES: tl.constexpr, CAUSAL: tl.constexpr,
-                   MAGIC: tl.constexpr, VERSION: tl.constexpr, OK: tl.constexpr,
-                   E_TILING: tl.constexpr, HDR_MAGIC: tl.constexpr, HDR_VERSION: tl.constexpr,
-                   HDR_STATUS: tl.constexpr, HDR_NUM_CORES: tl.constexpr,
-                   HDR_FLAGS: tl.constexpr):
-    """OK when the buffer is a tiling for these params and flags whose status is OK; else the
-    tiling's own status, or E_TILING for a buffer that is not one (the C ``header_ok``)."""
+                   CHECK_FLAGS: tl.constexpr, MAGIC: tl.constexpr, VERSION: tl.constexpr,
+                   OK: tl.constexpr, E_TILING: tl.constexpr, HDR_MAGIC: tl.constexpr,
+                   HDR_VERSION: tl.constexpr, HDR_STATUS: tl.constexpr,
+                   HDR_NUM_CORES: tl.constexpr, HDR_FLAGS: tl.constexpr):
+    """Whether both kernels may use the buffer (the C ``header_ok`` and status checks).
+
+    OK for a tiling made for these params (and, with CHECK_FLAGS, these flags) whose status
+    is OK; the tiling's own status when it is not OK; E_TILING for a buffer that is not such
+    a tiling. The one place every header check lives, for both kernels.
+    """
     header_ok = ((tl.load(tiling + HDR_MAGIC) == MAGIC)
                  & (tl.load(tiling + HDR_VERSION) == VERSION)
                  & (tl.load(tiling + HDR_NUM_CORES) == NUM_CORES))
     planned = tl.load(tiling + HDR_STATUS)
-    flags_ok = tl.load(tiling + HDR_FLAGS) == CAUSAL
-    status = tl.where(header_ok, tl.where(planned != OK, planned,
-                                          tl.where(flags_ok, OK, E_TILING)), E_TILING)
+    status = tl.where(header_ok, planned, E_TILING)
+    if CHECK_FLAGS:
+        flags_ok = tl.load(tiling + HDR_FLAGS) == CAUSAL
+        status = tl.where((status == OK) & ~flags_ok, E_TILING, status)
     return status
 
 
@@ -208,8 +213,8 @@ def paged_attention_kernel(
     without query tokens cost one check and no loop (``aicpu_tiling.h``, THE WORK ORDER).
     """
     pid = tl.program_id(0)
-    status = _tiling_status(tiling, NUM_CORES, CAUSAL, MAGIC, VERSION, OK, E_TILING, HDR_MAGIC,
-                            HDR_VERSION, HDR_STATUS, HDR_NUM_CORES, HDR_FLAGS)
+    status = _tiling_status(tiling, NUM_CORES, CAUSAL, True, MAGIC, VERSION, OK, E_TILING,
+                            HDR_MAGIC, HDR_VERSION, HDR_STATUS, HDR_NUM_CORES, HDR_FLAGS)
     batch = tl.load(tiling + HDR_BATCH)
     status = tl.where((status == OK) & ((batch < 0) | (batch > MAX_BATCH)), E_TILING, status)
     rec = tiling + HEADER_WORDS + pid * CORE_WORDS
@@ -324,11 +329,8 @@ def attention_combine_kernel(
     SLOT_ROWS: tl.constexpr = Q_TILE * GROUP
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    header_ok = ((tl.load(tiling + HDR_MAGIC) == MAGIC)
-                 & (tl.load(tiling + HDR_VERSION) == VERSION)
-                 & (tl.load(tiling + HDR_NUM_CORES) == NUM_CORES))
-    planned = tl.load(tiling + HDR_STATUS)
-    status = tl.where(header_ok, planned, E_TILING)
+    status = _tiling_status(tiling, NUM_CORES, CAUSAL, False, MAGIC, VERSION, OK, E_TILING,
+                            HDR_MAGIC, HDR_VERSION, HDR_STATUS, HDR_NUM_CORES, HDR_FLAGS)
     batch = tl.load(tiling + HDR_BATCH)
     num_tokens = tl.load(tiling + HDR_NUM_TOKENS)
     num_combine = tl.load(tiling + HDR_NUM_COMBINE)
