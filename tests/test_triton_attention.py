@@ -49,21 +49,25 @@ CASES = {
 }
 
 
-def run_triton(case: Case, plan, *, fill=float("nan")):
-    """Both grids on the case; returns (out, attention statuses, combine statuses)."""
+def run_triton(case: Case, plan, *, fill=float("nan"), step_epoch=None):
+    """Both grids on the case; returns (out, attention statuses, combine statuses).
+
+    ``step_epoch`` defaults to the tiling's own epoch (a fresh tiling)."""
     out = torch.full_like(case.query, fill)
     po, pl = ra.partial_buffers(case.params)
     po.fill_(float("nan"))
     pl.fill_(float("nan"))
     words = torch.from_numpy(plan.buffer)
+    epoch = torch.tensor([plan.epoch if step_epoch is None else step_epoch], dtype=torch.int32)
     status = triton_launch.launch_attention(
-        case.params, tiling_in=words, query=case.query, key_cache=case.key_cache,
+        case.params, tiling_in=words, step_epoch=epoch, query=case.query,
+        key_cache=case.key_cache,
         value_cache=case.value_cache, block_table=case.block_table, cu_seqlens_q=case.cu,
         seqlens_kv=case.kv, out=out, partial_out=po, partial_lse=pl, scale=case.scale,
         causal=case.causal)
-    combined = triton_launch.launch_combine(case.params, tiling_in=words, cu_seqlens_q=case.cu,
-                                            out=out, partial_out=po, partial_lse=pl,
-                                            causal=case.causal)
+    combined = triton_launch.launch_combine(case.params, tiling_in=words, step_epoch=epoch,
+                                            cu_seqlens_q=case.cu, out=out, partial_out=po,
+                                            partial_lse=pl, causal=case.causal)
     return out, status.tolist(), combined.tolist()
 
 
@@ -113,7 +117,8 @@ def test_split_partials_match_the_c_reference_slots():
                           partial_lse=pl_c, scale=case.scale, causal=True)
     po, pl = ra.partial_buffers(case.params)
     triton_launch.launch_attention(
-        case.params, tiling_in=torch.from_numpy(plan.buffer), query=case.query,
+        case.params, tiling_in=torch.from_numpy(plan.buffer),
+        step_epoch=torch.zeros(1, dtype=torch.int32), query=case.query,
         key_cache=case.key_cache, value_cache=case.value_cache, block_table=case.block_table,
         cu_seqlens_q=case.cu, seqlens_kv=case.kv, out=torch.zeros_like(case.query),
         partial_out=po, partial_lse=pl, scale=case.scale, causal=True)
@@ -130,6 +135,32 @@ def test_bad_tiling_status_does_nothing_and_combine_zeroes_every_row():
     out, status, combined = run_triton(case, plan, fill=5.0)
     assert status == [plan.status] * 3 and set(combined) == {plan.status}
     assert torch.equal(out, torch.zeros_like(out))
+
+
+@pytest.mark.parametrize("epochs", [(7, 8), (-1, 0)])
+def test_stale_tiling_does_no_work_and_combine_zeroes_every_row(epochs):
+    """A tiling planned for another step (ABI v2 epoch word) never produces silent output."""
+    tiling_epoch, step_epoch = epochs
+    case = Case(np.random.default_rng(1), **CASES["decode_gqa_split"])
+    plan = tiling.plan(case.params, case.cu.numpy(), case.kv.numpy(), epoch=tiling_epoch)
+    assert plan.status == 0 and plan.epoch == tiling_epoch
+    out = torch.full_like(case.query, float("nan"))
+    po, pl = ra.partial_buffers(case.params)
+    po.fill_(3.0)
+    status = triton_launch.launch_attention(
+        case.params, tiling_in=torch.from_numpy(plan.buffer),
+        step_epoch=torch.tensor([step_epoch], dtype=torch.int32), query=case.query,
+        key_cache=case.key_cache, value_cache=case.value_cache, block_table=case.block_table,
+        cu_seqlens_q=case.cu, seqlens_kv=case.kv, out=out, partial_out=po, partial_lse=pl,
+        scale=case.scale, causal=True)
+    assert status.tolist() == [triton_launch.E_STALE] * case.params.num_cores
+    assert torch.isnan(out).all() and (po == 3.0).all(), "a stale tiling did some work"
+    _, _, combined = run_triton(case, plan, step_epoch=step_epoch)
+    out_fresh, status_fresh, _ = run_triton(case, plan)  # same buffers, right epoch: computed
+    assert set(combined) == {triton_launch.E_STALE} and set(status_fresh) == {0}
+    zeroed, _, _ = run_triton(case, plan, fill=5.0, step_epoch=step_epoch)
+    assert torch.equal(zeroed, torch.zeros_like(zeroed))
+    assert out_fresh.abs().sum() > 0
 
 
 def test_corrupt_header_is_reported_and_zeroed():
@@ -182,16 +213,19 @@ def test_wrong_shapes_and_dtypes_raise_before_launch():
     case = Case(np.random.default_rng(6))
     plan = torch.from_numpy(case.tiling().buffer)
     po, pl = ra.partial_buffers(case.params)
-    args = {"tiling_in": plan, "query": case.query, "key_cache": case.key_cache,
-                "value_cache": case.value_cache, "block_table": case.block_table,
-                "cu_seqlens_q": case.cu, "seqlens_kv": case.kv, "out": torch.zeros_like(case.query),
-                "partial_out": po, "partial_lse": pl, "scale": 0.25, "causal": True}
+    args = {"tiling_in": plan, "step_epoch": torch.zeros(1, dtype=torch.int32),
+            "query": case.query, "key_cache": case.key_cache, "value_cache": case.value_cache,
+            "block_table": case.block_table, "cu_seqlens_q": case.cu, "seqlens_kv": case.kv,
+            "out": torch.zeros_like(case.query), "partial_out": po, "partial_lse": pl,
+            "scale": 0.25, "causal": True}
     with pytest.raises(TypeError, match="query"):
         triton_launch.launch_attention(case.params, **{**args, "query": case.query.half()})
     with pytest.raises(ValueError, match="out"):
         triton_launch.launch_attention(case.params, **{**args, "out": case.query[:1].clone()})
     with pytest.raises(TypeError, match="cu_seqlens_q"):
         triton_launch.launch_attention(case.params, **{**args, "cu_seqlens_q": case.cu.long()})
+    with pytest.raises(TypeError, match="step_epoch"):
+        triton_launch.launch_attention(case.params, **{**args, "step_epoch": np.zeros(1)})
     with pytest.raises(TypeError, match="tiling_in"):
         triton_launch.launch_attention(case.params, **{**args, "tiling_in": plan.float()})
 
@@ -249,9 +283,10 @@ def test_npu_implementations_match_the_c_path_on_cpu_tensors():
     out = torch.full_like(case.query, float("nan"))
     po, pl = ra.partial_buffers(case.params)
     params = step.params_list(case.params)
+    epoch = np.array([plan.epoch], dtype=np.int32)   # by value, as the host-update path passes
     step.attention_npu(case.query, case.key_cache, case.value_cache, case.block_table, case.cu,
-                       case.kv, plan.buffer, out, po, pl, params, case.scale, True)
-    step.combine_npu(case.cu, plan.buffer, out, po, pl, params)
+                       case.kv, epoch, plan.buffer, out, po, pl, params, case.scale, True)
+    step.combine_npu(case.cu, epoch, plan.buffer, out, po, pl, params)
     assert step.status_buffer(out.device, "attention", case.params.num_cores).tolist() == [0] * 6
     assert set(step.status_buffer(out.device, "combine", 6).tolist()) == {0}
     assert errors(case, out, c_out)[1] <= TOL[torch.float16]

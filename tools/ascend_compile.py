@@ -84,7 +84,7 @@ def kernel_specs(dtype: str) -> list[dict]:
     store = f"*{dtype}"
     attention = {
         "name": "paged_attention_kernel",
-        "signature": {"tiling": "*i32", "query": store, "key_cache": store,
+        "signature": {"tiling": "*i32", "step_epoch": "*i32", "query": store, "key_cache": store,
                       "value_cache": store, "block_table": "*i32", "cu_seqlens_q": "*i32",
                       "seqlens_kv": "*i32", "out": store, "partial_out": "*fp32",
                       "partial_lse": "*fp32", "core_status": "*i32", "scale": "fp32",
@@ -93,7 +93,8 @@ def kernel_specs(dtype: str) -> list[dict]:
     }
     combine = {
         "name": "attention_combine_kernel",
-        "signature": {"tiling": "*i32", "cu_seqlens_q": "*i32", "out": store,
+        "signature": {"tiling": "*i32", "step_epoch": "*i32", "cu_seqlens_q": "*i32",
+                      "out": store,
                       "partial_out": "*fp32", "partial_lse": "*fp32", "combine_status": "*i32"},
         "constants": {**consts, "BLOCK_M": shapes["BLOCK_M"], "BLOCK_D": shapes["BLOCK_D"],
                       "BLOCK_Z": 1024},

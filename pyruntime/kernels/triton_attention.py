@@ -68,22 +68,27 @@ def _less(a_r, a_h, a_t, a_k, b_r, b_h, b_t, b_k):
 
 
 @triton.jit
-def _tiling_status(tiling, NUM_CORES: tl.constexpr, CAUSAL: tl.constexpr,
+def _tiling_status(tiling, step_epoch, NUM_CORES: tl.constexpr, CAUSAL: tl.constexpr,
                    CHECK_FLAGS: tl.constexpr, MAGIC: tl.constexpr, VERSION: tl.constexpr,
-                   OK: tl.constexpr, E_TILING: tl.constexpr, HDR_MAGIC: tl.constexpr,
-                   HDR_VERSION: tl.constexpr, HDR_STATUS: tl.constexpr,
-                   HDR_NUM_CORES: tl.constexpr, HDR_FLAGS: tl.constexpr):
+                   OK: tl.constexpr, E_TILING: tl.constexpr, E_STALE: tl.constexpr,
+                   HDR_MAGIC: tl.constexpr, HDR_VERSION: tl.constexpr, HDR_STATUS: tl.constexpr,
+                   HDR_NUM_CORES: tl.constexpr, HDR_FLAGS: tl.constexpr,
+                   HDR_EPOCH: tl.constexpr):
     """Whether both kernels may use the buffer (the C ``header_ok`` and status checks).
 
-    OK for a tiling made for these params (and, with CHECK_FLAGS, these flags) whose status
-    is OK; the tiling's own status when it is not OK; E_TILING for a buffer that is not such
-    a tiling. The one place every header check lives, for both kernels.
+    OK for a tiling made for these params (and, with CHECK_FLAGS, these flags) and for this
+    step (its header epoch equals ``step_epoch[0]``, the epoch the host wrote beside the
+    step's lengths) whose status is OK. Otherwise: E_TILING for a buffer that is not such a
+    tiling, E_STALE for a tiling planned for another step (e.g. a captured tiling task that
+    replay did not re-run), else the tiling's own status. The one place every header check
+    lives, for both kernels; any status but OK means no attention work and all-zero rows.
     """
     header_ok = ((tl.load(tiling + HDR_MAGIC) == MAGIC)
                  & (tl.load(tiling + HDR_VERSION) == VERSION)
                  & (tl.load(tiling + HDR_NUM_CORES) == NUM_CORES))
+    fresh = tl.load(tiling + HDR_EPOCH) == tl.load(step_epoch)
     planned = tl.load(tiling + HDR_STATUS)
-    status = tl.where(header_ok, planned, E_TILING)
+    status = tl.where(header_ok, tl.where(fresh, planned, E_STALE), E_TILING)
     if CHECK_FLAGS:
         flags_ok = tl.load(tiling + HDR_FLAGS) == CAUSAL
         status = tl.where((status == OK) & ~flags_ok, E_TILING, status)
@@ -186,14 +191,15 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
 
 @triton.jit
 def paged_attention_kernel(
-    tiling, query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out,
-    partial_out, partial_lse, core_status, scale, num_blocks,
+    tiling, step_epoch, query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
+    out, partial_out, partial_lse, core_status, scale, num_blocks,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, MAX_BATCH: tl.constexpr, MAX_TOKENS: tl.constexpr,
     MAX_BLOCKS_PER_REQ: tl.constexpr, NUM_CORES: tl.constexpr, Q_TILE: tl.constexpr,
     MAX_SLOTS: tl.constexpr, CAUSAL: tl.constexpr,
     MAGIC: tl.constexpr, VERSION: tl.constexpr, OK: tl.constexpr, E_TILING: tl.constexpr,
-    E_BLOCK_ID: tl.constexpr, HDR_MAGIC: tl.constexpr, HDR_VERSION: tl.constexpr,
+    E_BLOCK_ID: tl.constexpr, E_STALE: tl.constexpr, HDR_EPOCH: tl.constexpr,
+    HDR_MAGIC: tl.constexpr, HDR_VERSION: tl.constexpr,
     HDR_STATUS: tl.constexpr, HDR_BATCH: tl.constexpr, HDR_NUM_TOKENS: tl.constexpr,
     HDR_NUM_CORES: tl.constexpr, HDR_NUM_COMBINE: tl.constexpr, HDR_FLAGS: tl.constexpr,
     HEADER_WORDS: tl.constexpr, CORE_WORDS: tl.constexpr, CORE_BEGIN: tl.constexpr,
@@ -206,15 +212,18 @@ def paged_attention_kernel(
 ):
     """Program ``pid`` = AI Core ``pid``: walk the core's range [begin, end) of the tiling.
 
-    Tensors as in ``attention_ref.h`` (TENSORS). ``core_status[pid]`` receives OK, the tiling's
-    own status when it is not OK (nothing done), E_TILING (the buffer or lengths do not match;
-    nothing more done) or E_BLOCK_ID (the affected segments are zeros, the rest computed).
+    Tensors as in ``attention_ref.h`` (TENSORS); ``step_epoch`` int32 [1] is the epoch the
+    host wrote beside this step's lengths. ``core_status[pid]`` receives OK, the tiling's
+    own status when it is not OK (nothing done), E_STALE (the tiling was planned for another
+    step: nothing done), E_TILING (the buffer or lengths do not match; nothing more done) or
+    E_BLOCK_ID (the affected segments are zeros, the rest computed).
     The unit walk is three nested loops with bounds read from the core record, so requests
     without query tokens cost one check and no loop (``aicpu_tiling.h``, THE WORK ORDER).
     """
     pid = tl.program_id(0)
-    status = _tiling_status(tiling, NUM_CORES, CAUSAL, True, MAGIC, VERSION, OK, E_TILING,
-                            HDR_MAGIC, HDR_VERSION, HDR_STATUS, HDR_NUM_CORES, HDR_FLAGS)
+    status = _tiling_status(tiling, step_epoch, NUM_CORES, CAUSAL, True, MAGIC, VERSION, OK,
+                            E_TILING, E_STALE, HDR_MAGIC, HDR_VERSION, HDR_STATUS,
+                            HDR_NUM_CORES, HDR_FLAGS, HDR_EPOCH)
     batch = tl.load(tiling + HDR_BATCH)
     status = tl.where((status == OK) & ((batch < 0) | (batch > MAX_BATCH)), E_TILING, status)
     rec = tiling + HEADER_WORDS + pid * CORE_WORDS
@@ -299,13 +308,14 @@ def _zero_rows(out, first, last, pid, nprog, ROW_ELEMS: tl.constexpr, BLOCK_Z: t
 
 @triton.jit
 def attention_combine_kernel(
-    tiling, cu_seqlens_q, out, partial_out, partial_lse, combine_status,
+    tiling, step_epoch, cu_seqlens_q, out, partial_out, partial_lse, combine_status,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, MAX_BATCH: tl.constexpr, MAX_TOKENS: tl.constexpr,
     MAX_BLOCKS_PER_REQ: tl.constexpr, NUM_CORES: tl.constexpr, Q_TILE: tl.constexpr,
     MAX_SLOTS: tl.constexpr, CAUSAL: tl.constexpr,
     MAGIC: tl.constexpr, VERSION: tl.constexpr, OK: tl.constexpr, E_TILING: tl.constexpr,
-    E_BLOCK_ID: tl.constexpr, HDR_MAGIC: tl.constexpr, HDR_VERSION: tl.constexpr,
+    E_BLOCK_ID: tl.constexpr, E_STALE: tl.constexpr, HDR_EPOCH: tl.constexpr,
+    HDR_MAGIC: tl.constexpr, HDR_VERSION: tl.constexpr,
     HDR_STATUS: tl.constexpr, HDR_BATCH: tl.constexpr, HDR_NUM_TOKENS: tl.constexpr,
     HDR_NUM_CORES: tl.constexpr, HDR_NUM_COMBINE: tl.constexpr, HDR_FLAGS: tl.constexpr,
     HEADER_WORDS: tl.constexpr, CORE_WORDS: tl.constexpr, CORE_BEGIN: tl.constexpr,
@@ -320,17 +330,19 @@ def attention_combine_kernel(
 
     Every program checks the header and every record before anyone writes (the records are
     at most num_cores - 1), so all programs take the same decision: a tiling whose status is
-    not OK, or a buffer that is not a consistent tiling, makes them write zeros to every row
-    (the C ``aicpu_attention_finalize``). ``combine_status[pid]`` receives OK, the tiling's
-    status or E_TILING.
+    not OK, a tiling of another step (its epoch differs from ``step_epoch[0]``) or a buffer
+    that is not a consistent tiling makes them write zeros to every row (the C
+    ``aicpu_attention_finalize``). ``combine_status[pid]`` receives OK, the tiling's status,
+    E_STALE or E_TILING.
     """
     GROUP: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
     ROW_ELEMS: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
     SLOT_ROWS: tl.constexpr = Q_TILE * GROUP
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    status = _tiling_status(tiling, NUM_CORES, CAUSAL, False, MAGIC, VERSION, OK, E_TILING,
-                            HDR_MAGIC, HDR_VERSION, HDR_STATUS, HDR_NUM_CORES, HDR_FLAGS)
+    status = _tiling_status(tiling, step_epoch, NUM_CORES, CAUSAL, False, MAGIC, VERSION, OK,
+                            E_TILING, E_STALE, HDR_MAGIC, HDR_VERSION, HDR_STATUS,
+                            HDR_NUM_CORES, HDR_FLAGS, HDR_EPOCH)
     batch = tl.load(tiling + HDR_BATCH)
     num_tokens = tl.load(tiling + HDR_NUM_TOKENS)
     num_combine = tl.load(tiling + HDR_NUM_COMBINE)

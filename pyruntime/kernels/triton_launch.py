@@ -26,11 +26,12 @@ Example (CPU, interpreted)::
     bt = torch.arange(8, dtype=torch.int32).reshape(2, 4)
     out = torch.empty_like(q)
     po, pl = ra.partial_buffers(params)
-    status = triton_launch.launch_attention(params, tiling_in=plan, query=q, key_cache=k,
-        value_cache=v, block_table=bt, cu_seqlens_q=cu, seqlens_kv=kv, out=out,
+    epoch = torch.zeros(1, dtype=torch.int32)                    # plan()'s default epoch
+    status = triton_launch.launch_attention(params, tiling_in=plan, step_epoch=epoch, query=q,
+        key_cache=k, value_cache=v, block_table=bt, cu_seqlens_q=cu, seqlens_kv=kv, out=out,
         partial_out=po, partial_lse=pl, scale=32**-0.5, causal=True)
-    triton_launch.launch_combine(params, tiling_in=plan, cu_seqlens_q=cu, out=out,
-                                 partial_out=po, partial_lse=pl, causal=True)
+    triton_launch.launch_combine(params, tiling_in=plan, step_epoch=epoch, cu_seqlens_q=cu,
+                                 out=out, partial_out=po, partial_lse=pl, causal=True)
     assert status.tolist() == [0, 0, 0]        # rows 3.. of out are zero
 """
 
@@ -52,6 +53,12 @@ _lib = _tiling.lib
 
 #: Storage dtypes the kernels accept (fp32 accumulation always).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+#: Status a program reports when the tiling was planned for another step than ``step_epoch``
+#: (it then does nothing, and the combine zeroes every row). The C reference has no epoch
+#: (the CPU body checks it in Python, ``step.is_stale``), so this code is the Triton kernels'
+#: own, chosen past the C reference's codes (``attention_ref.h``).
+E_STALE: int = int(_lib.AICPU_ATTENTION_E_BLOCK_ID) + 1
 
 
 class TritonUnavailableError(RuntimeError):
@@ -103,6 +110,7 @@ def _layout() -> dict[str, int]:
         "HDR_NUM_TOKENS": "AICPU_TILING_HDR_NUM_TOKENS",
         "HDR_NUM_CORES": "AICPU_TILING_HDR_NUM_CORES",
         "HDR_NUM_COMBINE": "AICPU_TILING_HDR_NUM_COMBINE", "HDR_FLAGS": "AICPU_TILING_HDR_FLAGS",
+        "HDR_EPOCH": "AICPU_TILING_HDR_EPOCH",
         "HEADER_WORDS": "AICPU_TILING_HDR_WORDS", "CORE_WORDS": "AICPU_TILING_CORE_WORDS",
         "CORE_BEGIN": "AICPU_TILING_CORE_BEGIN", "CORE_END": "AICPU_TILING_CORE_END",
         "CORE_FIRST_SLOT": "AICPU_TILING_CORE_FIRST_SLOT",
@@ -113,7 +121,8 @@ def _layout() -> dict[str, int]:
         "COMB_FIRST_SLOT": "AICPU_TILING_COMB_FIRST_SLOT",
         "COMB_NUM_PIECES": "AICPU_TILING_COMB_NUM_PIECES",
     }
-    return {key: int(getattr(_lib, name)) for key, name in names.items()}
+    return {**{key: int(getattr(_lib, name)) for key, name in names.items()},
+            "E_STALE": E_STALE}
 
 
 def _pow2_at_least(n: int, floor: int) -> int:
@@ -191,21 +200,24 @@ def _check_shapes(params, query, key_cache, value_cache, out) -> None:
         raise ValueError("value_cache must have key_cache's shape")
 
 
-def launch_attention(params, *, tiling_in, query, key_cache, value_cache, block_table,
-                     cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse, scale: float,
-                     causal: bool, core_status: torch.Tensor | None = None) -> torch.Tensor:
+def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_cache,
+                     block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse,
+                     scale: float, causal: bool,
+                     core_status: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the attention grid (``params.num_cores`` programs) once; returns core_status.
 
     Args:
         params: the TilingParams the tiling was planned with.
         tiling_in: the tiling, int32 or uint8 (``params.tiling_bytes`` bytes).
+        step_epoch: int32 ``[1]``, the epoch the host wrote beside this step's lengths; a
+            tiling whose header epoch differs is stale: no program does any work.
         query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out,
         partial_out, partial_lse: as for ``reference_attention.attention_core`` (all on one
             device; partials float32 ``[max_slots, q_tile, group, head_dim]`` / ``[.., group]``).
         scale: softmax scale; causal: the flag the tiling was planned with.
         core_status: int32 ``[num_cores]`` the programs write their status to (OK, the
-            tiling's status, E_TILING or E_BLOCK_ID, the C reference's codes); allocated
-            when None. Device side: read it only after the stream has run.
+            tiling's status, E_TILING or E_BLOCK_ID, the C reference's codes, or E_STALE);
+            allocated when None. Device side: read it only after the stream has run.
 
     Raises:
         TypeError, ValueError: wrong dtypes or shapes (checked before launching).
@@ -218,21 +230,23 @@ def launch_attention(params, *, tiling_in, query, key_cache, value_cache, block_
         core_status = torch.empty(params.num_cores, dtype=torch.int32, device=out.device)
     upcast = out.dtype == torch.bfloat16 and out.device.type == "cpu"  # interpreter bf16 dot
     module.paged_attention_kernel[(params.num_cores,)](
-        words, query, key_cache, value_cache, _int32("block_table", block_table),
+        words, _int32("step_epoch", step_epoch), query, key_cache, value_cache,
+        _int32("block_table", block_table),
         _int32("cu_seqlens_q", cu_seqlens_q), _int32("seqlens_kv", seqlens_kv), out,
         partial_out, partial_lse, core_status, float(scale), int(key_cache.shape[0]),
         **constants(params, bool(causal)), **block_shapes(params), UPCAST_DOT=upcast)
     return core_status
 
 
-def launch_combine(params, *, tiling_in, cu_seqlens_q, out, partial_out, partial_lse,
-                   causal: bool = True, combine_status: torch.Tensor | None = None,
+def launch_combine(params, *, tiling_in, step_epoch, cu_seqlens_q, out, partial_out,
+                   partial_lse, causal: bool = True, combine_status: torch.Tensor | None = None,
                    num_programs: int | None = None) -> torch.Tensor:
     """Launch the combine grid once; returns combine_status (int32 ``[num_programs]``).
 
     ``num_programs`` (default ``params.num_cores``) is fixed at capture like the attention
     grid; program i merges combine records i, i + n, ... and zeroes its share of the
-    padding rows. On a tiling that is not OK every row of ``out`` becomes zero.
+    padding rows. On a tiling that is not OK, or stale (its epoch differs from
+    ``step_epoch[0]``), every row of ``out`` becomes zero.
     """
     _check_shapes(params, None, None, None, out)
     words = _words(tiling_in)
@@ -242,7 +256,8 @@ def launch_combine(params, *, tiling_in, cu_seqlens_q, out, partial_out, partial
         combine_status = torch.empty(programs, dtype=torch.int32, device=out.device)
     shapes = block_shapes(params)
     module.attention_combine_kernel[(programs,)](
-        words, _int32("cu_seqlens_q", cu_seqlens_q), out, partial_out, partial_lse,
+        words, _int32("step_epoch", step_epoch), _int32("cu_seqlens_q", cu_seqlens_q), out,
+        partial_out, partial_lse,
         combine_status, **constants(params, bool(causal)), BLOCK_M=shapes["BLOCK_M"],
         BLOCK_D=shapes["BLOCK_D"], BLOCK_Z=min(1024, _pow2_at_least(
             params.num_q_heads * params.head_dim, 16)))

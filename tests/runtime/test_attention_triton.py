@@ -57,3 +57,33 @@ def test_triton_step_matches_the_c_path(mode, monkeypatch):
 def test_triton_backend_option_is_checked():
     with pytest.raises(ValueError, match="aicore"):
         backends.get("cpu", aicore="cuda")
+
+
+def test_stale_tiling_through_the_triton_bodies_is_zero_and_not_a_kernel_error():
+    """The CPU backend's Triton bodies accept the kernels' E_STALE (check() reports it)."""
+    from pyruntime import tiling
+    from pyruntime.kernels import step
+
+    params = tiling.TilingParams(num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
+                                 max_batch=4, max_tokens=8, max_blocks_per_req=4, num_cores=3)
+    cu = torch.tensor([0, 1, 4, 4, 0], dtype=torch.int32)
+    kv = torch.tensor([20, 9, 0, 0], dtype=torch.int32)
+    plan = tiling.plan(params, cu[:4].numpy(), kv[:3].numpy(), epoch=4)
+    gen = torch.Generator().manual_seed(0)
+    slots = (params.max_partial_slots, params.q_tile, params.group, params.head_dim)
+    args = {"query": torch.randn(8, 4, 16, generator=gen),
+            "key_cache": torch.randn(16, 8, 2, 16, generator=gen),
+            "value_cache": torch.randn(16, 8, 2, 16, generator=gen),
+            "block_table": torch.arange(16, dtype=torch.int32).reshape(4, 4),
+            "cu_seqlens_q": cu, "seqlens_kv": kv, "tiling_in": plan.buffer,
+            "out": torch.full((8, 4, 16), 7.0), "partial_out": torch.zeros(slots),
+            "partial_lse": torch.zeros(slots[:3]), "params": step.params_list(params),
+            "scale": 0.25, "causal": True}
+    for epoch, expect_zero in ((5, True), (4, False)):
+        args["out"].fill_(7.0)
+        step_epoch = torch.tensor([epoch], dtype=torch.int32)
+        step.attention_triton(**args, step_epoch=step_epoch)
+        combine = {k: args[k] for k in ("cu_seqlens_q", "tiling_in", "out", "partial_out",
+                                        "partial_lse", "params")}
+        step.combine_triton(**combine, step_epoch=step_epoch)
+        assert (torch.count_nonzero(args["out"]) == 0) == expect_zero
