@@ -83,7 +83,8 @@ class CpuBackend(Backend):
 
     Raises:
         ValueError: an unknown ``aicore``.
-        BackendError: ``aicore="triton"`` without ``triton`` installed.
+        BackendError: ``aicore="triton"`` without ``triton`` installed, or with triton
+            already imported in compiled mode (set ``TRITON_INTERPRET=1`` first).
     """
 
     name = "cpu"
@@ -97,9 +98,10 @@ class CpuBackend(Backend):
         if aicore == "triton":
             from pyruntime.kernels import triton_launch
 
-            reason = triton_launch.available()
-            if reason is not None:
-                raise BackendError(f"aicore='triton' needs Triton: {reason}")
+            try:  # import the kernels now, interpreted, so a wrong set-up fails here
+                triton_launch.kernels(interpret=True)
+            except triton_launch.TritonUnavailableError as exc:
+                raise BackendError(f"aicore='triton' needs Triton's interpreter: {exc}") from exc
         super().__init__()
         self.aicore = aicore
         self.num_threads = num_threads or min(os.cpu_count() or 1, 8)

@@ -94,8 +94,9 @@ def kernels(*, interpret: bool):
     if is_interpreted != interpret:
         have = "interpreted" if is_interpreted else "compiled"
         raise TritonUnavailableError(
-            f"the Triton kernels were imported {have} in this process; CPU tensors need the "
-            "interpreter (TRITON_INTERPRET=1 before import), device tensors need it unset")
+            f"triton was imported {have} in this process; CPU tensors need the interpreter: "
+            "set TRITON_INTERPRET=1 before anything imports triton (torch imports it too, "
+            "e.g. FakeTensorMode); device tensors need it unset")
     return module
 
 
