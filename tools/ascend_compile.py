@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -215,6 +216,26 @@ def _compile_one(kernel: dict, module, spec: dict, out: pathlib.Path) -> dict:
     return {"name": kernel["name"], "stages": stages, "reached_hivmc_or_binary": reached}
 
 
+_POINTER_CAST = re.compile(r"hivm\.hir\.pointer_cast\(%c(\d+)_i64[^)]*\)[^:]*: "
+                           r"memref<([0-9x]+)x(\w+), (?:strided<[^>]*>, )?"
+                           r"#hivm\.address_space<(\w+)>>")
+_BITS = {"bf16": 16, "f16": 16, "f32": 32, "i32": 32, "i64": 64, "i8": 8, "i1": 8}
+
+
+def planned_extent(module: str) -> dict[str, int]:
+    """Bytes up to the end of the highest buffer BiShengIR's memory planning placed in each
+    on-chip space (ub, cbuf = L1, cc = L0C), from the static ``pointer_cast`` offsets of the
+    HIVM module: a lower bound on what the kernel needs (dynamic shapes are not counted)."""
+    extent: dict[str, int] = {}
+    for match in _POINTER_CAST.finditer(module):
+        elements = 1
+        for dim in match.group(2).split("x"):
+            elements *= int(dim)
+        end = int(match.group(1)) + elements * _BITS.get(match.group(3), 32) // 8
+        extent[match.group(4)] = max(extent.get(match.group(4), 0), end)
+    return extent
+
+
 def _bishengir(mlir: pathlib.Path, spec: dict, out_prefix: pathlib.Path) -> dict:
     import ascendnpuir
 
@@ -236,7 +257,11 @@ def _bishengir(mlir: pathlib.Path, spec: dict, out_prefix: pathlib.Path) -> dict
         kind = ("MIX (cube + vector)" if 'mix_mode = "mix"' in module
                 else "AIV (vector only)" if "func_core_type<AIC>" not in module else "AIC")
         entry["kernel_kind"] = kind
-        entry["detail"] = f"HIVM module {hivm[-1]} ({len(module)} bytes), {kind}"
+        entry["planned_bytes"] = planned_extent(module)
+        spaces = ", ".join(f"{space} {size / 1024:.1f} KiB"
+                           for space, size in sorted(entry["planned_bytes"].items()))
+        entry["detail"] = (f"HIVM module {hivm[-1]} ({len(module)} bytes), {kind}; "
+                           f"planned on-chip extent: {spaces}")
     if run.returncode != 0:
         entry["error"] = _last_lines(text, 8)
     return entry

@@ -37,10 +37,13 @@ Constraints this code relies on, with their sources (check them on hardware):
   mode and is not checked here). P is rounded to the storage dtype before the PV product, as
   in Triton's fused-attention tutorial and triton-ascend's
   ``docs/en/examples/04_fused_attention_example.md``.
-- On-chip budget: Atlas A2 has 192 KB of UB per core, half of it with the default double
-  buffering (triton-ascend programming guide, "Tiling Optimization"). `triton_launch`
-  chooses ``BLOCK_M <= 64`` and ``BLOCK_N <= 128`` so that Q, K, V, scores and the fp32
-  accumulator of one step stay near 64 KB at head_dim 128.
+- On-chip budget: Atlas A2 has 192 KB of UB per core (triton-ascend programming guide,
+  "Tiling Optimization"). `triton_launch.block_shapes` picks ``BLOCK_M <= 64`` and
+  ``BLOCK_N <= 128``; at the decode shape of ``tools/ascend_compile.py`` (head_dim 128,
+  block 128, bf16) BiShengIR's memory planning placed the attention kernel's buffers in
+  180 KiB of UB (plus 56 KiB L1, 48 KiB L0C) and the combine's in 104.5 KiB of UB (the
+  highest static ``pointer_cast`` offsets of ``module.hivm.opt.mlir``): it fits, with
+  little room, so larger tiles need that check again.
 - The last axis of every tile is head_dim (contiguous in query, caches, output and
   partials), the alignment the guide asks for ("Aligning the Size of the Tail Axis").
 - Upstream interpreter bug worked around by ``UPCAST_DOT``: ``tl.dot`` on bf16 operands
