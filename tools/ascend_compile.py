@@ -44,8 +44,8 @@ TARGET_ARCH = "Ascend910B3"
 BISHENGIR_FLAGS = ("--target=Ascend910B3", "--enable-hfusion-compile=true",
                    "--enable-hivm-compile=true", "--enable-triton-kernel-compile=true")
 
-# A decode-like model shape: 32 query heads, 8 kv heads (group 4), head_dim 128, cache block
-# 128, 24 cores (the 910B3's cube cores), as vLLM-Ascend would capture it.
+# A model shape as vLLM-Ascend would capture it: 32 query heads, 8 kv heads (group 4),
+# head_dim 128, cache block 128, 24 cores (the 910B3's cube cores); q_tile from --q-tile.
 MODEL_SHAPE = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 128,
                "max_batch": 64, "max_tokens": 256, "max_blocks_per_req": 256, "num_cores": 24}
 
@@ -73,13 +73,13 @@ def ensure_venv(venv: pathlib.Path, log) -> float:
     return time.perf_counter() - start
 
 
-def kernel_specs(dtype: str) -> list[dict]:
+def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
     """Signatures and constants of both kernels for MODEL_SHAPE (needs the project env)."""
     sys.path.insert(0, str(ROOT))
     from pyruntime import tiling
     from pyruntime.kernels import triton_launch
 
-    params = tiling.TilingParams(**MODEL_SHAPE)
+    params = tiling.TilingParams(**MODEL_SHAPE, q_tile=q_tile)
     consts = triton_launch.constants(params, True)
     shapes = triton_launch.block_shapes(params)
     store = f"*{dtype}"
@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=pathlib.Path, default=DEFAULT_VENV)
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "ascend_compile")
     parser.add_argument("--dtype", choices=("fp16", "bf16"), default="bf16")
+    parser.add_argument("--q-tile", type=int, default=None,
+                        help="query tokens per unit (default: the tiling's, 128 rows per tile; "
+                             "1 gives the decode-only tile shapes)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--inner", type=pathlib.Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -124,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ascend_compile: cannot set up {args.venv}: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    spec = {"kernels": kernel_specs(args.dtype), "source": str(KERNEL_SOURCE),
+    specs = kernel_specs(args.dtype, args.q_tile)
+    spec = {"kernels": specs, "source": str(KERNEL_SOURCE),
             "out": str(args.out), "target": TARGET_ARCH, "bishengir_flags": BISHENGIR_FLAGS}
     spec_path = args.out / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))
@@ -143,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     report["setup_seconds"] = round(setup_s, 1)
     report["compile_seconds"] = round(compile_s, 1)
     report["dtype"] = args.dtype
+    report["tiles"] = {k: specs[0]["constants"][k] for k in ("Q_TILE", "BLOCK_M", "BLOCK_N",
+                                                             "BLOCK_D")}
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
     if args.json:
         print(json.dumps(report, indent=1))
@@ -152,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_report(report: dict) -> None:
-    print(f"target {report['target']}, dtype {report['dtype']}, venv setup "
-          f"{report['setup_seconds']} s, compile {report['compile_seconds']} s")
+    print(f"target {report['target']}, dtype {report['dtype']}, tiles {report['tiles']}, "
+          f"venv setup {report['setup_seconds']} s, compile {report['compile_seconds']} s")
     for kernel in report["kernels"]:
         print(f"{kernel['name']}:")
         for stage in kernel["stages"]:

@@ -39,11 +39,13 @@ Constraints this code relies on, with their sources (check them on hardware):
   ``docs/en/examples/04_fused_attention_example.md``.
 - On-chip budget: Atlas A2 has 192 KB of UB per core (triton-ascend programming guide,
   "Tiling Optimization"). `triton_launch.block_shapes` picks ``BLOCK_M <= 64`` and
-  ``BLOCK_N <= 128``; at the decode shape of ``tools/ascend_compile.py`` (head_dim 128,
-  block 128, bf16) BiShengIR's memory planning placed the attention kernel's buffers in
-  180 KiB of UB (plus 56 KiB L1, 48 KiB L0C) and the combine's in 104.5 KiB of UB (the
-  highest static ``pointer_cast`` offsets of ``module.hivm.opt.mlir``): it fits, with
-  little room, so larger tiles need that check again.
+  ``BLOCK_N <= 128``. For 32/8 heads, head_dim 128, block 128, bf16, BiShengIR's memory
+  planning placed the attention kernel's buffers in 180 KiB of UB (56 KiB L1, 48 KiB L0C)
+  with the default tiles (q_tile 32: BLOCK_M 64, BLOCK_N 64) and in 103 KiB of UB with the
+  decode tiles (q_tile 1: BLOCK_M 16, BLOCK_N 128); the combine in 104.5 / 28 KiB (the
+  highest static ``pointer_cast`` offsets of ``module.hivm.opt.mlir``, reported by
+  ``tools/ascend_compile.py [--q-tile 1]``). It fits, with little room at the default
+  tiles, so larger tiles need that check again.
 - The last axis of every tile is head_dim (contiguous in query, caches, output and
   partials), the alignment the guide asks for ("Aligning the Size of the Tail Axis").
 - Upstream interpreter bug worked around by ``UPCAST_DOT``: ``tl.dot`` on bf16 operands

@@ -136,7 +136,7 @@ def block_shapes(params) -> dict[str, int]:
     BLOCK_M covers a decode unit's group rows (at least 16, ``tl.dot``'s minimum) and at most
     64 rows of a prefill tile; BLOCK_N is the largest power of two dividing the cache block,
     at most 128 (64 when BLOCK_M is 64), so one chunk never crosses a cache block. At head_dim
-    128 this planned to 180 KiB of the A2's 192 KB UB (``tools/ascend_compile.py``).
+    128 this planned to at most 180 KiB of the A2's 192 KB UB (``tools/ascend_compile.py``).
     """
     group = params.num_q_heads // params.num_kv_heads
     block_m = min(64, _pow2_at_least(params.q_tile * group, 16))
