@@ -226,6 +226,12 @@ def test_wrong_shapes_and_dtypes_raise_before_launch():
         triton_launch.launch_attention(case.params, **{**args, "cu_seqlens_q": case.cu.long()})
     with pytest.raises(TypeError, match="step_epoch"):
         triton_launch.launch_attention(case.params, **{**args, "step_epoch": np.zeros(1)})
+    with pytest.raises(ValueError, match="seqlens_kv has 1 entries"):
+        triton_launch.launch_attention(case.params, **{**args, "seqlens_kv": case.kv[:1]})
+    with pytest.raises(ValueError, match="cu_seqlens_q has 2 entries"):
+        triton_launch.launch_combine(case.params, tiling_in=plan,
+                                     step_epoch=args["step_epoch"], cu_seqlens_q=case.cu[:2],
+                                     out=args["out"], partial_out=po, partial_lse=pl)
     with pytest.raises(TypeError, match="tiling_in"):
         triton_launch.launch_attention(case.params, **{**args, "tiling_in": plan.float()})
 

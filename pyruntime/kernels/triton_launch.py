@@ -201,6 +201,24 @@ def _check_shapes(params, query, key_cache, value_cache, out) -> None:
         raise ValueError("value_cache must have key_cache's shape")
 
 
+def _check_lengths(words: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                   seqlens_kv: torch.Tensor | None) -> None:
+    """On the host (CPU tensors) the length arrays must cover the tiling's live batch, as the
+    C wrapper checks; on a device the buffers are sized for max_batch at capture and the
+    kernel cannot be asked to read a smaller one without a host sync, so this is skipped."""
+    if words.device.type != "cpu" or int(words[_lib.AICPU_TILING_HDR_STATUS]) != 0:
+        return
+    batch = int(words[_lib.AICPU_TILING_HDR_BATCH])
+    if not 0 <= batch <= 2**31 - 2:
+        return  # the kernels report E_TILING
+    if cu_seqlens_q.numel() < batch + 1:
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.numel()} entries but the tiling's "
+                         f"batch needs {batch + 1}")
+    if seqlens_kv is not None and seqlens_kv.numel() < batch:
+        raise ValueError(f"seqlens_kv has {seqlens_kv.numel()} entries but the tiling's batch "
+                         f"needs {batch}")
+
+
 def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_cache,
                      block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse,
                      scale: float, causal: bool,
@@ -221,19 +239,22 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
             allocated when None. Device side: read it only after the stream has run.
 
     Raises:
-        TypeError, ValueError: wrong dtypes or shapes (checked before launching).
+        TypeError, ValueError: wrong dtypes or shapes, or (CPU tensors) length arrays shorter
+            than the tiling's live batch; checked before launching.
         TritonUnavailableError: see :func:`kernels`.
     """
     _check_shapes(params, query, key_cache, value_cache, out)
     words = _words(tiling_in)
+    cu_seqlens_q, seqlens_kv = _int32("cu_seqlens_q", cu_seqlens_q), _int32("seqlens_kv",
+                                                                           seqlens_kv)
+    _check_lengths(words, cu_seqlens_q, seqlens_kv)
     module = kernels(interpret=out.device.type == "cpu")
     if core_status is None:
         core_status = torch.empty(params.num_cores, dtype=torch.int32, device=out.device)
     upcast = out.dtype == torch.bfloat16 and out.device.type == "cpu"  # interpreter bf16 dot
     module.paged_attention_kernel[(params.num_cores,)](
         words, _int32("step_epoch", step_epoch), query, key_cache, value_cache,
-        _int32("block_table", block_table),
-        _int32("cu_seqlens_q", cu_seqlens_q), _int32("seqlens_kv", seqlens_kv), out,
+        _int32("block_table", block_table), cu_seqlens_q, seqlens_kv, out,
         partial_out, partial_lse, core_status, float(scale), int(key_cache.shape[0]),
         **constants(params, bool(causal)), **block_shapes(params), UPCAST_DOT=upcast)
     return core_status
@@ -251,14 +272,15 @@ def launch_combine(params, *, tiling_in, step_epoch, cu_seqlens_q, out, partial_
     """
     _check_shapes(params, None, None, None, out)
     words = _words(tiling_in)
+    cu_seqlens_q = _int32("cu_seqlens_q", cu_seqlens_q)
+    _check_lengths(words, cu_seqlens_q, None)
     module = kernels(interpret=out.device.type == "cpu")
     programs = int(num_programs or params.num_cores)
     if combine_status is None:
         combine_status = torch.empty(programs, dtype=torch.int32, device=out.device)
     shapes = block_shapes(params)
     module.attention_combine_kernel[(programs,)](
-        words, _int32("step_epoch", step_epoch), _int32("cu_seqlens_q", cu_seqlens_q), out,
-        partial_out, partial_lse,
+        words, _int32("step_epoch", step_epoch), cu_seqlens_q, out, partial_out, partial_lse,
         combine_status, **constants(params, bool(causal)), BLOCK_M=shapes["BLOCK_M"],
         BLOCK_D=shapes["BLOCK_D"], BLOCK_Z=min(1024, _pow2_at_least(
             params.num_q_heads * params.head_dim, 16)))
