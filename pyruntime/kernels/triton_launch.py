@@ -37,11 +37,13 @@ Example (CPU, interpreted)::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
 import os
 import sys
+import threading
 from typing import Any
 
 import torch
@@ -59,6 +61,17 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: (the CPU body checks it in Python, ``step.is_stale``), so this code is the Triton kernels'
 #: own, chosen past the C reference's codes (``attention_ref.h``).
 E_STALE: int = int(_lib.AICPU_ATTENTION_E_BLOCK_ID) + 1
+
+
+#: Interpreted launches run one at a time: Triton's interpreter patches triton.language's
+#: functions process-wide while a kernel runs and restores them after
+#: (``triton/runtime/interpreter.py``, ``_LangPatchScope``), so two overlapping launches (two
+#: CPU-backend streams) could restore each other's patches mid-kernel.
+_INTERPRETER_LOCK = threading.Lock()
+
+
+def _launch_lock(device: torch.device):
+    return _INTERPRETER_LOCK if device.type == "cpu" else contextlib.nullcontext()
 
 
 class TritonUnavailableError(RuntimeError):
@@ -252,11 +265,12 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
     if core_status is None:
         core_status = torch.empty(params.num_cores, dtype=torch.int32, device=out.device)
     upcast = out.dtype == torch.bfloat16 and out.device.type == "cpu"  # interpreter bf16 dot
-    module.paged_attention_kernel[(params.num_cores,)](
-        words, _int32("step_epoch", step_epoch), query, key_cache, value_cache,
-        _int32("block_table", block_table), cu_seqlens_q, seqlens_kv, out,
-        partial_out, partial_lse, core_status, float(scale), int(key_cache.shape[0]),
-        **constants(params, bool(causal)), **block_shapes(params), UPCAST_DOT=upcast)
+    with _launch_lock(out.device):
+        module.paged_attention_kernel[(params.num_cores,)](
+            words, _int32("step_epoch", step_epoch), query, key_cache, value_cache,
+            _int32("block_table", block_table), cu_seqlens_q, seqlens_kv, out,
+            partial_out, partial_lse, core_status, float(scale), int(key_cache.shape[0]),
+            **constants(params, bool(causal)), **block_shapes(params), UPCAST_DOT=upcast)
     return core_status
 
 
@@ -279,9 +293,10 @@ def launch_combine(params, *, tiling_in, step_epoch, cu_seqlens_q, out, partial_
     if combine_status is None:
         combine_status = torch.empty(programs, dtype=torch.int32, device=out.device)
     shapes = block_shapes(params)
-    module.attention_combine_kernel[(programs,)](
-        words, _int32("step_epoch", step_epoch), cu_seqlens_q, out, partial_out, partial_lse,
-        combine_status, **constants(params, bool(causal)), BLOCK_M=shapes["BLOCK_M"],
-        BLOCK_D=shapes["BLOCK_D"], BLOCK_Z=min(1024, _pow2_at_least(
-            params.num_q_heads * params.head_dim, 16)))
+    with _launch_lock(out.device):
+        module.attention_combine_kernel[(programs,)](
+            words, _int32("step_epoch", step_epoch), cu_seqlens_q, out, partial_out,
+            partial_lse, combine_status, **constants(params, bool(causal)),
+            BLOCK_M=shapes["BLOCK_M"], BLOCK_D=shapes["BLOCK_D"],
+            BLOCK_Z=min(1024, _pow2_at_least(params.num_q_heads * params.head_dim, 16)))
     return combine_status
