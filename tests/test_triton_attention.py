@@ -305,3 +305,15 @@ def test_custom_ops_register_the_npu_implementations():
     for op in ("paged_attention", "attention_combine"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(
             f"{custom_ops.NAMESPACE}::{op}", "PrivateUse1"), op
+
+
+def test_corrupt_combine_record_zeroes_every_row():
+    case = Case(np.random.default_rng(3), **CASES["decode_gqa_split"])
+    plan = case.tiling()
+    assert plan.num_slots > 0
+    start = (tiling.HEADER_WORDS + tiling.CORE_WORDS * case.params.num_cores
+             + case.params.max_batch + 1)
+    plan.words[start + HDR.AICPU_TILING_COMB_REQUEST] = 99   # a request past the batch
+    out, status, combined = run_triton(case, plan, fill=5.0)
+    assert set(status) == {0} and set(combined) == {ra.E_TILING}
+    assert torch.equal(out, torch.zeros_like(out))

@@ -367,9 +367,9 @@ def attention_combine_kernel(
             rec_ok = ((r >= 0) & (r < batch) & (h >= 0) & (h < NUM_KV_HEADS) & (t >= 0)
                       & (s0 >= 0) & (npieces >= 2) & (npieces <= MAX_SLOTS)
                       & (s0 <= MAX_SLOTS - npieces))
-            r_safe = tl.where(rec_ok, r, 0)
-            lo = tl.load(cu_seqlens_q + r_safe)
-            hi = tl.load(cu_seqlens_q + r_safe + 1)
+            r_safe = tl.where(rec_ok, r, 0)    # never read cu_seqlens_q out of its bounds
+            lo = tl.load(cu_seqlens_q + r_safe, mask=rec_ok, other=0)
+            hi = tl.load(cu_seqlens_q + r_safe + 1, mask=rec_ok, other=0)
             rec_ok = rec_ok & (lo >= 0) & (hi <= num_tokens) & (t * Q_TILE < hi - lo)
             status = tl.where(rec_ok, status, E_TILING)
     if status == OK:
