@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -164,13 +162,13 @@ def test_source_errors():
         ContinuousBatch("uniform", 0)
 
 
-def test_trace_found_beside_the_repository():
+def test_cli_trace_is_the_bundled_one(monkeypatch):
     from pyruntime.cli.sources import trace_path
+    from pyruntime.workload.trace import bundled_trace_path
 
-    if os.environ.get(TRACE_ENV):
-        pytest.skip("AICPU_TILING_TRACE overrides the lookup")
-    assert trace_path().name == "azure_llm_2023_conv.csv"
-    assert Path(trace_path()).parent.name == "data"
+    monkeypatch.delenv(TRACE_ENV, raising=False)
+    assert trace_path() == bundled_trace_path()
+    assert trace_path().name == "azure_llm_2023_conv.csv.gz"
 
 
 @needs_runtime
