@@ -1,4 +1,4 @@
-"""Rendered tables at 80 columns against golden text (UPDATE_GOLDEN=1 to accept changes)."""
+"""Rendered tables at 80 columns against golden text (AICPU_TILING_UPDATE_GOLDEN=1 to accept changes)."""
 
 from __future__ import annotations
 
