@@ -14,7 +14,7 @@ from pyruntime import hook
 from pyruntime.hook import activation, registry
 from pyruntime.hook import vllm_ascend_targets as targets
 from pyruntime.hook.patching import PatchLedger
-from pyruntime.hook.pth import PTH_FILENAME, env_enabled, pth_content
+from pyruntime.hook.pth import PTH_FILENAME, env_enabled, pth_content, unknown_value_warning
 
 ATTN = "vllm_ascend.attention.attention_v1"
 ACL = "vllm_ascend.compilation.acl_graph"
@@ -215,8 +215,11 @@ def test_pth_content_is_one_import_line():
     assert PTH_FILENAME.endswith(".pth")
 
 
-@pytest.mark.parametrize("value,patched", [("1", True), ("0", False), (None, False)])
-def test_env_activation_in_a_fresh_interpreter(tmp_path, value, patched):
+OURS = "sorted(m for m in sys.modules if m.split('.')[0] in ('pyruntime', 'bindings'))"
+
+
+def _fresh_interpreter(tmp_path, value, code):
+    """Run ``code`` in a new interpreter whose site dir holds our .pth, ``AICPU_TILING=value``."""
     site_dir = tmp_path / "site"
     site_dir.mkdir()
     (site_dir / PTH_FILENAME).write_text(pth_content())
@@ -227,12 +230,35 @@ def test_env_activation_in_a_fresh_interpreter(tmp_path, value, patched):
     env["AICPU_TILING_ENGINE"] = "hook_fake_engine:make_recording"
     if value is not None:
         env["AICPU_TILING"] = value
-    code = (
-        "import site, sys; site.addsitedir(sys.argv[1]);"
-        "import vllm_ascend.compilation.acl_graph as m;"
-        "print(hasattr(m.update_full_graph_params, '__wrapped__'))"
-    )
-    out = subprocess.run([sys.executable, "-c", code, str(site_dir)], env=env, cwd=REPO,
+    code = "import site, sys; site.addsitedir(sys.argv[1]); " + code
+    out = subprocess.run([sys.executable, "-c", code, str(site_dir)], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
+    return out
+
+
+@pytest.mark.parametrize("value,patched", [("1", True), (" On ", True), ("0", False),
+                                           (None, False), ("maybe", False)])
+def test_env_activation_in_a_fresh_interpreter(tmp_path, value, patched):
+    out = _fresh_interpreter(tmp_path, value, "import vllm_ascend.compilation.acl_graph as m;"
+                             "print(hasattr(m.update_full_graph_params, '__wrapped__'))")
     assert out.stdout.strip() == str(patched)
+
+
+@pytest.mark.parametrize("value", [None, "", "0", "off", "FALSE", "no"])
+def test_off_values_import_nothing_of_ours_and_say_nothing(tmp_path, value):
+    out = _fresh_interpreter(tmp_path, value, f"print({OURS})")
+    assert out.stdout.strip() == "[]" and out.stderr == ""
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "enable", "1.0"])
+def test_unknown_values_import_nothing_and_print_one_line(tmp_path, value):
+    out = _fresh_interpreter(tmp_path, value, f"print({OURS})")
+    assert out.stdout.strip() == "[]"
+    assert out.stderr.splitlines() == [unknown_value_warning(value)]
+    assert f"AICPU_TILING={value!r}" in out.stderr and "1/true/yes/on" in out.stderr
+
+
+def test_on_value_imports_the_hook(tmp_path):
+    out = _fresh_interpreter(tmp_path, "1", f"print({OURS})")
+    assert "pyruntime.hook.autostart" in out.stdout and out.stderr == ""
