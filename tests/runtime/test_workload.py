@@ -23,7 +23,6 @@ def test_trace_default_is_the_bundled_package_data(monkeypatch):
     package_dir = Path(trace_mod.__file__).resolve().parent
     assert default.resolve().parent == package_dir / "data"  # inside the package, nowhere else
     assert (package_dir / "data" / "ATTRIBUTION.md").is_file()
-    assert "shared" not in default.resolve().relative_to(package_dir).parts
 
 
 def test_bundled_trace_is_the_whole_azure_conversation_trace():
