@@ -65,6 +65,13 @@ def test_trace_override_missing_file_is_a_typed_error(tmp_path, monkeypatch):
         trace_mod.load_trace(tmp_path / "missing.csv")
 
 
+def test_an_install_without_its_data_is_a_typed_error(tmp_path, monkeypatch):
+    monkeypatch.delenv(trace_mod.TRACE_ENV, raising=False)
+    monkeypatch.setattr(trace_mod.resources, "files", lambda package: tmp_path)  # no data/
+    with pytest.raises(trace_mod.TraceNotFoundError, match="installed without its data"):
+        trace_mod.trace_path()
+
+
 @pytest.mark.parametrize("text, fragment", [
     ("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n", "lacks column GeneratedTokens"),
     ("q_len,kv_len\n1,700\n", "lacks column TIMESTAMP, ContextTokens, GeneratedTokens"),
