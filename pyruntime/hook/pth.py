@@ -18,6 +18,7 @@ ENV_VAR = "AICPU_TILING"
 PTH_FILENAME = "aicpu_tiling_hook.pth"
 _ON = ("1", "true", "yes", "on")
 _OFF = ("", "0", "false", "no", "off")
+_WARNED = "_aicpu_tiling_warned"
 
 
 #: printf-style, one ``%r`` for the value: the .pth line formats it without importing us
@@ -37,12 +38,16 @@ def pth_content() -> str:
 
     ``site`` runs only lines that start with ``import``, so the whole decision is one
     expression: import the autostart module for an "on" value, nothing for an "off" value,
-    print :func:`unknown_value_warning` (and import nothing) for anything else.
+    print :func:`unknown_value_warning` (and import nothing) for anything else. ``site``
+    runs the .pth files of a venv created with ``--system-site-packages`` twice (CPython's
+    ``site.venv`` and ``site.main`` both add the venv's site-packages), so the warning is
+    printed only once per process, remembered in a private attribute of ``sys``.
     """
     return (
         "import os, sys; (lambda raw, value: "
         f"__import__('pyruntime.hook.autostart') if value in {_ON!r} "
-        f"else value in {_OFF!r} or print({_WARNING!r} % (raw,), file=sys.stderr))"
+        f"else value in {_OFF!r} or getattr(sys, {_WARNED!r}, False) "
+        f"or setattr(sys, {_WARNED!r}, True) or print({_WARNING!r} % (raw,), file=sys.stderr))"
         f"(os.environ.get({ENV_VAR!r}, ''), os.environ.get({ENV_VAR!r}, '').strip().lower())\n"
     )
 
