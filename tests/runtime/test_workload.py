@@ -58,7 +58,8 @@ def test_trace_override_missing_file_is_a_typed_error(tmp_path, monkeypatch):
     monkeypatch.setenv(trace_mod.TRACE_ENV, str(tmp_path / "missing.csv"))
     with pytest.raises(trace_mod.TraceNotFoundError, match="set AICPU_TILING_TRACE") as info:
         trace_mod.trace_path()
-    assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, trace_mod.TraceError)
+    assert isinstance(info.value, FileNotFoundError)
+    assert isinstance(info.value, trace_mod.TraceError)
     with pytest.raises(trace_mod.TraceNotFoundError):
         trace_mod.load_trace()
     with pytest.raises(trace_mod.TraceNotFoundError):
