@@ -1,4 +1,7 @@
-"""Rendered tables at 80 columns against golden text (UPDATE_GOLDEN=1 to accept changes)."""
+"""Rendered tables at 80 columns against golden text.
+
+A missing or different golden file fails; ``AICPU_TILING_UPDATE_GOLDEN=1`` rewrites them.
+"""
 
 from __future__ import annotations
 
