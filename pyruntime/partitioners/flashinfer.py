@@ -26,9 +26,10 @@ Follows flashinfer-ai/flashinfer ``include/flashinfer/attention/scheduler.cuh``:
 Placement and scoring: a GPU runs ``budget`` CTAs per SM at once, sharing the SM; the items
 are placed in grid order on ``cores * budget`` slots, each to the slot that frees first
 (slot ``s`` on core ``s % cores``), a slot's time advancing by ``budget * cost``. A core's cost
-is the sum of its items' costs under the cost model. Query tiles are taken at our tile
-granularity (128 packed rows), which is FA2's choice whenever a request has more rows than a
-64-row tile; kv chunk bounds snap to our blocks.
+is the sum of its items' costs under the cost model. Query tiles are never finer than the cost
+model's unit (128 packed rows under ours: FA2's and the persistent planner's own choice for
+long queries; 512 under the FIA V3 model, so there prefill tiles are coarser than FlashInfer's);
+kv chunk bounds snap to our blocks.
 """
 
 from __future__ import annotations
@@ -144,7 +145,9 @@ def holistic_items(workload: Workload) -> list[tuple[int, Item]]:
     for r in range(workload.batch):
         tasks[0 if q_lens[r] * group > HOLISTIC_TILE_ROWS[1] else 1].append(r)
     total_kv = 0
-    for task, rows in zip(tasks, HOLISTIC_TILE_ROWS):
+    unit_rows = model.q_tile * group
+    tile_rows = [max(HOLISTIC_TILE_ROWS[0], unit_rows), HOLISTIC_TILE_ROWS[1]]
+    for task, rows in zip(tasks, tile_rows):
         for r in task:
             tiles = _ceil_div(q_lens[r] * group, rows)
             total_kv += sum(_causal_kv_end(q_lens[r], kv_lens[r], t, rows, tiles, group)
@@ -152,7 +155,7 @@ def holistic_items(workload: Workload) -> list[tuple[int, Item]]:
     share = max(_ceil_div(total_kv * heads, ctas), 1)
     heap = [(0, c) for c in range(ctas)]
     out: list[tuple[int, Item]] = []
-    for task, rows in zip(tasks, HOLISTIC_TILE_ROWS):
+    for task, rows in zip(tasks, tile_rows):
         limit = 128 if share <= 128 else _ceil_div(share, 256) * 256
         if rows >= 64:
             limit //= min(heads, 2)

@@ -8,10 +8,10 @@ weights it is scored by):
 * ``fia_v3``: FIA V3's own block cost, ``6 * ceil(M / 16) + 10 * ceil(S2 / 64)`` per
   (M rows x S2 kv tokens) block (``CalcCost`` in ops-transformer ``split_core.cpp``), written
   in our weights: 64-token blocks, ``cost_kv_load = 40``, ``cost_qk_tile = 3``,
-  ``cost_segment = 0``. A 64-token block of a unit with ``M <= 128`` rows then costs
-  ``4 * (40 + 3 * ceil(M / 16)) = 16 * (10 + 6 * ceil(M / 16) / 8)``: 16 times FIA's cost
-  per 64 kv tokens, exact for decode rows; FIA charges the kv term once per 512-row tile,
-  this model once per 128-row unit (prefill chunks pay it up to 4 times).
+  ``cost_segment = 0`` and FIA's 512-row tile as our query tile (``q_tile = 512 / G``). A
+  64-token block of a unit of ``M`` rows then costs
+  ``4 * (40 + 3 * ceil(M / 16)) = 16 * (10 + 6 * ceil(M / 16) / 8)``: 16 times FIA's own
+  cost per 64 kv tokens (FIA prices the M term per 512-token block, this model per 64).
 
 The result is plain data (dicts of numbers) so the CLI can print it as tables or JSON.
 """
@@ -30,9 +30,11 @@ from .workload import CostModel, NotApplicableError, Workload
 Batch = tuple[Sequence[int], Sequence[int]]  # (cu_seqlens_q, seqlens_kv)
 
 COST_MODELS: dict[str, dict[str, int]] = {
-    "ours": {"block_size": 128, "cost_kv_load": 4, "cost_qk_tile": 1, "cost_segment": 32},
-    "fia_v3": {"block_size": 64, "cost_kv_load": 40, "cost_qk_tile": 3, "cost_segment": 0},
-}
+    "ours": {"block_size": 128, "cost_kv_load": 4, "cost_qk_tile": 1, "cost_segment": 32,
+             "tile_rows": 128},
+    "fia_v3": {"block_size": 64, "cost_kv_load": 40, "cost_qk_tile": 3, "cost_segment": 0,
+               "tile_rows": 512},
+}  # fmt: skip
 GEOMETRIES = ((16, 1), (32, 8), (64, 8))
 SOURCES = ("trace", "spec-decode", "chunked-prefill")
 STATISTICS = (("ratio_mean", "mean"), ("ratio_max", "worst"))
@@ -45,8 +47,11 @@ def cost_model(name: str, num_q_heads: int, num_kv_heads: int, num_cores: int = 
     Raises:
         KeyError: unknown name. WorkloadError: an invalid geometry.
     """
+    weights = dict(COST_MODELS[name])
+    group = num_q_heads // num_kv_heads if num_kv_heads else 1
+    q_tile = max(1, weights.pop("tile_rows") // max(group, 1))
     return CostModel(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, num_cores=num_cores,
-                     **COST_MODELS[name])  # fmt: skip
+                     q_tile=q_tile, **weights)  # fmt: skip
 
 
 def _summary(ratios: list[float], segments: list[int], units: list[int]) -> dict:
@@ -165,7 +170,8 @@ def balance_study(
     return {
         "cost_models": {
             n: asdict(cost_model(n, 1, 1, num_cores))
-            | {"num_q_heads": None, "num_kv_heads": None, "q_tile": None}
+            | {"num_q_heads": None, "num_kv_heads": None, "q_tile": None,
+               "tile_rows": COST_MODELS[n]["tile_rows"]}
             for n in cost_models
         },
         "anchors": {n: {"label": ANCHORS[n].label, "source": ANCHORS[n].source,
