@@ -83,7 +83,8 @@ def flashmla(
         overhead_cost: ``F`` directly in our cost units; overrides ``fixed_overhead``.
 
     Raises:
-        NotApplicableError: requests with different query lengths, or more than one m block.
+        NotApplicableError: requests with different query lengths, more than one m block, or
+            fewer cores than kv heads (``num_sm_parts`` would be 0).
     """
     model = workload.model
     q_lens = {q for q in workload.q_lens if q}
@@ -93,6 +94,10 @@ def flashmla(
     rows = s_q * model.group
     if rows > BLOCK_SIZE_M or s_q > model.q_tile:
         raise NotApplicableError(f"{rows} query rows per kv head span more than one m block")
+    if model.num_cores < model.num_kv_heads:
+        raise NotApplicableError(
+            f"{model.num_cores} cores cannot give each of {model.num_kv_heads} kv heads an SM part"
+        )
     parts = num_sm_parts(model.num_cores, model.num_kv_heads, rows)
     block_cost = model.block_cost(rows)
     if overhead_cost is None:

@@ -85,7 +85,7 @@ def run_case(
     for cu, kv in samples:
         workload = Workload(model, cu, kv)
         units.append(workload.num_units)
-        for name in ratios:
+        for name in list(ratios):
             if name in skipped:
                 continue
             try:
@@ -174,8 +174,11 @@ def balance_study(
                "tile_rows": COST_MODELS[n]["tile_rows"]}
             for n in cost_models
         },
-        "anchors": {n: {"label": ANCHORS[n].label, "source": ANCHORS[n].source,
-                        "family": ANCHORS[n].family} for n in names},  # fmt: skip
+        "anchors": {
+            n: {"label": ANCHORS[n].label, "source": ANCHORS[n].source,
+                "family": ANCHORS[n].family}
+            for n in names
+        },
         "cases": cases,
         "verdict": {
             "ours_at_or_below_all": not losses and not missing,

@@ -125,7 +125,7 @@ class Workload:
         self.model = model
         self.cu_seqlens_q = cu
         self.seqlens_kv = kv
-        self._q_lens = [b - a for a, b in zip(cu, cu[1:])]
+        self._q_lens = [b - a for a, b in itertools.pairwise(cu)]
         request, head, tile, blocks, w, kv_tokens = [], [], [], [], [], []
         for r, kv_len in enumerate(kv):
             q_len = cu[r + 1] - cu[r]
