@@ -21,7 +21,7 @@ from .sources import ContinuousBatch, SourceError
 
 DEFAULT_SIZES = (16, 64, 256, 1024)
 QUICK_SIZES = (16, 64)
-DEFAULT_SAMPLES = 2
+DEFAULT_SAMPLES = 4
 
 
 def _int_list(text: str) -> list[int]:
