@@ -14,10 +14,11 @@ Follows deepseek-ai/FlashMLA: ``csrc/flash_api.cpp`` ``get_mla_metadata`` sizes 
   of ``PAGE_BLOCK_SIZE = 64`` tokens.
 
 Translation into our cost units: the walk runs on costs instead of block counts: a block of
-ours costs ``w`` (one value per batch: decode and speculative-decode rows are uniform) and
-the overhead is ``F`` blocks of 64 tokens, ``F * w * 64 / block_size`` (``fixed_overhead``),
-or any cost given directly (``overhead_cost``, e.g. our ``cost_segment``). With ``w`` as the
-unit this is the source's walk exactly; cuts fall on our block boundaries. The model needs one
+ours costs ``w`` (one value per batch: decode and speculative-decode rows are uniform), the
+mean ``ceil(T / P)`` is rounded up to whole blocks, and the overhead is ``F`` blocks of 64
+tokens, ``F * w * 64 / block_size`` (``fixed_overhead``), or any cost given directly
+(``overhead_cost``, e.g. our ``cost_segment``). When ``F`` is a whole number of blocks this is
+the source's walk exactly; cuts fall on our block boundaries. The model needs one
 query length for all requests and ``s_q * G <= 64`` (one m block), as the decode kernel does;
 it is not run on chunked-prefill batches.
 """
@@ -36,15 +37,7 @@ def num_sm_parts(cores: int, kv_heads: int, q_rows_per_head: int) -> int:
     return max(1, cores // kv_heads // _ceil_div(q_rows_per_head, BLOCK_SIZE_M))
 
 
-def mla_parts(blocks: list[int], parts: int, block_cost: int, overhead: int) -> list[list[tuple[int, int, int]]]:
-    """``get_mla_metadata_kernel`` in cost units: per part, ``(request, begin, end)`` blocks.
-
-    Args:
-        blocks: kv blocks per request; parts: ``num_sm_parts``.
-        block_cost: ``w``, the cost of one block; overhead: ``F`` in cost units.
-    """
-    total = sum(b * block_cost + overhead for b in blocks)
-    payload = max(_ceil_div(total, parts) + overhead, 2 * overhead)
+def _walk(blocks: list[int], parts: int, block_cost: int, overhead: int, payload: int):
     out: list[list[tuple[int, int, int]]] = []
     request, block = 0, 0
     for _ in range(parts):
@@ -58,19 +51,36 @@ def mla_parts(blocks: list[int], parts: int, block_cost: int, overhead: int) -> 
                 left -= remain * block_cost + overhead
                 request, block = request + 1, 0
                 continue
-            take = (left - overhead) // block_cost if block_cost else remain
-            if left - overhead > 0 and take > 0:
+            take = (left - overhead) // block_cost
+            if take > 0:
                 part.append((request, block, block + take))
                 block += take
             break
         out.append(part)
-    # Cost units can leave a few blocks over where the source's block units cannot; the last
-    # part takes them.
-    while request < len(blocks):
-        if blocks[request] > block:
-            out[-1].append((request, block, blocks[request]))
-        request, block = request + 1, 0
-    return out
+    return out, request == len(blocks)
+
+
+def mla_parts(
+    blocks: list[int], parts: int, block_cost: int, overhead: int
+) -> list[list[tuple[int, int, int]]]:
+    """``get_mla_metadata_kernel`` in cost units: per part, ``(request, begin, end)`` blocks.
+
+    Args:
+        blocks: kv blocks per request; parts: ``num_sm_parts``.
+        block_cost: ``w`` (>= 1), the cost of one block; overhead: ``F`` in cost units.
+
+    With ``F`` a whole number of blocks the source's payload always suffices (it asserts so);
+    with a fraction of a block the parts can fall short by a block, and the payload is then
+    raised a block at a time until every block is placed.
+    """
+    total = sum(b * block_cost + overhead for b in blocks)
+    # ceil(T / P) in whole blocks, as the source's block units give it
+    payload = max(_ceil_div(total, parts * block_cost) * block_cost + overhead, 2 * overhead)
+    while True:
+        out, done = _walk(blocks, parts, block_cost, overhead, payload)
+        if done:
+            return out
+        payload += block_cost
 
 
 def flashmla(

@@ -188,6 +188,9 @@ def test_flashmla_num_sm_parts():
     ([5, 5], 2, 2, 3, [[(0, 0, 5)], [(1, 0, 5)]]),
     # payload = max(ceil(T / P) + F, 2 F)
     ([1, 1], 4, 1, 5, [[(0, 0, 1)], [(1, 0, 1)], [], []]),
+    # F = 1/3 block (w = 3): T = 12, payload 2 x 3 + 1 = 7 leaves request 2 over (4 > 3 left
+    # on both parts); one more block of payload (10) places all three
+    ([1, 1, 1], 2, 3, 1, [[(0, 0, 1), (1, 0, 1)], [(2, 0, 1)]]),
 ])  # fmt: skip
 def test_flashmla_metadata_walk(blocks, parts, w, f, expected):
     assert mla.mla_parts(blocks, parts, w, f) == expected
@@ -205,13 +208,16 @@ def test_flashmla_per_head_grid():
 
 
 def test_flashmla_overhead_translation():
-    # F = 5 blocks of 64 tokens = 2.5 of our 128-token blocks: cost 5 * w * 64 / 128
+    # F = 5 blocks of 64 tokens = 2.5 of our 128-token blocks (w = 40): F = 100 cost units.
+    # 40 blocks: T = 1600 + 100 = 1700; ceil(T / P) in whole blocks = 22 x 40 = 880;
+    # payload 980: part 0 takes (980 - 100) / 40 = 22 blocks, part 1 the other 18
     w = _workload([128 * 40], num_q_heads=16, num_kv_heads=1, num_cores=2)
-    block = w.model.block_cost(16)
-    total = 40 * block + 5 * block // 2
-    payload = -(-total // 2) + 5 * block // 2
+    assert w.model.block_cost(16) == 40
     part = mla.flashmla(w)
-    assert part.cores[0] == [Segment(0, 0, (payload - 5 * block // 2) // block)]
+    assert part.cores == [[Segment(0, 0, 22)], [Segment(0, 22, 40)]]
+    # F given in our units (cost_segment 32): payload 21 x 40 + 32 = 872 -> 21 blocks
+    part = mla.flashmla(w, overhead_cost=32)
+    assert part.cores == [[Segment(0, 0, 21)], [Segment(0, 21, 40)]]
 
 
 def test_flashmla_rejects_mixed_and_wide_queries():
