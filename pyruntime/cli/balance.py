@@ -13,7 +13,7 @@ import argparse
 import time
 
 from ..partitioners import CostModel, TilingUnavailableError, WorkloadError
-from ..partitioners.study import COST_MODELS, GEOMETRIES, SOURCES, balance_study
+from ..partitioners.study import COST_MODELS, GEOMETRIES, REFERENCES, SOURCES, balance_study
 from ..profiler.renderers.balance_tables import balance_tables
 from ._common import CliError, add_output_args, emit_json, make_console, progress, write_json
 from .sources import SOURCES as ALL_SOURCES
@@ -104,6 +104,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("kernel", "oracle"), default="kernel",
                    help="run ours through the C kernel or the pure-Python oracle")
     p.add_argument("--quick", action="store_true", help="1 sample, batch sizes 16,64 (smoke)")
+    p.add_argument("--reference", action="store_true",
+                   help="also show exact min-max bounds in our unit order and in the better of "
+                        "it and head-major order (slow pure Python; not in the verdict)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless ours is at or below every anchor variant everywhere")
     p.add_argument("-o", "--output", help="also write the JSON result to this file")
@@ -140,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
             task = bar.add_task("balance", total=cases)
             result = balance_study(
                 batches, args.geometries, args.cost_models, num_cores=args.cores,
-                engine=args.engine, on_case=lambda: bar.advance(task),
+                engine=args.engine, references=REFERENCES if args.reference else (),
+                on_case=lambda: bar.advance(task),
             )  # fmt: skip
     except (SourceError, WorkloadError, TilingUnavailableError) as exc:
         raise CliError(str(exc)) from exc

@@ -24,6 +24,7 @@ from dataclasses import asdict
 import numpy as np
 
 from . import ANCHORS
+from .minmax import minmax, minmax_best_order
 from .ours_abi import ours
 from .workload import CostModel, NotApplicableError, Workload
 
@@ -38,6 +39,7 @@ COST_MODELS: dict[str, dict[str, int]] = {
 GEOMETRIES = ((16, 1), (32, 8), (64, 8))
 SOURCES = ("trace", "spec-decode", "chunked-prefill")
 STATISTICS = (("ratio_mean", "mean"), ("ratio_max", "worst"))
+REFERENCES = {"minmax": minmax, "minmax_best_order": minmax_best_order}
 TOLERANCE = 1e-9
 
 
@@ -65,9 +67,13 @@ def _summary(ratios: list[float], segments: list[int], units: list[int]) -> dict
 
 
 def run_case(
-    samples: list[Batch], model: CostModel, names: Iterable[str], engine: str = "kernel"
+    samples: list[Batch],
+    model: CostModel,
+    names: Iterable[str],
+    engine: str = "kernel",
+    references: Iterable[str] = (),
 ) -> tuple[dict, list[str]]:
-    """Every partitioner on every sample of one case.
+    """Every partitioner (and reference, after the anchors) on every sample of one case.
 
     Returns:
         ``({name: summary}, not_applicable_names)``; ``"ours"`` first.
@@ -78,7 +84,7 @@ def run_case(
             reported costs differ from the cost model.
     """
     names = list(names)
-    ratios: dict[str, list[float]] = {n: [] for n in ["ours", *names]}
+    ratios: dict[str, list[float]] = {n: [] for n in ["ours", *names, *references]}
     segs: dict[str, list[int]] = {n: [] for n in ratios}
     units: list[int] = []
     skipped: set[str] = set()
@@ -89,7 +95,12 @@ def run_case(
             if name in skipped:
                 continue
             try:
-                part = ours(workload, engine) if name == "ours" else ANCHORS[name].run(workload)
+                if name == "ours":
+                    part = ours(workload, engine)
+                elif name in REFERENCES:
+                    part = REFERENCES[name](workload)
+                else:
+                    part = ANCHORS[name].run(workload)
             except NotApplicableError:
                 skipped.add(name)
                 continue
@@ -109,6 +120,7 @@ def balance_study(
     num_cores: int = 24,
     engine: str = "kernel",
     names: Iterable[str] = tuple(ANCHORS),
+    references: Iterable[str] = (),
     on_case: Callable[[], None] | None = None,
 ) -> dict:
     """Run ours and every anchor variant on every (geometry, source, batch size, cost model).
@@ -120,6 +132,8 @@ def balance_study(
         num_cores: AI Cores.
         engine: how ours is computed, ``"kernel"`` or ``"oracle"``.
         names: anchor variants to run (all by default).
+        references: names in :data:`REFERENCES` (exact min-max bounds, slow) to add to each
+            case under ``"references"``; they take no part in the verdict.
         on_case: called after each case (progress).
 
     Returns:
@@ -142,13 +156,16 @@ def balance_study(
             for size, samples in sizes.items():
                 for cm in cost_models:
                     model = cost_model(cm, q_heads, kv_heads, num_cores)
-                    parts, skipped = run_case(samples, model, names, engine)
+                    parts, skipped = run_case(samples, model, names, engine, references)
+                    refs = {n: parts.pop(n) for n in references if n in parts}
                     case = {
                         "geometry": f"{q_heads}/{kv_heads}", "num_q_heads": q_heads,
                         "num_kv_heads": kv_heads, "source": source, "cost_model": cm,
                         "batch": size, "samples": len(samples), "partitioners": parts,
                         "not_applicable": skipped,
                     }  # fmt: skip
+                    if refs:
+                        case["references"] = refs
                     cases.append(case)
                     ran.update(n for n in parts if n != "ours")
                     for n in parts:

@@ -275,3 +275,22 @@ def test_flashinfer_persistent_chunks_and_heap():
     part = fi.flashinfer_persistent(w)
     part.validate()
     assert part.cores[2] == [Segment(0, 2, 3)]
+
+
+# ---------------------------------------------------------------- reference: exact min-max
+
+minmax_mod = import_module("pyruntime.partitioners.minmax")
+
+
+def test_minmax_hand_worked():
+    # two units of 4 blocks, w = 40 (16 rows), segment 32: W = 2 x 192 = 384
+    w = _workload([512, 512], num_q_heads=16, num_kv_heads=1, num_cores=2)
+    assert minmax_mod.minmax(w).core_costs() == [192, 192]
+    # 3 cores: at B = 151 core 0 takes 2 blocks (112), core 1 the other 2 (112) and no block
+    # of unit 1, which then does not fit core 2 (192); at B = 152: 3 blocks (152), then
+    # 1 + 1 blocks (32 + 40 + 32 + 40 = 144), then 3 blocks (152)
+    w = _workload([512, 512], num_q_heads=16, num_kv_heads=1, num_cores=3)
+    part = minmax_mod.minmax(w)
+    part.validate()
+    assert part.core_costs() == [152, 144, 152]
+    assert part.cores[1] == [Segment(0, 3, 4), Segment(1, 0, 1)]

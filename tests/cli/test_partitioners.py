@@ -15,6 +15,7 @@ from pyruntime.partitioners import (
     WorkloadError,
 )
 from pyruntime.partitioners import ours_abi as ours
+from pyruntime.partitioners.minmax import minmax, minmax_best_order
 from pyruntime.partitioners.study import COST_MODELS, balance_study, cost_model
 from pyruntime.tiling import CoreRange
 
@@ -112,6 +113,21 @@ def test_mixed_batches_cover_the_work(kv, chunks, model):
             assert len(set(q)) > 1 or (anchor.family != "IFA" and wide), name
             continue
         part.validate()
+
+
+@settings(max_examples=25, deadline=None)
+@given(kv=st.lists(st.integers(1, 4000), min_size=1, max_size=24),
+       heads=st.sampled_from([(16, 1), (32, 8)]), cores=st.integers(8, 24))  # fmt: skip
+def test_exact_minmax_bounds_the_contiguous_partitions(kv, heads, cores):
+    """The reference is a true lower bound: below ours and below FlashMLA's per-head grid."""
+    pytest.importorskip("pyruntime.tiling")
+    w = _workload(kv, num_q_heads=heads[0], num_kv_heads=heads[1], num_cores=cores)
+    exact = max(minmax(w).core_costs())
+    best = max(minmax_best_order(w).core_costs())
+    assert best <= exact <= ours.ours(w).balance().max_core_cost
+    for name in ("flashmla", "flashmla_tuned", "flashmla_f0", "flashmla_f2"):
+        # FlashMLA's parts are contiguous in head-major order
+        assert best <= ANCHORS[name].run(w).balance().max_core_cost
 
 
 @pytest.mark.parametrize("engine", ["kernel", "oracle"])

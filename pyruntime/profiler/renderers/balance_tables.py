@@ -11,6 +11,9 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+# labels of the reference bounds (pyruntime.partitioners.study.REFERENCES)
+REFERENCE_LABELS = {"minmax": "exact min-max (ref)", "minmax_best_order": "exact, best order (ref)"}
+
 
 def _label(result: dict, name: str) -> str:
     return "ours" if name == "ours" else result["anchors"].get(name, {}).get("label", name)
@@ -50,6 +53,11 @@ def _case_table(result: dict, cases: list[dict]) -> Table:
             cells.append(Text(cell, style=style))
         if any(str(c) != "n/a" for c in cells):
             table.add_row(_label(result, name), *cells)
+    for name, label in REFERENCE_LABELS.items():
+        if all(name in case.get("references", {}) for case in cases):
+            cells = [f"{c['references'][name]['ratio_mean']:.3f}/"
+                     f"{c['references'][name]['ratio_max']:.3f}" for c in cases]  # fmt: skip
+            table.add_row(Text(label, style="dim"), *(Text(c, style="dim") for c in cells))
     return table
 
 
