@@ -110,3 +110,13 @@ def test_balance_tables_fit_80_columns():
     for loss in (False, True):
         text = render_text(balance_tables(balance_result(loss)))
         assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_reference_rows_are_shown_when_present():
+    result = balance_result()
+    for case in result["cases"]:
+        case["references"] = {n: {"ratio_mean": 1.001, "ratio_max": 1.002}
+                              for n in ("minmax", "minmax_best_order")}  # fmt: skip
+    text = render_text(balance_tables(result))
+    assert "exact min-max (ref)" in text and "1.001/1.002" in text
+    assert "exact min-max" not in render_text(balance_tables(balance_result()))
