@@ -39,7 +39,7 @@ def test_help_and_no_command(cli):
     (["inspect", "--kv", "5,5", "--q", "1"], "--q has 1 values"),
     (["inspect", "--file", "/nonexistent/lengths.json"], "cannot read"),
     (["profile", "--load", "/nonexistent/session.json"], "cannot read session"),
-    (["bench", "balance", "--q-heads", "6", "--kv-heads", "4"], "multiple"),
+    (["bench", "balance", "--geometries", "6/4"], "multiple"),
     (["frobnicate"], "invalid choice"),
 ])  # fmt: skip
 def test_user_errors_are_one_line(cli, argv, fragment):
@@ -107,29 +107,6 @@ def test_missing_trace_is_a_user_error(cli, monkeypatch, tmp_path):
     monkeypatch.setenv(TRACE_ENV, str(tmp_path / "none.csv"))
     code, _, err = cli("bench", "balance", "--quick", "--json")
     assert code == 2 and "AICPU_TILING_TRACE" in err
-
-
-@needs_tiling
-def test_bench_balance_quick_json(cli, tmp_path):
-    out_file = tmp_path / "balance.json"
-    code, out, _ = cli("bench", "balance", "--quick", "--json", "--check", "-o", str(out_file))
-    data = json.loads(out)
-    assert code == 0, data["verdict"]
-    assert [s["batch"] for s in data["sizes"]] == [16, 64, 256, 1024]
-    assert set(data["sizes"][0]["partitioners"]) == {
-        "ours",
-        "fia_even",
-        "fia_weighted",
-        "flashmla",
-        "flashinfer",
-    }
-    assert json.loads(out_file.read_text()) == data
-
-
-@needs_tiling
-def test_bench_balance_table(cli):
-    code, out, _ = cli("bench", "balance", "--quick", "--batch-sizes", "16", "--no-progress")
-    assert code == 0 and "FlashMLA" in out and "at or below every anchor" in out
 
 
 @needs_tiling
