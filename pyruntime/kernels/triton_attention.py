@@ -42,7 +42,7 @@ Constraints this code relies on, with their sources (check them on hardware):
   ``BLOCK_N <= 128``. For 32/8 heads, head_dim 128, block 128, bf16, BiShengIR's memory
   planning placed the attention kernel's buffers in 180 KiB of UB (56 KiB L1, 48 KiB L0C)
   with the default tiles (q_tile 32: BLOCK_M 64, BLOCK_N 64) and in 103 KiB of UB with the
-  decode tiles (q_tile 1: BLOCK_M 16, BLOCK_N 128); the combine in 104.5 / 28 KiB (the
+  decode tiles (q_tile 1: BLOCK_M 16, BLOCK_N 128); the combine in 105 / 28 KiB (the
   highest static ``pointer_cast`` offsets of ``module.hivm.opt.mlir``, reported by
   ``tools/ascend_compile.py [--q-tile 1]``). It fits, with little room at the default
   tiles, so larger tiles need that check again.
