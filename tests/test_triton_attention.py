@@ -317,3 +317,10 @@ def test_corrupt_combine_record_zeroes_every_row():
     out, status, combined = run_triton(case, plan, fill=5.0)
     assert set(status) == {0} and set(combined) == {ra.E_TILING}
     assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_launcher_docstring_example_runs():
+    import textwrap
+
+    code = triton_launch.__doc__.split("Example (CPU, interpreted)::\n")[1]
+    exec(textwrap.dedent(code), {})  # noqa: S102 (our own docstring)
