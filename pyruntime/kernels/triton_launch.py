@@ -6,9 +6,24 @@ starts the combine grid. On CPU tensors the kernels run under Triton's interpret
 ``triton``; this module sets ``TRITON_INTERPRET=1`` before it imports the kernels, because
 ``@triton.jit`` reads it at import); on ``npu`` tensors they run as compiled by Triton-Ascend,
 which launches on the current stream, so a launch made inside ``torch.npu.graph`` capture is
-recorded in the graph (triton-ascend ``docs/en/triton_api_extension/bl/triton_launch_kernel.md``;
-vLLM-Ascend runs its Triton kernels inside full graphs this way). One process uses one mode:
-upstream ``triton`` and ``triton-ascend`` both install the module ``triton``.
+recorded in the graph (vLLM-Ascend runs its Triton kernels inside full graphs this way). One
+process uses one mode: upstream ``triton`` and ``triton-ascend`` both install the module
+``triton``.
+
+What Triton-Ascend's launcher does per launch (``triton/backends/ascend/driver.py`` of the
+3.2.0 wheel; check on hardware under capture):
+
+- the stream is ``driver.active.get_current_stream()``, i.e.
+  ``torch_npu._C._npu_getCurrentRawStream(device)``: the capture stream inside a capture;
+- a kernel whose metadata has ``workspace_size > 0`` gets ``at::empty(workspace_size *
+  grid)`` bytes on the device at each launch, a torch allocation (from the graph's pool
+  under capture). BiShengIR's ``infer_workspace_shape_function`` gives 74,016 bytes per
+  program for the attention kernel at head_dim 128 (``tools/ascend_compile.py``);
+- a kernel with ``lock_num > 0`` also gets a sync-block-lock buffer initialised by a
+  synchronous ``rtMemcpy`` at each launch, which a capture cannot contain. Our HIVM modules
+  take the lock argument but have no lock-count function and synchronise cube and vector
+  with ``sync_block_set``/``wait`` only, so we expect ``lock_num == 0``; only the binary's
+  metadata (after ``hivmc``) can confirm it.
 
 Example (CPU, interpreted)::
 
