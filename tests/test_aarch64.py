@@ -42,8 +42,8 @@ if MISSING:
         pytest.fail(f"CI: {reason}", pytrace=False)
     pytest.skip(reason, allow_module_level=True)
 
-from pyruntime.aarch64.emulator import EmulationError, Machine  # noqa: E402
-from pyruntime.aarch64.kernel import (  # noqa: E402
+from pyruntime.aarch64.emulator import EmulationError, Machine
+from pyruntime.aarch64.kernel import (
     ARGS_FORMAT,
     ARGS_LAYOUT,
     FILL,
@@ -186,7 +186,7 @@ def test_machine_rejects_a_non_aarch64_file(tmp_path):
 
     exe = tmp_path / "host.elf"
     shutil.copy(sys.executable, exe)  # an x86-64 (or other host) ELF
-    if open(exe, "rb").read(4) != b"\x7fELF":
+    if exe.read_bytes()[:4] != b"\x7fELF":
         pytest.skip("the interpreter is not an ELF file")
     with pytest.raises(EmulationError):
         Machine(exe)
