@@ -16,7 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyruntime import reference_attention as ra
+from pyruntime.kernels import reference_attention as ra
 from pyruntime import tiling
 from pyruntime.tiling import TilingParams
 

@@ -35,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pyruntime import reference_attention as ra
+from pyruntime.kernels import reference_attention as ra
 from pyruntime import tiling
 
 TRACE = ROOT.parent / "shared" / "data" / "azure_llm_2023_conv.csv"

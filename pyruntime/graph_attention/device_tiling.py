@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 
 from pyruntime.backends import Backend
+from pyruntime.kernels import step as kernels
 from pyruntime.tiling import TilingError
 
-from . import kernels
 from .buffers import StaticBuffers, StepInputs
 
 

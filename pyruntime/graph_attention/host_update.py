@@ -16,9 +16,9 @@ import time
 import numpy as np
 
 from pyruntime.backends import Backend
+from pyruntime.kernels import step as kernels
 from pyruntime.tiling import TilingError
 
-from . import kernels
 from .buffers import StaticBuffers, StepInputs
 
 

@@ -44,7 +44,7 @@ class CpuTilingEngine:
         self.captured_keys = []
 
     def capture_attention(self, c):
-        from pyruntime import reference_attention as ra
+        from pyruntime.kernels import reference_attention as ra
         from pyruntime.tiling import TilingParams, plan_into
 
         if c.graph_key not in self.tilings:
@@ -71,7 +71,7 @@ class CpuTilingEngine:
 
 
 def _tiled_attention(c, params, buffer, partial_out, partial_lse):
-    from pyruntime import reference_attention as ra
+    from pyruntime.kernels import reference_attention as ra
 
     out = c.output.view(c.output.shape[0], c.num_heads, c.head_size)
     cache_shape = (c.key_cache.shape[0], c.block_size, c.num_kv_heads, c.head_size)

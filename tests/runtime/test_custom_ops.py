@@ -4,7 +4,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from pyruntime import tiling
-from pyruntime.graph_attention import custom_ops, kernels
+from pyruntime.kernels import custom_ops
+from pyruntime.kernels import step as kernels
 from pyruntime.workload.reference import reference_attention, relative_error
 
 P = tiling.TilingParams(num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=8, max_batch=4,

@@ -3,9 +3,9 @@
 - ``TILING`` (AI-CPU): reads the live batch and lengths from device memory and writes
   the tiling buffer (the C kernel through `pyruntime.tiling.plan_into`, zero-copy).
 - ``ATTENTION`` (AI Core): each core runs exactly the work its tiling range gives it
-  (`pyruntime.reference_attention.attention_core`).
+  (`pyruntime.kernels.reference_attention.attention_core`).
 - ``COMBINE`` (AI Core, one core): merges split-KV partials and zeroes padding rows
-  (`pyruntime.reference_attention.attention_finalize`); zeroes every row when the tiling
+  (`pyruntime.kernels.reference_attention.attention_finalize`); zeroes every row when the tiling
   is not OK.
 
 Argument dicts use the names of the torch custom ops in `custom_ops`, so the NPU backend
@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyruntime import reference_attention, tiling
+from pyruntime import tiling
 from pyruntime.backends import AICORE, AICPU, Kernel
+from pyruntime.kernels import reference_attention
 
 
 class AttentionKernelError(RuntimeError):

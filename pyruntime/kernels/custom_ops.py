@@ -3,7 +3,7 @@
 Registered with `torch.library.custom_op` so they can sit inside a captured torch graph
 (``torch.compile`` traces them through their fake implementations, which only declare
 that they mutate their output buffers). The CPU implementations run the kernels of
-`kernels`; an NPU build would register the AI-CPU / AI Core launches for the
+`step`; an NPU build would register the AI-CPU / AI Core launches for the
 ``PrivateUse1`` key under the same schemas.
 
 - ``plan_tiling(cu_seqlens_q, seqlens_kv, batch, tiling_out, params, causal)``
@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from . import kernels
+from . import step as kernels
 
 NAMESPACE = "aicpu_tiling"
 Tensor = torch.Tensor

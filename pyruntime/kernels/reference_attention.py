@@ -7,7 +7,8 @@ pieces by log-sum-exp and zeroes the padding rows. Running ``attention_core`` fo
 computes one attention layer::
 
     import torch
-    from pyruntime import reference_attention as ra, tiling
+    from pyruntime import tiling
+    from pyruntime.kernels import reference_attention as ra
 
     params = tiling.TilingParams(num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
                                  max_batch=4, max_tokens=8, max_blocks_per_req=8, num_cores=4)

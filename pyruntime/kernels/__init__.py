@@ -1,0 +1,12 @@
+"""The device kernels, in one place: what runs on the AI-CPU and on the AI Cores.
+
+- `step`: the three kernels of one attention step as backend `Kernel`s (AI-CPU tiling,
+  AI Core attention, AI Core combine), each with a CPU body and an NPU op, and
+  `launch_layer`, which both attention paths use.
+- `reference_attention`: the C reference attention (``aicpu_kernels/attention_ref.c``), the
+  AI Core role on the CPU backend.
+- `custom_ops`: the same launches as torch custom ops (``torch.ops.aicpu_tiling.*``).
+
+The C tiling kernel itself is ``aicpu_kernels/aicpu_tiling.c``, reached through
+`pyruntime.tiling`.
+"""
