@@ -281,3 +281,35 @@ def test_entry_rejects_bad_blocks(emu):
     got = emu.launch_entry(params, [0, 1], [5], 1, buffer_bytes=64)
     assert got.status == KERNEL_INVALID
     assert got.buffer == bytes([FILL]) * 64
+
+
+# --------------------------------------------------------------------------- bench column
+
+
+def test_bench_tiling_gets_instruction_counts():
+    from pyruntime.cli import tiling_bench
+    from pyruntime.cli.sources import trace_path
+
+    rows = [{"batch": b} for b in (1, 8, 64, 256, 1024, 3)]
+    info = tiling_bench.add_instruction_counts(rows, trace_path())
+    counted = {r["batch"]: r["aarch64_instructions"] for r in rows if "aarch64_instructions" in r}
+    assert sorted(counted) == [1, 8, 64, 256, 1024]  # batch 3 was not run by the C bench
+    assert all(c > 500 for c in counted.values())
+    assert counted[1024] > counted[64]  # decode cost grows with the batch past the small sizes
+    assert "AArch64 instructions per call" in info["note"]
+    assert [r["min"] <= r["median"] <= r["max"] for r in info["rows"]] == [True] * 5
+
+
+def test_bench_batches_follow_the_c_generator():
+    """The mirrored xorshift64* stream: first outputs for the C seed, computed by hand."""
+    from pyruntime.cli import tiling_bench
+
+    context, generated = np.arange(1, 101), np.zeros(100, dtype=np.int64)
+    batches = tiling_bench.bench_batches(context, generated, kv_capacity=10**9)
+    assert [len(batches[s]) for s in tiling_bench.BENCH_SIZES] == [8] * 5
+    state = tiling_bench.BENCH_SEED
+    state ^= state >> 12
+    state ^= (state << 25) & ((1 << 64) - 1)
+    state ^= state >> 27
+    first = ((state * 2685821657736338717) & ((1 << 64) - 1)) >> 32
+    assert batches[1][0] == [int(context[first % 100]) + 1]
