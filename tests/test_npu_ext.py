@@ -153,3 +153,35 @@ def test_cpp_kernel_matches_the_python_schema():
     want = [(kinds[str(a.type)], a.name) for a in schema.arguments]
     assert [(t.strip(), n) for t, n in cpp] == want
     assert 'm.impl("plan_tiling", &PlanTilingNpu)' in source
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("AICPU_TILING_CMAKE_CROSS") != "1",
+                    reason="minutes long (CMake probes ziglang as a compiler): set "
+                           "AICPU_TILING_CMAKE_CROSS=1 to run it")
+def test_cmake_runtime_target_with_a_ziglang_cann(tmp_path):
+    """The CANN build recipe's `runtime` target, with a directory shaped like CANN whose
+    AI-CPU cross compiler is ziglang: configures, builds and installs the .so and its JSON."""
+    import sys
+
+    if shutil.which("cmake") is None:
+        pytest.skip("needs cmake")
+    pytest.importorskip("ziglang")
+    bin_dir = tmp_path / "cann" / "toolkit" / "toolchain" / "hcc" / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool, mode in (("gcc", "cc"), ("g++", "c++")):
+        wrapper = bin_dir / f"aarch64-target-linux-gnu-{tool}"
+        wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m ziglang {mode} '
+                           f'-target aarch64-linux-gnu "$@"\n')
+        wrapper.chmod(0o755)
+    env = dict(os.environ, ASCEND_HOME_PATH=str(tmp_path / "cann"))
+    build = tmp_path / "build"
+    for cmd in (["cmake", "-S", str(KERNELS), "-B", str(build), "-DAICPU_TILING_TARGET=runtime",
+                 "-DCMAKE_TRY_COMPILE_TARGET_TYPE=STATIC_LIBRARY",
+                 f"-DCMAKE_INSTALL_PREFIX={build / 'install'}"],
+                ["cmake", "--build", str(build)], ["cmake", "--install", str(build)]):
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lib = build / "install" / "lib"
+    assert (lib / "libaicpu_tiling_runtime.so").stat().st_size > 0
+    assert json.loads((lib / "aicpu_tiling_runtime.json").read_text())
