@@ -39,6 +39,8 @@ def count() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; `argv` without the program name."""
+    from pyruntime.cli._common import CliError
+
     args = sys.argv[1:] if argv is None else argv
     try:
         if args[:1] == ["build"] and len(args) <= 2:
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             return build(Path(args[1]) if len(args) == 2 else root / "build/aicpu/cross")
         if args == ["count"]:
             return count()
-    except (RuntimeError, OSError, ImportError, ValueError) as exc:  # one line, no traceback
+    except (CliError, RuntimeError, OSError, ImportError, ValueError) as exc:  # one line, no traceback
         print(f"pyruntime.aarch64: {exc}", file=sys.stderr)
         return 1
     print("usage: python -m pyruntime.aarch64 build [DIR] | count", file=sys.stderr)
