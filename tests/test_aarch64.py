@@ -44,11 +44,12 @@ if MISSING:
 
 from pyruntime.aarch64.emulator import EmulationError, Machine
 from pyruntime.aarch64.kernel import (
-    ARGS_FORMAT,
-    ARGS_LAYOUT,
     FILL,
     EmulatedKernel,
+    args_format,
+    args_layout,
     params_words,
+    plan_signature,
 )
 
 
@@ -58,15 +59,18 @@ def emu(tmp_path_factory) -> EmulatedKernel:
 
 
 def host_raw(words, cu, kv, batch, causal, size) -> tuple[int, bytes]:
-    """The host build called like the emulated one: raw params, FILL-prefilled buffer."""
+    """The host build called like the emulated one: raw params, FILL-prefilled buffer,
+    arguments by name in the header's order (further scalars 0, as the emulated call)."""
     c_params = ffi.new("aicpu_tiling_params *")
     ffi.memmove(c_params, struct.pack("<16i", *words), 64)
     cu_arr = np.asarray(cu, dtype=np.int32)
     kv_arr = np.asarray(kv, dtype=np.int32)
     buf = np.full(max(size, 1), FILL, dtype=np.uint8)
-    status = lib.aicpu_tiling_plan(
-        c_params, ffi.cast("int32_t *", cu_arr.ctypes.data), ffi.cast("int32_t *", kv_arr.ctypes.data),
-        batch, 1 if causal else 0, ffi.cast("void *", buf.ctypes.data), size)
+    known = {"params": c_params, "cu_seqlens_q": ffi.cast("int32_t *", cu_arr.ctypes.data),
+             "seqlens_kv": ffi.cast("int32_t *", kv_arr.ctypes.data), "batch": batch,
+             "flags": 1 if causal else 0, "buffer": ffi.cast("void *", buf.ctypes.data),
+             "buffer_bytes": size}
+    status = lib.aicpu_tiling_plan(*(known.get(name, 0) for _, name in plan_signature()))
     return status, buf[:size].tobytes()
 
 
@@ -85,6 +89,13 @@ def assert_same(emu: EmulatedKernel, params: TilingParams, cu, kv, causal: bool)
 # --------------------------------------------------------------------------- layouts
 
 
+def test_plan_signature_is_read_from_the_header():
+    names = [name for _, name in plan_signature()]
+    assert names[:3] == ["params", "cu_seqlens_q", "seqlens_kv"]
+    assert {"batch", "flags", "buffer", "buffer_bytes"} <= set(names)
+    assert len(names) == len(ffi.typeof(lib.aicpu_tiling_plan).args)
+
+
 def test_params_words_match_the_c_struct():
     params = TilingParams(**LLAMA_8B, max_batch=4, max_tokens=8, max_blocks_per_req=64,
                           num_cores=6, cost_segment=17)
@@ -93,13 +104,13 @@ def test_params_words_match_the_c_struct():
 
 
 def test_args_layout_matches_the_header(tmp_path):
-    """ARGS_LAYOUT against offsetof() of tiling_kernel_args.h, compiled on the host."""
+    """The layout read from tiling_kernel_args.h against the host compiler's offsetof()."""
     import shutil
     import subprocess
 
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc")
-    names = [name for name, _ in ARGS_LAYOUT]
+    names = [name for name, _ in args_layout()]
     prog = tmp_path / "layout.c"
     prog.write_text(
         '#include <stdio.h>\n#include "tiling_kernel_args.h"\nint main(void) {\n'
@@ -112,10 +123,10 @@ def test_args_layout_matches_the_header(tmp_path):
     c_offsets = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True,
                                                 check=True).stdout.split()]
     py_offsets, offset = [], 0
-    for _, fmt in ARGS_LAYOUT:
+    for _, fmt in args_layout():
         py_offsets.append(offset)
         offset += struct.calcsize("<" + fmt)
-    assert c_offsets == [*py_offsets, struct.calcsize(ARGS_FORMAT)]
+    assert c_offsets == [*py_offsets, struct.calcsize(args_format())]
 
 
 # --------------------------------------------------------------------------- cross-compile

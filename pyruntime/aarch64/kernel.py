@@ -25,17 +25,40 @@ from . import toolchain
 from .emulator import Machine
 
 FILL = 0xA5
-#: Layout of ``aicpu_tiling_kernel_args`` (tiling_kernel_args.h), version 1: args_bytes,
-#: args_version, flags, batch, then the device addresses cu_seqlens_q, seqlens_kv,
-#: live_batch, buffer and buffer_bytes, then the 16-word params. A test compiles the header
-#: on the host and compares every offset, so a change there fails loudly here.
-ARGS_LAYOUT = (
-    ("args_bytes", "I"), ("args_version", "I"), ("flags", "I"), ("batch", "i"),
-    ("cu_seqlens_q", "Q"), ("seqlens_kv", "Q"), ("live_batch", "Q"), ("buffer", "Q"),
-    ("buffer_bytes", "Q"), ("params", "16i"),
-)  # fmt: skip
-ARGS_FORMAT = "<" + "".join(fmt for _, fmt in ARGS_LAYOUT)
-ARGS_VERSION = 1
+_C_FORMATS = {"uint32_t": "I", "int32_t": "i", "uint64_t": "Q", "int64_t": "q",
+              "aicpu_tiling_params": "16i"}  # fmt: skip
+
+
+def _strip_comments(text: str) -> str:
+    return re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL)
+
+
+def plan_signature() -> list[tuple[str, str]]:
+    """(C type, name) of each parameter of ``aicpu_tiling_plan()``, read from
+    aicpu_tiling.h, so the emulated call follows the header's ABI (order and types)."""
+    text = _strip_comments((toolchain.KERNELS / "aicpu_tiling.h").read_text())
+    params = re.search(r"int aicpu_tiling_plan\(([^)]*)\);", text).group(1)
+    out = []
+    for param in params.split(","):
+        m = re.match(r"\s*(.*?)\s*\b(\w+)\s*$", param.replace("*", " * "))
+        out.append((" ".join(m.group(1).split()), m.group(2)))
+    return out
+
+
+def args_layout() -> tuple[tuple[str, str], ...]:
+    """(name, struct format) of each field of ``aicpu_tiling_kernel_args``, in order, read
+    from tiling_kernel_args.h (every field is a fixed-width integer or the params struct,
+    with no implicit padding: the header pins it). A test compares the offsets with the
+    host compiler's offsetof()."""
+    text = _strip_comments((toolchain.AICPU / "tiling_kernel_args.h").read_text())
+    body = re.search(r"typedef struct aicpu_tiling_kernel_args \{(.*?)\}", text, re.DOTALL)
+    fields = re.findall(r"(\w+)\s+(\w+)\s*;", body.group(1))
+    return tuple((name, _C_FORMATS[ctype]) for ctype, name in fields)
+
+
+def args_format() -> str:
+    """The struct format of the whole argument block (little-endian, no padding)."""
+    return "<" + "".join(fmt for _, fmt in args_layout())
 
 
 def header_args_version() -> int:
@@ -114,8 +137,9 @@ class EmulatedKernel:
 
     def plan(self, params, cu_seqlens_q: Sequence[int], seqlens_kv: Sequence[int],
              batch: int | None = None, *, causal: bool = True, buffer_bytes: int | None = None,
-             exact_count: bool = False) -> EmulatedPlan:
-        """``aicpu_tiling_plan(params, cu, kv, batch, flags, buffer, buffer_bytes)``.
+             exact_count: bool = False, **scalars: int) -> EmulatedPlan:
+        """``aicpu_tiling_plan(params, cu, kv, batch, flags, buffer, buffer_bytes, ...)``,
+        arguments placed by name in the order aicpu_tiling.h declares them.
 
         Args:
             params: TilingParams, or 12-16 raw int32 words (may be invalid).
@@ -126,57 +150,85 @@ class EmulatedKernel:
             buffer_bytes: the output buffer's size; default ``params.tiling_bytes`` (or 64
                 for raw params).
             exact_count: also count instructions one by one (see `Machine.call`).
+            scalars: any further integer parameter of the prototype, by name (default 0).
+
+        Raises:
+            ValueError: the prototype has a pointer parameter this function does not know.
         """
         m = self.kernel
         words = params_words(params)
         size = buffer_bytes if buffer_bytes is not None else getattr(params, "tiling_bytes", 64)
         kv = _int32_bytes("seqlens_kv", seqlens_kv)
         try:
-            args = [
-                m.place(struct.pack("<16i", *words)),
-                m.place(_int32_bytes("cu_seqlens_q", cu_seqlens_q)),
-                m.place(kv),
-                len(kv) // 4 if batch is None else batch,
-                1 if causal else 0,
-                m.place(bytes([FILL]) * size),
-                size,
-            ]
-            result = m.call("aicpu_tiling_plan", args, int32_args=(3, 4), exact_count=exact_count)
+            buffer = m.place(bytes([FILL]) * size)
+            known = {
+                "params": lambda: m.place(struct.pack("<16i", *words)),
+                "cu_seqlens_q": lambda: m.place(_int32_bytes("cu_seqlens_q", cu_seqlens_q)),
+                "seqlens_kv": lambda: m.place(kv),
+                "batch": lambda: len(kv) // 4 if batch is None else batch,
+                "flags": lambda: 1 if causal else 0,
+                "buffer": lambda: buffer,
+                "buffer_bytes": lambda: size,
+            }
+            args, narrow = [], []
+            for i, (ctype, name) in enumerate(plan_signature()):
+                if name in known:
+                    args.append(known[name]())
+                elif "*" not in ctype:
+                    args.append(int(scalars.get(name, 0)))
+                else:
+                    raise ValueError(f"aicpu_tiling_plan() has a pointer parameter {name!r} "
+                                     "pyruntime/aarch64/kernel.py does not know")
+                if ctype in ("int32_t", "uint32_t", "int"):
+                    narrow.append(i)
+            result = m.call("aicpu_tiling_plan", args, int32_args=tuple(narrow),
+                            exact_count=exact_count)
             status = struct.unpack("<i", struct.pack("<I", result.x0 & 0xFFFF_FFFF))[0]
-            return EmulatedPlan(status, m.read(args[5], size), result.instructions
-                                if not exact_count else result.stepped_instructions,
-                                result.stack_bytes)  # fmt: skip
+            count = result.stepped_instructions if exact_count else result.instructions
+            return EmulatedPlan(status, m.read(buffer, size), count, result.stack_bytes)
         finally:
             m.release()
 
     def launch_entry(self, params, cu_seqlens_q: Sequence[int], seqlens_kv: Sequence[int],
                      batch: int, *, live_batch: int | None = None, causal: bool = True,
-                     buffer_bytes: int | None = None) -> EmulatedPlan:
+                     buffer_bytes: int | None = None, **int32_buffers: int) -> EmulatedPlan:
         """``aicpu_tiling_kernel(&args)``: the Ascend C / runtime-route entry point.
 
         Args:
             params, cu_seqlens_q, seqlens_kv, causal, buffer_bytes: as :meth:`plan`.
             batch: the block's ``batch`` field.
             live_batch: when given, the int32 the block's ``live_batch`` address points at.
+            int32_buffers: further address fields of the block, by name: each gets a fresh
+                one-int32 buffer holding the value (fields not given stay 0).
 
         Returns:
             An EmulatedPlan whose status is the entry's return value
             (AICPU_TILING_KERNEL_OK or _INVALID); the header has the kernel's status.
         """
-        if header_args_version() != ARGS_VERSION:
-            raise RuntimeError(
-                f"tiling_kernel_args.h is at version {header_args_version()}, but "
-                f"pyruntime/aarch64/kernel.py lays out version {ARGS_VERSION}: update ARGS_LAYOUT")
         m = self.entry
         size = buffer_bytes if buffer_bytes is not None else getattr(params, "tiling_bytes", 64)
         try:
             buffer = m.place(bytes([FILL]) * size)
-            live = 0 if live_batch is None else m.place(struct.pack("<i", live_batch))
-            block = struct.pack(
-                ARGS_FORMAT, struct.calcsize(ARGS_FORMAT), ARGS_VERSION, 1 if causal else 0,
-                batch, m.place(_int32_bytes("cu_seqlens_q", cu_seqlens_q)),
-                m.place(_int32_bytes("seqlens_kv", seqlens_kv)), live, buffer, size,
-                *params_words(params))
+            fields = {
+                "args_bytes": struct.calcsize(args_format()),
+                "args_version": header_args_version(),
+                "flags": 1 if causal else 0,
+                "batch": batch,
+                "cu_seqlens_q": m.place(_int32_bytes("cu_seqlens_q", cu_seqlens_q)),
+                "seqlens_kv": m.place(_int32_bytes("seqlens_kv", seqlens_kv)),
+                "live_batch": 0 if live_batch is None else m.place(struct.pack("<i", live_batch)),
+                "buffer": buffer,
+                "buffer_bytes": size,
+            }
+            for name, value in int32_buffers.items():  # further device addresses, by name
+                fields[name] = m.place(struct.pack("<i", value))
+            values = []
+            for name, _ in args_layout():
+                if name == "params":
+                    values.extend(params_words(params))
+                else:
+                    values.append(fields.get(name, 0))
+            block = struct.pack(args_format(), *values)
             result = m.call("aicpu_tiling_kernel", [m.place(block)])
             return EmulatedPlan(result.x0 & 0xFFFF_FFFF, m.read(buffer, size),
                                 result.instructions, result.stack_bytes)
