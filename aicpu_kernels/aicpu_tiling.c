@@ -51,6 +51,7 @@ typedef struct plan_ctx {
     const int32_t *cu;
     const int32_t *kv;
     int32_t batch;
+    int32_t epoch;
     int causal;
     int32_t group;
     int64_t seg;           /* cost_segment */
@@ -374,7 +375,7 @@ size_t aicpu_tiling_workspace_bytes(const aicpu_tiling_params *p) {
 }
 
 static void write_header(int32_t *buf, int status, int32_t batch, int32_t num_cores,
-                         uint32_t flags) {
+                         uint32_t flags, int32_t epoch) {
     write_words(buf, AICPU_TILING_HDR_WORDS, 0);
     buf[AICPU_TILING_HDR_MAGIC] = AICPU_TILING_MAGIC;
     buf[AICPU_TILING_HDR_VERSION] = AICPU_TILING_VERSION;
@@ -383,15 +384,16 @@ static void write_header(int32_t *buf, int status, int32_t batch, int32_t num_co
     buf[AICPU_TILING_HDR_BATCH] = batch;
     buf[AICPU_TILING_HDR_NUM_CORES] = num_cores;
     buf[AICPU_TILING_HDR_FLAGS] = (int32_t)(flags & AICPU_TILING_CAUSAL); /* known bits only */
+    buf[AICPU_TILING_HDR_EPOCH] = epoch;
 }
 
 /* Input error: header names the offence, every core idle at (0,0,0,0), tables zero. */
 static int write_input_error(const aicpu_tiling_params *p, int32_t *buf, int status,
                              int32_t request, int32_t value, int32_t limit, int32_t batch,
-                             uint32_t flags) {
+                             uint32_t flags, int32_t epoch) {
     int32_t core;
     write_words(buf, buffer_words(p), 0);
-    write_header(buf, status, batch, p->num_cores, flags);
+    write_header(buf, status, batch, p->num_cores, flags, epoch);
     buf[AICPU_TILING_HDR_BAD_REQUEST] = request;
     buf[AICPU_TILING_HDR_BAD_VALUE] = value;
     buf[AICPU_TILING_HDR_BAD_LIMIT] = limit;
@@ -460,7 +462,7 @@ static int validate(plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *total,
     *num_units = 0;
     if (c->cu[0] != 0)
         return write_input_error(p, buf, AICPU_TILING_E_QUERY_START, 0, c->cu[0], 0, c->batch,
-                                 flags);
+                                 flags, c->epoch);
     if (decode_pass(c, total, num_units)) return AICPU_TILING_OK;
     for (r = 0; r < c->batch; ++r) {
         int32_t lo = c->cu[r], hi = c->cu[r + 1], kv = c->kv[r];
@@ -477,7 +479,8 @@ static int validate(plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *total,
         else if (!c->causal && hi > lo && kv == 0)
             status = AICPU_TILING_E_KV_EMPTY, value = 0, limit = 1;
         if (status != AICPU_TILING_OK)
-            return write_input_error(p, buf, status, r, value, limit, c->batch, flags);
+            return write_input_error(p, buf, status, r, value, limit, c->batch, flags,
+                                     c->epoch);
         if (hi - lo == 1) { /* decode: skip the general shape computation */
             cost += heads * (c->seg + kv_blocks(c, kv) * c->w_decode);
             units += heads;
@@ -689,8 +692,8 @@ static void partition(const plan_ctx *c, int32_t *buf, int64_t total, int64_t nu
 }
 
 int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
-                      const int32_t *seqlens_kv, int32_t batch, uint32_t flags, void *buffer,
-                      size_t buffer_bytes) {
+                      const int32_t *seqlens_kv, int32_t batch, int32_t epoch, uint32_t flags,
+                      void *buffer, size_t buffer_bytes) {
     plan_ctx c;
     int32_t *buf = (int32_t *)buffer;
     int64_t total, num_units, words;
@@ -698,19 +701,21 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     if (buffer == NULL || ((uintptr_t)buffer & 3u) != 0) return AICPU_TILING_E_BUFFER;
     if (aicpu_tiling_params_check(p) != AICPU_TILING_OK) {
         if (buffer_bytes < AICPU_TILING_HDR_WORDS * 4) return AICPU_TILING_E_BUFFER;
-        write_header(buf, AICPU_TILING_E_PARAMS, batch, p != NULL ? p->num_cores : 0, flags);
+        write_header(buf, AICPU_TILING_E_PARAMS, batch, p != NULL ? p->num_cores : 0, flags,
+                     epoch);
         return AICPU_TILING_E_PARAMS;
     }
     if (buffer_bytes < (size_t)buffer_words(p) * 4) return AICPU_TILING_E_BUFFER;
     if (batch < 0 || batch > p->max_batch)
         return write_input_error(p, buf, AICPU_TILING_E_BATCH, -1, batch, p->max_batch, batch,
-                                 flags);
+                                 flags, epoch);
     if (cu_seqlens_q == NULL || (batch > 0 && seqlens_kv == NULL)) return AICPU_TILING_E_BUFFER;
 
     c.p = p;
     c.cu = cu_seqlens_q;
     c.kv = seqlens_kv;
     c.batch = batch;
+    c.epoch = epoch;
     c.causal = (flags & AICPU_TILING_CAUSAL) != 0;
     c.group = p->num_q_heads / p->num_kv_heads;
     c.seg = p->cost_segment;
@@ -730,7 +735,7 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     /* Only the padding past the combine table is not written by the steps below. */
     words = buffer_words(p);
     write_words(buf + used_words(p), words - used_words(p), 0);
-    write_header(buf, AICPU_TILING_OK, batch, p->num_cores, flags);
+    write_header(buf, AICPU_TILING_OK, batch, p->num_cores, flags, epoch);
     buf[AICPU_TILING_HDR_NUM_TOKENS] = c.cu[batch];
     partition(&c, buf, total, num_units);
     return AICPU_TILING_OK;

@@ -6,7 +6,8 @@
  *
  * WHAT IT DOES
  *   Given static parameters fixed at graph capture (aicpu_tiling_params) and the dynamic
- *   per-step inputs cu_seqlens_q[batch + 1] and seqlens_kv[batch], aicpu_tiling_plan()
+ *   per-step inputs cu_seqlens_q[batch + 1], seqlens_kv[batch] and a step epoch,
+ *   aicpu_tiling_plan()
  *   validates the inputs and writes a fixed-size tiling into a caller-owned buffer: which
  *   emulated or real AI Core does which part of the attention work, where split-KV pieces
  *   put their partial results, and what the combine step must merge.
@@ -61,8 +62,8 @@
  *   Each cut inside a unit adds one segment: segments <= units + P - 1.
  *
  * THE BUFFER (int32 words; little-endian on every Ascend and host target we build for)
- *   [0, 16)                      header, see AICPU_TILING_HDR_*
- *   [16, 16 + 12 P)              core table: P records of 12 words, AICPU_TILING_CORE_*
+ *   [0, 24)                      header, see AICPU_TILING_HDR_*; words 17..23 are 0
+ *   [24, 24 + 12 P)              core table: P records of 12 words, AICPU_TILING_CORE_*
  *   next (max_batch + 1) words   split prefix: first partial slot of each request; entries
  *                                batch..max_batch all hold the number of slots used
  *   next 6 (P - 1) words         combine table: one record per split unit, AICPU_TILING_COMB_*
@@ -81,6 +82,14 @@
  *
  *   Combine record: [request, kv_head, q_tile, first_slot, num_pieces, 0]. Pieces of one
  *   unit have consecutive slots in work order.
+ *
+ *   The epoch word (AICPU_TILING_HDR_EPOCH) echoes the epoch given to aicpu_tiling_plan(),
+ *   whatever the status. The host writes a new epoch beside each step's lengths; a consumer
+ *   that reads the lengths and the tiling of one step compares the two and treats a
+ *   mismatch like a failed status (no work, zero output). This is how a tiling that was not
+ *   recomputed for this step (a captured AI-CPU task that a graph replay did not re-run)
+ *   is detected instead of being used. The header is 24 words so that the core table
+ *   starts 32-byte aligned, the unit of AI Core data moves.
  *
  *   Partial workspace (aicpu_tiling_workspace_bytes): slots <= 2 (P - 1), each
  *   q_tile * group * (head_dim + 1) float32 values: partial_out [slots][q_tile][group][dim]
@@ -120,7 +129,7 @@ extern "C" {
 #endif
 
 #define AICPU_TILING_MAGIC 0x4C495441 /* "ATIL" read as little-endian int32 */
-#define AICPU_TILING_VERSION 1
+#define AICPU_TILING_VERSION 2 /* 2: the epoch word, a 24-word header */
 
 /* Status codes. 0 is success; every other value is one class of failure. */
 #define AICPU_TILING_OK 0
@@ -156,7 +165,8 @@ extern "C" {
 #define AICPU_TILING_HDR_MAX_CORE_COST 13 /* saturated at INT32_MAX */
 #define AICPU_TILING_HDR_TOTAL_COST 14    /* W, saturated at INT32_MAX */
 #define AICPU_TILING_HDR_FLAGS 15
-#define AICPU_TILING_HDR_WORDS 16
+#define AICPU_TILING_HDR_EPOCH 16     /* the epoch argument, echoed */
+#define AICPU_TILING_HDR_WORDS 24     /* words 17..23 reserved, written 0 */
 
 /* Core record word indices. */
 #define AICPU_TILING_CORE_BEGIN 0 /* 4 words: request, kv head, query tile, kv block */
@@ -249,6 +259,8 @@ size_t aicpu_tiling_workspace_bytes(const aicpu_tiling_params *params);
  *   seqlens_kv    [batch] int32 kv lengths including this step's tokens
  *   batch         live requests, 0 <= batch <= max_batch; slots with q_len == 0 and
  *                 kv_len == 0 are padding and get no work
+ *   epoch         any value; written to the header's epoch word on every written header
+ *                 (see THE BUFFER), never interpreted
  *   flags         AICPU_TILING_CAUSAL or 0
  *   buffer        caller-owned, 4-byte aligned, at least aicpu_tiling_bytes(params) bytes
  *   buffer_bytes  its size
@@ -256,11 +268,11 @@ size_t aicpu_tiling_workspace_bytes(const aicpu_tiling_params *params);
  * AICPU_TILING_E_BUFFER nothing is written; on AICPU_TILING_E_PARAMS only the header is
  * written, and only when the buffer holds it. On an input error the whole buffer is
  * written: the header names the offence and every core is idle.
- *     status = aicpu_tiling_plan(&p, cu, kv, batch, AICPU_TILING_CAUSAL, buf, sizeof buf);
+ *     status = aicpu_tiling_plan(&p, cu, kv, batch, epoch, AICPU_TILING_CAUSAL, buf, sizeof buf);
  */
 int aicpu_tiling_plan(const aicpu_tiling_params *params, const int32_t *cu_seqlens_q,
-                      const int32_t *seqlens_kv, int32_t batch, uint32_t flags, void *buffer,
-                      size_t buffer_bytes);
+                      const int32_t *seqlens_kv, int32_t batch, int32_t epoch, uint32_t flags,
+                      void *buffer, size_t buffer_bytes);
 
 /* aicpu_tiling_strerror: a static message for a status code; never NULL. */
 const char *aicpu_tiling_strerror(int status);

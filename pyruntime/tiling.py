@@ -43,6 +43,7 @@ __all__ = [
     "QueryOverflowError",
     "QueryStartError",
     "Segment",
+    "StaleTilingError",
     "Tiling",
     "TilingBufferError",
     "TilingError",
@@ -61,6 +62,10 @@ VERSION: int = lib.AICPU_TILING_VERSION
 OK: int = lib.AICPU_TILING_OK
 CAUSAL: int = lib.AICPU_TILING_CAUSAL
 HEADER_WORDS: int = lib.AICPU_TILING_HDR_WORDS
+#: header word that echoes the epoch the tiling was planned for
+HDR_EPOCH: int = lib.AICPU_TILING_HDR_EPOCH
+#: header word of the status (0 = OK)
+HDR_STATUS: int = lib.AICPU_TILING_HDR_STATUS
 CORE_WORDS: int = lib.AICPU_TILING_CORE_WORDS
 COMBINE_WORDS: int = lib.AICPU_TILING_COMB_WORDS
 DEFAULT_COST_KV_LOAD: int = lib.AICPU_TILING_DEFAULT_COST_KV_LOAD
@@ -109,6 +114,28 @@ class TilingBufferError(TilingError, ValueError):
     """A tiling buffer or input array that the kernel cannot use."""
 
     code = lib.AICPU_TILING_E_BUFFER
+
+
+class StaleTilingError(TilingError, RuntimeError):
+    """The tiling a step read was planned for another step (its epoch does not match).
+
+    The host writes a new epoch beside each step's lengths and the tiling kernel echoes the
+    epoch it read into the tiling header; attention that finds them different does no work
+    and writes zeros. Seeing this means the tiling task did not run for this step, e.g. a
+    captured AI-CPU task that a graph replay did not re-run: use ``placement="pre-replay"``.
+
+    Attributes:
+        tiling_epoch: the epoch in the tiling header (``value``).
+        step_epoch: the epoch of the step's lengths (``limit``).
+    """
+
+    def __init__(self, tiling_epoch: int, step_epoch: int) -> None:
+        super().__init__(
+            f"stale tiling: the tiling buffer was planned for step epoch {tiling_epoch}, but "
+            f"this step's lengths carry epoch {step_epoch}; the tiling task did not run for "
+            "this step (a captured AI-CPU task that graph replay did not re-run?), so every "
+            "output row was written as zero", value=tiling_epoch, limit=step_epoch)
+        self.tiling_epoch, self.step_epoch = tiling_epoch, step_epoch
 
 
 class TilingInputError(TilingError, ValueError):
@@ -421,6 +448,8 @@ class Tiling:
             raise error
 
     batch = property(lambda self: self._header(lib.AICPU_TILING_HDR_BATCH), doc="Live batch.")
+    epoch = property(lambda self: self._header(lib.AICPU_TILING_HDR_EPOCH),
+                     doc="The epoch given to the kernel, echoed (see StaleTilingError).")
     num_tokens = property(lambda self: self._header(lib.AICPU_TILING_HDR_NUM_TOKENS),
                           doc="Real query tokens (cu_seqlens_q[batch]).")
     num_units = property(lambda self: self._header(lib.AICPU_TILING_HDR_NUM_UNITS),
@@ -529,7 +558,7 @@ def _nbytes(array: Any) -> int:
 
 
 def plan_into(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any, batch: int,
-              out_buffer: Any, *, causal: bool = True) -> int:
+              out_buffer: Any, *, causal: bool = True, epoch: int = 0) -> int:
     """Run the kernel on caller-owned memory, the way the AI-CPU task does. No copies.
 
     Args:
@@ -539,6 +568,7 @@ def plan_into(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any, batch: i
         batch: live requests (``0 <= batch <= params.max_batch``, else the status says so).
         out_buffer: contiguous numpy array or CPU tensor of at least ``params.tiling_bytes``.
         causal: causal attention with a KV cache.
+        epoch: int32 step epoch, echoed in the header (`Tiling.epoch`).
 
     Returns:
         The kernel status (0 is OK); the buffer's header holds the details.
@@ -558,7 +588,15 @@ def plan_into(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any, batch: i
         raise TilingBufferError(f"tiling buffer has {size} bytes, need {params.tiling_bytes}")
     return lib.aicpu_tiling_plan(
         params._c, _pointer(cu_seqlens_q, "int32_t *"), _pointer(seqlens_kv, "int32_t *"),
-        int(batch), CAUSAL if causal else 0, _pointer(out_buffer, "void *"), size)
+        int(batch), _int32_scalar("epoch", epoch), CAUSAL if causal else 0,
+        _pointer(out_buffer, "void *"), size)
+
+
+def _int32_scalar(name: str, value: Any) -> int:
+    value = int(value)
+    if not _INT32_MIN <= value <= _INT32_MAX:
+        raise TilingBufferError(f"{name} must fit in int32, got {value}")
+    return value
 
 
 def _host_inputs(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any):
@@ -571,7 +609,7 @@ def _host_inputs(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any):
 
 
 def plan(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any, *,
-         causal: bool = True) -> Tiling:
+         causal: bool = True, epoch: int = 0) -> Tiling:
     """Run the C kernel on the host.
 
     Args:
@@ -579,6 +617,7 @@ def plan(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any, *,
         cu_seqlens_q: ``[batch + 1]`` query offsets (query_start_loc), ints.
         seqlens_kv: ``[batch]`` kv lengths including this step's tokens, ints.
         causal: causal attention with a KV cache (query rows are the last q_len positions).
+        epoch: int32 step epoch, echoed in the header (`Tiling.epoch`).
 
     Returns:
         A Tiling. Bad lengths do not raise here: like on the device, they set the tiling's
@@ -589,17 +628,18 @@ def plan(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any, *,
     """
     cu, kv = _host_inputs(params, cu_seqlens_q, seqlens_kv)
     buffer = np.zeros(params.tiling_bytes, dtype=np.uint8)
-    plan_into(params, cu, kv, kv.size, buffer, causal=causal)
+    plan_into(params, cu, kv, kv.size, buffer, causal=causal, epoch=epoch)
     return Tiling(params, buffer, cu, kv, causal)
 
 
 def reference_plan(params: TilingParams, cu_seqlens_q: Any, seqlens_kv: Any, *,
-                   causal: bool = True) -> Tiling:
+                   causal: bool = True, epoch: int = 0) -> Tiling:
     """Same as :func:`plan`, computed by the slow pure-Python oracle."""
     from pyruntime import tiling_oracle
 
     cu, kv = _host_inputs(params, cu_seqlens_q, seqlens_kv)
-    words = tiling_oracle.oracle_plan(params, cu.tolist(), kv.tolist(), kv.size, causal)
+    words = tiling_oracle.oracle_plan(params, cu.tolist(), kv.tolist(), kv.size, causal,
+                                      epoch=_int32_scalar("epoch", epoch))
     buffer = np.zeros(params.tiling_bytes, dtype=np.uint8)
     buffer.view(np.int32)[: len(words)] = words
     return Tiling(params, buffer, cu, kv, causal)

@@ -12,7 +12,7 @@ Public API:
     oracle_tiling_bytes(params) -> int           buffer size in bytes, 0 for invalid params
     oracle_max_slots(params) -> int              2 * (num_cores - 1), 0 for invalid params
     oracle_workspace_bytes(params) -> int        partials workspace bytes
-    oracle_plan(params, cu_seqlens_q, seqlens_kv, batch, causal) -> np.ndarray (int32 words)
+    oracle_plan(params, cu_seqlens_q, seqlens_kv, batch, causal, epoch=0) -> np.ndarray (int32)
     segments(params, buffer, cu_seqlens_q, seqlens_kv, causal) -> list[Segment]
     check_coverage(params, cu_seqlens_q, seqlens_kv, batch, causal, buffer) -> None
 
@@ -23,10 +23,10 @@ when absent.
 Rules chosen where the header leaves room (the C kernel must match them)
 -------------------------------------------------------------------------
 Invalid params (E_PARAMS).
-    ``oracle_plan`` returns only the 16-word header (the C kernel writes only the header):
+    ``oracle_plan`` returns only the 24-word header (the C kernel writes only the header):
     MAGIC, VERSION, STATUS = E_PARAMS, BAD_REQUEST = -1, BAD_VALUE = 0, BAD_LIMIT = 0,
     BATCH = batch as given, NUM_CORES = params.num_cores as given, FLAGS = flags passed,
-    every other word 0. Nothing of cu_seqlens_q / seqlens_kv is read.
+    EPOCH = epoch as given, every other word 0. Nothing of cu_seqlens_q / seqlens_kv is read.
 
 Validation order. First E_BATCH, then requests r = 0, 1, ..., batch - 1 in order; the first
     request with any offence is reported, and within a request the checks run in the order of
@@ -46,7 +46,7 @@ Validation order. First E_BATCH, then requests r = 0, 1, ..., batch - 1 in order
     no units, exactly like a padded slot.
 
 Input error buffer. Header: MAGIC, VERSION, status, the three bad fields, BATCH = batch as
-    given, NUM_TOKENS = 0, NUM_CORES = P, every count and cost 0, FLAGS. Every core record is
+    given, NUM_TOKENS = 0, NUM_CORES = P, every count and cost 0, FLAGS, EPOCH. Every core record is
     begin = end = (0, 0, 0, 0), first_slot = last_slot = -1, 0 segments, cost 0. Split
     prefix, combine table and padding all 0.
 
@@ -54,6 +54,7 @@ Success buffer. BAD_REQUEST = -1, BAD_VALUE = BAD_LIMIT = 0; NUM_TOKENS = cu[bat
     An idle core has begin == end == the position of its (empty) range: (batch, 0, 0, 0) at
     the end of the work, or the legal cut where it sits; first_slot = last_slot = -1,
     0 segments, cost 0. Unused combine records and padding are 0. FLAGS = 1 if causal else 0.
+    EPOCH = the epoch argument, on every header written.
     Every int32 count or cost (NUM_UNITS, NUM_SEGMENTS, MAX_CORE_COST, TOTAL_COST, core cost)
     saturates at INT32_MAX.
 
@@ -82,7 +83,7 @@ from typing import NamedTuple
 import numpy as np
 
 AICPU_TILING_MAGIC = 0x4C495441
-AICPU_TILING_VERSION = 1
+AICPU_TILING_VERSION = 2
 
 AICPU_TILING_OK = 0
 AICPU_TILING_E_PARAMS = 1
@@ -115,7 +116,8 @@ AICPU_TILING_HDR_NUM_COMBINE = 12
 AICPU_TILING_HDR_MAX_CORE_COST = 13
 AICPU_TILING_HDR_TOTAL_COST = 14
 AICPU_TILING_HDR_FLAGS = 15
-AICPU_TILING_HDR_WORDS = 16
+AICPU_TILING_HDR_EPOCH = 16
+AICPU_TILING_HDR_WORDS = 24
 
 AICPU_TILING_CORE_BEGIN = 0
 AICPU_TILING_CORE_END = 4
@@ -502,7 +504,8 @@ def _coordinates(units: list[Unit], starts: list[int], x: int, batch: int, seg: 
 # --------------------------------------------------------------------------------------------
 
 
-def _header(status: int, bad: tuple[int, int, int], batch: int, cores: int, flags: int) -> list:
+def _header(status: int, bad: tuple[int, int, int], batch: int, cores: int, flags: int,
+            epoch: int) -> list:
     words = [0] * AICPU_TILING_HDR_WORDS
     words[AICPU_TILING_HDR_MAGIC] = AICPU_TILING_MAGIC
     words[AICPU_TILING_HDR_VERSION] = AICPU_TILING_VERSION
@@ -511,6 +514,7 @@ def _header(status: int, bad: tuple[int, int, int], batch: int, cores: int, flag
     words[AICPU_TILING_HDR_BATCH] = batch
     words[AICPU_TILING_HDR_NUM_CORES] = cores
     words[AICPU_TILING_HDR_FLAGS] = flags
+    words[AICPU_TILING_HDR_EPOCH] = epoch
     return words
 
 
@@ -525,6 +529,7 @@ def oracle_plan(
     batch: int,
     causal: bool,
     *,
+    epoch: int = 0,
     refine: bool = True,
 ) -> np.ndarray:
     """The tiling buffer aicpu_tiling_plan() writes, as int32 words.
@@ -535,25 +540,27 @@ def oracle_plan(
         seqlens_kv: kv lengths; only [0..batch-1] is read, under the same condition.
         batch: live requests.
         causal: the AICPU_TILING_CAUSAL flag.
+        epoch: echoed in the header's EPOCH word.
         refine: False skips the greedy refinement, leaving the nearest cuts (for tests that
             check the nearest rule by hand; the C kernel always refines).
 
     Returns:
-        int32 array of oracle_tiling_bytes(params) // 4 words; for invalid params the 16-word
+        int32 array of oracle_tiling_bytes(params) // 4 words; for invalid params the 24-word
         header only (see the module docstring). Bad inputs never raise: the status is in
         word AICPU_TILING_HDR_STATUS.
     """
     flags = AICPU_TILING_CAUSAL if causal else 0
     batch = int(batch)
     if oracle_params_check(params) != AICPU_TILING_OK:
-        header = _header(AICPU_TILING_E_PARAMS, (-1, 0, 0), batch, int(params.num_cores), flags)
+        header = _header(AICPU_TILING_E_PARAMS, (-1, 0, 0), batch, int(params.num_cores), flags,
+                         epoch)
         return np.array(header, dtype=np.int32)
 
     layout = _layout(params)
     cores, seg = layout.num_cores, int(params.cost_segment)
     buf = [0] * layout.words
     status, *bad = oracle_validate(params, cu_seqlens_q, seqlens_kv, batch, causal)
-    buf[:AICPU_TILING_HDR_WORDS] = _header(status, tuple(bad), batch, cores, flags)
+    buf[:AICPU_TILING_HDR_WORDS] = _header(status, tuple(bad), batch, cores, flags, epoch)
     if status != AICPU_TILING_OK:
         for c in range(cores):
             at = layout.core_table + c * AICPU_TILING_CORE_WORDS

@@ -141,8 +141,10 @@ def test_golden_vectors():
     assert len(cases) >= 10
     for case in cases:
         params = TilingParams(**case["params"])
-        result = plan(params, case["cu_seqlens_q"], case["seqlens_kv"], causal=case["causal"])
+        result = plan(params, case["cu_seqlens_q"], case["seqlens_kv"], causal=case["causal"],
+                      epoch=case["epoch"])
         assert result.words.tolist() == case["words"], case["name"]
+        assert result.epoch == case["epoch"], case["name"]
 
 
 # ----------------------------------------------------------------- validation classes

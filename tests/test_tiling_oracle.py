@@ -75,12 +75,12 @@ def test_constants_match_header_text():
 
 
 def test_sizes_hand_computed():
-    p = make_params()  # 16 + 48 + 5 + 18 = 87 words -> 96 words
+    p = make_params()  # 24 + 48 + 5 + 18 = 95 words -> 96 words
     assert o.oracle_tiling_bytes(p) == 384
     assert o.oracle_max_slots(p) == 6
     assert o.oracle_workspace_bytes(p) == 6 * 4 * 2 * 65 * 4
-    one = make_params(num_cores=1, max_batch=1)  # 16 + 12 + 2 + 0 = 30 -> 32 words
-    assert o.oracle_tiling_bytes(one) == 128
+    one = make_params(num_cores=1, max_batch=1)  # 24 + 12 + 2 + 0 = 38 -> 48 words
+    assert o.oracle_tiling_bytes(one) == 192
     assert o.oracle_max_slots(one) == 0 and o.oracle_workspace_bytes(one) == 0
 
 
@@ -123,9 +123,10 @@ def test_params_check_edges_accepted():
 
 def test_invalid_params_give_header_only():
     p = make_params(num_cores=0)
-    buf = o.oracle_plan(p, Recorder([], 0), Recorder([], 0), 3, True)
+    buf = o.oracle_plan(p, Recorder([], 0), Recorder([], 0), 3, True, epoch=-77)
     assert buf.dtype == np.int32
-    assert header(buf) == [o.AICPU_TILING_MAGIC, 1, 1, -1, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+    assert header(buf) == [o.AICPU_TILING_MAGIC, 2, 1, -1, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+                           -77, 0, 0, 0, 0, 0, 0, 0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,16 +147,17 @@ def test_plan_mixed_causal_hand_computed():
     cu, kv = [0, 1, 2, 8], [40, 17, 30]
     buf = o.oracle_plan(p, cu, kv, 3, True, refine=False)
     assert len(buf) == 96
-    assert header(buf) == [o.AICPU_TILING_MAGIC, 1, 0, -1, 0, 0, 3, 8, 4, 8, 9, 2, 1, 126, 346, 1]
+    assert header(buf) == [o.AICPU_TILING_MAGIC, 2, 0, -1, 0, 0, 3, 8, 4, 8, 9, 2, 1, 126, 346, 1,
+                           0, 0, 0, 0, 0, 0, 0, 0]
     assert cores(p, buf).tolist() == [
         [0, 0, 0, 0, 1, 0, 0, 0, -1, -1, 2, 94],
         [1, 0, 0, 0, 2, 0, 1, 0, -1, -1, 3, 126],
         [2, 0, 1, 0, 2, 1, 1, 1, -1, 0, 3, 121],
         [2, 1, 1, 1, 3, 0, 0, 0, 1, 1, 1, 37],
     ]
-    assert buf[64:69].tolist() == [0, 0, 0, 2, 2]  # split prefix, max_batch + 1 entries
-    assert buf[69:75].tolist() == [2, 1, 1, 0, 2, 0]  # one combine record
-    assert not buf[75:].any()
+    assert buf[72:77].tolist() == [0, 0, 0, 2, 2]  # split prefix, max_batch + 1 entries
+    assert buf[77:83].tolist() == [2, 1, 1, 0, 2, 0]  # one combine record
+    assert not buf[83:].any()
     segs = o.segments(p, buf, cu, kv, True)
     assert segs[-2:] == [
         o.Segment(2, 2, 1, 4, 6, 0, 16, 0),
@@ -193,9 +195,9 @@ def test_plan_padding_and_empty_work():
     ]
     o.check_coverage(p, [0, 0, 0, 1], [0, 5, 16], 3, False, buf)
     empty = o.oracle_plan(p, [0], [], 0, True)
-    assert header(empty)[2:] == [0, -1, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 1]
+    assert header(empty)[2:16] == [0, -1, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 1]
     assert cores(p, empty).tolist() == [[0] * 8 + [-1, -1, 0, 0]] * 3
-    assert not empty[52:].any()
+    assert not empty[o.AICPU_TILING_HDR_WORDS + 36 :].any()
 
 
 def test_saturation_of_costs():
@@ -241,9 +243,9 @@ def test_validation_classes(cu, kv, batch, causal, expected):
     hdr = header(buf)
     assert tuple(hdr[2 : 2 + len(expected)]) == expected
     if expected[0] != o.AICPU_TILING_OK:
-        assert hdr[6:] == [batch, 0, 4, 0, 0, 0, 0, 0, 0, int(causal)]
+        assert hdr[6:] == [batch, 0, 4, 0, 0, 0, 0, 0, 0, int(causal), 0, 0, 0, 0, 0, 0, 0, 0]
         assert cores(p, buf).tolist() == [[0] * 8 + [-1, -1, 0, 0]] * 4
-        assert not buf[16 + 48 :].any()
+        assert not buf[o.AICPU_TILING_HDR_WORDS + 48 :].any()
 
 
 def test_only_documented_entries_are_read():

@@ -105,7 +105,7 @@ int main(int argc, char **argv) {
             long c;
             for (c = 0; c < calls; ++c) {
                 int st = aicpu_tiling_plan(&p, cu[c % BATCHES], kv[c % BATCHES], batch,
-                                           AICPU_TILING_CAUSAL, buf, sizeof buf);
+                                           (int32_t)c, AICPU_TILING_CAUSAL, buf, sizeof buf);
                 if (st != AICPU_TILING_OK) {
                     fprintf(stderr, "bench_tiling: status %d\n", st);
                     return 1;

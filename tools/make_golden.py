@@ -55,11 +55,12 @@ CASES = [
 
 def main() -> None:
     cases = []
-    for name, heads, rest, cu, kv, causal in CASES:
+    for i, (name, heads, rest, cu, kv, causal) in enumerate(CASES):
         params = TilingParams(**heads, **rest)
-        words = tiling_oracle.oracle_plan(params, cu, kv, len(kv), causal)
+        epoch = (i + 1) * 7919 * (-1 if i % 3 == 2 else 1)  # any int32, negatives included
+        words = tiling_oracle.oracle_plan(params, cu, kv, len(kv), causal, epoch=epoch)
         cases.append({"name": name, "params": params.as_dict(), "cu_seqlens_q": cu, "seqlens_kv": kv,
-                          "causal": causal, "words": [int(w) for w in words]})
+                          "causal": causal, "epoch": epoch, "words": [int(w) for w in words]})
     OUT.write_text(json.dumps(cases, indent=1) + "\n")
     print(f"wrote {len(cases)} cases to {OUT}")
 

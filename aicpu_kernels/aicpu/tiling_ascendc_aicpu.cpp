@@ -39,10 +39,15 @@ extern "C" __global__ __aicpu__ uint32_t aicpu_tiling_kernel(void *args)
             batch = *reinterpret_cast<const volatile int32_t *>(
                 static_cast<uintptr_t>(a->live_batch));
         }
+        int32_t epoch = 0;
+        if (a->step_epoch != 0) {
+            epoch = *reinterpret_cast<const volatile int32_t *>(
+                static_cast<uintptr_t>(a->step_epoch));
+        }
         const int status = aicpu_tiling_plan(
             &a->params, reinterpret_cast<const int32_t *>(static_cast<uintptr_t>(a->cu_seqlens_q)),
             reinterpret_cast<const int32_t *>(static_cast<uintptr_t>(a->seqlens_kv)), batch,
-            a->flags, reinterpret_cast<void *>(static_cast<uintptr_t>(a->buffer)),
+            epoch, a->flags, reinterpret_cast<void *>(static_cast<uintptr_t>(a->buffer)),
             static_cast<size_t>(a->buffer_bytes));
         result = aicpu_tiling_kernel_result(status);
     }

@@ -27,6 +27,7 @@ namespace {
 constexpr uint32_t kInputCuSeqlensQ = 0;
 constexpr uint32_t kInputSeqlensKv = 1;
 constexpr uint32_t kInputLiveBatch = 2;
+constexpr uint32_t kInputStepEpoch = 3;
 constexpr uint32_t kOutputTiling = 0;
 
 /* An int attribute that must fit in int32. Missing: `fallback` when `required` is
@@ -137,9 +138,20 @@ uint32_t AicpuTilingPlanCpuKernel::Compute(CpuKernelContext &ctx)
         batch = static_cast<int32_t>(kv_cap);
     }
 
+    /* Optional input 3: the step epoch, echoed in the tiling header (0 when absent). */
+    int32_t epoch = 0;
+    Tensor *step = (ctx.GetInputsSize() > kInputStepEpoch) ? ctx.Input(kInputStepEpoch)
+                                                           : nullptr;
+    if (step != nullptr && step->GetData() != nullptr) {
+        if (Int32Capacity(step) < 1) {
+            return KERNEL_STATUS_PARAM_INVALID;
+        }
+        epoch = *static_cast<const volatile int32_t *>(step->GetData());
+    }
+
     const int status = aicpu_tiling_plan(
         &params, static_cast<const int32_t *>(cu->GetData()),
-        static_cast<const int32_t *>(kv->GetData()), batch, flags, out->GetData(),
+        static_cast<const int32_t *>(kv->GetData()), batch, epoch, flags, out->GetData(),
         static_cast<size_t>(out->GetDataSize()));
     if (status == AICPU_TILING_E_PARAMS || status == AICPU_TILING_E_BUFFER) {
         return KERNEL_STATUS_PARAM_INVALID;

@@ -9,6 +9,8 @@
  *   input 2   batch         int32[1]         optional: the live batch. When present the
  *                                            arrays must hold max_batch requests
  *                                            (n >= max_batch); when absent, batch = n.
+ *   input 3   step_epoch    int32[1]         optional: the step epoch, echoed in the
+ *                                            tiling header (0 when absent).
  *   output 0  tiling        int32[aicpu_tiling_bytes(params) / 4]
  *   attributes (int): num_q_heads, num_kv_heads, head_dim, block_size, max_batch,
  *             max_tokens, max_blocks_per_req, num_cores, q_tile (required);

@@ -13,6 +13,7 @@
  *     args.cu_seqlens_q = AICPU_TILING_ADDR(dev_cu);      int32[max_batch + 1] on device
  *     args.seqlens_kv   = AICPU_TILING_ADDR(dev_kv);      int32[max_batch] on device
  *     args.live_batch   = AICPU_TILING_ADDR(dev_batch);   one int32 on device, or 0
+ *     args.step_epoch   = AICPU_TILING_ADDR(dev_epoch);   one int32 on device, or 0
  *     args.batch        = max_batch;                      see `batch` below
  *     args.buffer       = AICPU_TILING_ADDR(dev_tiling);
  *     args.buffer_bytes = aicpu_tiling_bytes(&params);
@@ -26,7 +27,8 @@
  *
  * WHAT THE KERNEL DOES WITH IT
  *   batch_used = live_batch ? *(const int32_t *)live_batch : batch
- *   aicpu_tiling_plan(&params, cu_seqlens_q, seqlens_kv, batch_used, flags,
+ *   epoch      = step_epoch ? *(const int32_t *)step_epoch : 0
+ *   aicpu_tiling_plan(&params, cu_seqlens_q, seqlens_kv, batch_used, epoch, flags,
  *                     buffer, buffer_bytes)
  *   then AscendC::DataStoreBarrier(). See aicpu_tiling_kernel_check() for the plumbing
  *   checks made before the call, and AICPU_TILING_KERNEL_* for its return values.
@@ -47,7 +49,7 @@ extern "C" {
 #define AICPU_TILING_ADDR(p) ((uint64_t)(uintptr_t)(p))
 
 /* Version of this argument block's layout; bump on any change. */
-#define AICPU_TILING_KERNEL_ARGS_VERSION 1
+#define AICPU_TILING_KERNEL_ARGS_VERSION 2 /* 2: step_epoch */
 
 /*
  * Return values of both AI-CPU entry points (the classic kernel returns the matching
@@ -77,14 +79,16 @@ typedef struct aicpu_tiling_kernel_args {
     uint64_t live_batch;    /* device address of one int32 (the live batch), or 0 */
     uint64_t buffer;        /* device address of the tiling buffer, 4-byte aligned */
     uint64_t buffer_bytes;  /* its size in bytes */
+    uint64_t step_epoch;    /* device address of one int32 (the step epoch the host wrote
+                               beside the lengths, echoed in the tiling header), or 0 */
     aicpu_tiling_params params; /* static parameters, by value */
 } aicpu_tiling_kernel_args;
 
 /* Layout checks (C99 has no static_assert: a negative array size fails the build). */
 typedef char aicpu_tiling_kernel_args_size_check
-    [(sizeof(aicpu_tiling_kernel_args) == 56 + sizeof(aicpu_tiling_params)) ? 1 : -1];
+    [(sizeof(aicpu_tiling_kernel_args) == 64 + sizeof(aicpu_tiling_params)) ? 1 : -1];
 typedef char aicpu_tiling_kernel_args_params_check
-    [(offsetof(aicpu_tiling_kernel_args, params) == 56 && sizeof(aicpu_tiling_params) == 64)
+    [(offsetof(aicpu_tiling_kernel_args, params) == 64 && sizeof(aicpu_tiling_params) == 64)
          ? 1 : -1];
 
 /* Fill the fixed fields; addresses and batch are left 0 for the caller to set. */

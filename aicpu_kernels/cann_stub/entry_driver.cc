@@ -67,7 +67,7 @@ aicpu_tiling_params BaseParams()
 size_t BufWords(const aicpu_tiling_params &p)
 {
     const size_t bytes = aicpu_tiling_bytes(&p);
-    return bytes ? bytes / 4 : 16;
+    return bytes ? bytes / 4 : AICPU_TILING_HDR_WORDS;
 }
 
 struct Direct {
@@ -80,7 +80,7 @@ Direct RunDirect(const aicpu_tiling_params &p, const Words &cu, const Words &kv,
 {
     Direct d;
     d.buf.assign(words, kSentinel);
-    d.status = aicpu_tiling_plan(&p, cu.data(), kv.data(), batch, flags, d.buf.data(), bytes);
+    d.status = aicpu_tiling_plan(&p, cu.data(), kv.data(), batch, 0, flags, d.buf.data(), bytes);
     return d;
 }
 

@@ -93,7 +93,7 @@ int main(int argc, char **argv) {
     for (r = 0; r <= batch; r++) cu[r] = r;
     for (r = 0; r < batch; r++) kv[r] = kv_len;
     for (r = 0; r < batch * mbpr; r++) bt[r] = (r * 7919) % num_blocks; /* scattered blocks */
-    if (aicpu_tiling_plan(&p, cu, kv, batch, AICPU_TILING_CAUSAL, tiling, aicpu_tiling_bytes(&p)))
+    if (aicpu_tiling_plan(&p, cu, kv, batch, 0, AICPU_TILING_CAUSAL, tiling, aicpu_tiling_bytes(&p)))
         return 1;
     for (i = 0; i < reps; i++) {
         t0 = now();

@@ -121,16 +121,27 @@ static int check_case(uint64_t iteration, const aicpu_tiling_params *p, int caus
                       size_t bytes, int *ok) {
     int status, expected, again;
     int32_t bad;
+    /* Any int32 is a valid epoch; spread them, sign included. */
+    const int32_t epoch = (int32_t)(uint32_t)(iteration * 2654435761u);
     memset(buf, 0xA5, bytes + 64);
     memset(buf2, 0x5A, bytes);
-    status = aicpu_tiling_plan(p, cu, kv, batch, causal ? AICPU_TILING_CAUSAL : 0, buf, bytes);
-    again = aicpu_tiling_plan(p, cu, kv, batch, causal ? AICPU_TILING_CAUSAL : 0, buf2, bytes);
+    status = aicpu_tiling_plan(p, cu, kv, batch, epoch, causal ? AICPU_TILING_CAUSAL : 0, buf, bytes);
+    again = aicpu_tiling_plan(p, cu, kv, batch, epoch, causal ? AICPU_TILING_CAUSAL : 0, buf2, bytes);
     expected = tiling_expected_status(p, cu, kv, batch, causal, &bad);
     if (status >= 0 && status < AICPU_TILING_NUM_STATUS) status_seen[status]++;
     if (status != expected || again != status) {
         fprintf(stderr, "case %llu: status %d, expected %d\n", (unsigned long long)iteration,
                 status, expected);
         return 1;
+    }
+    if (status != AICPU_TILING_E_BUFFER) {
+        int32_t echoed;
+        memcpy(&echoed, buf + 4 * AICPU_TILING_HDR_EPOCH, sizeof echoed);
+        if (echoed != epoch) {
+            fprintf(stderr, "case %llu: header epoch %d, expected %d\n",
+                    (unsigned long long)iteration, echoed, epoch);
+            return 1;
+        }
     }
     if (memcmp(buf, buf2, bytes) != 0) {
         fprintf(stderr, "case %llu: buffer not fully written (differs by prior contents)\n",

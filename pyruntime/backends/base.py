@@ -389,12 +389,12 @@ class Backend(abc.ABC):
         self._launch(stream, task)
 
     def plan_on_host(self, params: Any, cu_seqlens_q: Any, seqlens_kv: Any, *,
-                     causal: bool = True) -> Any:
+                     causal: bool = True, epoch: int = 0) -> Any:
         """Compute a tiling on the host (what FIA does at every launch); counted."""
         from pyruntime import tiling
 
         self.counters.host_tiling_calls += 1
-        return tiling.plan(params, cu_seqlens_q, seqlens_kv, causal=causal)
+        return tiling.plan(params, cu_seqlens_q, seqlens_kv, causal=causal, epoch=epoch)
 
     # ---- internals ------------------------------------------------------------------------
     @staticmethod

@@ -19,6 +19,7 @@ from pyruntime.tiling import TilingParams
 from .errors import AttentionInputError, FrozenSizeError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INT32_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +29,7 @@ class StepInputs:
     block_table: np.ndarray  # [max_batch, max_blocks_per_req]
     cu_seqlens_q: np.ndarray  # [live_batch + 1]
     seqlens_kv: np.ndarray  # [live_batch]
+    epoch: int  # this step's epoch, new for every step (see pyruntime.tiling.StaleTilingError)
 
     @property
     def live_batch(self) -> int:
@@ -59,9 +61,10 @@ class StaticBuffers:
             num_kv_heads, head_dim]`` dtype.
         outputs: ``num_layers`` x ``[max_tokens, num_q_heads, head_dim]`` dtype.
         block_table: int32 ``[max_batch, max_blocks_per_req]``.
-        lengths: int32 ``[1 + (max_batch + 1) + max_batch]``: live batch, cu_seqlens_q,
-            seqlens_kv, packed so one copy refreshes them; `cu_seqlens_q`, `seqlens_kv` and
-            `batch` are views into it.
+        lengths: int32 ``[2 + (max_batch + 1) + max_batch]``: step epoch, live batch,
+            cu_seqlens_q, seqlens_kv, packed so one copy refreshes them; `step_epoch`,
+            `batch`, `cu_seqlens_q` and `seqlens_kv` are views into it. The tiling echoes the
+            epoch, so attention can tell a tiling planned for this step from a stale one.
         tiling: uint8 ``[params.tiling_bytes]``.
         partial_out: float32 ``[max_partial_slots, q_tile, group, head_dim]``.
         partial_lse: float32 ``[max_partial_slots, q_tile, group]``.
@@ -83,15 +86,17 @@ class StaticBuffers:
         self.kv_caches = [(alloc(cache, dtype), alloc(cache, dtype)) for _ in range(num_layers)]
         self.outputs = [alloc(row, dtype) for _ in range(num_layers)]
         self.block_table = alloc((p.max_batch, p.max_blocks_per_req), torch.int32)
-        self.lengths = alloc((2 * p.max_batch + 2,), torch.int32)
-        self.batch = self.lengths[0:1]
-        self.cu_seqlens_q = self.lengths[1 : p.max_batch + 2]
-        self.seqlens_kv = self.lengths[p.max_batch + 2 :]
+        self.lengths = alloc((2 * p.max_batch + 3,), torch.int32)
+        self.step_epoch = self.lengths[0:1]
+        self.batch = self.lengths[1:2]
+        self.cu_seqlens_q = self.lengths[2 : p.max_batch + 3]
+        self.seqlens_kv = self.lengths[p.max_batch + 3 :]
         self.tiling = alloc((p.tiling_bytes,), torch.uint8)
         slots = max(1, p.max_partial_slots)
         self.partial_out = alloc((slots, p.q_tile, p.group, p.head_dim), torch.float32)
         self.partial_lse = alloc((slots, p.q_tile, p.group), torch.float32)
-        self._staging = np.zeros(2 * p.max_batch + 2, dtype=np.int32)
+        self._staging = np.zeros(2 * p.max_batch + 3, dtype=np.int32)
+        self._epoch = 0  # the device buffers start zeroed: epoch 0 is "no step yet"
 
     def validate(self, block_table: Any, cu_seqlens_q: Any, seqlens_kv: Any) -> StepInputs:
         """Check types, dtypes and frozen sizes; values are the tiling's business.
@@ -114,12 +119,13 @@ class StaticBuffers:
         if cu.shape[0] != kv.shape[0] + 1:
             raise AttentionInputError(f"cu_seqlens_q must have len(seqlens_kv) + 1 = "
                                       f"{kv.shape[0] + 1} entries, got {cu.shape[0]}")
-        return StepInputs(bt, cu, kv)
+        self._epoch = self._epoch % _INT32_MAX + 1  # 1..INT32_MAX, never 0
+        return StepInputs(bt, cu, kv, self._epoch)
 
     def stage_lengths(self, inputs: StepInputs) -> np.ndarray:
         """The packed host image of `lengths` for this step (reused host memory)."""
-        n, staging = inputs.live_batch, self._staging
-        staging[0] = n
-        staging[1 : n + 2] = inputs.cu_seqlens_q
-        staging[self.params.max_batch + 2 : self.params.max_batch + 2 + n] = inputs.seqlens_kv
+        n, staging, first_kv = inputs.live_batch, self._staging, self.params.max_batch + 3
+        staging[0], staging[1] = inputs.epoch, n
+        staging[2 : n + 3] = inputs.cu_seqlens_q
+        staging[first_kv : first_kv + n] = inputs.seqlens_kv
         return staging

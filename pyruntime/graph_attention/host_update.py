@@ -37,7 +37,9 @@ class HostUpdatePath:
     def capture(self) -> None:
         be, main = self.backend, self.stream
         cu, kv = np.zeros(1, np.int32), np.zeros(0, np.int32)  # capture-time metadata
-        capture_tiling = be.plan_on_host(self.buffers.params, cu, kv, causal=self.causal)
+        epoch = np.zeros(1, np.int32)
+        capture_tiling = be.plan_on_host(self.buffers.params, cu, kv, causal=self.causal,
+                                         epoch=0)
         with be.capture(self.graph, main):
             for layer, event in enumerate(self.events):
                 event.wait(main)
@@ -45,7 +47,7 @@ class HostUpdatePath:
                 be.graph_task_group_begin(main)
                 kernels.launch_layer(be, self.buffers, layer, stream=main,
                                      tiling_in=capture_tiling.buffer, cu_seqlens_q=cu,
-                                     seqlens_kv=kv, causal=self.causal)
+                                     seqlens_kv=kv, step_epoch=epoch, causal=self.causal)
                 self.groups.append(be.graph_task_group_end(main))
 
     def step(self, inputs: StepInputs) -> float:
@@ -56,12 +58,14 @@ class HostUpdatePath:
         self.stream.synchronize()  # vllm-ascend's pre-replay sync (idle here: cheap)
         self.graph.replay(self.stream)
         cu, kv = inputs.cu_seqlens_q, inputs.seqlens_kv
+        epoch = np.array([inputs.epoch], np.int32)
         for layer, event in enumerate(self.events):
             be.graph_task_update_begin(upd, self.groups[layer])
-            host_tiling = be.plan_on_host(self.buffers.params, cu, kv, causal=self.causal)
+            host_tiling = be.plan_on_host(self.buffers.params, cu, kv, causal=self.causal,
+                                          epoch=inputs.epoch)
             kernels.launch_layer(be, self.buffers, layer, stream=upd,
                                  tiling_in=host_tiling.buffer, cu_seqlens_q=cu,
-                                 seqlens_kv=kv, causal=self.causal)
+                                 seqlens_kv=kv, step_epoch=epoch, causal=self.causal)
             be.graph_task_update_end(upd)
             event.record(upd)
         elapsed = time.thread_time() - start

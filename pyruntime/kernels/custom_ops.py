@@ -6,10 +6,11 @@ that they mutate their output buffers). The CPU implementations run the kernels 
 `step`; an NPU build would register the AI-CPU / AI Core launches for the
 ``PrivateUse1`` key under the same schemas.
 
-- ``plan_tiling(cu_seqlens_q, seqlens_kv, batch, tiling_out, params, causal)``
+- ``plan_tiling(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, params, causal)``
 - ``paged_attention(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
-  tiling_in, out, partial_out, partial_lse, params, scale, causal)`` (every core)
-- ``attention_combine(cu_seqlens_q, tiling_in, out, partial_out, partial_lse, params)``
+  step_epoch, tiling_in, out, partial_out, partial_lse, params, scale, causal)`` (every core)
+- ``attention_combine(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse,
+  params)``
 """
 
 from __future__ import annotations
@@ -29,42 +30,45 @@ def ops():
     """Register the ops once; return ``torch.ops.aicpu_tiling``."""
 
     @torch.library.custom_op(f"{NAMESPACE}::plan_tiling", mutates_args=("tiling_out",))
-    def plan_tiling(cu_seqlens_q: Tensor, seqlens_kv: Tensor, batch: Tensor, tiling_out: Tensor,
-                    params: list[int], causal: bool) -> None:
+    def plan_tiling(cu_seqlens_q: Tensor, seqlens_kv: Tensor, batch: Tensor, step_epoch: Tensor,
+                    tiling_out: Tensor, params: list[int], causal: bool) -> None:
         kernels.tiling_body(cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, batch=batch,
-                            tiling_out=tiling_out, params=params, causal=causal)
+                            step_epoch=step_epoch, tiling_out=tiling_out, params=params,
+                            causal=causal)
 
     @plan_tiling.register_fake
-    def _(cu_seqlens_q, seqlens_kv, batch, tiling_out, params, causal) -> None:
+    def _(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, params, causal) -> None:
         return None
 
     @torch.library.custom_op(f"{NAMESPACE}::paged_attention",
                              mutates_args=("out", "partial_out", "partial_lse"))
     def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor,
                         block_table: Tensor, cu_seqlens_q: Tensor, seqlens_kv: Tensor,
-                        tiling_in: Tensor, out: Tensor, partial_out: Tensor,
+                        step_epoch: Tensor, tiling_in: Tensor, out: Tensor, partial_out: Tensor,
                         partial_lse: Tensor, params: list[int], scale: float,
                         causal: bool) -> None:
         for core in range(kernels.params_from(tuple(params)).num_cores):
             kernels.attention_body(
                 core, query=query, key_cache=key_cache, value_cache=value_cache,
                 block_table=block_table, cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv,
-                tiling_in=tiling_in, out=out, partial_out=partial_out,
+                step_epoch=step_epoch, tiling_in=tiling_in, out=out, partial_out=partial_out,
                 partial_lse=partial_lse, params=params, scale=scale, causal=causal)
 
     @paged_attention.register_fake
-    def _(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, tiling_in,
-          out, partial_out, partial_lse, params, scale, causal) -> None:
+    def _(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, step_epoch,
+          tiling_in, out, partial_out, partial_lse, params, scale, causal) -> None:
         return None
 
     @torch.library.custom_op(f"{NAMESPACE}::attention_combine", mutates_args=("out",))
-    def attention_combine(cu_seqlens_q: Tensor, tiling_in: Tensor, out: Tensor,
-                          partial_out: Tensor, partial_lse: Tensor, params: list[int]) -> None:
-        kernels.combine_body(0, cu_seqlens_q=cu_seqlens_q, tiling_in=tiling_in, out=out,
-                             partial_out=partial_out, partial_lse=partial_lse, params=params)
+    def attention_combine(cu_seqlens_q: Tensor, step_epoch: Tensor, tiling_in: Tensor,
+                          out: Tensor, partial_out: Tensor, partial_lse: Tensor,
+                          params: list[int]) -> None:
+        kernels.combine_body(0, cu_seqlens_q=cu_seqlens_q, step_epoch=step_epoch,
+                             tiling_in=tiling_in, out=out, partial_out=partial_out,
+                             partial_lse=partial_lse, params=params)
 
     @attention_combine.register_fake
-    def _(cu_seqlens_q, tiling_in, out, partial_out, partial_lse, params) -> None:
+    def _(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse, params) -> None:
         return None
 
     return getattr(torch.ops, NAMESPACE)

@@ -1,12 +1,18 @@
 """The three device kernels of one attention step, as backend `Kernel`s.
 
-- ``TILING`` (AI-CPU): reads the live batch and lengths from device memory and writes
-  the tiling buffer (the C kernel through `pyruntime.tiling.plan_into`, zero-copy).
+- ``TILING`` (AI-CPU): reads the step epoch, live batch and lengths from device memory
+  and writes the tiling buffer (the C kernel through `pyruntime.tiling.plan_into`,
+  zero-copy); the tiling header echoes the epoch.
 - ``ATTENTION`` (AI Core): each core runs exactly the work its tiling range gives it
   (`pyruntime.kernels.reference_attention.attention_core`).
 - ``COMBINE`` (AI Core, one core): merges split-KV partials and zeroes padding rows
   (`pyruntime.kernels.reference_attention.attention_finalize`); zeroes every row when the tiling
   is not OK.
+
+Attention and combine also take ``step_epoch``, the epoch the host wrote beside this step's
+lengths. A tiling whose header epoch differs was not planned for this step (a captured
+AI-CPU task that replay did not re-run): attention then does no work and combine zeroes
+every row, like a failed status, and the host's check raises `tiling.StaleTilingError`.
 
 Argument dicts use the names of the torch custom ops in `custom_ops`, so the NPU backend
 can call ``npu_op(**args)``. By-value arguments (the host-update path passes its tiling
@@ -65,17 +71,26 @@ def _check(status: int, params: tiling.TilingParams, tiling_buf: torch.Tensor, w
     raise AttentionKernelError(f"{what}: {reference_attention.strerror(status)}")
 
 
-def tiling_body(*, cu_seqlens_q, seqlens_kv, batch, tiling_out, params, causal) -> None:
-    """AI-CPU: plan into `tiling_out` from device-resident lengths and batch."""
+def tiling_body(*, cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, params,
+                causal) -> None:
+    """AI-CPU: plan into `tiling_out` from device-resident lengths, batch and epoch."""
     tiling.plan_into(params_from(tuple(params)), cu_seqlens_q, seqlens_kv, int(batch[0]),
-                     tiling_out, causal=causal)
+                     tiling_out, causal=causal, epoch=int(step_epoch[0]))
+
+
+def is_stale(tiling_buf: torch.Tensor, step_epoch: Any) -> bool:
+    """True when the tiling was planned for another step than `step_epoch[0]`."""
+    words = _tensor(tiling_buf).view(torch.int32)
+    return int(words[tiling.HDR_EPOCH]) != int(_tensor(step_epoch)[0])
 
 
 def attention_body(core: int, *, query, key_cache, value_cache, block_table, cu_seqlens_q,
-                   seqlens_kv, tiling_in, out, partial_out, partial_lse, params, scale,
-                   causal) -> None:
-    """AI Core `core`: its share of one layer, as the tiling assigns it."""
+                   seqlens_kv, step_epoch, tiling_in, out, partial_out, partial_lse, params,
+                   scale, causal) -> None:
+    """AI Core `core`: its share of one layer, as the tiling assigns it (none if stale)."""
     tiling_in, params = _tensor(tiling_in), params_from(tuple(params))
+    if is_stale(tiling_in, step_epoch):
+        return  # combine zeroes the output; check() reports StaleTilingError
     status = reference_attention.attention_core(
         params, tiling_in, core, query=query, key_cache=key_cache,
         value_cache=value_cache, block_table=block_table, cu_seqlens_q=_tensor(cu_seqlens_q),
@@ -84,10 +99,13 @@ def attention_body(core: int, *, query, key_cache, value_cache, block_table, cu_
     _check(status, params, tiling_in, f"attention core {core}")
 
 
-def combine_body(core: int, *, cu_seqlens_q, tiling_in, out, partial_out, partial_lse,
-                 params) -> None:
-    """AI Core (one core): merge split partials, zero padding rows."""
+def combine_body(core: int, *, cu_seqlens_q, step_epoch, tiling_in, out, partial_out,
+                 partial_lse, params) -> None:
+    """AI Core (one core): merge split partials, zero padding rows (every row if stale)."""
     tiling_in, params = _tensor(tiling_in), params_from(tuple(params))
+    if is_stale(tiling_in, step_epoch):
+        out.zero_()
+        return
     status = reference_attention.attention_finalize(
         params, tiling_in, cu_seqlens_q=_tensor(cu_seqlens_q), out=out,
         partial_out=partial_out, partial_lse=partial_lse)
@@ -103,11 +121,11 @@ def _op(name: str):
 
 
 def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_q, seqlens_kv,
-                 causal: bool) -> None:
+                 step_epoch, causal: bool) -> None:
     """Launch one layer's attention (every core) and combine on `stream`.
 
-    `tiling_in`, `cu_seqlens_q` and `seqlens_kv` are device buffers (device tiling) or
-    numpy arrays passed by value inside the tasks (host update).
+    `tiling_in`, `cu_seqlens_q`, `seqlens_kv` and `step_epoch` (int32 ``[1]``) are device
+    buffers (device tiling) or numpy arrays passed by value inside the tasks (host update).
     """
     key_cache, value_cache = buffers.kv_caches[layer]
     out, params = buffers.outputs[layer], params_list(buffers.params)
@@ -115,11 +133,13 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
     backend.launch(ATTENTION, {
         "query": buffers.queries[layer], "key_cache": key_cache, "value_cache": value_cache,
         "block_table": buffers.block_table, "cu_seqlens_q": cu_seqlens_q,
-        "seqlens_kv": seqlens_kv, "tiling_in": tiling_in, "out": out, **workspace,
+        "seqlens_kv": seqlens_kv, "step_epoch": step_epoch, "tiling_in": tiling_in, "out": out,
+        **workspace,
         "params": params, "scale": buffers.scale, "causal": causal,
     }, num_cores=buffers.params.num_cores, stream=stream)
-    backend.launch(COMBINE, {"cu_seqlens_q": cu_seqlens_q, "tiling_in": tiling_in, "out": out,
-                             **workspace, "params": params}, num_cores=1, stream=stream)
+    backend.launch(COMBINE, {"cu_seqlens_q": cu_seqlens_q, "step_epoch": step_epoch,
+                             "tiling_in": tiling_in, "out": out, **workspace, "params": params},
+                   num_cores=1, stream=stream)
 
 
 TILING = Kernel("aicpu_tiling.plan", AICPU, tiling_body, _op("plan_tiling"))
