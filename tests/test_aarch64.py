@@ -58,7 +58,7 @@ def emu(tmp_path_factory) -> EmulatedKernel:
     return EmulatedKernel(tmp_path_factory.mktemp("aarch64"))
 
 
-def host_raw(words, cu, kv, batch, causal, size) -> tuple[int, bytes]:
+def host_raw(words, cu, kv, batch, causal, size, epoch=0) -> tuple[int, bytes]:
     """The host build called like the emulated one: raw params, FILL-prefilled buffer,
     arguments by name in the header's order (further scalars 0, as the emulated call)."""
     c_params = ffi.new("aicpu_tiling_params *")
@@ -68,19 +68,20 @@ def host_raw(words, cu, kv, batch, causal, size) -> tuple[int, bytes]:
     buf = np.full(max(size, 1), FILL, dtype=np.uint8)
     known = {"params": c_params, "cu_seqlens_q": ffi.cast("int32_t *", cu_arr.ctypes.data),
              "seqlens_kv": ffi.cast("int32_t *", kv_arr.ctypes.data), "batch": batch,
-             "flags": 1 if causal else 0, "buffer": ffi.cast("void *", buf.ctypes.data),
+             "epoch": epoch, "flags": 1 if causal else 0, "buffer": ffi.cast("void *", buf.ctypes.data),
              "buffer_bytes": size}
     status = lib.aicpu_tiling_plan(*(known.get(name, 0) for _, name in plan_signature()))
     return status, buf[:size].tobytes()
 
 
-def assert_same(emu: EmulatedKernel, params: TilingParams, cu, kv, causal: bool) -> int:
+def assert_same(emu: EmulatedKernel, params: TilingParams, cu, kv, causal: bool,
+                epoch: int = 0) -> int:
     """Emulated == host, through aicpu_tiling_plan and through the entry; the status."""
-    host = plan(params, cu, kv, causal=causal)
-    got = emu.plan(params, cu, kv, causal=causal)
+    host = plan(params, cu, kv, causal=causal, epoch=epoch)
+    got = emu.plan(params, cu, kv, causal=causal, epoch=epoch)
     assert got.status == host.status
     assert got.buffer == host.buffer.tobytes(), "the AArch64 build wrote different bytes"
-    entry = emu.launch_entry(params, cu, kv, len(kv), causal=causal)
+    entry = emu.launch_entry(params, cu, kv, len(kv), causal=causal, step_epoch=epoch)
     assert entry.status == KERNEL_OK
     assert entry.buffer == host.buffer.tobytes()
     return host.status
@@ -211,9 +212,9 @@ def test_golden_vectors_byte_identical(emu):
     for case in cases:
         params = TilingParams(**case["params"])
         status = assert_same(emu, params, case["cu_seqlens_q"], case["seqlens_kv"],
-                             case["causal"])
+                             case["causal"], case["epoch"])
         assert np.frombuffer(emu.plan(params, case["cu_seqlens_q"], case["seqlens_kv"],
-                                      causal=case["causal"]).buffer,
+                                      causal=case["causal"], epoch=case["epoch"]).buffer,
                              dtype="<i4")[: len(case["words"])].tolist() == case["words"]
         assert status == case["words"][2]
 
@@ -238,10 +239,11 @@ def test_trace_mixed_batches_byte_identical(emu, causal):
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), params=small_params(), causal=st.booleans())
-def test_fuzz_byte_identical(emu, data, params, causal):
+@given(data=st.data(), params=small_params(), causal=st.booleans(),
+       epoch=st.integers(-(2**31), 2**31 - 1))
+def test_fuzz_byte_identical(emu, data, params, causal, epoch):
     cu, kv = data.draw(any_inputs(params, causal))
-    assert_same(emu, params, cu, kv, causal)
+    assert_same(emu, params, cu, kv, causal, epoch)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -261,8 +263,9 @@ def test_fuzz_bad_batch_params_and_buffers(emu, data, params, causal):
         words[field] = data.draw(st.sampled_from([-1, 0, 2**31 - 1, 5000, 3]))
     else:
         size = data.draw(st.sampled_from([0, 4, 60, 64, params.tiling_bytes - 4]))
-    want_status, want = host_raw(words, cu, kv, batch, causal, size)
-    got = emu.plan(words, cu, kv, batch=batch, causal=causal, buffer_bytes=size)
+    epoch = data.draw(st.integers(-(2**31), 2**31 - 1))
+    want_status, want = host_raw(words, cu, kv, batch, causal, size, epoch)
+    got = emu.plan(words, cu, kv, batch=batch, causal=causal, epoch=epoch, buffer_bytes=size)
     assert (got.status, got.buffer) == (want_status, want)
 
 
@@ -273,9 +276,9 @@ def test_entry_live_batch_and_plumbing(emu, live):
     params = TilingParams(**LLAMA_8B, max_batch=4, max_tokens=8, max_blocks_per_req=64,
                           num_cores=6)
     cu, kv = [0, 1, 2, 3, 4], [300, 1, 4000, 77]
-    got = emu.launch_entry(params, cu, kv, 4, live_batch=live)
+    got = emu.launch_entry(params, cu, kv, 4, live_batch=live, step_epoch=-41)
     used = 4 if live is None else live
-    status, want = host_raw(params_words(params), cu, kv, used, True, params.tiling_bytes)
+    status, want = host_raw(params_words(params), cu, kv, used, True, params.tiling_bytes, -41)
     assert got.status == KERNEL_OK
     assert got.buffer == want
     assert status == (0 if 0 <= used <= 4 else lib.AICPU_TILING_E_BATCH)

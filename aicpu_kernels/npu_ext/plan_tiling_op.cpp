@@ -7,10 +7,13 @@
  * The schema is defined in Python (pyruntime/kernels/custom_ops.py, torch.library
  * custom_op); this file only registers the PrivateUse1 implementation:
  *     aicpu_tiling::plan_tiling(Tensor cu_seqlens_q, Tensor seqlens_kv, Tensor batch,
- *                               Tensor(a!) tiling_out, int[] params, bool causal) -> ()
+ *                               Tensor step_epoch, Tensor(a!) tiling_out, SymInt[] params,
+ *                               bool causal) -> ()
  *   cu_seqlens_q  int32 [n + 1] on the NPU, contiguous
  *   seqlens_kv    int32 [n]     on the NPU, contiguous
  *   batch         int32 [1]     on the NPU: the live batch the kernel reads (n >= max_batch)
+ *   step_epoch    int32 [1]     on the NPU: the epoch the host wrote beside the lengths; the
+ *                               kernel echoes it in the tiling header (ABI v2)
  *   tiling_out    int32 [>= aicpu_tiling_bytes(params) / 4] on the NPU, written
  *   params        the 12 aicpu_tiling_params fields in header order (reserved words 0)
  * and one more op, defined here, to load the AI-CPU binary once before capture:
@@ -66,8 +69,8 @@ void NpuLoadTilingKernel(c10::string_view op_info_json)
 }
 
 void PlanTilingNpu(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
-                   const at::Tensor &batch, const at::Tensor &tiling_out,
-                   c10::IntArrayRef params, bool causal)
+                   const at::Tensor &batch, const at::Tensor &step_epoch,
+                   const at::Tensor &tiling_out, c10::IntArrayRef params, bool causal)
 {
     TORCH_CHECK(static_cast<int64_t>(params.size()) == kParamFields, "plan_tiling: params has ",
                 params.size(), " values, expected ", kParamFields);
@@ -85,11 +88,13 @@ void PlanTilingNpu(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
     CheckInt32Npu(cu_seqlens_q, "cu_seqlens_q", n + 1);
     CheckInt32Npu(seqlens_kv, "seqlens_kv", p.max_batch);
     CheckInt32Npu(batch, "batch", 1);
+    CheckInt32Npu(step_epoch, "step_epoch", 1);
     const int64_t tiling_bytes = static_cast<int64_t>(aicpu_tiling_bytes(&p));
     CheckInt32Npu(tiling_out, "tiling_out", tiling_bytes / 4);
     TORCH_CHECK(cu_seqlens_q.device() == tiling_out.device() &&
                     seqlens_kv.device() == tiling_out.device() &&
-                    batch.device() == tiling_out.device(),
+                    batch.device() == tiling_out.device() &&
+                    step_epoch.device() == tiling_out.device(),
                 "plan_tiling: every tensor must be on the same NPU");
 
     aicpu_tiling_kernel_args args;
@@ -97,6 +102,7 @@ void PlanTilingNpu(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
     args.cu_seqlens_q = AICPU_TILING_ADDR(cu_seqlens_q.data_ptr());
     args.seqlens_kv = AICPU_TILING_ADDR(seqlens_kv.data_ptr());
     args.live_batch = AICPU_TILING_ADDR(batch.data_ptr());
+    args.step_epoch = AICPU_TILING_ADDR(step_epoch.data_ptr());
     args.batch = static_cast<int32_t>(n);
     args.buffer = AICPU_TILING_ADDR(tiling_out.data_ptr());
     args.buffer_bytes = static_cast<uint64_t>(tiling_out.numel()) * 4u;

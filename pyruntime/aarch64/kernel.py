@@ -136,8 +136,9 @@ class EmulatedKernel:
         return self._entry
 
     def plan(self, params, cu_seqlens_q: Sequence[int], seqlens_kv: Sequence[int],
-             batch: int | None = None, *, causal: bool = True, buffer_bytes: int | None = None,
-             exact_count: bool = False, **scalars: int) -> EmulatedPlan:
+             batch: int | None = None, *, causal: bool = True, epoch: int = 0,
+             buffer_bytes: int | None = None, exact_count: bool = False,
+             **scalars: int) -> EmulatedPlan:
         """``aicpu_tiling_plan(params, cu, kv, batch, flags, buffer, buffer_bytes, ...)``,
         arguments placed by name in the order aicpu_tiling.h declares them.
 
@@ -147,6 +148,7 @@ class EmulatedKernel:
             seqlens_kv: int32 values, placed exactly.
             batch: the batch argument; default ``len(seqlens_kv)``.
             causal: passes AICPU_TILING_CAUSAL.
+            epoch: the step epoch the kernel echoes in the header (int32).
             buffer_bytes: the output buffer's size; default ``params.tiling_bytes`` (or 64
                 for raw params).
             exact_count: also count instructions one by one (see `Machine.call`).
@@ -167,6 +169,7 @@ class EmulatedKernel:
                 "seqlens_kv": lambda: m.place(kv),
                 "batch": lambda: len(kv) // 4 if batch is None else batch,
                 "flags": lambda: 1 if causal else 0,
+                "epoch": lambda: epoch,
                 "buffer": lambda: buffer,
                 "buffer_bytes": lambda: size,
             }
@@ -190,7 +193,8 @@ class EmulatedKernel:
             m.release()
 
     def launch_entry(self, params, cu_seqlens_q: Sequence[int], seqlens_kv: Sequence[int],
-                     batch: int, *, live_batch: int | None = None, causal: bool = True,
+                     batch: int, *, live_batch: int | None = None,
+                     step_epoch: int | None = None, causal: bool = True,
                      buffer_bytes: int | None = None, **int32_buffers: int) -> EmulatedPlan:
         """``aicpu_tiling_kernel(&args)``: the Ascend C / runtime-route entry point.
 
@@ -198,6 +202,8 @@ class EmulatedKernel:
             params, cu_seqlens_q, seqlens_kv, causal, buffer_bytes: as :meth:`plan`.
             batch: the block's ``batch`` field.
             live_batch: when given, the int32 the block's ``live_batch`` address points at.
+            step_epoch: when given, the int32 the block's ``step_epoch`` address points at
+                (the kernel then echoes it; without it the epoch is 0).
             int32_buffers: further address fields of the block, by name: each gets a fresh
                 one-int32 buffer holding the value (fields not given stay 0).
 
@@ -217,6 +223,7 @@ class EmulatedKernel:
                 "cu_seqlens_q": m.place(_int32_bytes("cu_seqlens_q", cu_seqlens_q)),
                 "seqlens_kv": m.place(_int32_bytes("seqlens_kv", seqlens_kv)),
                 "live_batch": 0 if live_batch is None else m.place(struct.pack("<i", live_batch)),
+                "step_epoch": 0 if step_epoch is None else m.place(struct.pack("<i", step_epoch)),
                 "buffer": buffer,
                 "buffer_bytes": size,
             }

@@ -48,6 +48,7 @@ struct Buffers {
     int32_t cu[5] = {0, 1, 2, 3, 4};
     int32_t kv[4] = {300, 1, 4000, 77};
     int32_t live = 4;
+    int32_t epoch = 1;
     std::vector<int32_t> tiling;
 };
 
@@ -59,6 +60,7 @@ aicpu_tiling_kernel_args Block(const aicpu_tiling_params &p, Buffers &b)
     a.cu_seqlens_q = AICPU_TILING_ADDR(b.cu);
     a.seqlens_kv = AICPU_TILING_ADDR(b.kv);
     a.live_batch = AICPU_TILING_ADDR(&b.live);
+    a.step_epoch = AICPU_TILING_ADDR(&b.epoch);
     a.batch = 4;
     a.buffer = AICPU_TILING_ADDR(b.tiling.data());
     a.buffer_bytes = b.tiling.size() * 4;
@@ -68,8 +70,9 @@ aicpu_tiling_kernel_args Block(const aicpu_tiling_params &p, Buffers &b)
 bool MatchesDirect(const aicpu_tiling_params &p, const Buffers &b)
 {
     std::vector<int32_t> want(b.tiling.size(), 0);
-    aicpu_tiling_plan(&p, b.cu, b.kv, b.live, AICPU_TILING_CAUSAL, want.data(), want.size() * 4);
-    return want == b.tiling;
+    aicpu_tiling_plan(&p, b.cu, b.kv, b.live, b.epoch, AICPU_TILING_CAUSAL, want.data(),
+                      want.size() * 4);
+    return want == b.tiling && b.tiling[AICPU_TILING_HDR_EPOCH] == b.epoch;
 }
 } // namespace
 
@@ -124,8 +127,8 @@ int main()
         Expect(l.Launch(bad, caller) == -1 && CallLog().empty(), "bad_block_not_launched");
         std::printf("PASS bad_block\n");
 
-        /* Captured once, replayed with fresh lengths: the frozen block's addresses read
-         * the new data at every replay. */
+        /* Captured once, replayed with fresh lengths and epochs: the frozen block's
+         * addresses read the new data at every replay, and the tiling echoes each epoch. */
         stub_runtime::BeginCapture();
         Expect(l.Launch(args, caller) == 0, "capture_launch");
         stub_runtime::EndCapture();
@@ -133,6 +136,7 @@ int main()
         for (int s = 0; s < 3; ++s) {
             std::memcpy(b.kv, steps[s], sizeof(b.kv));
             b.live = 4 - s; /* the live batch changes too */
+            b.epoch = 100 + s; /* and the epoch the host writes beside them */
             std::fill(b.tiling.begin(), b.tiling.end(), -7);
             stub_runtime::Replay();
             Expect(MatchesDirect(p, b), "replay_reads_fresh_lengths", std::to_string(s));
