@@ -11,7 +11,9 @@
   launch: record, wait, rtsLaunchCpuKernel, record, wait) and a capture/replay with fresh
   lengths run on the host against a recording stand-in runtime (cann_stub/npu, NOT CANN)
   whose launches run the host build of the entry point.
-- The C++ kernel's parameters match the schema that pyruntime/kernels/custom_ops.py defines.
+- The C++ kernel's parameters match the schema that pyruntime/kernels/custom_ops.py defines,
+  and the whole extension, linked with host stand-ins for torch_npu and the runtime, loads
+  into the installed (CPU) torch and registers its PrivateUse1 kernel against that schema.
 """
 
 from __future__ import annotations
@@ -185,3 +187,53 @@ def test_cmake_runtime_target_with_a_ziglang_cann(tmp_path):
     lib = build / "install" / "lib"
     assert (lib / "libaicpu_tiling_runtime.so").stat().st_size > 0
     assert json.loads((lib / "aicpu_tiling_runtime.json").read_text())
+
+
+def test_op_library_links_and_registers_in_cpu_torch(tmp_path):
+    """The whole extension, linked with host stand-ins for torch_npu and the runtime
+    (cann_stub/npu, NOT torch_npu, NOT CANN), loads into the installed torch after the Python
+    schema: the PrivateUse1 kernel registers against the SymInt[] schema, the load op works
+    once and refuses a second path, and the NPU kernel refuses tensors not on the NPU."""
+    import sys
+
+    import torch
+
+    torch_dir = Path(torch.__file__).parent
+    obj = tmp_path / "aicpu_tiling.o"
+    subprocess.run(["gcc", "-std=c99", "-fPIC", *WARN, "-c", str(KERNELS / "aicpu_tiling.c"),
+                    "-o", str(obj)], check=True)  # fmt: skip
+    lib = tmp_path / "libaicpu_tiling_npu_host.so"
+    cmd = ["g++", "-std=c++20", "-O0", "-fPIC", "-shared", *WARN, "-D_GLIBCXX_USE_CXX11_ABI=1",
+           *torch_includes(), f"-I{STUB}", f"-I{STUB / 'npu'}", f"-I{KERNELS / 'aicpu'}",
+           f"-I{EXT}", str(EXT / "plan_tiling_op.cpp"), str(EXT / "runtime_launcher.cpp"),
+           str(STUB / "npu" / "recording_runtime.cc"), str(STUB / "npu" / "torch_npu_stub.cc"),
+           str(KERNELS / "aicpu" / "tiling_ascendc_aicpu.cpp"), str(STUB / "cann_stub.cc"),
+           str(obj), f"-L{torch_dir / 'lib'}", "-ltorch", "-ltorch_cpu", "-lc10",
+           "-o", str(lib)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr[-4000:]
+    # Loaded in a child process: torch cannot unload a library, and this one must not
+    # leave its ops behind in the test session.
+    script = f"""
+import pytest, torch
+from pyruntime.kernels import custom_ops
+ops = custom_ops.ops()  # the Python schema first, as in the package
+torch.ops.load_library({str(lib)!r})
+assert torch._C._dispatch_has_kernel_for_dispatch_key("aicpu_tiling::plan_tiling", "PrivateUse1")
+ops.npu_load_tiling_kernel("/opt/k/aicpu_tiling_runtime.json")
+ops.npu_load_tiling_kernel("/opt/k/aicpu_tiling_runtime.json")  # idempotent
+with pytest.raises(RuntimeError, match="already loaded"):
+    ops.npu_load_tiling_kernel("/elsewhere.json")
+i32 = {{"dtype": torch.int32}}
+args = (torch.zeros(5, **i32), torch.zeros(4, **i32), torch.zeros(1, **i32),
+        torch.zeros(1, **i32), torch.zeros(4096, **i32),
+        [32, 8, 128, 128, 4, 16, 64, 6, 16, 4, 1, 32], True)
+npu_only = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+with pytest.raises(RuntimeError, match="cu_seqlens_q must be on the NPU"):
+    ops.plan_tiling.default.redispatch(npu_only, *args)
+print("OK")
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, check=False, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "OK", run.stdout + run.stderr[-4000:]
