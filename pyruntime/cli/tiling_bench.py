@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         console = make_console()
         for item in tiling_bench_table(result):
             console.print(item)
-        console.print(result["aarch64"]["note"])
+        console.print(result["aarch64"]["note"], markup=False)
         for row in result["oracle"]:
             console.print(f"pure-Python oracle, batch {row['batch']}: "
                           f"{row['us_per_call']:.0f} us per call (median of {row['repeats']})")
