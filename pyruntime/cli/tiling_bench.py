@@ -1,7 +1,7 @@
 """``aicpu-tiling bench tiling``: the C tiling kernel's time per call.
 
 Compiles ``tools/bench_tiling.c`` with the kernel source (``gcc -std=c99 -O2``) into
-``build/``, runs it on the trace and parses its lines
+``build/``, runs it on the trace (handed to it as a plain CSV) and parses its lines
 ``batch=B ns_per_call=X ns_per_request=Y min=A max=B repeats=N``.
 
 Beside the time, each row gets the AArch64 instruction count per call (the AI-CPU's
@@ -19,9 +19,11 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from ..profiler.renderers.bench_tables import tiling_bench_table
+from ..workload import trace as workload_trace
 from ._common import CliError, add_output_args, emit_json, make_console, progress, write_json
 from .sources import SourceError, load_trace, trace_path
 
@@ -84,6 +86,23 @@ def build(quick: bool, compiler: str = "gcc", build_dir: Path | None = None) -> 
     return exe
 
 
+def write_plain_trace(trace: Path, out: Path) -> Path:
+    """Write ``trace`` (plain or gzip, any column order) as the plain CSV the C benchmark reads:
+    a header, then ``seconds,ContextTokens,GeneratedTokens`` per request.
+
+    Raises:
+        CliError: the trace cannot be read.
+    """
+    try:
+        requests = workload_trace.load_trace(trace)
+    except workload_trace.TraceError as exc:
+        raise CliError(str(exc)) from exc
+    lines = [",".join(workload_trace.TRACE_COLUMNS)]
+    lines += [f"{r.arrival_s:.6f},{r.context_tokens},{r.generated_tokens}" for r in requests]
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``bench tiling``."""
     p = sub.add_parser(
@@ -110,10 +129,11 @@ def run(args: argparse.Namespace) -> int:
     except SourceError as exc:
         raise CliError(str(exc)) from exc
     exe = build(args.quick, os.environ.get("CC", "gcc"))
-    with progress(not (args.json or args.no_progress)) as bar:
+    with progress(not (args.json or args.no_progress)) as bar, tempfile.TemporaryDirectory() as tmp:
         bar.add_task("bench tiling (C)", total=None)
+        plain = write_plain_trace(trace, Path(tmp) / "trace.csv")
         try:
-            proc = subprocess.run([str(exe), str(trace)], capture_output=True, text=True, check=False,
+            proc = subprocess.run([str(exe), str(plain)], capture_output=True, text=True, check=False,
                                   timeout=args.timeout)  # fmt: skip
         except subprocess.TimeoutExpired:
             raise CliError(f"the tiling benchmark ran past --timeout {args.timeout:g} s")
