@@ -146,6 +146,9 @@ def build_image(name: str, build_dir: Path | None = None) -> Path:
         ToolchainError: as :func:`run_unit`; KeyError for an unknown name.
     """
     unit = {u.name: u for u in emulator_images()}[name]
+    if not (KERNELS / "aicpu_tiling.c").is_file():
+        raise ToolchainError(f"the kernel sources are not at {KERNELS}: the AArch64 build "
+                             "runs from a clone of the repository, not from an installed wheel")
     root = build_dir or Path(os.environ.get("AICPU_TILING_BUILD_DIR", REPO / "build")) / "aarch64"
     cached = root / f"{Path(unit.output).stem}-{_sources_digest(unit)}.elf"
     if not cached.exists():
