@@ -14,6 +14,13 @@
 #define TILING_ASSERT(x) ((void)0)
 #endif
 
+/* Keeps a hot loop out of its caller so that the loop gets the registers to itself. */
+#if defined(__GNUC__)
+#define TILING_NOINLINE __attribute__((noinline))
+#else
+#define TILING_NOINLINE
+#endif
+
 /* C99 static assert: a negative array size fails the build. Pins the ABI. */
 #define TILING_STATIC_ASSERT(name, cond) typedef char tiling_static_assert_##name[(cond) ? 1 : -1]
 TILING_STATIC_ASSERT(params_size, sizeof(aicpu_tiling_params) == 16 * sizeof(int32_t));
@@ -411,42 +418,59 @@ static int write_input_error(const aicpu_tiling_params *p, int32_t *buf, int sta
  * Returns 1 when it covered the batch; 0 sends the caller to the general pass, which also
  * finds the first offending request.
  */
-static int decode_pass(plan_ctx *c, int64_t *total, int64_t *num_units) {
+static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num_units) {
     const aicpu_tiling_params *p = c->p;
     const int32_t *cu = c->cu, *kv = c->kv;
-    int64_t heads = p->num_kv_heads, cost, count = 0, blocks = 0;
-    int64_t unit_seg = heads * c->seg, unit_block = heads * c->w_decode;
-    int32_t round = p->block_size - 1, tokens = p->max_tokens, shift = c->block_shift;
+    int64_t *chunk_cost = c->chunk_cost, *chunk_units = c->chunk_units;
+    uint64_t heads = (uint64_t)p->num_kv_heads, cost = 0;
+    uint64_t unit_seg = heads * (uint64_t)c->seg, unit_block = heads * (uint64_t)c->w_decode;
+    uint32_t round = (uint32_t)p->block_size - 1u;
     uint32_t cap = (uint32_t)p->max_blocks_per_req * (uint32_t)p->block_size;
-    int32_t r, mask = (1 << c->chunk_shift) - 1;
-    unsigned trouble = 0;
+    int shift = c->block_shift;
+    int32_t r, chunk, chunk_len = (int32_t)1 << c->chunk_shift;
+    uint32_t q_any = 0, kv_low_max = 0;
+    uint64_t count = 0;
     if (shift < 0) return 0;
-    /* Unsigned q: a decreasing offset wraps to a huge value and is caught by q > 1. With q
-     * in {0, 1}, kv < q is the one failure left (KV_SHORT when causal, KV_EMPTY when not). */
+    /* Checks first, as a pure reduction the compiler vectorises. Unsigned q: a decreasing
+     * offset wraps to a huge value, so q_any, the OR of every q, stays in {0, 1} exactly when
+     * every q is. Then cu never decreases, so only cu[batch] can pass max_tokens, and kv - q
+     * (kv - 1 for a live request, which wraps when kv is 0) is at most cap - 1 for every
+     * request unless one is KV_SHORT / KV_EMPTY or KV_CAPACITY, or a padded slot sits exactly
+     * at the capacity (valid; the general pass then plans it). */
     for (r = 0; r < c->batch; ++r) {
         uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r], k = (uint32_t)kv[r];
-        trouble |= (unsigned)(q > 1u) | (unsigned)(cu[r + 1] > tokens) | (unsigned)(k > cap) |
-                   (unsigned)(k < q);
+        q_any |= q;
+        kv_low_max = k - q > kv_low_max ? k - q : kv_low_max;
     }
-    if (trouble) return 0;
-    /* Every decode unit has the same block cost and overhead, so counting blocks and live
-     * requests is enough: cost = count * unit_seg + blocks * unit_block at each checkpoint. */
-    for (r = 0; r < c->batch; ++r) {
-        int32_t q = cu[r + 1] - cu[r]; /* 0 or 1 */
-        blocks += ((kv[r] + round) >> shift) & -q;
-        count += q;
-        if (((r + 1) & mask) == 0) {
-            c->chunk_cost[r >> c->chunk_shift] = count * unit_seg + blocks * unit_block;
-            c->chunk_units[r >> c->chunk_shift] = count * heads;
+    if (q_any > 1u || kv_low_max >= cap || cu[c->batch] > p->max_tokens) return 0;
+    /* Every q is 0 or 1 now. Small batches store every request's running sums (one request a
+     * chunk); larger ones reduce each chunk and store once. */
+    if (chunk_len == 1) {
+        for (r = 0; r < c->batch; ++r) {
+            uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r];
+            cost += (unit_seg + (uint64_t)(((uint32_t)kv[r] + round) >> shift) * unit_block) &
+                    ((uint64_t)0 - (uint64_t)q);
+            count += q;
+            chunk_cost[r] = (int64_t)cost;
+            chunk_units[r] = (int64_t)(count * heads);
+        }
+    } else {
+        for (r = 0, chunk = 0; r < c->batch; ++chunk) {
+            int32_t chunk_end = c->batch - r > chunk_len ? r + chunk_len : c->batch;
+            uint64_t blocks = 0, live = 0;
+            for (; r < chunk_end; ++r) {
+                uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r];
+                blocks += (((uint32_t)kv[r] + round) >> shift) & ((uint32_t)0 - q);
+                live += q;
+            }
+            cost += live * unit_seg + blocks * unit_block;
+            count += live;
+            chunk_cost[chunk] = (int64_t)cost;
+            chunk_units[chunk] = (int64_t)(count * heads);
         }
     }
-    cost = count * unit_seg + blocks * unit_block;
-    if (c->batch & mask) { /* the last, partial chunk */
-        c->chunk_cost[c->batch >> c->chunk_shift] = cost;
-        c->chunk_units[c->batch >> c->chunk_shift] = count * heads;
-    }
-    *total = cost;
-    *num_units = count * heads;
+    *total = (int64_t)cost;
+    *num_units = (int64_t)(count * heads);
     return 1;
 }
 
