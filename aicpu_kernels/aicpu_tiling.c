@@ -580,44 +580,23 @@ static void write_split_prefix(const aicpu_tiling_params *p, const slot_state *s
     write_words(prefix + next, p->max_batch + 1 - next, acc);
 }
 
-/*
- * Where a core's range stops. The nearest rule aims core c at the absolute cumulative target
- * (c + 1) * budget and snaps to the nearest legal cut; the greedy rule fills the core up to
- * `budget` and stops at the last legal cut that fits (see THE PARTITION in the header).
- */
-typedef struct cut_rule {
-    int greedy;
-    int64_t budget;
-} cut_rule;
-
-static int64_t rule_target(const cut_rule *rule, int32_t core, int64_t start, int begin_mid,
-                           int64_t continuations, int64_t seg) {
-    if (rule->greedy) return start + rule->budget - (begin_mid ? seg : 0);
-    return (core + 1) * rule->budget - seg * continuations;
-}
-
-/* The largest legal cut <= target inside its unit, as a block count (0: the unit start). */
-static int64_t snap_down(const plan_ctx *c, const unit_at *u, int64_t target) {
-    int64_t o = target - u->start;
-    if (o < c->seg + u->w) return 0;
-    return div_pos(o - c->seg, u->w); /* < blocks, since target < the next unit's start */
-}
-
-/* Stop position of one core; fills *end when the stop lies inside the unit it searched. */
-static int64_t rule_stop(const plan_ctx *c, cursor *cur, const cut_rule *rule, int32_t core,
-                         int64_t start, int begin_mid, int64_t continuations, int64_t total,
-                         work_pos *end, int *have_end) {
+/* Where a core aimed at the absolute target (core + 1) * share - seg * continuations stops:
+ * the nearest legal cut (see THE PARTITION in the header). Fills *end when the stop lies
+ * inside the unit it searched, so the caller needs no second search. */
+static int64_t nearest_stop(const plan_ctx *c, cursor *cur, int64_t share, int32_t core,
+                            int64_t start, int64_t continuations, int64_t total, work_pos *end,
+                            int *have_end) {
     unit_at u;
     int64_t target, k, stop;
     *have_end = 0;
     if (core == c->p->num_cores - 1) return total; /* the last core takes the rest */
-    target = rule_target(rule, core, start, begin_mid, continuations, c->seg);
+    target = (core + 1) * share - c->seg * continuations;
     if (target < start) target = start;
     if (target >= total) return total;
     cursor_locate(c, cur, target, &u);
-    k = rule->greedy ? snap_down(c, &u, target) : snap(c, &u, target);
+    k = snap(c, &u, target);
     stop = cut_position(c, &u, k);
-    if (k < u.blocks) { /* inside the unit we already hold: no second search */
+    if (k < u.blocks) {
         end->r = u.r, end->h = u.h, end->t = u.t, end->k = (int32_t)k;
         end->unit_index = u.index;
         *have_end = 1;
@@ -625,94 +604,194 @@ static int64_t rule_stop(const plan_ctx *c, cursor *cur, const cut_rule *rule, i
     return stop;
 }
 
-/* Whether greedy filling with this budget fits all work on P cores (the last core too). */
-static int greedy_fits(const plan_ctx *c, int64_t budget, int64_t total) {
-    cut_rule rule;
+/* Writes the core table, slots, combine table and split prefix one core at a time. */
+typedef struct core_writer {
+    int32_t *buf;
+    slot_state slots;
+    work_pos begin; /* where the next core starts */
+    int32_t core;   /* the next core */
+    int64_t segments;
+    int64_t max_cost;
+} core_writer;
+
+static void writer_init(const plan_ctx *c, core_writer *wr, int32_t *buf, int64_t total,
+                        int64_t num_units) {
+    const aicpu_tiling_params *p = c->p;
     cursor cur;
-    work_pos end;
-    int64_t start = 0, stop;
-    int32_t core;
-    int begin_mid = 0, have_end;
-    rule.greedy = 1;
-    rule.budget = budget;
+    wr->buf = buf;
+    wr->slots.next_slot = 0;
+    wr->slots.num_combine = 0;
+    wr->slots.combine = buf + combine_offset(p);
+    write_words(wr->slots.combine, used_words(p) - combine_offset(p), 0);
     cursor_init(c, &cur);
-    for (core = 0; core < c->p->num_cores - 1 && start < total; ++core) {
-        stop = rule_stop(c, &cur, &rule, core, start, begin_mid, 0, total, &end, &have_end);
-        if (stop > start) begin_mid = have_end && end.k > 0;
-        start = stop;
-    }
-    return total - start + (start < total && begin_mid ? c->seg : 0) <= budget;
+    cursor_pos(c, &cur, 0, total, num_units, &wr->begin);
+    wr->core = 0;
+    wr->segments = 0;
+    wr->max_cost = 0;
 }
 
-/* Write the core table, slots, combine table and split prefix for one rule; returns the
- * busiest core's cost. */
-static int64_t write_partition(const plan_ctx *c, int32_t *buf, int64_t total,
-                               int64_t num_units, const cut_rule *rule) {
-    const aicpu_tiling_params *p = c->p;
-    int64_t start = 0, continuations = 0, max_cost = 0, segments = 0;
+/* The next core ends at `end` and costs `cost`. */
+static void writer_core(core_writer *wr, const work_pos *end, int64_t cost) {
+    int32_t *rec = wr->buf + AICPU_TILING_HDR_WORDS + (int64_t)wr->core * AICPU_TILING_CORE_WORDS;
+    int64_t segments;
+    write_pos(rec + AICPU_TILING_CORE_BEGIN, &wr->begin);
+    write_pos(rec + AICPU_TILING_CORE_END, end);
+    segments = assign_slots(&wr->slots, &wr->begin, end, rec);
+    rec[AICPU_TILING_CORE_NUM_SEGMENTS] = INT32_SATURATE(segments);
+    rec[AICPU_TILING_CORE_COST] = INT32_SATURATE(cost);
+    wr->segments += segments;
+    if (cost > wr->max_cost) wr->max_cost = cost;
+    wr->begin = *end;
+    wr->core += 1;
+}
+
+/* Header counts and the split prefix, once every core is written. */
+static void writer_finish(const plan_ctx *c, core_writer *wr, int64_t total, int64_t num_units) {
+    int32_t *buf = wr->buf;
+    write_split_prefix(c->p, &wr->slots, buf + prefix_offset(c->p));
+    buf[AICPU_TILING_HDR_NUM_UNITS] = INT32_SATURATE(num_units);
+    buf[AICPU_TILING_HDR_NUM_SEGMENTS] = INT32_SATURATE(wr->segments);
+    buf[AICPU_TILING_HDR_NUM_SLOTS] = wr->slots.next_slot;
+    buf[AICPU_TILING_HDR_NUM_COMBINE] = wr->slots.num_combine;
+    buf[AICPU_TILING_HDR_MAX_CORE_COST] = INT32_SATURATE(wr->max_cost);
+    buf[AICPU_TILING_HDR_TOTAL_COST] = INT32_SATURATE(total);
+}
+
+/* The nearest cuts, written; returns the busiest core's cost. */
+static int64_t write_nearest(const plan_ctx *c, int32_t *buf, int64_t total, int64_t num_units,
+                             int64_t share) {
+    int64_t start = 0, continuations = 0;
     int32_t core;
     cursor cur;
-    work_pos begin, end;
-    slot_state slots;
-    slots.next_slot = 0;
-    slots.num_combine = 0;
-    slots.combine = buf + combine_offset(p);
-    write_words(slots.combine, used_words(p) - combine_offset(p), 0);
+    core_writer wr;
+    writer_init(c, &wr, buf, total, num_units);
     cursor_init(c, &cur);
-    cursor_pos(c, &cur, 0, total, num_units, &begin);
-    for (core = 0; core < p->num_cores; ++core) {
-        int32_t *rec = buf + AICPU_TILING_HDR_WORDS + (int64_t)core * AICPU_TILING_CORE_WORDS;
-        int64_t stop, cost, core_segments;
-        int have_end;
-        if (begin.k > 0) continuations += 1;
-        stop = rule_stop(c, &cur, rule, core, start, begin.k > 0, continuations, total, &end,
-                         &have_end);
+    for (core = 0; core < c->p->num_cores; ++core) {
+        work_pos end;
+        int64_t stop;
+        int have_end, mid = wr.begin.k > 0;
+        if (mid) continuations += 1;
+        stop = nearest_stop(c, &cur, share, core, start, continuations, total, &end, &have_end);
         if (!have_end) cursor_pos(c, &cur, stop, total, num_units, &end);
-        cost = stop - start + (stop > start && begin.k > 0 ? c->seg : 0);
-        write_pos(rec + AICPU_TILING_CORE_BEGIN, &begin);
-        write_pos(rec + AICPU_TILING_CORE_END, &end);
-        core_segments = assign_slots(&slots, &begin, &end, rec);
-        rec[AICPU_TILING_CORE_NUM_SEGMENTS] = INT32_SATURATE(core_segments);
-        rec[AICPU_TILING_CORE_COST] = INT32_SATURATE(cost);
-        segments += core_segments;
-        if (cost > max_cost) max_cost = cost;
-        begin = end;
+        writer_core(&wr, &end, stop - start + (stop > start && mid ? c->seg : 0));
         start = stop;
     }
-    write_split_prefix(p, &slots, buf + prefix_offset(p));
-    buf[AICPU_TILING_HDR_NUM_UNITS] = INT32_SATURATE(num_units);
-    buf[AICPU_TILING_HDR_NUM_SEGMENTS] = INT32_SATURATE(segments);
-    buf[AICPU_TILING_HDR_NUM_SLOTS] = slots.next_slot;
-    buf[AICPU_TILING_HDR_NUM_COMBINE] = slots.num_combine;
-    buf[AICPU_TILING_HDR_MAX_CORE_COST] = INT32_SATURATE(max_cost);
-    buf[AICPU_TILING_HDR_TOTAL_COST] = INT32_SATURATE(total);
-    return max_cost;
+    writer_finish(c, &wr, total, num_units);
+    return wr.max_cost;
 }
 
 /*
- * Cut [0, W) into P core ranges as THE PARTITION in the header describes: nearest cuts to
- * absolute targets, which cost O(P) searches; and when that leaves the busiest core more
- * than 1/16 above its budget (few units per core, so a block or a segment is a large share
- * of a core), the optimal greedy budget found by bisection, O(P log(F + w)) more searches.
+ * Greedy filling with a budget (see THE PARTITION): each core takes work up to `budget` and
+ * stops at the last legal cut that fits. Instead of searching once per core, this searches
+ * once per unit a core stops in: a core that stops inside a unit of n blocks after k of them
+ * is followed by fresh cores that each take kk = floor((budget - seg) / w) blocks of it (a
+ * fresh core pays the segment overhead whether it starts at the unit's start or inside it),
+ * so ceil((n - k) / kk) cores start in that unit and the last of them carries on past its
+ * end. Returns the busiest core's cost, or -1 when the work does not fit on P cores. With a
+ * writer it also writes every core.
+ */
+static int64_t greedy_walk(const plan_ctx *c, int64_t budget, int64_t total, int64_t num_units,
+                           core_writer *wr) {
+    int64_t seg = c->seg, target = budget, stops = 0, max_cost = 0, cost;
+    int64_t limit = c->p->num_cores - 1;
+    cursor cur;
+    cursor_init(c, &cur);
+    while (target < total) {
+        unit_at u;
+        work_pos end;
+        int64_t o, k, kk, fresh, last, i;
+        cursor_locate(c, &cur, target, &u);
+        /* A core cannot take one whole block of a unit: it would stall. */
+        if (budget < seg + u.w) return -1;
+        o = target - u.start;
+        k = o < seg + u.w ? 0 : div_pos(o - seg, u.w); /* < blocks: target is inside */
+        kk = div_pos(budget - seg, u.w);
+        fresh = div_pos(u.blocks - k + kk - 1, kk);
+        if (stops + fresh > limit) return -1;
+        cost = budget - o + (k > 0 ? seg + k * u.w : 0);
+        if (cost > max_cost) max_cost = cost;
+        if (fresh > 1 && seg + kk * u.w > max_cost) max_cost = seg + kk * u.w;
+        if (wr != NULL) {
+            end.r = u.r, end.h = u.h, end.t = u.t, end.k = (int32_t)k;
+            end.unit_index = u.index;
+            writer_core(wr, &end, cost);
+            for (i = 1; i < fresh; ++i) {
+                end.k = (int32_t)(k + i * kk);
+                writer_core(wr, &end, seg + kk * u.w);
+            }
+        }
+        stops += fresh;
+        last = u.blocks - k - (fresh - 1) * kk;
+        /* The last fresh core starts last blocks before the unit's end. */
+        target = u.start + (u.blocks - last) * u.w + budget;
+    }
+    cost = budget - (target - total);
+    if (cost > max_cost) max_cost = cost;
+    if (wr != NULL) {
+        work_pos end;
+        end.r = c->batch, end.h = end.t = end.k = 0, end.unit_index = num_units;
+        writer_core(wr, &end, cost);
+        while (wr->core < c->p->num_cores) writer_core(wr, &end, 0);
+    }
+    return max_cost;
+}
+/*
+ * The smallest greedy budget that fits, in [lo, hi] where hi is known to fit: bisection,
+ * where a budget that fits also lowers hi to the busiest core it left (greedy filling with
+ * that budget fits too). Greedy filling is optimal for a given budget, so this is the
+ * min-max over the legal cuts. Every core's cost is a sum of segment overheads and block
+ * costs, and every block cost is a multiple of ceil(block_size / 16), so the min-max is a
+ * multiple of g = gcd(cost_segment, ceil(block_size / 16)) and only those are probed.
+ */
+static int64_t min_max_budget(const plan_ctx *c, int64_t lo, int64_t hi, int64_t total,
+                              int64_t num_units) {
+    int64_t g = c->block_units, s = c->seg;
+    while (s != 0) { /* Euclid */
+        int64_t t = g % s;
+        g = s;
+        s = t;
+    }
+    lo = div_pos(lo + g - 1, g);
+    hi = div_pos(hi, g);
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int64_t busiest = greedy_walk(c, mid * g, total, num_units, NULL);
+        if (busiest >= 0) hi = div_pos(busiest, g);
+        else lo = mid + 1;
+    }
+    return hi * g;
+}
+
+/* Few units per core: at most this many units per core take the exact min-max directly. */
+#define TILING_FEW_UNITS_PER_CORE 1
+
+/*
+ * Cut [0, W) into P core ranges as THE PARTITION in the header describes. Few units per
+ * core: the exact min-max. Otherwise the nearest cuts to absolute targets, O(P) searches;
+ * when they leave the busiest core more than 1/16 above its share, the exact min-max
+ * replaces them. A probe of the min-max search costs one search per unit a core stops in.
  */
 static void partition(const plan_ctx *c, int32_t *buf, int64_t total, int64_t num_units) {
     int64_t cores = c->p->num_cores;
-    int64_t lo, hi, max_cost;
-    cut_rule rule;
-    rule.greedy = 0;
-    rule.budget = (total + (cores - 1) * c->seg + cores - 1) / cores;
-    max_cost = write_partition(c, buf, total, num_units, &rule);
-    if (16 * (max_cost - rule.budget) <= rule.budget) return;
-    lo = (total + cores - 1) / cores;
-    hi = max_cost;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if (greedy_fits(c, mid, total)) hi = mid;
-        else lo = mid + 1;
+    int64_t share = (total + (cores - 1) * c->seg + cores - 1) / cores;
+    int64_t lo = (total + cores - 1) / cores, hi, fits;
+    core_writer wr;
+    if (num_units <= TILING_FEW_UNITS_PER_CORE * cores) {
+        /* The nearest cuts' bound, share + seg + w_max, always fits; W fits too. */
+        hi = share + c->seg + block_cost(c, c->p->q_tile);
+        fits = greedy_walk(c, hi, total, num_units, NULL);
+        hi = fits >= 0 ? fits : total;
+    } else {
+        int64_t busiest = write_nearest(c, buf, total, num_units, share);
+        if (16 * (busiest - share) <= share) return;
+        hi = busiest;
     }
-    rule.greedy = 1;
-    rule.budget = lo;
-    write_partition(c, buf, total, num_units, &rule);
+    hi = min_max_budget(c, lo, hi, total, num_units);
+    writer_init(c, &wr, buf, total, num_units);
+    fits = greedy_walk(c, hi, total, num_units, &wr);
+    TILING_ASSERT(fits == hi);
+    (void)fits;
+    writer_finish(c, &wr, total, num_units);
 }
 
 int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,

@@ -248,6 +248,19 @@ def test_plan_rejects_mismatched_lengths():
 # ----------------------------------------------------------------- balance
 
 
+def test_few_units_min_max_in_the_kernel():
+    """Two units on three cores (tests/test_tiling_oracle.py, by hand): the kernel takes the
+    exact min-max 20, 20, 20 where the nearest cuts give 24, 20, 0."""
+    params = TilingParams(num_q_heads=1, num_kv_heads=1, head_dim=64, block_size=16,
+                          max_batch=2, max_tokens=64, max_blocks_per_req=8, num_cores=3,
+                          q_tile=1, cost_kv_load=4, cost_qk_tile=0, cost_segment=16)
+    result = plan(params, [0, 1, 2], [19, 3], causal=False)
+    assert [core.cost for core in result.cores()] == [20, 20, 20]
+    assert result.max_core_cost == 20
+    expected = tiling_oracle.oracle_plan(params, [0, 1, 2], [19, 3], 2, False)
+    assert np.array_equal(result.words[: len(expected)], expected)
+
+
 @pytest.mark.parametrize("batch", [16, 64, 256, 1024])
 @pytest.mark.parametrize("heads", [(32, 8), (16, 1)], ids=["32q-8kv", "16q-1kv"])
 def test_balance_on_trace_batches(batch, heads):
