@@ -70,6 +70,9 @@ Partition details.
       split units in work order. split_prefix[r] = slots used by requests < r for r < batch,
       and the total for r in batch..max_batch.
     * A segment costs cost_segment + (blocks in the segment) * w; a core's cost is the sum.
+    * Which rule: at most one unit per core (units <= num_cores) takes the min-max (greedy
+      filling with the smallest budget that fits) directly; more units take the nearest
+      cuts, replaced by the min-max when the busiest core exceeds B + B / 16.
 """
 
 from __future__ import annotations
