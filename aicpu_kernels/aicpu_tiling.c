@@ -631,7 +631,7 @@ static void writer_init(const plan_ctx *c, core_writer *wr, int32_t *buf, int64_
 }
 
 /* The next core ends at `end` and costs `cost`. */
-static void writer_core(core_writer *wr, const work_pos *end, int64_t cost) {
+static inline void writer_core(core_writer *wr, const work_pos *end, int64_t cost) {
     int32_t *rec = wr->buf + AICPU_TILING_HDR_WORDS + (int64_t)wr->core * AICPU_TILING_CORE_WORDS;
     int64_t segments;
     write_pos(rec + AICPU_TILING_CORE_BEGIN, &wr->begin);
