@@ -66,6 +66,7 @@ typedef struct plan_ctx {
     int block_shift;       /* log2(block_size) when a power of two, else -1 */
     int64_t w_decode;      /* block cost of a one-token tile, the common case */
     int32_t chunk_shift;   /* requests per checkpoint chunk = 1 << chunk_shift */
+    int decode_chunks;     /* a decode batch with one request a chunk (see decode_locate) */
     int64_t chunk_cost[TILING_CHUNKS];  /* position at the end of each chunk */
     int64_t chunk_units[TILING_CHUNKS]; /* units before the end of each chunk */
 } plan_ctx;
@@ -487,7 +488,10 @@ static int validate(plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *total,
     if (c->cu[0] != 0)
         return write_input_error(p, buf, AICPU_TILING_E_QUERY_START, 0, c->cu[0], 0, c->batch,
                                  flags, c->epoch);
-    if (decode_pass(c, total, num_units)) return AICPU_TILING_OK;
+    if (decode_pass(c, total, num_units)) {
+        c->decode_chunks = c->chunk_shift == 0;
+        return AICPU_TILING_OK;
+    }
     for (r = 0; r < c->batch; ++r) {
         int32_t lo = c->cu[r], hi = c->cu[r + 1], kv = c->kv[r];
         int status = AICPU_TILING_OK;
@@ -681,6 +685,28 @@ static int64_t write_nearest(const plan_ctx *c, int32_t *buf, int64_t total, int
 }
 
 /*
+ * cursor_locate for a decode batch of at most TILING_CHUNKS requests: chunk_cost[r] is then
+ * the end of request r and every unit is one tile with the decode block cost, so the unit
+ * holding pos is found with a forward scan and one division. *r is the forward-only cursor.
+ */
+static void decode_locate(const plan_ctx *c, int32_t *r, int64_t pos, unit_at *u) {
+    int64_t start, head_cost, off, h, blocks;
+    while (pos >= c->chunk_cost[*r]) *r += 1; /* padded slots end where they start */
+    start = *r > 0 ? c->chunk_cost[*r - 1] : 0;
+    blocks = kv_blocks(c, c->kv[*r]);
+    head_cost = c->seg + blocks * c->w_decode;
+    off = pos - start;
+    h = off < head_cost ? 0 : div_pos(off, head_cost);
+    u->r = *r;
+    u->h = (int32_t)h;
+    u->t = 0;
+    u->start = start + h * head_cost;
+    u->blocks = blocks;
+    u->w = c->w_decode;
+    u->index = (*r > 0 ? c->chunk_units[*r - 1] : 0) + h;
+}
+
+/*
  * Greedy filling with a budget (see THE PARTITION): each core takes work up to `budget` and
  * stops at the last legal cut that fits. Instead of searching once per core, this searches
  * once per unit a core stops in: a core that stops inside a unit of n blocks after k of them
@@ -694,13 +720,15 @@ static int64_t greedy_walk(const plan_ctx *c, int64_t budget, int64_t total, int
                            core_writer *wr) {
     int64_t seg = c->seg, target = budget, stops = 0, max_cost = 0, cost;
     int64_t limit = c->p->num_cores - 1;
+    int32_t decode_r = 0;
     cursor cur;
     cursor_init(c, &cur);
     while (target < total) {
         unit_at u;
         work_pos end;
         int64_t o, k, kk, fresh, last, i;
-        cursor_locate(c, &cur, target, &u);
+        if (c->decode_chunks) decode_locate(c, &decode_r, target, &u);
+        else cursor_locate(c, &cur, target, &u);
         /* A core cannot take one whole block of a unit: it would stall. */
         if (budget < seg + u.w) return -1;
         o = target - u.start;
@@ -825,6 +853,7 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     c.block_units = ((int64_t)p->block_size + 15) / 16;
     c.w_decode = block_cost(&c, 1);
     c.chunk_shift = 0;
+    c.decode_chunks = 0;
     while (((int64_t)TILING_CHUNKS << c.chunk_shift) < batch) c.chunk_shift++;
     c.block_shift = -1;
     if ((p->block_size & (p->block_size - 1)) == 0) {
