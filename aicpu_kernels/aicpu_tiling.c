@@ -66,7 +66,7 @@ typedef struct plan_ctx {
     int block_shift;       /* log2(block_size) when a power of two, else -1 */
     int64_t w_decode;      /* block cost of a one-token tile, the common case */
     int32_t chunk_shift;   /* requests per checkpoint chunk = 1 << chunk_shift */
-    int decode_chunks;     /* a decode batch with one request a chunk (see decode_locate) */
+    int decode;            /* decode_pass covered the batch: no chunk table (decode_locate) */
     int64_t chunk_cost[TILING_CHUNKS];  /* position at the end of each chunk */
     int64_t chunk_units[TILING_CHUNKS]; /* units before the end of each chunk */
 } plan_ctx;
@@ -227,10 +227,53 @@ static void cursor_init(const plan_ctx *c, cursor *cur) {
     if (c->batch > 0) request_load(c, 0, &cur->ri);
 }
 
+/*
+ * cursor_locate for a decode batch (decode_pass covered it): every unit is one tile with the
+ * decode block cost, so the cursor walks requests forward computing their costs on the fly
+ * (no table), and the head holding pos is one division.
+ */
+static inline void decode_locate(const plan_ctx *c, cursor *cur, int64_t pos, unit_at *u) {
+    const int32_t *cu = c->cu, *kv = c->kv;
+    int64_t heads = c->p->num_kv_heads, w = c->w_decode;
+    int64_t heads_seg = heads * c->seg, heads_w = heads * w;
+    int64_t rem = pos - cur->start, index = cur->unit_index, start, blocks = 0, head_cost, off, h;
+    int32_t r = cur->r;
+    uint32_t round = (uint32_t)c->p->block_size - 1u;
+    int shift = c->block_shift;
+    for (;; ++r) { /* pos < W, so a live request holds it */
+        if (cu[r + 1] != cu[r]) {
+            int64_t cost;
+            blocks = (int64_t)(((uint32_t)kv[r] + round) >> shift);
+            cost = heads_seg + blocks * heads_w;
+            if (rem < cost) break;
+            rem -= cost;
+            index += heads;
+        }
+    }
+    start = pos - rem;
+    cur->r = r;
+    cur->start = start;
+    cur->unit_index = index;
+    head_cost = c->seg + blocks * w;
+    off = pos - start;
+    h = off < head_cost ? 0 : div_pos(off, head_cost);
+    u->r = r;
+    u->h = (int32_t)h;
+    u->t = 0;
+    u->start = start + h * head_cost;
+    u->blocks = blocks;
+    u->w = w;
+    u->index = index + h;
+}
+
 /* Locate the unit containing pos, 0 <= pos < W, at or after the cursor. */
 static void cursor_locate(const plan_ctx *c, cursor *cur, int64_t pos, unit_at *u) {
     int64_t heads = c->p->num_kv_heads, off, h, o, tile_start;
     int32_t t, chunk = cur->chunk;
+    if (c->decode) {
+        decode_locate(c, cur, pos, u);
+        return;
+    }
     while (pos >= c->chunk_cost[chunk]) chunk++; /* the last chunk ends at W > pos */
     if (chunk != cur->chunk) {                   /* jump to the first request of that chunk */
         cur->chunk = chunk;
@@ -415,63 +458,45 @@ static int write_input_error(const aicpu_tiling_params *p, int32_t *buf, int sta
 
 /*
  * Decode batches (every q_len 0 or 1) with a power-of-two block size, the per-step case
- * that must be fast: one branch-free pass that computes the costs and only flags trouble.
- * Returns 1 when it covered the batch; 0 sends the caller to the general pass, which also
- * finds the first offending request.
+ * that must be fast: two reductions the compiler vectorises, one that only flags trouble and
+ * one that sums blocks and live requests. Nothing is stored per request: the cut search
+ * walks decode requests itself (decode_locate). Returns 1 when it covered the batch; 0 sends
+ * the caller to the general pass, which also finds the first offending request.
  */
 static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num_units) {
     const aicpu_tiling_params *p = c->p;
     const int32_t *cu = c->cu, *kv = c->kv;
-    int64_t *chunk_cost = c->chunk_cost, *chunk_units = c->chunk_units;
-    uint64_t heads = (uint64_t)p->num_kv_heads, cost = 0;
-    uint64_t unit_seg = heads * (uint64_t)c->seg, unit_block = heads * (uint64_t)c->w_decode;
     uint32_t round = (uint32_t)p->block_size - 1u;
     uint32_t cap = (uint32_t)p->max_blocks_per_req * (uint32_t)p->block_size;
+    uint32_t q_any = 0;
+    uint64_t blocks = 0, live = 0;
+    int32_t r, low_max = INT32_MIN;
     int shift = c->block_shift;
-    int32_t r, chunk, chunk_len = (int32_t)1 << c->chunk_shift;
-    uint32_t q_any = 0, kv_low_max = 0;
-    uint64_t count = 0;
     if (shift < 0) return 0;
-    /* Checks first, as a pure reduction the compiler vectorises. Unsigned q: a decreasing
-     * offset wraps to a huge value, so q_any, the OR of every q, stays in {0, 1} exactly when
-     * every q is. Then cu never decreases, so only cu[batch] can pass max_tokens, and kv - q
-     * (kv - 1 for a live request, which wraps when kv is 0) is at most cap - 1 for every
-     * request unless one is KV_SHORT / KV_EMPTY or KV_CAPACITY, or a padded slot sits exactly
-     * at the capacity (valid; the general pass then plans it). */
+    /* Unsigned q: a decreasing offset wraps to a huge value, so q_any, the OR of every q,
+     * stays in {0, 1} exactly when every q is. Then cu never decreases, so only cu[batch] can
+     * pass max_tokens, and kv - q (kv - 1 for a live request, which wraps when kv is 0) is
+     * at most cap - 1 for every request unless one is KV_SHORT / KV_EMPTY or KV_CAPACITY, or
+     * a padded slot sits exactly at the capacity (valid; the general pass then plans it).
+     * The maximum is taken over kv - q with its top bit flipped, which orders unsigned
+     * values as signed ones: SSE2 has a signed compare but no unsigned one. */
     for (r = 0; r < c->batch; ++r) {
         uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r], k = (uint32_t)kv[r];
+        int32_t low = (int32_t)((k - q) ^ 0x80000000u);
         q_any |= q;
-        kv_low_max = k - q > kv_low_max ? k - q : kv_low_max;
+        low_max = low > low_max ? low : low_max;
     }
-    if (q_any > 1u || kv_low_max >= cap || cu[c->batch] > p->max_tokens) return 0;
-    /* Every q is 0 or 1 now. Small batches store every request's running sums (one request a
-     * chunk); larger ones reduce each chunk and store once. */
-    if (chunk_len == 1) {
-        for (r = 0; r < c->batch; ++r) {
-            uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r];
-            cost += (unit_seg + (uint64_t)(((uint32_t)kv[r] + round) >> shift) * unit_block) &
-                    ((uint64_t)0 - (uint64_t)q);
-            count += q;
-            chunk_cost[r] = (int64_t)cost;
-            chunk_units[r] = (int64_t)(count * heads);
-        }
-    } else {
-        for (r = 0, chunk = 0; r < c->batch; ++chunk) {
-            int32_t chunk_end = c->batch - r > chunk_len ? r + chunk_len : c->batch;
-            uint64_t blocks = 0, live = 0;
-            for (; r < chunk_end; ++r) {
-                uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r];
-                blocks += (((uint32_t)kv[r] + round) >> shift) & ((uint32_t)0 - q);
-                live += q;
-            }
-            cost += live * unit_seg + blocks * unit_block;
-            count += live;
-            chunk_cost[chunk] = (int64_t)cost;
-            chunk_units[chunk] = (int64_t)(count * heads);
-        }
+    if (q_any > 1u || ((uint32_t)low_max ^ 0x80000000u) >= cap || cu[c->batch] > p->max_tokens)
+        return 0;
+    for (r = 0; r < c->batch; ++r) { /* every q is 0 or 1 now */
+        uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r];
+        blocks += (((uint32_t)kv[r] + round) >> shift) & ((uint32_t)0 - q);
+        live += q;
     }
-    *total = (int64_t)cost;
-    *num_units = (int64_t)(count * heads);
+    *total = (int64_t)(live * (uint64_t)p->num_kv_heads * (uint64_t)c->seg +
+                       blocks * (uint64_t)p->num_kv_heads * (uint64_t)c->w_decode);
+    *num_units = (int64_t)(live * (uint64_t)p->num_kv_heads);
+    c->decode = 1;
     return 1;
 }
 
@@ -488,10 +513,7 @@ static int validate(plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *total,
     if (c->cu[0] != 0)
         return write_input_error(p, buf, AICPU_TILING_E_QUERY_START, 0, c->cu[0], 0, c->batch,
                                  flags, c->epoch);
-    if (decode_pass(c, total, num_units)) {
-        c->decode_chunks = c->chunk_shift == 0;
-        return AICPU_TILING_OK;
-    }
+    if (decode_pass(c, total, num_units)) return AICPU_TILING_OK;
     for (r = 0; r < c->batch; ++r) {
         int32_t lo = c->cu[r], hi = c->cu[r + 1], kv = c->kv[r];
         int status = AICPU_TILING_OK;
@@ -685,28 +707,6 @@ static int64_t write_nearest(const plan_ctx *c, int32_t *buf, int64_t total, int
 }
 
 /*
- * cursor_locate for a decode batch of at most TILING_CHUNKS requests: chunk_cost[r] is then
- * the end of request r and every unit is one tile with the decode block cost, so the unit
- * holding pos is found with a forward scan and one division. *r is the forward-only cursor.
- */
-static void decode_locate(const plan_ctx *c, int32_t *r, int64_t pos, unit_at *u) {
-    int64_t start, head_cost, off, h, blocks;
-    while (pos >= c->chunk_cost[*r]) *r += 1; /* padded slots end where they start */
-    start = *r > 0 ? c->chunk_cost[*r - 1] : 0;
-    blocks = kv_blocks(c, c->kv[*r]);
-    head_cost = c->seg + blocks * c->w_decode;
-    off = pos - start;
-    h = off < head_cost ? 0 : div_pos(off, head_cost);
-    u->r = *r;
-    u->h = (int32_t)h;
-    u->t = 0;
-    u->start = start + h * head_cost;
-    u->blocks = blocks;
-    u->w = c->w_decode;
-    u->index = (*r > 0 ? c->chunk_units[*r - 1] : 0) + h;
-}
-
-/*
  * Greedy filling with a budget (see THE PARTITION): each core takes work up to `budget` and
  * stops at the last legal cut that fits. Instead of searching once per core, this searches
  * once per unit a core stops in: a core that stops inside a unit of n blocks after k of them
@@ -720,14 +720,13 @@ static int64_t greedy_walk(const plan_ctx *c, int64_t budget, int64_t total, int
                            core_writer *wr) {
     int64_t seg = c->seg, target = budget, stops = 0, max_cost = 0, cost;
     int64_t limit = c->p->num_cores - 1;
-    int32_t decode_r = 0;
     cursor cur;
     cursor_init(c, &cur);
     while (target < total) {
         unit_at u;
         work_pos end;
         int64_t o, k, kk, fresh, last, i;
-        if (c->decode_chunks) decode_locate(c, &decode_r, target, &u);
+        if (c->decode) decode_locate(c, &cur, target, &u);
         else cursor_locate(c, &cur, target, &u);
         /* A core cannot take one whole block of a unit: it would stall. */
         if (budget < seg + u.w) return -1;
@@ -805,8 +804,9 @@ static void partition(const plan_ctx *c, int32_t *buf, int64_t total, int64_t nu
     int64_t lo = (total + cores - 1) / cores, hi, fits;
     core_writer wr;
     if (num_units <= TILING_FEW_UNITS_PER_CORE * cores) {
-        /* The nearest cuts' bound, share + seg + w_max, always fits; W fits too. */
-        hi = share + c->seg + block_cost(c, c->p->q_tile);
+        /* The nearest cuts' bound, share + seg + w_max, always fits; W fits too. Every
+         * block cost is at most that of a full query tile, or w_decode in a decode batch. */
+        hi = share + c->seg + (c->decode ? c->w_decode : block_cost(c, c->p->q_tile));
         fits = greedy_walk(c, hi, total, num_units, NULL);
         hi = fits >= 0 ? fits : total;
     } else {
@@ -853,7 +853,7 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     c.block_units = ((int64_t)p->block_size + 15) / 16;
     c.w_decode = block_cost(&c, 1);
     c.chunk_shift = 0;
-    c.decode_chunks = 0;
+    c.decode = 0;
     while (((int64_t)TILING_CHUNKS << c.chunk_shift) < batch) c.chunk_shift++;
     c.block_shift = -1;
     if ((p->block_size & (p->block_size - 1)) == 0) {
