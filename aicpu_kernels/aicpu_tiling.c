@@ -45,7 +45,8 @@ static int64_t div_pos(int64_t a, int64_t b) {
 }
 
 /*
- * The validation pass records the running cost and unit count at TILING_CHUNKS evenly
+ * The general validation pass (decode batches need none: decode_locate) records the running
+ * cost and unit count at TILING_CHUNKS evenly
  * spaced requests, so locating the P - 1 cuts afterwards walks at most one chunk of
  * requests per cut instead of re-walking the batch: O(batch + P * batch / TILING_CHUNKS).
  * 4 KiB of stack, fine on the AI-CPU.
@@ -236,34 +237,32 @@ static inline void decode_locate(const plan_ctx *c, cursor *cur, int64_t pos, un
     const int32_t *cu = c->cu, *kv = c->kv;
     int64_t heads = c->p->num_kv_heads, w = c->w_decode;
     int64_t heads_seg = heads * c->seg, heads_w = heads * w;
-    int64_t rem = pos - cur->start, index = cur->unit_index, start, blocks = 0, head_cost, off, h;
-    int32_t r = cur->r;
+    int64_t rem = pos - cur->start, blocks, head_cost, h;
+    int32_t r = cur->r, q_start = cu[r];
     uint32_t round = (uint32_t)c->p->block_size - 1u;
     int shift = c->block_shift;
     for (;; ++r) { /* pos < W, so a live request holds it */
-        if (cu[r + 1] != cu[r]) {
+        int32_t q_end = cu[r + 1];
+        if (q_end != q_start) {
             int64_t cost;
             blocks = (int64_t)(((uint32_t)kv[r] + round) >> shift);
             cost = heads_seg + blocks * heads_w;
             if (rem < cost) break;
             rem -= cost;
-            index += heads;
         }
+        q_start = q_end;
     }
-    start = pos - rem;
     cur->r = r;
-    cur->start = start;
-    cur->unit_index = index;
+    cur->start = pos - rem;
     head_cost = c->seg + blocks * w;
-    off = pos - start;
-    h = off < head_cost ? 0 : div_pos(off, head_cost);
+    h = rem < head_cost ? 0 : div_pos(rem, head_cost);
     u->r = r;
     u->h = (int32_t)h;
     u->t = 0;
-    u->start = start + h * head_cost;
+    u->start = cur->start + h * head_cost;
     u->blocks = blocks;
     u->w = w;
-    u->index = index + h;
+    u->index = heads * q_start + h; /* a decode request r has cu[r] live requests before it */
 }
 
 /* Locate the unit containing pos, 0 <= pos < W, at or after the cursor. */
@@ -485,14 +484,11 @@ static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num
         int32_t low = (int32_t)((k - q) ^ 0x80000000u);
         q_any |= q;
         low_max = low > low_max ? low : low_max;
+        blocks += ((k + round) >> shift) & ((uint32_t)0 - q); /* garbage only with trouble */
+        live += q;
     }
     if (q_any > 1u || ((uint32_t)low_max ^ 0x80000000u) >= cap || cu[c->batch] > p->max_tokens)
         return 0;
-    for (r = 0; r < c->batch; ++r) { /* every q is 0 or 1 now */
-        uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r];
-        blocks += (((uint32_t)kv[r] + round) >> shift) & ((uint32_t)0 - q);
-        live += q;
-    }
     *total = (int64_t)(live * (uint64_t)p->num_kv_heads * (uint64_t)c->seg +
                        blocks * (uint64_t)p->num_kv_heads * (uint64_t)c->w_decode);
     *num_units = (int64_t)(live * (uint64_t)p->num_kv_heads);

@@ -36,8 +36,9 @@
  *   W, the total cost, is the sum of unit costs. A core's cost is the sum of its segments'.
  *
  * THE PARTITION (deterministic; O(batch + cores) for decode, O(log) more per multi-tile
- * request, O(S log(cost_segment + w)) more for the min-max, S the units a core stops in:
- * kv heads and query tiles are handled arithmetically, never walked)
+ * request; the min-max is O(log(cost_segment + w)) probes of O(S) unit searches each, S the
+ * units a core stops in, plus O(batch) per probe for decode: kv heads and query tiles are
+ * handled arithmetically, never walked)
  *   Units occupy consecutive intervals of a position axis [0, W): unit u occupies
  *   [U, U + cost_segment + blocks * w). Legal cut positions are unit starts and the block
  *   boundaries inside a unit, U + cost_segment + k * w for 1 <= k < blocks (a piece always
