@@ -51,6 +51,15 @@ def test_invalid_lengths_are_typed_errors():
         CostModel(num_q_heads=6, num_kv_heads=4)
 
 
+def test_pieces_that_meet_at_the_causal_end_do_not_overlap():
+    # kv 513 in 64-token blocks: 9 blocks, the last one holding one token. A piece ending at
+    # 513 takes all 9; the next piece, starting at 513, must take none (it used to snap
+    # back to block 8 and cover block 8 twice; found by hypothesis on IFA's flash decoding).
+    w = workload([513], num_q_heads=8, num_kv_heads=1, block_size=64)
+    assert w.piece_segments(0, 0, (0, 1), (0, 513)) == [Segment(0, 0, 9)]
+    assert w.piece_segments(0, 0, (0, 1), (513, 1026)) == []
+
+
 def test_piece_segments_snap_and_clip():
     w = workload([300, 1000], q=[1, 40], num_q_heads=4, num_kv_heads=1)  # q_tile 32
     assert w.piece_segments(0, 0, (0, 1), (0, 128)) == [Segment(0, 0, 1)]
