@@ -23,6 +23,8 @@
  */
 #include "attention_ref.h"
 
+#include "attention_kernels.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -259,6 +261,93 @@ static void accumulate4x4(float *restrict o, const float *restrict p, ptrdiff_t 
     }
 }
 
+/* s[r sn + j] = q_r . k_j, token-outer so that each K row serves the head's rows from L1. */
+static void portable_scores(float *s, ptrdiff_t sn, const float *q, int32_t nr, const int32_t *nv,
+                            const float *k, ptrdiff_t ks, int32_t d) {
+    int32_t j, r, jmax = 0;
+    for (r = 0; r < nr; r++)
+        if (nv[r] > jmax) jmax = nv[r];
+    for (j = 0; j < jmax; j++)
+        for (r = 0; r < nr; r++)
+            if (j < nv[r]) s[r * sn + j] = dot(q + (size_t)r * d, k + j * ks, d);
+}
+
+static float portable_exp_sum(float *s, int32_t n, float mx) {
+    float sum = 0.0f;
+    int32_t j;
+    for (j = 0; j < n; j++) s[j] = exp_nonpositive(s[j] - mx);
+    for (j = 0; j < n; j++) sum += s[j];
+    return sum;
+}
+
+/* Four rows by four kv tokens per pass over the output rows where possible. */
+static void portable_accumulate(float *o, int32_t nr, const int32_t *nv, const float *p,
+                                ptrdiff_t ps, const float *v, ptrdiff_t vs, int32_t d) {
+    int32_t r, j;
+    for (r = 0; r + 4 <= nr; r += 4) {
+        int32_t jm = nv[r], rr;
+        if (nv[r + 1] < jm) jm = nv[r + 1];
+        if (nv[r + 2] < jm) jm = nv[r + 2];
+        if (nv[r + 3] < jm) jm = nv[r + 3];
+        for (j = 0; j + 4 <= jm; j += 4)
+            accumulate4x4(o + (size_t)r * d, p + r * ps + j, ps, v + j * vs, vs, d);
+        for (rr = r; rr < r + 4; rr++) {
+            int32_t jj;
+            for (jj = j; jj < nv[rr]; jj++)
+                accumulate1(o + (size_t)rr * d, p[rr * ps + jj], v + jj * vs, d);
+        }
+    }
+    for (; r < nr; r++) {
+        float *orow = o + (size_t)r * d;
+        const float *pr = p + r * ps;
+        for (j = 0; j + 4 <= nv[r]; j += 4) accumulate4(orow, pr + j, v + j * vs, vs, d);
+        for (; j < nv[r]; j++) accumulate1(orow, pr[j], v + j * vs, d);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Variant choice                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+static const attention_kernels portable_kernels = {load_rows, portable_scores, portable_exp_sum,
+                                                   portable_accumulate};
+
+/* -1 until the first use picks the best variant. A plain int: the choice is made once per
+ * process before cores run concurrently (the Python wrapper sets it at import). */
+static int32_t active_isa = -1;
+
+static const attention_kernels *isa_kernels(int32_t isa) {
+    if (isa == AICPU_ATTENTION_ISA_PORTABLE) return &portable_kernels;
+    if (isa == AICPU_ATTENTION_ISA_AVX2 || isa == AICPU_ATTENTION_ISA_AVX512)
+        return attention_x86_kernels(isa);
+    return NULL;
+}
+
+const char *aicpu_attention_isa_name(int32_t isa) {
+    static const char *const names[AICPU_ATTENTION_NUM_ISA] = {"portable", "avx2", "avx512"};
+    return isa >= 0 && isa < AICPU_ATTENTION_NUM_ISA ? names[isa] : NULL;
+}
+
+int aicpu_attention_isa_supported(int32_t isa) { return isa_kernels(isa) != NULL; }
+
+int32_t aicpu_attention_isa_best(void) {
+    int32_t isa;
+    for (isa = AICPU_ATTENTION_NUM_ISA - 1; isa > 0; isa--)
+        if (aicpu_attention_isa_supported(isa)) return isa;
+    return AICPU_ATTENTION_ISA_PORTABLE;
+}
+
+int32_t aicpu_attention_isa_active(void) {
+    if (active_isa < 0) active_isa = aicpu_attention_isa_best();
+    return active_isa;
+}
+
+int aicpu_attention_set_isa(int32_t isa) {
+    if (!aicpu_attention_isa_supported(isa)) return AICPU_ATTENTION_E_ISA;
+    active_isa = isa;
+    return AICPU_TILING_OK;
+}
+
 /*
  * Read one byte of every 64-byte line of n rows (row_bytes each, stride apart) and return
  * their sum. Portable software prefetch: these independent loads put many cache misses in
@@ -314,6 +403,7 @@ typedef struct {
     const int32_t *block_table, *cu, *kv;
     void *out;
     float *partial_out, *partial_lse;
+    const attention_kernels *k; /* the variant this call runs with */
 } core_ctx;
 
 static int load_request(const core_ctx *c, int32_t r, request_lens *rl) {
@@ -398,22 +488,19 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
         if (jmax == 0) continue;
         copy = c->dtype != AICPU_ATTENTION_FP32 || e - i >= 4;
         if (copy) {
-            load_rows(kbuf, (const char *)kraw + (size_t)head_at[i] * esize, c->dtype, jmax, d,
-                      stride);
+            c->k->load_rows(kbuf, (const char *)kraw + (size_t)head_at[i] * esize, c->dtype, jmax,
+                            d, stride);
             kp = kbuf;
             ks = d;
         } else {
             kp = (const float *)kraw + head_at[i];
             ks = stride;
         }
-        /* scores: token-outer, so each K row serves the head's rows while it is in L1 */
-        for (j = 0; j < jmax; j++)
-            for (r = i; r < e; r++)
-                if (j < nv[r]) sbuf[(size_t)r * n + j] = dot(qs + (size_t)r * d, kp + j * ks, d);
+        c->k->scores(sbuf + (size_t)i * n, n, qs + (size_t)i * d, e - i, nv + i, kp, ks, d);
         /* online softmax, once per chunk */
         for (r = i; r < e; r++) {
             float *s = sbuf + (size_t)r * n;
-            float mx, sum = 0.0f;
+            float mx;
             if (nv[r] == 0) continue;
             mx = s[0];
             for (j = 1; j < nv[r]; j++) mx = s[j] > mx ? s[j] : mx;
@@ -424,39 +511,17 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
                 l[r] *= corr;
                 m[r] = mx;
             }
-            mx = m[r];
-            for (j = 0; j < nv[r]; j++) s[j] = exp_nonpositive(s[j] - mx);
-            for (j = 0; j < nv[r]; j++) sum += s[j];
-            l[r] += sum;
+            l[r] += c->k->exp_sum(s, nv[r], m[r]);
         }
         /* probability-weighted V rows */
         if (copy) {
-            load_rows(vbuf, (const char *)vraw + (size_t)head_at[i] * esize, c->dtype, jmax, d,
-                      stride);
+            c->k->load_rows(vbuf, (const char *)vraw + (size_t)head_at[i] * esize, c->dtype, jmax,
+                            d, stride);
             vp = vbuf;
         } else {
             vp = (const float *)vraw + head_at[i];
         }
-        for (r = i; r + 4 <= e; r += 4) {
-            int32_t jm = nv[r], rr;
-            if (nv[r + 1] < jm) jm = nv[r + 1];
-            if (nv[r + 2] < jm) jm = nv[r + 2];
-            if (nv[r + 3] < jm) jm = nv[r + 3];
-            for (j = 0; j + 4 <= jm; j += 4)
-                accumulate4x4(acc + (size_t)r * d, sbuf + (size_t)r * n + j, n, vp + j * ks, ks,
-                              d);
-            for (rr = r; rr < r + 4; rr++) {
-                int32_t jj;
-                for (jj = j; jj < nv[rr]; jj++)
-                    accumulate1(acc + (size_t)rr * d, sbuf[(size_t)rr * n + jj], vp + jj * ks, d);
-            }
-        }
-        for (; r < e; r++) {
-            float *o = acc + (size_t)r * d;
-            const float *pr = sbuf + (size_t)r * n;
-            for (j = 0; j + 4 <= nv[r]; j += 4) accumulate4(o, pr + j, vp + j * ks, ks, d);
-            for (; j < nv[r]; j++) accumulate1(o, pr[j], vp + j * ks, d);
-        }
+        c->k->accumulate(acc + (size_t)i * d, e - i, nv + i, sbuf + (size_t)i * n, n, vp, ks, d);
     }
 }
 
@@ -590,6 +655,7 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
     c.num_blocks = num_blocks;
     c.max_slots = aicpu_tiling_max_slots(params);
     c.scale = scale;
+    c.k = isa_kernels(aicpu_attention_isa_active());
     c.query = query;
     c.key_cache = key_cache;
     c.value_cache = value_cache;

@@ -1,0 +1,444 @@
+/*
+ * attention_x86.c -- the x86-64 SIMD variants of the reference attention's inner kernels (see
+ * attention_kernels.h for what each computes and attention_ref.h, INSTRUCTION-SET VARIANTS).
+ *
+ * Each function carries its own target attribute, so this file builds with the baseline x86-64
+ * flags and the caller picks a table only when the CPU reports the features (GCC/Clang
+ * __builtin_cpu_supports, which also checks that the OS saves the wider registers). Compiled
+ * anywhere else (aarch64, another compiler) it provides no table and the portable C runs.
+ *
+ * Shapes the kernels are tuned for: decode with grouped-query attention, 1-8 query rows per kv
+ * head, head_dim 64-256, chunks of up to 64 kv tokens. Scores are four rows against one K row
+ * at a time (each K vector loaded once for four FMAs), reduced four at a time (two adds per
+ * lane-halving plus two hadds); the weighted V sum keeps four rows x two vectors of the output
+ * in registers across the chunk's tokens, so each V vector loaded feeds four FMAs and eight
+ * independent FMA chains hide the FMA latency. The exp is the portable one's Cody-Waite
+ * reduction and degree-7 Taylor polynomial, evaluated with FMA.
+ */
+#include "attention_kernels.h"
+#include "attention_ref.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#include <immintrin.h>
+#include <string.h>
+
+#define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+/* Constants of exp_nonpositive (attention_ref.c): ln 2 split in a short high part (exact
+ * products with k) and a low part, the cut-off below which e^x is flushed to 0, and the Taylor
+ * coefficients 1/7! ... 1/1!. */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693145751953125f
+#define EXP_LN2_LO 1.42860682030941723e-6f
+#define EXP_CUTOFF -87.0f
+
+static void copy_rows_fp32(float *dst, const float *src, int32_t n, int32_t d, ptrdiff_t stride) {
+    int32_t j;
+    for (j = 0; j < n; j++) memcpy(dst + (ptrdiff_t)j * d, src + j * stride, (size_t)d * 4);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* AVX2 + FMA + F16C                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+AVX2_TARGET static void avx2_load_rows(float *dst, const void *src, int32_t dtype, int32_t n,
+                                       int32_t d, ptrdiff_t stride) {
+    const uint16_t *s = (const uint16_t *)src;
+    int32_t j, x;
+    if (dtype == AICPU_ATTENTION_FP32) {
+        copy_rows_fp32(dst, (const float *)src, n, d, stride);
+        return;
+    }
+    for (j = 0; j < n; j++) {
+        const uint16_t *row = s + j * stride;
+        float *o = dst + (ptrdiff_t)j * d;
+        if (dtype == AICPU_ATTENTION_BF16) {
+            for (x = 0; x + 8 <= d; x += 8) {
+                __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + x)));
+                _mm256_storeu_ps(o + x, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+            }
+            for (; x < d; x++) o[x] = aicpu_attention_bf16_to_float(row[x]);
+        } else {
+            for (x = 0; x + 8 <= d; x += 8)
+                _mm256_storeu_ps(o + x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + x))));
+            for (; x < d; x++) o[x] = aicpu_attention_half_to_float(row[x]);
+        }
+    }
+}
+
+/* [sum a0, sum a1, sum a2, sum a3] */
+AVX2_TARGET static __m128 avx2_sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    __m128 b0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+    __m128 b1 = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1));
+    __m128 b2 = _mm_add_ps(_mm256_castps256_ps128(a2), _mm256_extractf128_ps(a2, 1));
+    __m128 b3 = _mm_add_ps(_mm256_castps256_ps128(a3), _mm256_extractf128_ps(a3, 1));
+    return _mm_hadd_ps(_mm_hadd_ps(b0, b1), _mm_hadd_ps(b2, b3));
+}
+
+AVX2_TARGET static float avx2_dot(const float *q, const float *k, int32_t d) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    float t[4], tail = 0.0f;
+    int32_t x = 0;
+    for (; x + 16 <= d; x += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + x), _mm256_loadu_ps(k + x), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + x + 8), _mm256_loadu_ps(k + x + 8), a1);
+    }
+    for (; x + 8 <= d; x += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + x), _mm256_loadu_ps(k + x), a0);
+    for (; x < d; x++) tail += q[x] * k[x];
+    _mm_storeu_ps(t, avx2_sum4(a0, a1, _mm256_setzero_ps(), _mm256_setzero_ps()));
+    return (t[0] + t[1]) + tail;
+}
+
+AVX2_TARGET static void avx2_scores(float *s, ptrdiff_t sn, const float *q, int32_t nr,
+                                    const int32_t *nv, const float *k, ptrdiff_t ks, int32_t d) {
+    int32_t r, j, x, i;
+    for (r = 0; r + 4 <= nr; r += 4) {
+        const float *q0 = q + (ptrdiff_t)r * d, *q1 = q0 + d, *q2 = q1 + d, *q3 = q2 + d;
+        int32_t jm = nv[r];
+        for (i = 1; i < 4; i++)
+            if (nv[r + i] > jm) jm = nv[r + i];
+        for (j = 0; j < jm; j++) {
+            const float *kj = k + j * ks;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            float t[4], tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (x = 0; x + 8 <= d; x += 8) {
+                __m256 kv = _mm256_loadu_ps(kj + x);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + x), kv, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + x), kv, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + x), kv, a2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + x), kv, a3);
+            }
+            for (; x < d; x++) {
+                tail[0] += q0[x] * kj[x];
+                tail[1] += q1[x] * kj[x];
+                tail[2] += q2[x] * kj[x];
+                tail[3] += q3[x] * kj[x];
+            }
+            _mm_storeu_ps(t, avx2_sum4(a0, a1, a2, a3));
+            for (i = 0; i < 4; i++)
+                if (j < nv[r + i]) s[(r + i) * sn + j] = t[i] + tail[i];
+        }
+    }
+    for (; r < nr; r++)
+        for (j = 0; j < nv[r]; j++) s[r * sn + j] = avx2_dot(q + (ptrdiff_t)r * d, k + j * ks, d);
+}
+
+/* e^x for x <= 0 (see exp_nonpositive in attention_ref.c); NaN stays NaN. */
+AVX2_TARGET static __m256 avx2_exp(__m256 x) {
+    const __m256 cutoff = _mm256_set1_ps(EXP_CUTOFF);
+    __m256 under = _mm256_cmp_ps(x, cutoff, _CMP_LT_OQ);
+    __m256 xc = _mm256_max_ps(cutoff, x); /* max returns its second operand for NaN */
+    __m256 kf = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(EXP_LOG2E)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(EXP_LN2_HI), xc);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(kf), _mm256_set1_epi32(127)),
+                                  23);
+    r = _mm256_fnmadd_ps(kf, _mm256_set1_ps(EXP_LN2_LO), r);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+AVX2_TARGET static float avx2_exp_sum(float *s, int32_t n, float mx) {
+    const __m256 m = _mm256_set1_ps(mx);
+    __m256 sum = _mm256_setzero_ps();
+    float t[4];
+    int32_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = avx2_exp(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
+        _mm256_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (j < n) { /* the tail through a lane mask: lanes >= n are neither read nor written */
+        __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), lanes);
+        __m256 e = avx2_exp(_mm256_sub_ps(_mm256_maskload_ps(s + j, mask), m));
+        _mm256_maskstore_ps(s + j, mask, e);
+        sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(mask)));
+    }
+    _mm_storeu_ps(t, avx2_sum4(sum, _mm256_setzero_ps(), _mm256_setzero_ps(),
+                               _mm256_setzero_ps()));
+    return t[0];
+}
+
+/* One output row, all its tokens: o += sum_j p[j] v_j. */
+AVX2_TARGET static void avx2_accumulate_row(float *o, int32_t n, const float *p, const float *v,
+                                            ptrdiff_t vs, int32_t d) {
+    int32_t x = 0, j;
+    for (; x + 16 <= d; x += 16) {
+        __m256 o0 = _mm256_loadu_ps(o + x), o1 = _mm256_loadu_ps(o + x + 8);
+        for (j = 0; j < n; j++) {
+            __m256 pj = _mm256_broadcast_ss(p + j);
+            o0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * vs + x), o0);
+            o1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * vs + x + 8), o1);
+        }
+        _mm256_storeu_ps(o + x, o0);
+        _mm256_storeu_ps(o + x + 8, o1);
+    }
+    for (; x + 8 <= d; x += 8) {
+        __m256 o0 = _mm256_loadu_ps(o + x);
+        for (j = 0; j < n; j++)
+            o0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(v + j * vs + x), o0);
+        _mm256_storeu_ps(o + x, o0);
+    }
+    for (; x < d; x++) {
+        float acc = o[x];
+        for (j = 0; j < n; j++) acc += p[j] * v[j * vs + x];
+        o[x] = acc;
+    }
+}
+
+AVX2_TARGET static void avx2_accumulate(float *o, int32_t nr, const int32_t *nv, const float *p,
+                                        ptrdiff_t ps, const float *v, ptrdiff_t vs, int32_t d) {
+    int32_t r, j, x, i;
+    for (r = 0; r + 4 <= nr; r += 4) {
+        float *o0 = o + (ptrdiff_t)r * d, *o1 = o0 + d, *o2 = o1 + d, *o3 = o2 + d;
+        const float *p0 = p + r * ps, *p1 = p0 + ps, *p2 = p1 + ps, *p3 = p2 + ps;
+        int32_t jm = nv[r], dv = d - d % 8;
+        for (i = 1; i < 4; i++)
+            if (nv[r + i] < jm) jm = nv[r + i];
+        for (x = 0; x < dv; x += 8) {
+            __m256 a0 = _mm256_loadu_ps(o0 + x), a1 = _mm256_loadu_ps(o1 + x);
+            __m256 a2 = _mm256_loadu_ps(o2 + x), a3 = _mm256_loadu_ps(o3 + x);
+            for (j = 0; j < jm; j++) {
+                __m256 w = _mm256_loadu_ps(v + j * vs + x);
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + j), w, a0);
+                a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + j), w, a1);
+                a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + j), w, a2);
+                a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(p3 + j), w, a3);
+            }
+            _mm256_storeu_ps(o0 + x, a0);
+            _mm256_storeu_ps(o1 + x, a1);
+            _mm256_storeu_ps(o2 + x, a2);
+            _mm256_storeu_ps(o3 + x, a3);
+        }
+        for (i = 0; i < 4; i++) {
+            float *orow = o + (ptrdiff_t)(r + i) * d;
+            const float *prow = p + (r + i) * ps;
+            for (x = dv; x < d; x++) { /* the head_dim tail, all tokens in order */
+                float acc = orow[x];
+                for (j = 0; j < jm; j++) acc += prow[j] * v[j * vs + x];
+                orow[x] = acc;
+            }
+            if (nv[r + i] > jm) /* causal rows that see more tokens than the shortest */
+                avx2_accumulate_row(orow, nv[r + i] - jm, prow + jm, v + jm * vs, vs, d);
+        }
+    }
+    for (; r < nr; r++) avx2_accumulate_row(o + (ptrdiff_t)r * d, nv[r], p + r * ps, v, vs, d);
+}
+
+static const attention_kernels avx2_kernels = {avx2_load_rows, avx2_scores, avx2_exp_sum,
+                                               avx2_accumulate};
+
+/* ------------------------------------------------------------------------------------------ */
+/* AVX-512 F/BW/VL (+ FMA, F16C)                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Lanes [0, n) of a 16-lane vector: none for n <= 0, all for n >= 16. Masked-off lanes are
+ * neither read nor written (no fault past the end of a row). */
+AVX512_TARGET static __mmask16 avx512_head(int32_t n) {
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+}
+
+/* The upper eight lanes (AVX-512F only: _mm512_extractf32x8_ps would need AVX-512DQ). */
+AVX512_TARGET static __m256 avx512_upper(__m512 a) {
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+}
+
+AVX512_TARGET static void avx512_load_rows(float *dst, const void *src, int32_t dtype, int32_t n,
+                                           int32_t d, ptrdiff_t stride) {
+    const uint16_t *s = (const uint16_t *)src;
+    int32_t j, x;
+    if (dtype == AICPU_ATTENTION_FP32) {
+        copy_rows_fp32(dst, (const float *)src, n, d, stride);
+        return;
+    }
+    for (j = 0; j < n; j++) {
+        const uint16_t *row = s + j * stride;
+        float *o = dst + (ptrdiff_t)j * d;
+        for (x = 0; x < d; x += 16) {
+            __mmask16 m = avx512_head(d - x);
+            __m256i h = _mm256_maskz_loadu_epi16(m, row + x);
+            __m512 f = dtype == AICPU_ATTENTION_BF16
+                           ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                           : _mm512_cvtph_ps(h);
+            _mm512_mask_storeu_ps(o + x, m, f);
+        }
+    }
+}
+
+/* [sum a0, sum a1, sum a2, sum a3] */
+AVX512_TARGET static __m128 avx512_sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    __m256 b0 = _mm256_add_ps(_mm512_castps512_ps256(a0), avx512_upper(a0));
+    __m256 b1 = _mm256_add_ps(_mm512_castps512_ps256(a1), avx512_upper(a1));
+    __m256 b2 = _mm256_add_ps(_mm512_castps512_ps256(a2), avx512_upper(a2));
+    __m256 b3 = _mm256_add_ps(_mm512_castps512_ps256(a3), avx512_upper(a3));
+    return avx2_sum4(b0, b1, b2, b3);
+}
+
+AVX512_TARGET static void avx512_scores(float *s, ptrdiff_t sn, const float *q, int32_t nr,
+                                        const int32_t *nv, const float *k, ptrdiff_t ks,
+                                        int32_t d) {
+    int32_t r, j, x, i;
+    for (r = 0; r < nr; r += 4) {
+        /* a block of up to four rows; missing rows repeat the last one and are not stored */
+        int32_t rows = nr - r < 4 ? nr - r : 4, jm = 0;
+        const float *q0 = q + (ptrdiff_t)r * d;
+        const float *q1 = q0 + (ptrdiff_t)(rows > 1) * d;
+        const float *q2 = q0 + (ptrdiff_t)(rows > 2 ? 2 : rows - 1) * d;
+        const float *q3 = q0 + (ptrdiff_t)(rows - 1) * d;
+        for (i = 0; i < rows; i++)
+            if (nv[r + i] > jm) jm = nv[r + i];
+        for (j = 0; j < jm; j++) {
+            const float *kj = k + j * ks;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            float t[4];
+            for (x = 0; x < d; x += 16) {
+                __mmask16 m = avx512_head(d - x);
+                __m512 kv = _mm512_maskz_loadu_ps(m, kj + x);
+                a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q0 + x), kv, a0);
+                a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q1 + x), kv, a1);
+                a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q2 + x), kv, a2);
+                a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q3 + x), kv, a3);
+            }
+            _mm_storeu_ps(t, avx512_sum4(a0, a1, a2, a3));
+            for (i = 0; i < rows; i++)
+                if (j < nv[r + i]) s[(r + i) * sn + j] = t[i];
+        }
+    }
+}
+
+/* e^x for x <= 0 (see exp_nonpositive in attention_ref.c); NaN stays NaN. */
+AVX512_TARGET static __m512 avx512_exp(__m512 x) {
+    const __m512 cutoff = _mm512_set1_ps(EXP_CUTOFF);
+    __mmask16 keep = _mm512_cmp_ps_mask(x, cutoff, _CMP_NLT_UQ); /* not below: NaN kept */
+    __m512 xc = _mm512_max_ps(cutoff, x);
+    __m512 kf = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(EXP_LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(EXP_LN2_HI), xc);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(kf), _mm512_set1_epi32(127)),
+                                  23);
+    r = _mm512_fnmadd_ps(kf, _mm512_set1_ps(EXP_LN2_LO), r);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
+}
+
+AVX512_TARGET static float avx512_exp_sum(float *s, int32_t n, float mx) {
+    const __m512 m = _mm512_set1_ps(mx);
+    __m512 sum = _mm512_setzero_ps();
+    float t[4];
+    int32_t j;
+    for (j = 0; j < n; j += 16) {
+        __mmask16 lanes = avx512_head(n - j);
+        __m512 e = avx512_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + j), m));
+        _mm512_mask_storeu_ps(s + j, lanes, e);
+        sum = _mm512_mask_add_ps(sum, lanes, sum, e);
+    }
+    _mm_storeu_ps(t, avx512_sum4(sum, _mm512_setzero_ps(), _mm512_setzero_ps(),
+                                 _mm512_setzero_ps()));
+    return t[0];
+}
+
+/* One output row, tokens [0, n): o += sum_j p[j] v_j, two vectors of o per pass. */
+AVX512_TARGET static void avx512_accumulate_row(float *o, int32_t n, const float *p,
+                                                const float *v, ptrdiff_t vs, int32_t d) {
+    int32_t x, j;
+    for (x = 0; x < d; x += 32) {
+        __mmask16 m0 = avx512_head(d - x), m1 = avx512_head(d - x - 16);
+        __m512 o0 = _mm512_maskz_loadu_ps(m0, o + x), o1 = _mm512_maskz_loadu_ps(m1, o + x + 16);
+        for (j = 0; j < n; j++) {
+            __m512 pj = _mm512_set1_ps(p[j]);
+            o0 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m0, v + j * vs + x), o0);
+            o1 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m1, v + j * vs + x + 16), o1);
+        }
+        _mm512_mask_storeu_ps(o + x, m0, o0);
+        _mm512_mask_storeu_ps(o + x + 16, m1, o1);
+    }
+}
+
+AVX512_TARGET static void avx512_accumulate(float *o, int32_t nr, const int32_t *nv,
+                                            const float *p, ptrdiff_t ps, const float *v,
+                                            ptrdiff_t vs, int32_t d) {
+    int32_t r, j, x, i;
+    for (r = 0; r + 4 <= nr; r += 4) {
+        float *o0 = o + (ptrdiff_t)r * d, *o1 = o0 + d, *o2 = o1 + d, *o3 = o2 + d;
+        const float *p0 = p + r * ps, *p1 = p0 + ps, *p2 = p1 + ps, *p3 = p2 + ps;
+        int32_t jm = nv[r];
+        for (i = 1; i < 4; i++)
+            if (nv[r + i] < jm) jm = nv[r + i];
+        for (x = 0; x < d; x += 32) {
+            __mmask16 m0 = avx512_head(d - x), m1 = avx512_head(d - x - 16);
+            __m512 a0 = _mm512_maskz_loadu_ps(m0, o0 + x), b0 = _mm512_maskz_loadu_ps(m1, o0 + x + 16);
+            __m512 a1 = _mm512_maskz_loadu_ps(m0, o1 + x), b1 = _mm512_maskz_loadu_ps(m1, o1 + x + 16);
+            __m512 a2 = _mm512_maskz_loadu_ps(m0, o2 + x), b2 = _mm512_maskz_loadu_ps(m1, o2 + x + 16);
+            __m512 a3 = _mm512_maskz_loadu_ps(m0, o3 + x), b3 = _mm512_maskz_loadu_ps(m1, o3 + x + 16);
+            for (j = 0; j < jm; j++) {
+                const float *vj = v + j * vs + x;
+                __m512 w0 = _mm512_maskz_loadu_ps(m0, vj), w1 = _mm512_maskz_loadu_ps(m1, vj + 16);
+                __m512 c0 = _mm512_set1_ps(p0[j]), c1 = _mm512_set1_ps(p1[j]);
+                __m512 c2 = _mm512_set1_ps(p2[j]), c3 = _mm512_set1_ps(p3[j]);
+                a0 = _mm512_fmadd_ps(c0, w0, a0);
+                b0 = _mm512_fmadd_ps(c0, w1, b0);
+                a1 = _mm512_fmadd_ps(c1, w0, a1);
+                b1 = _mm512_fmadd_ps(c1, w1, b1);
+                a2 = _mm512_fmadd_ps(c2, w0, a2);
+                b2 = _mm512_fmadd_ps(c2, w1, b2);
+                a3 = _mm512_fmadd_ps(c3, w0, a3);
+                b3 = _mm512_fmadd_ps(c3, w1, b3);
+            }
+            _mm512_mask_storeu_ps(o0 + x, m0, a0);
+            _mm512_mask_storeu_ps(o0 + x + 16, m1, b0);
+            _mm512_mask_storeu_ps(o1 + x, m0, a1);
+            _mm512_mask_storeu_ps(o1 + x + 16, m1, b1);
+            _mm512_mask_storeu_ps(o2 + x, m0, a2);
+            _mm512_mask_storeu_ps(o2 + x + 16, m1, b2);
+            _mm512_mask_storeu_ps(o3 + x, m0, a3);
+            _mm512_mask_storeu_ps(o3 + x + 16, m1, b3);
+        }
+        for (i = 0; i < 4; i++) /* causal rows that see more tokens than the shortest */
+            if (nv[r + i] > jm)
+                avx512_accumulate_row(o + (ptrdiff_t)(r + i) * d, nv[r + i] - jm,
+                                      p + (r + i) * ps + jm, v + jm * vs, vs, d);
+    }
+    for (; r < nr; r++) avx512_accumulate_row(o + (ptrdiff_t)r * d, nv[r], p + r * ps, v, vs, d);
+}
+
+static const attention_kernels avx512_kernels = {avx512_load_rows, avx512_scores, avx512_exp_sum,
+                                                 avx512_accumulate};
+
+const attention_kernels *attention_x86_kernels(int32_t isa) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+        !__builtin_cpu_supports("f16c"))
+        return NULL;
+    if (isa == AICPU_ATTENTION_ISA_AVX2) return &avx2_kernels;
+    if (isa == AICPU_ATTENTION_ISA_AVX512 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+        return &avx512_kernels;
+    return NULL;
+}
+
+#else /* not x86-64 with GCC or Clang: only the portable variant */
+
+const attention_kernels *attention_x86_kernels(int32_t isa) {
+    (void)isa;
+    return NULL;
+}
+
+#endif
