@@ -6,8 +6,8 @@
  * provides the AVX2+FMA+F16C and AVX-512 tables, compiled with per-function target attributes
  * so that one build runs on any x86-64 and uses what the CPU has. Not part of the ABI.
  *
- * Every kernel works on fp32 except load_rows, which converts from the storage dtype. Rows of
- * one call belong to one kv head. Results may differ between variants in the last bits (FMA
+ * Query rows, scores, probabilities and outputs are fp32; K and V are read in their storage
+ * dtype, straight from the caches. Rows of one call belong to one kv head. Results may differ between variants in the last bits (FMA
  * contraction, summation order) but each variant is deterministic.
  */
 #ifndef AICPU_ATTENTION_KERNELS_H
@@ -17,20 +17,21 @@
 #include <stdint.h>
 
 typedef struct attention_kernels {
-    /* dst[j * d + x] = src row j, element x, for j < n, x < d; rows `stride` elements apart in
-     * storage dtype (AICPU_ATTENTION_FP32/FP16/BF16), round-trip exact (fp16, bf16 widen). */
-    void (*load_rows)(float *dst, const void *src, int32_t dtype, int32_t n, int32_t d,
-                      ptrdiff_t stride);
-    /* s[r * sn + j] = q_r . k_j for r < nr and j < nv[r]; q_r = q + r * d, k_j = k + j * ks.
-     * Other entries of s may be written (with finite values) up to j < max(nv). */
+    /* s[r * sn + j] = q_r . k_j for r < nr and j < nv[r]; q_r = q + r * d (fp32), k_j the row
+     * at element j * ks of k in storage dtype (AICPU_ATTENTION_FP32/FP16/BF16). Entries of s
+     * with nv[r] <= j < max(nv) may be written too. scratch: max(nv) * d floats the kernel may
+     * use (the portable one widens 16-bit K there). */
     void (*scores)(float *s, ptrdiff_t sn, const float *q, int32_t nr, const int32_t *nv,
-                   const float *k, ptrdiff_t ks, int32_t d);
+                   const void *k, int32_t dtype, ptrdiff_t ks, int32_t d, float *scratch);
     /* s[j] = e^(s[j] - mx) for j < n (every s[j] <= mx); returns their sum. */
     float (*exp_sum)(float *s, int32_t n, float mx);
-    /* o_r += sum_{j < nv[r]} p_r[j] v_j for r < nr; o_r = o + r * d, p_r = p + r * ps,
-     * v_j = v + j * vs. */
+    /* o_r += sum_{j < nv[r]} p_r[j] v_j for r < nr; o_r = o + r * d, p_r = p + r * ps, v_j the
+     * row at element j * vs of v in storage dtype; scratch as for scores. */
     void (*accumulate)(float *o, int32_t nr, const int32_t *nv, const float *p, ptrdiff_t ps,
-                       const float *v, ptrdiff_t vs, int32_t d);
+                       const void *v, int32_t dtype, ptrdiff_t vs, int32_t d, float *scratch);
+    /* Start bringing n rows of row_bytes bytes, `stride` bytes apart, into the cache while the
+     * current chunk is computed (a hint: no effect on results). */
+    void (*prefetch_rows)(const void *p, int32_t n, size_t row_bytes, ptrdiff_t stride);
 } attention_kernels;
 
 /* The x86 tables (attention_x86.c); NULL when the build or the CPU lacks the variant. isa is

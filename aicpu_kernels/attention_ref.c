@@ -261,15 +261,26 @@ static void accumulate4x4(float *restrict o, const float *restrict p, ptrdiff_t 
     }
 }
 
-/* s[r sn + j] = q_r . k_j, token-outer so that each K row serves the head's rows from L1. */
+/*
+ * s[r sn + j] = q_r . k_j, token-outer so that each K row serves the head's rows from L1. 16-bit
+ * K (and fp32 K for four rows or more, where the copy's contiguity pays) is first brought to
+ * fp32 once into scratch.
+ */
 static void portable_scores(float *s, ptrdiff_t sn, const float *q, int32_t nr, const int32_t *nv,
-                            const float *k, ptrdiff_t ks, int32_t d) {
+                            const void *k, int32_t dtype, ptrdiff_t ks, int32_t d,
+                            float *scratch) {
+    const float *kp = (const float *)k;
     int32_t j, r, jmax = 0;
     for (r = 0; r < nr; r++)
         if (nv[r] > jmax) jmax = nv[r];
+    if (dtype != AICPU_ATTENTION_FP32 || nr >= 4) {
+        load_rows(scratch, k, dtype, jmax, d, ks);
+        kp = scratch;
+        ks = d;
+    }
     for (j = 0; j < jmax; j++)
         for (r = 0; r < nr; r++)
-            if (j < nv[r]) s[r * sn + j] = dot(q + (size_t)r * d, k + j * ks, d);
+            if (j < nv[r]) s[r * sn + j] = dot(q + (size_t)r * d, kp + j * ks, d);
 }
 
 static float portable_exp_sum(float *s, int32_t n, float mx) {
@@ -282,8 +293,17 @@ static float portable_exp_sum(float *s, int32_t n, float mx) {
 
 /* Four rows by four kv tokens per pass over the output rows where possible. */
 static void portable_accumulate(float *o, int32_t nr, const int32_t *nv, const float *p,
-                                ptrdiff_t ps, const float *v, ptrdiff_t vs, int32_t d) {
-    int32_t r, j;
+                                ptrdiff_t ps, const void *vraw, int32_t dtype, ptrdiff_t vs,
+                                int32_t d, float *scratch) {
+    const float *v = (const float *)vraw;
+    int32_t r, j, jmax = 0;
+    for (r = 0; r < nr; r++)
+        if (nv[r] > jmax) jmax = nv[r];
+    if (dtype != AICPU_ATTENTION_FP32 || nr >= 4) {
+        load_rows(scratch, vraw, dtype, jmax, d, vs);
+        v = scratch;
+        vs = d;
+    }
     for (r = 0; r + 4 <= nr; r += 4) {
         int32_t jm = nv[r], rr;
         if (nv[r + 1] < jm) jm = nv[r + 1];
@@ -309,8 +329,10 @@ static void portable_accumulate(float *o, int32_t nr, const int32_t *nv, const f
 /* Variant choice                                                                             */
 /* ------------------------------------------------------------------------------------------ */
 
-static const attention_kernels portable_kernels = {load_rows, portable_scores, portable_exp_sum,
-                                                   portable_accumulate};
+static void portable_prefetch_rows(const void *p, int32_t n, size_t row_bytes, ptrdiff_t stride);
+
+static const attention_kernels portable_kernels = {portable_scores, portable_exp_sum,
+                                                   portable_accumulate, portable_prefetch_rows};
 
 /* -1 until the first use picks the best variant. A plain int: the choice is made once per
  * process before cores run concurrently (the Python wrapper sets it at import). */
@@ -366,6 +388,11 @@ static unsigned touch_rows(const unsigned char *p, int32_t n, size_t row_bytes,
         sum += row[row_bytes - 1];
     }
     return sum;
+}
+
+static void portable_prefetch_rows(const void *p, int32_t n, size_t row_bytes, ptrdiff_t stride) {
+    volatile unsigned sink = touch_rows((const unsigned char *)p, n, row_bytes, stride);
+    (void)sink;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -461,11 +488,11 @@ static void write_row(const core_ctx *c, const segment *sg, int32_t row, const f
  * One chunk of n kv tokens (positions c0..c0+n-1) for nr rows. K and V of the chunk are read
  * from the caches at kraw and vraw (the chunk's first token, head sh of the segment), tokens
  * `stride` elements apart, a row's head at head_at[i] elements further. Rows of one kv head
- * (consecutive, head_at equal) are processed together: that head's K rows of the chunk are
- * brought to fp32 once into kbuf (16-bit storage, or fp32 with rows blocked by four), scores of
- * four rows at a time share each K row, the online softmax is updated once per chunk (chunk
- * max, then one exp per score), then V likewise into vbuf and the four rows accumulate the
- * probability-weighted V rows in registers.
+ * (consecutive, head_at equal) are processed together by the active variant's kernels
+ * (attention_kernels.h): scores of the head's rows against the chunk's K rows, the online
+ * softmax once per chunk (chunk max, then one exp per score), then the probability-weighted
+ * sum of V rows. The portable kernels widen 16-bit K and V into kbuf and vbuf first; the SIMD
+ * ones widen in registers.
  */
 static void process_chunk(const core_ctx *c, const float *qs, float *acc, float *sbuf, float *m,
                           float *l, const int32_t *limit, const int32_t *head_at, int32_t nr,
@@ -480,23 +507,14 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
         nv[i] = v < 0 ? 0 : v < n ? v : n;
     }
     for (i = 0; i < nr; i = e) {
-        int32_t r, jmax = 0, copy;
-        const float *kp, *vp;
-        ptrdiff_t ks;
+        const char *kp = (const char *)kraw + (size_t)head_at[i] * esize;
+        const char *vp = (const char *)vraw + (size_t)head_at[i] * esize;
+        int32_t r, jmax = 0;
         for (e = i; e < nr && head_at[e] == head_at[i]; e++)
             if (nv[e] > jmax) jmax = nv[e];
         if (jmax == 0) continue;
-        copy = c->dtype != AICPU_ATTENTION_FP32 || e - i >= 4;
-        if (copy) {
-            c->k->load_rows(kbuf, (const char *)kraw + (size_t)head_at[i] * esize, c->dtype, jmax,
-                            d, stride);
-            kp = kbuf;
-            ks = d;
-        } else {
-            kp = (const float *)kraw + head_at[i];
-            ks = stride;
-        }
-        c->k->scores(sbuf + (size_t)i * n, n, qs + (size_t)i * d, e - i, nv + i, kp, ks, d);
+        c->k->scores(sbuf + (size_t)i * n, n, qs + (size_t)i * d, e - i, nv + i, kp, c->dtype,
+                     stride, d, kbuf);
         /* online softmax, once per chunk */
         for (r = i; r < e; r++) {
             float *s = sbuf + (size_t)r * n;
@@ -514,14 +532,8 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
             l[r] += c->k->exp_sum(s, nv[r], m[r]);
         }
         /* probability-weighted V rows */
-        if (copy) {
-            c->k->load_rows(vbuf, (const char *)vraw + (size_t)head_at[i] * esize, c->dtype, jmax,
-                            d, stride);
-            vp = vbuf;
-        } else {
-            vp = (const float *)vraw + head_at[i];
-        }
-        c->k->accumulate(acc + (size_t)i * d, e - i, nv + i, sbuf + (size_t)i * n, n, vp, ks, d);
+        c->k->accumulate(acc + (size_t)i * d, e - i, nv + i, sbuf + (size_t)i * n, n, vp,
+                         c->dtype, stride, d, vbuf);
     }
 }
 
@@ -539,7 +551,6 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
     float qs[QO_FLOATS], acc[QO_FLOATS], kbuf[KV_FLOATS], vbuf[KV_FLOATS];
     float sbuf[S_FLOATS], m[MAX_ROWS], l[MAX_ROWS];
     int32_t limit[MAX_ROWS], head_at[MAX_ROWS];
-    volatile unsigned sink = 0; /* keeps the touches */
     int32_t r0;
 
     for (r0 = 0; r0 < rows; r0 += row_block) {
@@ -582,10 +593,10 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
                         size_t at = (((size_t)bt_row[nb] * bs + (size_t)(nc0 - nb * bs)) *
                                          p->num_kv_heads + sg->h) * d * esize;
                         if (nn > (nb + 1) * bs - nc0) nn = (nb + 1) * bs - nc0;
-                        sink += touch_rows((const unsigned char *)c->key_cache + at, nn,
+                        c->k->prefetch_rows((const unsigned char *)c->key_cache + at, nn,
                                            (size_t)width * esize,
                                            token_stride * (ptrdiff_t)esize);
-                        sink += touch_rows((const unsigned char *)c->value_cache + at, nn,
+                        c->k->prefetch_rows((const unsigned char *)c->value_cache + at, nn,
                                            (size_t)width * esize,
                                            token_stride * (ptrdiff_t)esize);
                     }

@@ -21,7 +21,6 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
 #include <immintrin.h>
-#include <string.h>
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -34,42 +33,55 @@
 #define EXP_LN2_LO 1.42860682030941723e-6f
 #define EXP_CUTOFF -87.0f
 
-static void copy_rows_fp32(float *dst, const float *src, int32_t n, int32_t d, ptrdiff_t stride) {
+/* Software prefetch (SSE, in every x86-64): unlike the portable variant's touching loads these
+ * do not hold up retirement while their lines arrive, so the chunk's work overlaps them. */
+static void x86_prefetch_rows(const void *p, int32_t n, size_t row_bytes, ptrdiff_t stride) {
+    const char *base = (const char *)p;
     int32_t j;
-    for (j = 0; j < n; j++) memcpy(dst + (ptrdiff_t)j * d, src + j * stride, (size_t)d * 4);
+    size_t x;
+    for (j = 0; j < n; j++) {
+        const char *row = base + j * stride;
+        for (x = 0; x < row_bytes; x += 64) _mm_prefetch(row + x, _MM_HINT_T0);
+        _mm_prefetch(row + row_bytes - 1, _MM_HINT_T0);
+    }
 }
+
+/* Element `at` of a K or V row in storage dtype, as fp32 (the scalar tails). */
+static float load1(const void *p, ptrdiff_t at, int32_t dtype) {
+    uint16_t u;
+    if (dtype == AICPU_ATTENTION_FP32) return ((const float *)p)[at];
+    u = ((const uint16_t *)p)[at];
+    return dtype == AICPU_ATTENTION_BF16 ? aicpu_attention_bf16_to_float(u)
+                                         : aicpu_attention_half_to_float(u);
+}
+
+/*
+ * The kernels read K and V straight from the caches in their storage dtype and widen each
+ * vector in registers (bf16: shift into the high half; fp16: F16C), so no fp32 copy of a chunk
+ * is written and read back. Each kernel body is inlined once per dtype (constant `dtype`), so
+ * the inner loops carry no dtype branch.
+ */
+#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+#define AVX512_INLINE                                                                        \
+    static inline __attribute__((always_inline,                                              \
+                                 target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
 /* ------------------------------------------------------------------------------------------ */
 /* AVX2 + FMA + F16C                                                                           */
 /* ------------------------------------------------------------------------------------------ */
 
-AVX2_TARGET static void avx2_load_rows(float *dst, const void *src, int32_t dtype, int32_t n,
-                                       int32_t d, ptrdiff_t stride) {
-    const uint16_t *s = (const uint16_t *)src;
-    int32_t j, x;
-    if (dtype == AICPU_ATTENTION_FP32) {
-        copy_rows_fp32(dst, (const float *)src, n, d, stride);
-        return;
-    }
-    for (j = 0; j < n; j++) {
-        const uint16_t *row = s + j * stride;
-        float *o = dst + (ptrdiff_t)j * d;
-        if (dtype == AICPU_ATTENTION_BF16) {
-            for (x = 0; x + 8 <= d; x += 8) {
-                __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + x)));
-                _mm256_storeu_ps(o + x, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-            }
-            for (; x < d; x++) o[x] = aicpu_attention_bf16_to_float(row[x]);
-        } else {
-            for (x = 0; x + 8 <= d; x += 8)
-                _mm256_storeu_ps(o + x, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + x))));
-            for (; x < d; x++) o[x] = aicpu_attention_half_to_float(row[x]);
-        }
-    }
+/* Elements [at, at + 8) as fp32. */
+AVX2_INLINE __m256 avx2_load8(const void *p, ptrdiff_t at, int32_t dtype) {
+    __m128i h;
+    if (dtype == AICPU_ATTENTION_FP32) return _mm256_loadu_ps((const float *)p + at);
+    h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + at));
+    if (dtype == AICPU_ATTENTION_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
 }
 
 /* [sum a0, sum a1, sum a2, sum a3] */
-AVX2_TARGET static __m128 avx2_sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+AVX2_INLINE __m128 avx2_sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     __m128 b0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
     __m128 b1 = _mm_add_ps(_mm256_castps256_ps128(a1), _mm256_extractf128_ps(a1, 1));
     __m128 b2 = _mm_add_ps(_mm256_castps256_ps128(a2), _mm256_extractf128_ps(a2, 1));
@@ -77,57 +89,60 @@ AVX2_TARGET static __m128 avx2_sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) 
     return _mm_hadd_ps(_mm_hadd_ps(b0, b1), _mm_hadd_ps(b2, b3));
 }
 
-AVX2_TARGET static float avx2_dot(const float *q, const float *k, int32_t d) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    float t[4], tail = 0.0f;
-    int32_t x = 0;
-    for (; x + 16 <= d; x += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + x), _mm256_loadu_ps(k + x), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + x + 8), _mm256_loadu_ps(k + x + 8), a1);
-    }
-    for (; x + 8 <= d; x += 8)
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + x), _mm256_loadu_ps(k + x), a0);
-    for (; x < d; x++) tail += q[x] * k[x];
-    _mm_storeu_ps(t, avx2_sum4(a0, a1, _mm256_setzero_ps(), _mm256_setzero_ps()));
-    return (t[0] + t[1]) + tail;
-}
-
-AVX2_TARGET static void avx2_scores(float *s, ptrdiff_t sn, const float *q, int32_t nr,
-                                    const int32_t *nv, const float *k, ptrdiff_t ks, int32_t d) {
+/* Scores of up to four rows (q0..q3; missing rows repeat one and are not stored). */
+AVX2_INLINE void avx2_scores_body(float *s, ptrdiff_t sn, const float *q, int32_t nr,
+                                  const int32_t *nv, const void *k, int32_t dtype, ptrdiff_t ks,
+                                  int32_t d) {
+    const int32_t dv = d - d % 8;
     int32_t r, j, x, i;
-    for (r = 0; r + 4 <= nr; r += 4) {
-        const float *q0 = q + (ptrdiff_t)r * d, *q1 = q0 + d, *q2 = q1 + d, *q3 = q2 + d;
-        int32_t jm = nv[r];
-        for (i = 1; i < 4; i++)
+    for (r = 0; r < nr; r += 4) {
+        const int32_t rows = nr - r < 4 ? nr - r : 4;
+        const float *q0 = q + (ptrdiff_t)r * d;
+        const float *q1 = q0 + (ptrdiff_t)(rows > 1) * d;
+        const float *q2 = q0 + (ptrdiff_t)(rows > 2 ? 2 : rows - 1) * d;
+        const float *q3 = q0 + (ptrdiff_t)(rows - 1) * d;
+        int32_t jm = 0;
+        for (i = 0; i < rows; i++)
             if (nv[r + i] > jm) jm = nv[r + i];
         for (j = 0; j < jm; j++) {
-            const float *kj = k + j * ks;
+            const ptrdiff_t kj = j * ks;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            float t[4], tail[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (x = 0; x + 8 <= d; x += 8) {
-                __m256 kv = _mm256_loadu_ps(kj + x);
+            float t[4];
+            for (x = 0; x < dv; x += 8) {
+                __m256 kv = avx2_load8(k, kj + x, dtype);
                 a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + x), kv, a0);
                 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + x), kv, a1);
                 a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + x), kv, a2);
                 a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + x), kv, a3);
             }
-            for (; x < d; x++) {
-                tail[0] += q0[x] * kj[x];
-                tail[1] += q1[x] * kj[x];
-                tail[2] += q2[x] * kj[x];
-                tail[3] += q3[x] * kj[x];
-            }
             _mm_storeu_ps(t, avx2_sum4(a0, a1, a2, a3));
-            for (i = 0; i < 4; i++)
-                if (j < nv[r + i]) s[(r + i) * sn + j] = t[i] + tail[i];
+            for (x = dv; x < d; x++) {
+                float kx = load1(k, kj + x, dtype);
+                t[0] += q0[x] * kx;
+                t[1] += q1[x] * kx;
+                t[2] += q2[x] * kx;
+                t[3] += q3[x] * kx;
+            }
+            for (i = 0; i < rows; i++)
+                if (j < nv[r + i]) s[(r + i) * sn + j] = t[i];
         }
     }
-    for (; r < nr; r++)
-        for (j = 0; j < nv[r]; j++) s[r * sn + j] = avx2_dot(q + (ptrdiff_t)r * d, k + j * ks, d);
+}
+
+AVX2_TARGET static void avx2_scores(float *s, ptrdiff_t sn, const float *q, int32_t nr,
+                                    const int32_t *nv, const void *k, int32_t dtype, ptrdiff_t ks,
+                                    int32_t d, float *scratch) {
+    (void)scratch;
+    if (dtype == AICPU_ATTENTION_BF16)
+        avx2_scores_body(s, sn, q, nr, nv, k, AICPU_ATTENTION_BF16, ks, d);
+    else if (dtype == AICPU_ATTENTION_FP16)
+        avx2_scores_body(s, sn, q, nr, nv, k, AICPU_ATTENTION_FP16, ks, d);
+    else
+        avx2_scores_body(s, sn, q, nr, nv, k, AICPU_ATTENTION_FP32, ks, d);
 }
 
 /* e^x for x <= 0 (see exp_nonpositive in attention_ref.c); NaN stays NaN. */
-AVX2_TARGET static __m256 avx2_exp(__m256 x) {
+AVX2_INLINE __m256 avx2_exp(__m256 x) {
     const __m256 cutoff = _mm256_set1_ps(EXP_CUTOFF);
     __m256 under = _mm256_cmp_ps(x, cutoff, _CMP_LT_OQ);
     __m256 xc = _mm256_max_ps(cutoff, x); /* max returns its second operand for NaN */
@@ -170,47 +185,49 @@ AVX2_TARGET static float avx2_exp_sum(float *s, int32_t n, float mx) {
     return t[0];
 }
 
-/* One output row, all its tokens: o += sum_j p[j] v_j. */
-AVX2_TARGET static void avx2_accumulate_row(float *o, int32_t n, const float *p, const float *v,
-                                            ptrdiff_t vs, int32_t d) {
+/* One output row, tokens [j0, j1): o += sum_j p[j] v_j. */
+AVX2_INLINE void avx2_accumulate_row(float *o, int32_t j0, int32_t j1, const float *p,
+                                     const void *v, int32_t dtype, ptrdiff_t vs, int32_t d) {
     int32_t x = 0, j;
     for (; x + 16 <= d; x += 16) {
         __m256 o0 = _mm256_loadu_ps(o + x), o1 = _mm256_loadu_ps(o + x + 8);
-        for (j = 0; j < n; j++) {
+        for (j = j0; j < j1; j++) {
             __m256 pj = _mm256_broadcast_ss(p + j);
-            o0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * vs + x), o0);
-            o1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * vs + x + 8), o1);
+            o0 = _mm256_fmadd_ps(pj, avx2_load8(v, j * vs + x, dtype), o0);
+            o1 = _mm256_fmadd_ps(pj, avx2_load8(v, j * vs + x + 8, dtype), o1);
         }
         _mm256_storeu_ps(o + x, o0);
         _mm256_storeu_ps(o + x + 8, o1);
     }
     for (; x + 8 <= d; x += 8) {
         __m256 o0 = _mm256_loadu_ps(o + x);
-        for (j = 0; j < n; j++)
-            o0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(v + j * vs + x), o0);
+        for (j = j0; j < j1; j++)
+            o0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), avx2_load8(v, j * vs + x, dtype), o0);
         _mm256_storeu_ps(o + x, o0);
     }
     for (; x < d; x++) {
         float acc = o[x];
-        for (j = 0; j < n; j++) acc += p[j] * v[j * vs + x];
+        for (j = j0; j < j1; j++) acc += p[j] * load1(v, j * vs + x, dtype);
         o[x] = acc;
     }
 }
 
-AVX2_TARGET static void avx2_accumulate(float *o, int32_t nr, const int32_t *nv, const float *p,
-                                        ptrdiff_t ps, const float *v, ptrdiff_t vs, int32_t d) {
+AVX2_INLINE void avx2_accumulate_body(float *o, int32_t nr, const int32_t *nv, const float *p,
+                                      ptrdiff_t ps, const void *v, int32_t dtype, ptrdiff_t vs,
+                                      int32_t d) {
+    const int32_t dv = d - d % 8;
     int32_t r, j, x, i;
     for (r = 0; r + 4 <= nr; r += 4) {
         float *o0 = o + (ptrdiff_t)r * d, *o1 = o0 + d, *o2 = o1 + d, *o3 = o2 + d;
         const float *p0 = p + r * ps, *p1 = p0 + ps, *p2 = p1 + ps, *p3 = p2 + ps;
-        int32_t jm = nv[r], dv = d - d % 8;
+        int32_t jm = nv[r];
         for (i = 1; i < 4; i++)
             if (nv[r + i] < jm) jm = nv[r + i];
         for (x = 0; x < dv; x += 8) {
             __m256 a0 = _mm256_loadu_ps(o0 + x), a1 = _mm256_loadu_ps(o1 + x);
             __m256 a2 = _mm256_loadu_ps(o2 + x), a3 = _mm256_loadu_ps(o3 + x);
             for (j = 0; j < jm; j++) {
-                __m256 w = _mm256_loadu_ps(v + j * vs + x);
+                __m256 w = avx2_load8(v, j * vs + x, dtype);
                 a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + j), w, a0);
                 a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + j), w, a1);
                 a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + j), w, a2);
@@ -226,18 +243,31 @@ AVX2_TARGET static void avx2_accumulate(float *o, int32_t nr, const int32_t *nv,
             const float *prow = p + (r + i) * ps;
             for (x = dv; x < d; x++) { /* the head_dim tail, all tokens in order */
                 float acc = orow[x];
-                for (j = 0; j < jm; j++) acc += prow[j] * v[j * vs + x];
+                for (j = 0; j < jm; j++) acc += prow[j] * load1(v, j * vs + x, dtype);
                 orow[x] = acc;
             }
-            if (nv[r + i] > jm) /* causal rows that see more tokens than the shortest */
-                avx2_accumulate_row(orow, nv[r + i] - jm, prow + jm, v + jm * vs, vs, d);
+            if (nv[r + i] > jm) /* causal rows that see more tokens than the block's shortest */
+                avx2_accumulate_row(orow, jm, nv[r + i], prow, v, dtype, vs, d);
         }
     }
-    for (; r < nr; r++) avx2_accumulate_row(o + (ptrdiff_t)r * d, nv[r], p + r * ps, v, vs, d);
+    for (; r < nr; r++) avx2_accumulate_row(o + (ptrdiff_t)r * d, 0, nv[r], p + r * ps, v, dtype,
+                                            vs, d);
 }
 
-static const attention_kernels avx2_kernels = {avx2_load_rows, avx2_scores, avx2_exp_sum,
-                                               avx2_accumulate};
+AVX2_TARGET static void avx2_accumulate(float *o, int32_t nr, const int32_t *nv, const float *p,
+                                        ptrdiff_t ps, const void *v, int32_t dtype, ptrdiff_t vs,
+                                        int32_t d, float *scratch) {
+    (void)scratch;
+    if (dtype == AICPU_ATTENTION_BF16)
+        avx2_accumulate_body(o, nr, nv, p, ps, v, AICPU_ATTENTION_BF16, vs, d);
+    else if (dtype == AICPU_ATTENTION_FP16)
+        avx2_accumulate_body(o, nr, nv, p, ps, v, AICPU_ATTENTION_FP16, vs, d);
+    else
+        avx2_accumulate_body(o, nr, nv, p, ps, v, AICPU_ATTENTION_FP32, vs, d);
+}
+
+static const attention_kernels avx2_kernels = {avx2_scores, avx2_exp_sum, avx2_accumulate,
+                                               x86_prefetch_rows};
 
 /* ------------------------------------------------------------------------------------------ */
 /* AVX-512 F/BW/VL (+ FMA, F16C)                                                               */
@@ -245,66 +275,59 @@ static const attention_kernels avx2_kernels = {avx2_load_rows, avx2_scores, avx2
 
 /* Lanes [0, n) of a 16-lane vector: none for n <= 0, all for n >= 16. Masked-off lanes are
  * neither read nor written (no fault past the end of a row). */
-AVX512_TARGET static __mmask16 avx512_head(int32_t n) {
+AVX512_INLINE __mmask16 avx512_head(int32_t n) {
     return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
 }
 
+/* Elements [at, at + 16) as fp32, lanes outside m zero (and not read). */
+AVX512_INLINE __m512 avx512_load16(const void *p, ptrdiff_t at, int32_t dtype, __mmask16 m) {
+    __m256i h;
+    if (dtype == AICPU_ATTENTION_FP32) return _mm512_maskz_loadu_ps(m, (const float *)p + at);
+    h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + at);
+    if (dtype == AICPU_ATTENTION_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
 /* The upper eight lanes (AVX-512F only: _mm512_extractf32x8_ps would need AVX-512DQ). */
-AVX512_TARGET static __m256 avx512_upper(__m512 a) {
+AVX512_INLINE __m256 avx512_upper(__m512 a) {
     return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
 }
 
-AVX512_TARGET static void avx512_load_rows(float *dst, const void *src, int32_t dtype, int32_t n,
-                                           int32_t d, ptrdiff_t stride) {
-    const uint16_t *s = (const uint16_t *)src;
-    int32_t j, x;
-    if (dtype == AICPU_ATTENTION_FP32) {
-        copy_rows_fp32(dst, (const float *)src, n, d, stride);
-        return;
-    }
-    for (j = 0; j < n; j++) {
-        const uint16_t *row = s + j * stride;
-        float *o = dst + (ptrdiff_t)j * d;
-        for (x = 0; x < d; x += 16) {
-            __mmask16 m = avx512_head(d - x);
-            __m256i h = _mm256_maskz_loadu_epi16(m, row + x);
-            __m512 f = dtype == AICPU_ATTENTION_BF16
-                           ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
-                           : _mm512_cvtph_ps(h);
-            _mm512_mask_storeu_ps(o + x, m, f);
-        }
-    }
-}
-
 /* [sum a0, sum a1, sum a2, sum a3] */
-AVX512_TARGET static __m128 avx512_sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+AVX512_INLINE __m128 avx512_sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     __m256 b0 = _mm256_add_ps(_mm512_castps512_ps256(a0), avx512_upper(a0));
     __m256 b1 = _mm256_add_ps(_mm512_castps512_ps256(a1), avx512_upper(a1));
     __m256 b2 = _mm256_add_ps(_mm512_castps512_ps256(a2), avx512_upper(a2));
     __m256 b3 = _mm256_add_ps(_mm512_castps512_ps256(a3), avx512_upper(a3));
-    return avx2_sum4(b0, b1, b2, b3);
+    __m128 c0 = _mm_add_ps(_mm256_castps256_ps128(b0), _mm256_extractf128_ps(b0, 1));
+    __m128 c1 = _mm_add_ps(_mm256_castps256_ps128(b1), _mm256_extractf128_ps(b1, 1));
+    __m128 c2 = _mm_add_ps(_mm256_castps256_ps128(b2), _mm256_extractf128_ps(b2, 1));
+    __m128 c3 = _mm_add_ps(_mm256_castps256_ps128(b3), _mm256_extractf128_ps(b3, 1));
+    return _mm_hadd_ps(_mm_hadd_ps(c0, c1), _mm_hadd_ps(c2, c3));
 }
 
-AVX512_TARGET static void avx512_scores(float *s, ptrdiff_t sn, const float *q, int32_t nr,
-                                        const int32_t *nv, const float *k, ptrdiff_t ks,
-                                        int32_t d) {
+AVX512_INLINE void avx512_scores_body(float *s, ptrdiff_t sn, const float *q, int32_t nr,
+                                      const int32_t *nv, const void *k, int32_t dtype,
+                                      ptrdiff_t ks, int32_t d) {
     int32_t r, j, x, i;
     for (r = 0; r < nr; r += 4) {
         /* a block of up to four rows; missing rows repeat the last one and are not stored */
-        int32_t rows = nr - r < 4 ? nr - r : 4, jm = 0;
+        const int32_t rows = nr - r < 4 ? nr - r : 4;
         const float *q0 = q + (ptrdiff_t)r * d;
         const float *q1 = q0 + (ptrdiff_t)(rows > 1) * d;
         const float *q2 = q0 + (ptrdiff_t)(rows > 2 ? 2 : rows - 1) * d;
         const float *q3 = q0 + (ptrdiff_t)(rows - 1) * d;
+        int32_t jm = 0;
         for (i = 0; i < rows; i++)
             if (nv[r + i] > jm) jm = nv[r + i];
         for (j = 0; j < jm; j++) {
-            const float *kj = k + j * ks;
+            const ptrdiff_t kj = j * ks;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             float t[4];
             for (x = 0; x < d; x += 16) {
-                __mmask16 m = avx512_head(d - x);
-                __m512 kv = _mm512_maskz_loadu_ps(m, kj + x);
+                const __mmask16 m = avx512_head(d - x);
+                const __m512 kv = avx512_load16(k, kj + x, dtype, m);
                 a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q0 + x), kv, a0);
                 a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q1 + x), kv, a1);
                 a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q2 + x), kv, a2);
@@ -317,8 +340,20 @@ AVX512_TARGET static void avx512_scores(float *s, ptrdiff_t sn, const float *q, 
     }
 }
 
+AVX512_TARGET static void avx512_scores(float *s, ptrdiff_t sn, const float *q, int32_t nr,
+                                        const int32_t *nv, const void *k, int32_t dtype,
+                                        ptrdiff_t ks, int32_t d, float *scratch) {
+    (void)scratch;
+    if (dtype == AICPU_ATTENTION_BF16)
+        avx512_scores_body(s, sn, q, nr, nv, k, AICPU_ATTENTION_BF16, ks, d);
+    else if (dtype == AICPU_ATTENTION_FP16)
+        avx512_scores_body(s, sn, q, nr, nv, k, AICPU_ATTENTION_FP16, ks, d);
+    else
+        avx512_scores_body(s, sn, q, nr, nv, k, AICPU_ATTENTION_FP32, ks, d);
+}
+
 /* e^x for x <= 0 (see exp_nonpositive in attention_ref.c); NaN stays NaN. */
-AVX512_TARGET static __m512 avx512_exp(__m512 x) {
+AVX512_INLINE __m512 avx512_exp(__m512 x) {
     const __m512 cutoff = _mm512_set1_ps(EXP_CUTOFF);
     __mmask16 keep = _mm512_cmp_ps_mask(x, cutoff, _CMP_NLT_UQ); /* not below: NaN kept */
     __m512 xc = _mm512_max_ps(cutoff, x);
@@ -355,26 +390,26 @@ AVX512_TARGET static float avx512_exp_sum(float *s, int32_t n, float mx) {
     return t[0];
 }
 
-/* One output row, tokens [0, n): o += sum_j p[j] v_j, two vectors of o per pass. */
-AVX512_TARGET static void avx512_accumulate_row(float *o, int32_t n, const float *p,
-                                                const float *v, ptrdiff_t vs, int32_t d) {
+/* One output row, tokens [j0, j1): o += sum_j p[j] v_j, two vectors of o per pass. */
+AVX512_INLINE void avx512_accumulate_row(float *o, int32_t j0, int32_t j1, const float *p,
+                                         const void *v, int32_t dtype, ptrdiff_t vs, int32_t d) {
     int32_t x, j;
     for (x = 0; x < d; x += 32) {
-        __mmask16 m0 = avx512_head(d - x), m1 = avx512_head(d - x - 16);
+        const __mmask16 m0 = avx512_head(d - x), m1 = avx512_head(d - x - 16);
         __m512 o0 = _mm512_maskz_loadu_ps(m0, o + x), o1 = _mm512_maskz_loadu_ps(m1, o + x + 16);
-        for (j = 0; j < n; j++) {
-            __m512 pj = _mm512_set1_ps(p[j]);
-            o0 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m0, v + j * vs + x), o0);
-            o1 = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m1, v + j * vs + x + 16), o1);
+        for (j = j0; j < j1; j++) {
+            const __m512 pj = _mm512_set1_ps(p[j]);
+            o0 = _mm512_fmadd_ps(pj, avx512_load16(v, j * vs + x, dtype, m0), o0);
+            o1 = _mm512_fmadd_ps(pj, avx512_load16(v, j * vs + x + 16, dtype, m1), o1);
         }
         _mm512_mask_storeu_ps(o + x, m0, o0);
         _mm512_mask_storeu_ps(o + x + 16, m1, o1);
     }
 }
 
-AVX512_TARGET static void avx512_accumulate(float *o, int32_t nr, const int32_t *nv,
-                                            const float *p, ptrdiff_t ps, const float *v,
-                                            ptrdiff_t vs, int32_t d) {
+AVX512_INLINE void avx512_accumulate_body(float *o, int32_t nr, const int32_t *nv,
+                                          const float *p, ptrdiff_t ps, const void *v,
+                                          int32_t dtype, ptrdiff_t vs, int32_t d) {
     int32_t r, j, x, i;
     for (r = 0; r + 4 <= nr; r += 4) {
         float *o0 = o + (ptrdiff_t)r * d, *o1 = o0 + d, *o2 = o1 + d, *o3 = o2 + d;
@@ -383,16 +418,20 @@ AVX512_TARGET static void avx512_accumulate(float *o, int32_t nr, const int32_t 
         for (i = 1; i < 4; i++)
             if (nv[r + i] < jm) jm = nv[r + i];
         for (x = 0; x < d; x += 32) {
-            __mmask16 m0 = avx512_head(d - x), m1 = avx512_head(d - x - 16);
-            __m512 a0 = _mm512_maskz_loadu_ps(m0, o0 + x), b0 = _mm512_maskz_loadu_ps(m1, o0 + x + 16);
-            __m512 a1 = _mm512_maskz_loadu_ps(m0, o1 + x), b1 = _mm512_maskz_loadu_ps(m1, o1 + x + 16);
-            __m512 a2 = _mm512_maskz_loadu_ps(m0, o2 + x), b2 = _mm512_maskz_loadu_ps(m1, o2 + x + 16);
-            __m512 a3 = _mm512_maskz_loadu_ps(m0, o3 + x), b3 = _mm512_maskz_loadu_ps(m1, o3 + x + 16);
+            const __mmask16 m0 = avx512_head(d - x), m1 = avx512_head(d - x - 16);
+            __m512 a0 = _mm512_maskz_loadu_ps(m0, o0 + x);
+            __m512 b0 = _mm512_maskz_loadu_ps(m1, o0 + x + 16);
+            __m512 a1 = _mm512_maskz_loadu_ps(m0, o1 + x);
+            __m512 b1 = _mm512_maskz_loadu_ps(m1, o1 + x + 16);
+            __m512 a2 = _mm512_maskz_loadu_ps(m0, o2 + x);
+            __m512 b2 = _mm512_maskz_loadu_ps(m1, o2 + x + 16);
+            __m512 a3 = _mm512_maskz_loadu_ps(m0, o3 + x);
+            __m512 b3 = _mm512_maskz_loadu_ps(m1, o3 + x + 16);
             for (j = 0; j < jm; j++) {
-                const float *vj = v + j * vs + x;
-                __m512 w0 = _mm512_maskz_loadu_ps(m0, vj), w1 = _mm512_maskz_loadu_ps(m1, vj + 16);
-                __m512 c0 = _mm512_set1_ps(p0[j]), c1 = _mm512_set1_ps(p1[j]);
-                __m512 c2 = _mm512_set1_ps(p2[j]), c3 = _mm512_set1_ps(p3[j]);
+                const __m512 w0 = avx512_load16(v, j * vs + x, dtype, m0);
+                const __m512 w1 = avx512_load16(v, j * vs + x + 16, dtype, m1);
+                const __m512 c0 = _mm512_set1_ps(p0[j]), c1 = _mm512_set1_ps(p1[j]);
+                const __m512 c2 = _mm512_set1_ps(p2[j]), c3 = _mm512_set1_ps(p3[j]);
                 a0 = _mm512_fmadd_ps(c0, w0, a0);
                 b0 = _mm512_fmadd_ps(c0, w1, b0);
                 a1 = _mm512_fmadd_ps(c1, w0, a1);
@@ -411,16 +450,30 @@ AVX512_TARGET static void avx512_accumulate(float *o, int32_t nr, const int32_t 
             _mm512_mask_storeu_ps(o3 + x, m0, a3);
             _mm512_mask_storeu_ps(o3 + x + 16, m1, b3);
         }
-        for (i = 0; i < 4; i++) /* causal rows that see more tokens than the shortest */
+        for (i = 0; i < 4; i++) /* causal rows that see more tokens than the block's shortest */
             if (nv[r + i] > jm)
-                avx512_accumulate_row(o + (ptrdiff_t)(r + i) * d, nv[r + i] - jm,
-                                      p + (r + i) * ps + jm, v + jm * vs, vs, d);
+                avx512_accumulate_row(o + (ptrdiff_t)(r + i) * d, jm, nv[r + i],
+                                      p + (r + i) * ps, v, dtype, vs, d);
     }
-    for (; r < nr; r++) avx512_accumulate_row(o + (ptrdiff_t)r * d, nv[r], p + r * ps, v, vs, d);
+    for (; r < nr; r++)
+        avx512_accumulate_row(o + (ptrdiff_t)r * d, 0, nv[r], p + r * ps, v, dtype, vs, d);
 }
 
-static const attention_kernels avx512_kernels = {avx512_load_rows, avx512_scores, avx512_exp_sum,
-                                                 avx512_accumulate};
+AVX512_TARGET static void avx512_accumulate(float *o, int32_t nr, const int32_t *nv,
+                                            const float *p, ptrdiff_t ps, const void *v,
+                                            int32_t dtype, ptrdiff_t vs, int32_t d,
+                                            float *scratch) {
+    (void)scratch;
+    if (dtype == AICPU_ATTENTION_BF16)
+        avx512_accumulate_body(o, nr, nv, p, ps, v, AICPU_ATTENTION_BF16, vs, d);
+    else if (dtype == AICPU_ATTENTION_FP16)
+        avx512_accumulate_body(o, nr, nv, p, ps, v, AICPU_ATTENTION_FP16, vs, d);
+    else
+        avx512_accumulate_body(o, nr, nv, p, ps, v, AICPU_ATTENTION_FP32, vs, d);
+}
+
+static const attention_kernels avx512_kernels = {avx512_scores, avx512_exp_sum,
+                                                 avx512_accumulate, x86_prefetch_rows};
 
 const attention_kernels *attention_x86_kernels(int32_t isa) {
     __builtin_cpu_init();

@@ -7,6 +7,12 @@ in the same run with the same thread count:
 
     python tools/bench_attention.py                     # defaults: Llama-3-8B-like, bf16
     python tools/bench_attention.py --dtype float32 --q-heads 32 --kv-heads 8 --json
+    python tools/bench_attention.py --isa all           # every variant this CPU supports
+
+The attention's inner kernels run in the variant ``--isa`` names (default: the active one,
+i.e. $AICPU_TILING_ATTENTION_ISA or the best the CPU supports); the output names it. With
+``--isa all`` the variants are timed in turns (one step each, round-robin), so that they share
+the machine's load, and each gets its own line.
 
 KV bytes per step count K and V of every live token once: sum(kv_len) * kv_heads * head_dim *
 2 * itemsize. Memory bandwidth is the best of a read-only reduction (bytes read) and a copy
@@ -180,6 +186,38 @@ def run_layer(p: dict, threads: int) -> None:
         raise SystemExit(f"attention failed: {ra.strerror(max(statuses))}")
 
 
+def variant_seconds(problem: dict, args, variants: list[str]) -> dict[str, float]:
+    """Median step seconds per variant, the variants timed in turns after one warm-up each."""
+    now = time.perf_counter if args.clock == "wall" else time.process_time
+    per = 1 if args.clock == "wall" else args.threads
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for name in variants:
+        ra.select_isa(name)
+        run_layer(problem, args.threads)
+    for _ in range(args.repeats):
+        for name in variants:
+            ra.select_isa(name)
+            start = now()
+            run_layer(problem, args.threads)
+            samples[name].append((now() - start) / per)
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def cpu_features() -> list[str]:
+    """The SIMD flags of /proc/cpuinfo that matter here (empty where there is no such file)."""
+    wanted = ("sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+              "avx512_bf16", "avx512_fp16", "asimd", "sve")
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            have = set(line.split(":", 1)[1].split())
+            return [f for f in wanted if f in have]
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
@@ -195,17 +233,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth-mb", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument(
+        "--isa",
+        choices=(*ra.ISA_NAMES, "all"),
+        default=None,
+        help="kernel variant (default: the active one); all: every supported one in turns",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
 
+    info = ra.isa_variants()
+    if args.isa == "all":
+        variants = list(info["supported"])
+    else:
+        variants = [args.isa or info["active"]]
+    try:
+        ra.select_isa(variants[0])
+    except ra.AttentionIsaError as error:
+        raise SystemExit(str(error)) from None
     problem = build_problem(args)
-    seconds = median_seconds(
-        lambda: run_layer(problem, args.threads), args.repeats, args.clock, args.threads
-    )
+    times = variant_seconds(problem, args, variants)
     bandwidth = memory_bandwidth(args.threads, args.bandwidth_mb, args.repeats, args.clock)
+    by_isa = {
+        name: {
+            "step_seconds": seconds,
+            "kv_bytes_per_second": problem["kv_bytes"] / seconds,
+            "ratio": problem["kv_bytes"] / seconds / bandwidth["best"],
+        }
+        for name, seconds in times.items()
+    }
+    isa = variants[-1]
+    seconds = times[isa]
     kv_rate = problem["kv_bytes"] / seconds
     result = {
         "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "cpu_features": cpu_features(),
+        "isa": isa,
+        "isa_supported": info["supported"],
         "kv_bytes_per_step": problem["kv_bytes"],
         "cache_bytes": problem["cache_bytes"],
         "step_seconds": seconds,
@@ -213,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory_read_bytes_per_second": bandwidth["read"],
         "memory_copy_bytes_per_second": bandwidth["copy"],
         "ratio": kv_rate / bandwidth["best"],
+        "by_isa": by_isa,
     }
     if args.json:
         print(json.dumps(result))
@@ -227,11 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         f"  KV read per step      {problem['kv_bytes'] / 2**20:10.1f} MiB "
         f"(cache {problem['cache_bytes'] / 2**20:.1f} MiB)"
     )
-    print(f"  step time (median)    {seconds * 1e3:10.2f} ms")
-    print(f"  KV throughput         {kv_rate / gb:10.2f} GB/s")
+    print(f"  CPU SIMD features     {' '.join(result['cpu_features']) or '(none found)'}")
     print(f"  memory read (sum)     {bandwidth['read'] / gb:10.2f} GB/s")
     print(f"  memory copy (r+w)     {bandwidth['copy'] / gb:10.2f} GB/s")
-    print(f"  ratio KV / best       {result['ratio'] * 100:10.1f} %")
+    for name, row in by_isa.items():
+        print(f"  kernel variant        {name:>10}")
+        print(f"  step time (median)    {row['step_seconds'] * 1e3:10.2f} ms")
+        print(f"  KV throughput         {row['kv_bytes_per_second'] / gb:10.2f} GB/s")
+        print(f"  ratio KV / best       {row['ratio'] * 100:10.1f} %")
     return 0
 
 
