@@ -307,9 +307,31 @@ AVX512_INLINE __m128 avx512_sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     return _mm_hadd_ps(_mm_hadd_ps(c0, c1), _mm_hadd_ps(c2, c3));
 }
 
+/*
+ * Sums of eight vectors in one transpose-and-add tree (about three operations per sum instead
+ * of seven for one vector at a time). Returns lanes of 128 bits: [a0 a1 . .][a4 a5 . .]
+ * [a2 a3 . .][a6 a7 . .] (the sum of a_i where a_i is named).
+ */
+AVX512_INLINE __m512 avx512_sum8(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4,
+                                 __m512 a5, __m512 a6, __m512 a7) {
+    /* halve each vector, pairing a_i with a_{i+4}: 128-bit lanes [a_i a_i a_i+4 a_i+4] */
+    __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a4, 0x44), _mm512_shuffle_f32x4(a0, a4, 0xee));
+    __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(a1, a5, 0x44), _mm512_shuffle_f32x4(a1, a5, 0xee));
+    __m512 u2 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a6, 0x44), _mm512_shuffle_f32x4(a2, a6, 0xee));
+    __m512 u3 = _mm512_add_ps(_mm512_shuffle_f32x4(a3, a7, 0x44), _mm512_shuffle_f32x4(a3, a7, 0xee));
+    /* again: lanes [a0 a4 a2 a6] and [a1 a5 a3 a7], four partial sums each */
+    __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u2, 0x88), _mm512_shuffle_f32x4(u0, u2, 0xdd));
+    __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(u1, u3, 0x88), _mm512_shuffle_f32x4(u1, u3, 0xdd));
+    /* within each lane: [v0 v1 v0 v1] two partials each, then one */
+    __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));
+    return _mm512_add_ps(w, _mm512_shuffle_ps(w, w, 0x4e));
+}
+
 AVX512_INLINE void avx512_scores_body(float *s, ptrdiff_t sn, const float *q, int32_t nr,
                                       const int32_t *nv, const void *k, int32_t dtype,
                                       ptrdiff_t ks, int32_t d) {
+    const int32_t dv = d - d % 16;
+    const __mmask16 all = avx512_head(16), tail = avx512_head(d - dv);
     int32_t r, j, x, i;
     for (r = 0; r < nr; r += 4) {
         /* a block of up to four rows; missing rows repeat the last one and are not stored */
@@ -321,17 +343,67 @@ AVX512_INLINE void avx512_scores_body(float *s, ptrdiff_t sn, const float *q, in
         int32_t jm = 0;
         for (i = 0; i < rows; i++)
             if (nv[r + i] > jm) jm = nv[r + i];
-        for (j = 0; j < jm; j++) {
+        for (j = 0; j + 2 <= jm; j += 2) { /* two K rows per pass share the query loads */
+            const ptrdiff_t kj = j * ks, kk = kj + ks;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            float t[16];
+            for (x = 0; x < dv; x += 16) {
+                const __m512 kv = avx512_load16(k, kj + x, dtype, all);
+                const __m512 kw = avx512_load16(k, kk + x, dtype, all);
+                const __m512 c0 = _mm512_loadu_ps(q0 + x), c1 = _mm512_loadu_ps(q1 + x);
+                const __m512 c2 = _mm512_loadu_ps(q2 + x), c3 = _mm512_loadu_ps(q3 + x);
+                a0 = _mm512_fmadd_ps(c0, kv, a0);
+                a1 = _mm512_fmadd_ps(c1, kv, a1);
+                a2 = _mm512_fmadd_ps(c2, kv, a2);
+                a3 = _mm512_fmadd_ps(c3, kv, a3);
+                b0 = _mm512_fmadd_ps(c0, kw, b0);
+                b1 = _mm512_fmadd_ps(c1, kw, b1);
+                b2 = _mm512_fmadd_ps(c2, kw, b2);
+                b3 = _mm512_fmadd_ps(c3, kw, b3);
+            }
+            if (dv < d) {
+                const __m512 kv = avx512_load16(k, kj + dv, dtype, tail);
+                const __m512 kw = avx512_load16(k, kk + dv, dtype, tail);
+                const __m512 c0 = _mm512_maskz_loadu_ps(tail, q0 + dv);
+                const __m512 c1 = _mm512_maskz_loadu_ps(tail, q1 + dv);
+                const __m512 c2 = _mm512_maskz_loadu_ps(tail, q2 + dv);
+                const __m512 c3 = _mm512_maskz_loadu_ps(tail, q3 + dv);
+                a0 = _mm512_fmadd_ps(c0, kv, a0);
+                a1 = _mm512_fmadd_ps(c1, kv, a1);
+                a2 = _mm512_fmadd_ps(c2, kv, a2);
+                a3 = _mm512_fmadd_ps(c3, kv, a3);
+                b0 = _mm512_fmadd_ps(c0, kw, b0);
+                b1 = _mm512_fmadd_ps(c1, kw, b1);
+                b2 = _mm512_fmadd_ps(c2, kw, b2);
+                b3 = _mm512_fmadd_ps(c3, kw, b3);
+            }
+            _mm512_storeu_ps(t, avx512_sum8(a0, a1, a2, a3, b0, b1, b2, b3));
+            { /* row i of token j sits at at_j[i], of token j + 1 at at_j[i] + 4 */
+                static const int at_j[4] = {0, 1, 8, 9};
+                for (i = 0; i < rows; i++) {
+                    if (j < nv[r + i]) s[(r + i) * sn + j] = t[at_j[i]];
+                    if (j + 1 < nv[r + i]) s[(r + i) * sn + j + 1] = t[at_j[i] + 4];
+                }
+            }
+        }
+        for (; j < jm; j++) {
             const ptrdiff_t kj = j * ks;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             float t[4];
-            for (x = 0; x < d; x += 16) {
-                const __mmask16 m = avx512_head(d - x);
-                const __m512 kv = avx512_load16(k, kj + x, dtype, m);
-                a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q0 + x), kv, a0);
-                a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q1 + x), kv, a1);
-                a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q2 + x), kv, a2);
-                a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q3 + x), kv, a3);
+            for (x = 0; x < dv; x += 16) {
+                const __m512 kv = avx512_load16(k, kj + x, dtype, all);
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + x), kv, a0);
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q1 + x), kv, a1);
+                a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q2 + x), kv, a2);
+                a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q3 + x), kv, a3);
+            }
+            if (dv < d) { /* the head_dim tail, masked */
+                const __m512 kv = avx512_load16(k, kj + dv, dtype, tail);
+                a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q0 + dv), kv, a0);
+                a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q1 + dv), kv, a1);
+                a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q2 + dv), kv, a2);
+                a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q3 + dv), kv, a3);
             }
             _mm_storeu_ps(t, avx512_sum4(a0, a1, a2, a3));
             for (i = 0; i < rows; i++)
