@@ -489,7 +489,31 @@ AVX512_INLINE void avx512_accumulate_body(float *o, int32_t nr, const int32_t *n
         int32_t jm = nv[r];
         for (i = 1; i < 4; i++)
             if (nv[r + i] < jm) jm = nv[r + i];
-        for (x = 0; x < d; x += 32) {
+        for (x = 0; x + 64 <= d; x += 64) { /* 4 rows x 64 dims: 16 accumulators */
+            const __mmask16 all = avx512_head(16);
+            __m512 acc[4][4];
+            int32_t u;
+            for (i = 0; i < 4; i++)
+                for (u = 0; u < 4; u++) acc[i][u] = _mm512_loadu_ps(o0 + (ptrdiff_t)i * d + x + 16 * u);
+            for (j = 0; j < jm; j++) {
+                const ptrdiff_t vj = j * vs + x;
+                const __m512 w0 = avx512_load16(v, vj, dtype, all);
+                const __m512 w1 = avx512_load16(v, vj + 16, dtype, all);
+                const __m512 w2 = avx512_load16(v, vj + 32, dtype, all);
+                const __m512 w3 = avx512_load16(v, vj + 48, dtype, all);
+                const float pr[4] = {p0[j], p1[j], p2[j], p3[j]};
+                for (i = 0; i < 4; i++) {
+                    const __m512 c = _mm512_set1_ps(pr[i]);
+                    acc[i][0] = _mm512_fmadd_ps(c, w0, acc[i][0]);
+                    acc[i][1] = _mm512_fmadd_ps(c, w1, acc[i][1]);
+                    acc[i][2] = _mm512_fmadd_ps(c, w2, acc[i][2]);
+                    acc[i][3] = _mm512_fmadd_ps(c, w3, acc[i][3]);
+                }
+            }
+            for (i = 0; i < 4; i++)
+                for (u = 0; u < 4; u++) _mm512_storeu_ps(o0 + (ptrdiff_t)i * d + x + 16 * u, acc[i][u]);
+        }
+        for (; x < d; x += 32) {
             const __mmask16 m0 = avx512_head(d - x), m1 = avx512_head(d - x - 16);
             __m512 a0 = _mm512_maskz_loadu_ps(m0, o0 + x);
             __m512 b0 = _mm512_maskz_loadu_ps(m1, o0 + x + 16);
