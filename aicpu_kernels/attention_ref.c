@@ -494,17 +494,38 @@ static void write_row(const core_ctx *c, const segment *sg, int32_t row, const f
  * sum of V rows. The portable kernels widen 16-bit K and V into kbuf and vbuf first; the SIMD
  * ones widen in registers.
  */
+/* The next chunk's K and V rows (n of them, row_bytes each, stride bytes apart; n = 0: none),
+ * fetched in parts spread over the current chunk's work: one burst of a whole chunk's lines
+ * would fill the core's miss buffers and stall the prefetches until the lines arrive, so that
+ * memory and compute would take turns instead of overlapping. */
+typedef struct {
+    const unsigned char *k, *v;
+    int32_t n;
+    size_t row_bytes;
+    ptrdiff_t stride;
+} chunk_prefetch;
+
+static void prefetch_part(const core_ctx *c, const chunk_prefetch *pf, int32_t part,
+                          int32_t parts) {
+    int32_t lo = (int32_t)((int64_t)pf->n * part / parts);
+    int32_t hi = (int32_t)((int64_t)pf->n * (part + 1) / parts);
+    if (hi <= lo) return;
+    c->k->prefetch_rows(pf->k + lo * pf->stride, hi - lo, pf->row_bytes, pf->stride);
+    c->k->prefetch_rows(pf->v + lo * pf->stride, hi - lo, pf->row_bytes, pf->stride);
+}
+
 static void process_chunk(const core_ctx *c, const float *qs, float *acc, float *sbuf, float *m,
                           float *l, const int32_t *limit, const int32_t *head_at, int32_t nr,
                           int32_t c0, int32_t n, const void *kraw, const void *vraw,
-                          ptrdiff_t stride, float *kbuf, float *vbuf) {
+                          ptrdiff_t stride, float *kbuf, float *vbuf, const chunk_prefetch *pf) {
     const int32_t d = c->p->head_dim;
     const size_t esize = dtype_bytes(c->dtype);
     int32_t nv[MAX_ROWS];
-    int32_t i, e, j, x;
+    int32_t i, e, j, x, part = 0, parts = 2;
     for (i = 0; i < nr; i++) {
         int32_t v = limit[i] - c0;
         nv[i] = v < 0 ? 0 : v < n ? v : n;
+        if (i > 0 && head_at[i] != head_at[i - 1]) parts += 2; /* two per kv head */
     }
     for (i = 0; i < nr; i = e) {
         const char *kp = (const char *)kraw + (size_t)head_at[i] * esize;
@@ -512,7 +533,11 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
         int32_t r, jmax = 0;
         for (e = i; e < nr && head_at[e] == head_at[i]; e++)
             if (nv[e] > jmax) jmax = nv[e];
-        if (jmax == 0) continue;
+        prefetch_part(c, pf, part++, parts);
+        if (jmax == 0) {
+            prefetch_part(c, pf, part++, parts);
+            continue;
+        }
         c->k->scores(sbuf + (size_t)i * n, n, qs + (size_t)i * d, e - i, nv + i, kp, c->dtype,
                      stride, d, kbuf);
         /* online softmax, once per chunk */
@@ -532,6 +557,7 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
             l[r] += c->k->exp_sum(s, nv[r], m[r]);
         }
         /* probability-weighted V rows */
+        prefetch_part(c, pf, part++, parts);
         c->k->accumulate(acc + (size_t)i * d, e - i, nv + i, sbuf + (size_t)i * n, n, vp,
                          c->dtype, stride, d, vbuf);
     }
@@ -582,29 +608,30 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
             for (c0 = p0; c0 < p1; c0 += chunk) {
                 const int32_t n = p1 - c0 < chunk ? p1 - c0 : chunk;
                 const size_t tok_at = block_at + (size_t)(c0 - p0) * token_stride;
-                { /* touch the next chunk, in this block or the next, while this one runs */
+                chunk_prefetch pf;
+                { /* the next chunk, in this block or the next, fetched while this one runs */
                     int32_t nc0 = c0 + chunk, nb = b;
+                    pf.n = 0;
+                    pf.k = pf.v = NULL;
+                    pf.row_bytes = (size_t)width * esize;
+                    pf.stride = token_stride * (ptrdiff_t)esize;
                     if (nc0 >= p1 && b + 1 < sg->ke && (b + 1) * bs < kv_hi) {
                         nb = b + 1;
                         nc0 = nb * bs;
                     }
                     if (nc0 < kv_hi && nc0 < (nb + 1) * bs) {
-                        int32_t nn = kv_hi - nc0 < chunk ? kv_hi - nc0 : chunk;
                         size_t at = (((size_t)bt_row[nb] * bs + (size_t)(nc0 - nb * bs)) *
                                          p->num_kv_heads + sg->h) * d * esize;
-                        if (nn > (nb + 1) * bs - nc0) nn = (nb + 1) * bs - nc0;
-                        c->k->prefetch_rows((const unsigned char *)c->key_cache + at, nn,
-                                           (size_t)width * esize,
-                                           token_stride * (ptrdiff_t)esize);
-                        c->k->prefetch_rows((const unsigned char *)c->value_cache + at, nn,
-                                           (size_t)width * esize,
-                                           token_stride * (ptrdiff_t)esize);
+                        pf.n = kv_hi - nc0 < chunk ? kv_hi - nc0 : chunk;
+                        if (pf.n > (nb + 1) * bs - nc0) pf.n = (nb + 1) * bs - nc0;
+                        pf.k = (const unsigned char *)c->key_cache + at;
+                        pf.v = (const unsigned char *)c->value_cache + at;
                     }
                 }
                 process_chunk(c, qs, acc, sbuf, m, l, limit, head_at, nr, c0, n,
                               (const char *)c->key_cache + tok_at * esize,
                               (const char *)c->value_cache + tok_at * esize, token_stride, kbuf,
-                              vbuf);
+                              vbuf, &pf);
             }
         }
         for (i = 0; i < nr; i++)
