@@ -3,7 +3,7 @@
 Runs one decode attention layer (every emulated AI Core's range of a tiling, spread over
 worker threads, then the combine step) on a paged KV cache far larger than the caches, and
 reports bytes of KV read per second next to the bandwidth of simple streaming loops measured
-in the same run with the same thread count:
+in the same run, in turns with the attention steps, with the same thread count:
 
     python tools/bench_attention.py                     # defaults: Llama-3-8B-like, bf16
     python tools/bench_attention.py --dtype float32 --q-heads 32 --kv-heads 8 --json
@@ -17,7 +17,7 @@ the machine's load, and each gets its own line.
 KV bytes per step count K and V of every live token once: sum(kv_len) * kv_heads * head_dim *
 2 * itemsize. Memory bandwidth is the best of a read-only reduction (bytes read) and a copy
 (bytes read + bytes written, STREAM's convention), so the ratio is against the faster loop.
-Every figure is the median of ``--repeats`` timed runs after one warm-up. ``--clock cpu``
+Every figure is the median of ``--repeats`` timed rounds after one warm-up. ``--clock cpu``
 times both sides by process CPU time divided by the thread count instead of wall time: on a
 machine shared with other jobs this removes time-slicing (not memory contention) from both.
 """
@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from pyruntime import reference_attention as ra
 from pyruntime import tiling
+from pyruntime.workload import trace
 
-TRACE = ROOT.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -52,8 +52,12 @@ def trace_context_lengths(count: int, seed: int, cap: int) -> list[int]:
     """Context lengths of `count` requests drawn from the Azure conversation trace (or a
     log-normal with the trace's median when the file is absent), clipped to [1, cap]."""
     rng = np.random.default_rng(seed)
-    if TRACE.exists():
-        with TRACE.open() as f:
+    try:
+        path = trace.trace_path()  # $AICPU_TILING_TRACE, or ../shared/data beside the repo
+    except trace.TraceNotFoundError:
+        path = None
+    if path is not None:
+        with path.open() as f:
             lengths = np.array([int(row["ContextTokens"]) for row in csv.DictReader(f)])
         picked = rng.choice(lengths, size=count)
     else:
@@ -61,34 +65,28 @@ def trace_context_lengths(count: int, seed: int, cap: int) -> list[int]:
     return [int(min(max(x, 1), cap)) for x in picked]
 
 
-def median_seconds(fn, repeats: int, clock: str = "wall", threads: int = 1) -> float:
-    """Median seconds of fn(); with clock "cpu", process CPU seconds / threads."""
-    now = time.perf_counter if clock == "wall" else time.process_time
-    per = 1 if clock == "wall" else threads
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = now()
-        fn()
-        times.append((now() - start) / per)
-    return statistics.median(times)
+def memory_loops(threads: int, megabytes: int) -> dict[str, tuple]:
+    """(function, bytes moved) of a read-only sum and of a copy (read + write) over large
+    buffers, run with ``threads`` torch threads."""
+    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    nbytes = src.numel() * 4
 
+    def with_threads(fn):
+        def run():
+            previous = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                fn()
+            finally:
+                torch.set_num_threads(previous)
 
-def memory_bandwidth(
-    threads: int, megabytes: int, repeats: int, clock: str = "wall"
-) -> dict[str, float]:
-    """Bytes per second of a read-only sum and of a copy (read + write) over large buffers."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
-        dst = torch.empty_like(src)
-        nbytes = src.numel() * 4
-        read = nbytes / median_seconds(lambda: src.sum(), repeats, clock, threads)
-        copy = 2 * nbytes / median_seconds(lambda: dst.copy_(src), repeats, clock, threads)
-    finally:
-        torch.set_num_threads(previous)
-    return {"read": read, "copy": copy, "best": max(read, copy)}
+        return run
+
+    return {
+        "read": (with_threads(lambda: src.sum()), nbytes),
+        "copy": (with_threads(lambda: dst.copy_(src)), 2 * nbytes),
+    }
 
 
 def build_problem(args) -> dict:
@@ -186,21 +184,37 @@ def run_layer(p: dict, threads: int) -> None:
         raise SystemExit(f"attention failed: {ra.strerror(max(statuses))}")
 
 
-def variant_seconds(problem: dict, args, variants: list[str]) -> dict[str, float]:
-    """Median step seconds per variant, the variants timed in turns after one warm-up each."""
+def timed_rounds(problem: dict, args, variants: list[str]) -> tuple[dict, dict]:
+    """Median step seconds per variant and memory bytes per second per loop.
+
+    After one warm-up of each, every round times one step of each variant and one run of each
+    memory loop, so all share the machine's load of that moment (this machine is shared).
+    With clock "cpu" a sample is process CPU seconds / threads instead of wall seconds.
+    """
     now = time.perf_counter if args.clock == "wall" else time.process_time
     per = 1 if args.clock == "wall" else args.threads
-    samples: dict[str, list[float]] = {name: [] for name in variants}
+    loops = memory_loops(args.threads, args.bandwidth_mb)
+    steps: dict[str, list[float]] = {name: [] for name in variants}
+    memory: dict[str, list[float]] = {name: [] for name in loops}
     for name in variants:
         ra.select_isa(name)
         run_layer(problem, args.threads)
+    for fn, _ in loops.values():
+        fn()
     for _ in range(args.repeats):
         for name in variants:
             ra.select_isa(name)
             start = now()
             run_layer(problem, args.threads)
-            samples[name].append((now() - start) / per)
-    return {name: statistics.median(times) for name, times in samples.items()}
+            steps[name].append((now() - start) / per)
+        for name, (fn, nbytes) in loops.items():
+            start = now()
+            fn()
+            memory[name].append(nbytes / ((now() - start) / per))
+    return (
+        {name: statistics.median(t) for name, t in steps.items()},
+        {name: statistics.median(r) for name, r in memory.items()},
+    )
 
 
 def cpu_features() -> list[str]:
@@ -252,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     except ra.AttentionIsaError as error:
         raise SystemExit(str(error)) from None
     problem = build_problem(args)
-    times = variant_seconds(problem, args, variants)
-    bandwidth = memory_bandwidth(args.threads, args.bandwidth_mb, args.repeats, args.clock)
+    times, bandwidth = timed_rounds(problem, args, variants)
+    bandwidth["best"] = max(bandwidth["read"], bandwidth["copy"])
     by_isa = {
         name: {
             "step_seconds": seconds,
