@@ -6,20 +6,20 @@
  * heads, so that each token's K and V are read as one contiguous run. A segment is processed
  * in row blocks that fit the query/output scratch and, within a row block, in chunks of kv
  * tokens. Within a chunk the rows of one kv head (a decode token's `group` query heads) are
- * handled together: that head's K rows of the chunk are converted to fp32 once into a small
- * L1-resident scratch, scores by dot products over head_dim, an online-softmax update once per
- * chunk (chunk max, running max m and sum l, the output rescaled when m grows), then the
- * head's V rows likewise and the probability-weighted sum, four rows x four kv tokens per pass
- * over the output rows. While a chunk is computed, the next chunk's cache lines are touched
- * (portable prefetch).
+ * handled together by the inner kernels (attention_kernels.h): scores by dot products over
+ * head_dim, an online-softmax update once per chunk (chunk max, running max m and sum l, the
+ * output rescaled when m grows), then the probability-weighted sum of the head's V rows. While
+ * a chunk is computed, the next chunk's cache lines are prefetched, a part before each kernel.
  *
- * The inner loops are written for gcc's vectoriser in strict IEEE mode (no -ffast-math needed):
- * lane accumulators instead of a single float reduction, restrict pointers, selects written as
- * integer masks (float compares block if-conversion), and a polynomial exp instead of expf.
- * gcc 12 does not vectorise dot products of several query rows against one K row (it
- * interleaves their lane accumulators into shuffles), so scores stay one row at a time.
- * Measured on a 2-core AMD EPYC (Zen 3) with the default -O3 SSE2 build, see
- * tools/bench_attention.py: a decode token costs about 100 cycles per query row of its group.
+ * The inner kernels come in variants chosen at run time (attention_ref.h, INSTRUCTION-SET
+ * VARIANTS). The portable ones below are written for gcc's vectoriser in strict IEEE mode (no
+ * -ffast-math needed): lane accumulators instead of a single float reduction, restrict
+ * pointers, selects written as integer masks (float compares block if-conversion), and a
+ * polynomial exp instead of expf; they widen 16-bit K and V into an L1-resident fp32 scratch
+ * and "prefetch" by touching one byte per line. Built for the x86-64 baseline they use SSE2
+ * only: 4-lane vectors, no FMA, no F16C, which made them compute-bound at about 10% of the
+ * memory bandwidth for bf16 with 4 query heads per kv head (tools/bench_attention.py). The
+ * AVX2 and AVX-512 kernels (attention_x86.c) fix that on CPUs that have them.
  */
 #include "attention_ref.h"
 
