@@ -89,6 +89,15 @@ AVX2_INLINE __m128 avx2_sum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     return _mm_hadd_ps(_mm_hadd_ps(b0, b1), _mm_hadd_ps(b2, b3));
 }
 
+/* [sum a0, ..., sum a7]: one hadd tree for eight vectors. */
+AVX2_INLINE __m256 avx2_sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
+                             __m256 a6, __m256 a7) {
+    __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    /* t0 = [a0 a1 a2 a3 | a0 a1 a2 a3] halves of the sums, t1 likewise for a4..a7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
 /* Scores of up to four rows (q0..q3; missing rows repeat one and are not stored). */
 AVX2_INLINE void avx2_scores_body(float *s, ptrdiff_t sn, const float *q, int32_t nr,
                                   const int32_t *nv, const void *k, int32_t dtype, ptrdiff_t ks,
@@ -104,7 +113,42 @@ AVX2_INLINE void avx2_scores_body(float *s, ptrdiff_t sn, const float *q, int32_
         int32_t jm = 0;
         for (i = 0; i < rows; i++)
             if (nv[r + i] > jm) jm = nv[r + i];
-        for (j = 0; j < jm; j++) {
+        for (j = 0; j + 2 <= jm; j += 2) { /* two K rows per pass share the query loads */
+            const ptrdiff_t kj = j * ks, kk = kj + ks;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            float t[8];
+            for (x = 0; x < dv; x += 8) {
+                const __m256 kv = avx2_load8(k, kj + x, dtype), kw = avx2_load8(k, kk + x, dtype);
+                const __m256 c0 = _mm256_loadu_ps(q0 + x), c1 = _mm256_loadu_ps(q1 + x);
+                const __m256 c2 = _mm256_loadu_ps(q2 + x), c3 = _mm256_loadu_ps(q3 + x);
+                a0 = _mm256_fmadd_ps(c0, kv, a0);
+                a1 = _mm256_fmadd_ps(c1, kv, a1);
+                a2 = _mm256_fmadd_ps(c2, kv, a2);
+                a3 = _mm256_fmadd_ps(c3, kv, a3);
+                b0 = _mm256_fmadd_ps(c0, kw, b0);
+                b1 = _mm256_fmadd_ps(c1, kw, b1);
+                b2 = _mm256_fmadd_ps(c2, kw, b2);
+                b3 = _mm256_fmadd_ps(c3, kw, b3);
+            }
+            _mm256_storeu_ps(t, avx2_sum8(a0, a1, a2, a3, b0, b1, b2, b3));
+            for (x = dv; x < d; x++) {
+                float kx = load1(k, kj + x, dtype), kz = load1(k, kk + x, dtype);
+                t[0] += q0[x] * kx;
+                t[1] += q1[x] * kx;
+                t[2] += q2[x] * kx;
+                t[3] += q3[x] * kx;
+                t[4] += q0[x] * kz;
+                t[5] += q1[x] * kz;
+                t[6] += q2[x] * kz;
+                t[7] += q3[x] * kz;
+            }
+            for (i = 0; i < rows; i++) {
+                if (j < nv[r + i]) s[(r + i) * sn + j] = t[i];
+                if (j + 1 < nv[r + i]) s[(r + i) * sn + j + 1] = t[4 + i];
+            }
+        }
+        for (; j < jm; j++) {
             const ptrdiff_t kj = j * ks;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             float t[4];
@@ -223,7 +267,35 @@ AVX2_INLINE void avx2_accumulate_body(float *o, int32_t nr, const int32_t *nv, c
         int32_t jm = nv[r];
         for (i = 1; i < 4; i++)
             if (nv[r + i] < jm) jm = nv[r + i];
-        for (x = 0; x < dv; x += 8) {
+        for (x = 0; x + 16 <= dv; x += 16) { /* 4 rows x 16 dims: 8 accumulators */
+            __m256 a0 = _mm256_loadu_ps(o0 + x), a1 = _mm256_loadu_ps(o1 + x);
+            __m256 a2 = _mm256_loadu_ps(o2 + x), a3 = _mm256_loadu_ps(o3 + x);
+            __m256 b0 = _mm256_loadu_ps(o0 + x + 8), b1 = _mm256_loadu_ps(o1 + x + 8);
+            __m256 b2 = _mm256_loadu_ps(o2 + x + 8), b3 = _mm256_loadu_ps(o3 + x + 8);
+            for (j = 0; j < jm; j++) {
+                const __m256 w = avx2_load8(v, j * vs + x, dtype);
+                const __m256 z = avx2_load8(v, j * vs + x + 8, dtype);
+                const __m256 c0 = _mm256_broadcast_ss(p0 + j), c1 = _mm256_broadcast_ss(p1 + j);
+                const __m256 c2 = _mm256_broadcast_ss(p2 + j), c3 = _mm256_broadcast_ss(p3 + j);
+                a0 = _mm256_fmadd_ps(c0, w, a0);
+                a1 = _mm256_fmadd_ps(c1, w, a1);
+                a2 = _mm256_fmadd_ps(c2, w, a2);
+                a3 = _mm256_fmadd_ps(c3, w, a3);
+                b0 = _mm256_fmadd_ps(c0, z, b0);
+                b1 = _mm256_fmadd_ps(c1, z, b1);
+                b2 = _mm256_fmadd_ps(c2, z, b2);
+                b3 = _mm256_fmadd_ps(c3, z, b3);
+            }
+            _mm256_storeu_ps(o0 + x, a0);
+            _mm256_storeu_ps(o1 + x, a1);
+            _mm256_storeu_ps(o2 + x, a2);
+            _mm256_storeu_ps(o3 + x, a3);
+            _mm256_storeu_ps(o0 + x + 8, b0);
+            _mm256_storeu_ps(o1 + x + 8, b1);
+            _mm256_storeu_ps(o2 + x + 8, b2);
+            _mm256_storeu_ps(o3 + x + 8, b3);
+        }
+        for (; x < dv; x += 8) {
             __m256 a0 = _mm256_loadu_ps(o0 + x), a1 = _mm256_loadu_ps(o1 + x);
             __m256 a2 = _mm256_loadu_ps(o2 + x), a3 = _mm256_loadu_ps(o3 + x);
             for (j = 0; j < jm; j++) {
