@@ -7,8 +7,9 @@
  * so that one build runs on any x86-64 and uses what the CPU has. Not part of the ABI.
  *
  * Query rows, scores, probabilities and outputs are fp32; K and V are read in their storage
- * dtype, straight from the caches. Rows of one call belong to one kv head. Results may differ between variants in the last bits (FMA
- * contraction, summation order) but each variant is deterministic.
+ * dtype, straight from the caches. Rows of one call belong to one kv head. Results may differ
+ * between variants in the last bits (FMA contraction, summation order) but each variant is
+ * deterministic.
  */
 #ifndef AICPU_ATTENTION_KERNELS_H
 #define AICPU_ATTENTION_KERNELS_H
@@ -23,6 +24,8 @@ typedef struct attention_kernels {
      * use (the portable one widens 16-bit K there). */
     void (*scores)(float *s, ptrdiff_t sn, const float *q, int32_t nr, const int32_t *nv,
                    const void *k, int32_t dtype, ptrdiff_t ks, int32_t d, float *scratch);
+    /* max_{j < n} s[j], n >= 1 (NaN entries may be skipped). */
+    float (*row_max)(const float *s, int32_t n);
     /* s[j] = e^(s[j] - mx) for j < n (every s[j] <= mx); returns their sum. */
     float (*exp_sum)(float *s, int32_t n, float mx);
     /* o_r += sum_{j < nv[r]} p_r[j] v_j for r < nr; o_r = o + r * d, p_r = p + r * ps, v_j the

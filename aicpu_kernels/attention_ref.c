@@ -283,6 +283,13 @@ static void portable_scores(float *s, ptrdiff_t sn, const float *q, int32_t nr, 
             if (j < nv[r]) s[r * sn + j] = dot(q + (size_t)r * d, kp + j * ks, d);
 }
 
+static float portable_row_max(const float *s, int32_t n) {
+    float mx = s[0];
+    int32_t j;
+    for (j = 1; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    return mx;
+}
+
 static float portable_exp_sum(float *s, int32_t n, float mx) {
     float sum = 0.0f;
     int32_t j;
@@ -331,7 +338,8 @@ static void portable_accumulate(float *o, int32_t nr, const int32_t *nv, const f
 
 static void portable_prefetch_rows(const void *p, int32_t n, size_t row_bytes, ptrdiff_t stride);
 
-static const attention_kernels portable_kernels = {portable_scores, portable_exp_sum,
+static const attention_kernels portable_kernels = {portable_scores, portable_row_max,
+                                                   portable_exp_sum,
                                                    portable_accumulate, portable_prefetch_rows};
 
 /* -1 until the first use picks the best variant. A plain int: the choice is made once per
@@ -521,7 +529,7 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
     const int32_t d = c->p->head_dim;
     const size_t esize = dtype_bytes(c->dtype);
     int32_t nv[MAX_ROWS];
-    int32_t i, e, j, x, part = 0, parts = 2;
+    int32_t i, e, x, part = 0, parts = 2;
     for (i = 0; i < nr; i++) {
         int32_t v = limit[i] - c0;
         nv[i] = v < 0 ? 0 : v < n ? v : n;
@@ -545,8 +553,7 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
             float *s = sbuf + (size_t)r * n;
             float mx;
             if (nv[r] == 0) continue;
-            mx = s[0];
-            for (j = 1; j < nv[r]; j++) mx = s[j] > mx ? s[j] : mx;
+            mx = c->k->row_max(s, nv[r]);
             if (mx > m[r]) {
                 float corr = m[r] == -INFINITY ? 0.0f : exp_nonpositive(m[r] - mx);
                 float *o = acc + (size_t)r * d;

@@ -95,7 +95,8 @@ AVX2_INLINE __m256 avx2_sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 
     __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
     /* t0 = [a0 a1 a2 a3 | a0 a1 a2 a3] halves of the sums, t1 likewise for a4..a7 */
-    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20),
+                         _mm256_permute2f128_ps(t0, t1, 0x31));
 }
 
 /* Scores of up to four rows (q0..q3; missing rows repeat one and are not stored). */
@@ -205,6 +206,20 @@ AVX2_INLINE __m256 avx2_exp(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+AVX2_TARGET static float avx2_row_max(const float *s, int32_t n) {
+    __m256 mx = _mm256_set1_ps(s[0]);
+    __m128 h;
+    float best;
+    int32_t j = 0;
+    for (; j + 8 <= n; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
+    h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    best = _mm_cvtss_f32(h);
+    for (; j < n; j++) best = s[j] > best ? s[j] : best;
+    return best;
 }
 
 AVX2_TARGET static float avx2_exp_sum(float *s, int32_t n, float mx) {
@@ -338,8 +353,8 @@ AVX2_TARGET static void avx2_accumulate(float *o, int32_t nr, const int32_t *nv,
         avx2_accumulate_body(o, nr, nv, p, ps, v, AICPU_ATTENTION_FP32, vs, d);
 }
 
-static const attention_kernels avx2_kernels = {avx2_scores, avx2_exp_sum, avx2_accumulate,
-                                               x86_prefetch_rows};
+static const attention_kernels avx2_kernels = {avx2_scores, avx2_row_max, avx2_exp_sum,
+                                               avx2_accumulate, x86_prefetch_rows};
 
 /* ------------------------------------------------------------------------------------------ */
 /* AVX-512 F/BW/VL (+ FMA, F16C)                                                               */
@@ -387,13 +402,19 @@ AVX512_INLINE __m128 avx512_sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 AVX512_INLINE __m512 avx512_sum8(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4,
                                  __m512 a5, __m512 a6, __m512 a7) {
     /* halve each vector, pairing a_i with a_{i+4}: 128-bit lanes [a_i a_i a_i+4 a_i+4] */
-    __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a4, 0x44), _mm512_shuffle_f32x4(a0, a4, 0xee));
-    __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(a1, a5, 0x44), _mm512_shuffle_f32x4(a1, a5, 0xee));
-    __m512 u2 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a6, 0x44), _mm512_shuffle_f32x4(a2, a6, 0xee));
-    __m512 u3 = _mm512_add_ps(_mm512_shuffle_f32x4(a3, a7, 0x44), _mm512_shuffle_f32x4(a3, a7, 0xee));
+    __m512 u0 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a4, 0x44),
+                               _mm512_shuffle_f32x4(a0, a4, 0xee));
+    __m512 u1 = _mm512_add_ps(_mm512_shuffle_f32x4(a1, a5, 0x44),
+                               _mm512_shuffle_f32x4(a1, a5, 0xee));
+    __m512 u2 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a6, 0x44),
+                               _mm512_shuffle_f32x4(a2, a6, 0xee));
+    __m512 u3 = _mm512_add_ps(_mm512_shuffle_f32x4(a3, a7, 0x44),
+                               _mm512_shuffle_f32x4(a3, a7, 0xee));
     /* again: lanes [a0 a4 a2 a6] and [a1 a5 a3 a7], four partial sums each */
-    __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u2, 0x88), _mm512_shuffle_f32x4(u0, u2, 0xdd));
-    __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(u1, u3, 0x88), _mm512_shuffle_f32x4(u1, u3, 0xdd));
+    __m512 v0 = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u2, 0x88),
+                               _mm512_shuffle_f32x4(u0, u2, 0xdd));
+    __m512 v1 = _mm512_add_ps(_mm512_shuffle_f32x4(u1, u3, 0x88),
+                               _mm512_shuffle_f32x4(u1, u3, 0xdd));
     /* within each lane: [v0 v1 v0 v1] two partials each, then one */
     __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));
     return _mm512_add_ps(w, _mm512_shuffle_ps(w, w, 0x4e));
@@ -518,6 +539,16 @@ AVX512_INLINE __m512 avx512_exp(__m512 x) {
     return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
 }
 
+AVX512_TARGET static float avx512_row_max(const float *s, int32_t n) {
+    __m512 mx = _mm512_set1_ps(s[0]);
+    int32_t j;
+    for (j = 0; j < n; j += 16) {
+        const __mmask16 lanes = avx512_head(n - j);
+        mx = _mm512_mask_max_ps(mx, lanes, mx, _mm512_maskz_loadu_ps(lanes, s + j));
+    }
+    return _mm512_reduce_max_ps(mx);
+}
+
 AVX512_TARGET static float avx512_exp_sum(float *s, int32_t n, float mx) {
     const __m512 m = _mm512_set1_ps(mx);
     __m512 sum = _mm512_setzero_ps();
@@ -566,7 +597,8 @@ AVX512_INLINE void avx512_accumulate_body(float *o, int32_t nr, const int32_t *n
             __m512 acc[4][4];
             int32_t u;
             for (i = 0; i < 4; i++)
-                for (u = 0; u < 4; u++) acc[i][u] = _mm512_loadu_ps(o0 + (ptrdiff_t)i * d + x + 16 * u);
+                for (u = 0; u < 4; u++)
+                    acc[i][u] = _mm512_loadu_ps(o0 + (ptrdiff_t)i * d + x + 16 * u);
             for (j = 0; j < jm; j++) {
                 const ptrdiff_t vj = j * vs + x;
                 const __m512 w0 = avx512_load16(v, vj, dtype, all);
@@ -583,7 +615,8 @@ AVX512_INLINE void avx512_accumulate_body(float *o, int32_t nr, const int32_t *n
                 }
             }
             for (i = 0; i < 4; i++)
-                for (u = 0; u < 4; u++) _mm512_storeu_ps(o0 + (ptrdiff_t)i * d + x + 16 * u, acc[i][u]);
+                for (u = 0; u < 4; u++)
+                    _mm512_storeu_ps(o0 + (ptrdiff_t)i * d + x + 16 * u, acc[i][u]);
         }
         for (; x < d; x += 32) {
             const __mmask16 m0 = avx512_head(d - x), m1 = avx512_head(d - x - 16);
@@ -640,7 +673,7 @@ AVX512_TARGET static void avx512_accumulate(float *o, int32_t nr, const int32_t 
         avx512_accumulate_body(o, nr, nv, p, ps, v, AICPU_ATTENTION_FP32, vs, d);
 }
 
-static const attention_kernels avx512_kernels = {avx512_scores, avx512_exp_sum,
+static const attention_kernels avx512_kernels = {avx512_scores, avx512_row_max, avx512_exp_sum,
                                                  avx512_accumulate, x86_prefetch_rows};
 
 const attention_kernels *attention_x86_kernels(int32_t isa) {

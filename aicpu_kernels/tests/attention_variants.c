@@ -47,7 +47,8 @@ static void fill(void *p, size_t n, int32_t dtype) {
 
 static float get(const void *p, size_t i, int32_t dtype) {
     if (dtype == AICPU_ATTENTION_FP32) return ((const float *)p)[i];
-    if (dtype == AICPU_ATTENTION_BF16) return aicpu_attention_bf16_to_float(((const uint16_t *)p)[i]);
+    if (dtype == AICPU_ATTENTION_BF16)
+        return aicpu_attention_bf16_to_float(((const uint16_t *)p)[i]);
     return aicpu_attention_half_to_float(((const uint16_t *)p)[i]);
 }
 
@@ -146,7 +147,8 @@ int main(void) {
                         err = sqrt(num / (den > 0.0 ? den : 1.0));
                         if (err > worst) worst = err;
                         problems++;
-                        if (status != 0 || !(err <= (dtype == AICPU_ATTENTION_FP32 ? 1e-5 : 1e-2))) {
+                        double tol = dtype == AICPU_ATTENTION_FP32 ? 1e-5 : 1e-2;
+                        if (status != 0 || !(err <= tol)) {
                             printf("FAIL %s: head_dim %d group %d cores %d dtype %d: status %d, "
                                    "relative error %g\n",
                                    aicpu_attention_isa_name(isa), (int)p.head_dim,
