@@ -68,3 +68,17 @@ def test_variants_under_address_and_undefined_sanitizers(tmp_path):
                        ["-std=c99", "-O1", "-g", *STRICT, *SANITIZE])
     names, problems = run_variants(binary)
     assert problems == 54 * (len(names) - 1)
+
+
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None,
+                    reason="needs the aarch64-linux-gnu-gcc cross compiler")
+def test_aarch64_build_has_only_the_portable_variant(tmp_path):
+    # the x86 file compiles to the stub that reports no table, warning-free
+    for source in ("attention_ref.c", "attention_x86.c"):
+        cmd = ["aarch64-linux-gnu-gcc", "-std=c99", "-pedantic", "-O2", *STRICT, "-I",
+               str(KERNELS), "-c", str(KERNELS / source), "-o", str(tmp_path / f"{source}.o")]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+    symbols = subprocess.run(["aarch64-linux-gnu-nm", str(tmp_path / "attention_x86.c.o")],
+                             capture_output=True, text=True, check=False).stdout.split()
+    assert symbols == ["0000000000000000", "T", "attention_x86_kernels"]
