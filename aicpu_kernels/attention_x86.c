@@ -8,12 +8,14 @@
  * anywhere else (aarch64, another compiler) it provides no table and the portable C runs.
  *
  * Shapes the kernels are tuned for: decode with grouped-query attention, 1-8 query rows per kv
- * head, head_dim 64-256, chunks of up to 64 kv tokens. Scores are four rows against one K row
- * at a time (each K vector loaded once for four FMAs), reduced four at a time (two adds per
- * lane-halving plus two hadds); the weighted V sum keeps four rows x two vectors of the output
- * in registers across the chunk's tokens, so each V vector loaded feeds four FMAs and eight
- * independent FMA chains hide the FMA latency. The exp is the portable one's Cody-Waite
- * reduction and degree-7 Taylor polynomial, evaluated with FMA.
+ * head, head_dim 64-256, chunks of up to 64 kv tokens. Scores: blocks of four query rows
+ * against two K rows per pass (each query vector loaded once for two FMAs, each K vector for
+ * four), the eight dot products reduced together by one transpose-and-add tree. Weighted V
+ * sum: four rows x 64 dims (AVX-512) or x 16 dims (AVX2) of the output stay in registers across
+ * the chunk's tokens, so each V vector loaded feeds four FMAs and 16 or 8 independent FMA
+ * chains hide the FMA latency. The exp is the portable one's Cody-Waite reduction and degree-7
+ * Taylor polynomial, evaluated with FMA. Measured with tools/bench_attention.py --isa all and
+ * aicpu_kernels/tests/attention_bench.c (figures in the README, "Reference attention").
  */
 #include "attention_kernels.h"
 #include "attention_ref.h"
