@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pyruntime import reference_attention as ra
+from pyruntime.kernels import reference_attention as ra
 
 REPO = Path(__file__).resolve().parent.parent
 KERNELS = REPO / "aicpu_kernels"

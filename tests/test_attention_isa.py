@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyruntime import reference_attention as ra
+from pyruntime.kernels import reference_attention as ra
 from tests.test_reference_attention import Case, check_ok
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def test_unsupported_variant_is_refused_by_c():
 
 def _import_with(env_value: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO), **{ra.ISA_ENV: env_value})
-    code = "from pyruntime import reference_attention as ra; print(ra.isa_variants()['active'])"
+    code = "from pyruntime.kernels import reference_attention as ra; print(ra.isa_variants()['active'])"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=False, timeout=120)
 

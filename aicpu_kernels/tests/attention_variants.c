@@ -124,7 +124,7 @@ int main(void) {
                     fill(q, out_elems, dtype);
                     fill(k, cache_elems, dtype);
                     fill(v, cache_elems, dtype);
-                    if (aicpu_tiling_plan(&p, cu, kv, batch, AICPU_TILING_CAUSAL, tiling,
+                    if (aicpu_tiling_plan(&p, cu, kv, batch, 0, AICPU_TILING_CAUSAL, tiling,
                                           aicpu_tiling_bytes(&p)) != AICPU_TILING_OK)
                         return 3;
                     aicpu_attention_set_isa(AICPU_ATTENTION_ISA_PORTABLE);
