@@ -6,22 +6,24 @@
  * heads, so that each token's K and V are read as one contiguous run. A segment is processed
  * in row blocks that fit the query/output scratch and, within a row block, in chunks of kv
  * tokens. Within a chunk the rows of one kv head (a decode token's `group` query heads) are
- * handled together: that head's K rows of the chunk are converted to fp32 once into a small
- * L1-resident scratch, scores by dot products over head_dim, an online-softmax update once per
- * chunk (chunk max, running max m and sum l, the output rescaled when m grows), then the
- * head's V rows likewise and the probability-weighted sum, four rows x four kv tokens per pass
- * over the output rows. While a chunk is computed, the next chunk's cache lines are touched
- * (portable prefetch).
+ * handled together by the inner kernels (attention_kernels.h): scores by dot products over
+ * head_dim, an online-softmax update once per chunk (chunk max, running max m and sum l, the
+ * output rescaled when m grows), then the probability-weighted sum of the head's V rows. While
+ * a chunk is computed, the next chunk's cache lines are prefetched, a part before each kernel.
  *
- * The inner loops are written for gcc's vectoriser in strict IEEE mode (no -ffast-math needed):
- * lane accumulators instead of a single float reduction, restrict pointers, selects written as
- * integer masks (float compares block if-conversion), and a polynomial exp instead of expf.
- * gcc 12 does not vectorise dot products of several query rows against one K row (it
- * interleaves their lane accumulators into shuffles), so scores stay one row at a time.
- * Measured on a 2-core AMD EPYC (Zen 3) with the default -O3 SSE2 build, see
- * tools/bench_attention.py: a decode token costs about 100 cycles per query row of its group.
+ * The inner kernels come in variants chosen at run time (attention_ref.h, INSTRUCTION-SET
+ * VARIANTS). The portable ones below are written for gcc's vectoriser in strict IEEE mode (no
+ * -ffast-math needed): lane accumulators instead of a single float reduction, restrict
+ * pointers, selects written as integer masks (float compares block if-conversion), and a
+ * polynomial exp instead of expf; they widen 16-bit K and V into an L1-resident fp32 scratch
+ * and "prefetch" by touching one byte per line. Built for the x86-64 baseline they use SSE2
+ * only: 4-lane vectors, no FMA, no F16C, which made them compute-bound at about 10% of the
+ * memory bandwidth for bf16 with 4 query heads per kv head (tools/bench_attention.py). The
+ * AVX2 and AVX-512 kernels (attention_x86.c) fix that on CPUs that have them.
  */
 #include "attention_ref.h"
+
+#include "attention_kernels.h"
 
 #include <math.h>
 #include <string.h>
@@ -260,6 +262,123 @@ static void accumulate4x4(float *restrict o, const float *restrict p, ptrdiff_t 
 }
 
 /*
+ * s[r sn + j] = q_r . k_j, token-outer so that each K row serves the head's rows from L1. 16-bit
+ * K (and fp32 K for four rows or more, where the copy's contiguity pays) is first brought to
+ * fp32 once into scratch.
+ */
+static void portable_scores(float *s, ptrdiff_t sn, const float *q, int32_t nr, const int32_t *nv,
+                            const void *k, int32_t dtype, ptrdiff_t ks, int32_t d,
+                            float *scratch) {
+    const float *kp = (const float *)k;
+    int32_t j, r, jmax = 0;
+    for (r = 0; r < nr; r++)
+        if (nv[r] > jmax) jmax = nv[r];
+    if (dtype != AICPU_ATTENTION_FP32 || nr >= 4) {
+        load_rows(scratch, k, dtype, jmax, d, ks);
+        kp = scratch;
+        ks = d;
+    }
+    for (j = 0; j < jmax; j++)
+        for (r = 0; r < nr; r++)
+            if (j < nv[r]) s[r * sn + j] = dot(q + (size_t)r * d, kp + j * ks, d);
+}
+
+static float portable_row_max(const float *s, int32_t n) {
+    float mx = s[0];
+    int32_t j;
+    for (j = 1; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    return mx;
+}
+
+static float portable_exp_sum(float *s, int32_t n, float mx) {
+    float sum = 0.0f;
+    int32_t j;
+    for (j = 0; j < n; j++) s[j] = exp_nonpositive(s[j] - mx);
+    for (j = 0; j < n; j++) sum += s[j];
+    return sum;
+}
+
+/* Four rows by four kv tokens per pass over the output rows where possible. */
+static void portable_accumulate(float *o, int32_t nr, const int32_t *nv, const float *p,
+                                ptrdiff_t ps, const void *vraw, int32_t dtype, ptrdiff_t vs,
+                                int32_t d, float *scratch) {
+    const float *v = (const float *)vraw;
+    int32_t r, j, jmax = 0;
+    for (r = 0; r < nr; r++)
+        if (nv[r] > jmax) jmax = nv[r];
+    if (dtype != AICPU_ATTENTION_FP32 || nr >= 4) {
+        load_rows(scratch, vraw, dtype, jmax, d, vs);
+        v = scratch;
+        vs = d;
+    }
+    for (r = 0; r + 4 <= nr; r += 4) {
+        int32_t jm = nv[r], rr;
+        if (nv[r + 1] < jm) jm = nv[r + 1];
+        if (nv[r + 2] < jm) jm = nv[r + 2];
+        if (nv[r + 3] < jm) jm = nv[r + 3];
+        for (j = 0; j + 4 <= jm; j += 4)
+            accumulate4x4(o + (size_t)r * d, p + r * ps + j, ps, v + j * vs, vs, d);
+        for (rr = r; rr < r + 4; rr++) {
+            int32_t jj;
+            for (jj = j; jj < nv[rr]; jj++)
+                accumulate1(o + (size_t)rr * d, p[rr * ps + jj], v + jj * vs, d);
+        }
+    }
+    for (; r < nr; r++) {
+        float *orow = o + (size_t)r * d;
+        const float *pr = p + r * ps;
+        for (j = 0; j + 4 <= nv[r]; j += 4) accumulate4(orow, pr + j, v + j * vs, vs, d);
+        for (; j < nv[r]; j++) accumulate1(orow, pr[j], v + j * vs, d);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Variant choice                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+static void portable_prefetch_rows(const void *p, int32_t n, size_t row_bytes, ptrdiff_t stride);
+
+static const attention_kernels portable_kernels = {portable_scores, portable_row_max,
+                                                   portable_exp_sum,
+                                                   portable_accumulate, portable_prefetch_rows};
+
+/* -1 until the first use picks the best variant. A plain int: the choice is made once per
+ * process before cores run concurrently (the Python wrapper sets it at import). */
+static int32_t active_isa = -1;
+
+static const attention_kernels *isa_kernels(int32_t isa) {
+    if (isa == AICPU_ATTENTION_ISA_PORTABLE) return &portable_kernels;
+    if (isa == AICPU_ATTENTION_ISA_AVX2 || isa == AICPU_ATTENTION_ISA_AVX512)
+        return attention_x86_kernels(isa);
+    return NULL;
+}
+
+const char *aicpu_attention_isa_name(int32_t isa) {
+    static const char *const names[AICPU_ATTENTION_NUM_ISA] = {"portable", "avx2", "avx512"};
+    return isa >= 0 && isa < AICPU_ATTENTION_NUM_ISA ? names[isa] : NULL;
+}
+
+int aicpu_attention_isa_supported(int32_t isa) { return isa_kernels(isa) != NULL; }
+
+int32_t aicpu_attention_isa_best(void) {
+    int32_t isa;
+    for (isa = AICPU_ATTENTION_NUM_ISA - 1; isa > 0; isa--)
+        if (aicpu_attention_isa_supported(isa)) return isa;
+    return AICPU_ATTENTION_ISA_PORTABLE;
+}
+
+int32_t aicpu_attention_isa_active(void) {
+    if (active_isa < 0) active_isa = aicpu_attention_isa_best();
+    return active_isa;
+}
+
+int aicpu_attention_set_isa(int32_t isa) {
+    if (!aicpu_attention_isa_supported(isa)) return AICPU_ATTENTION_E_ISA;
+    active_isa = isa;
+    return AICPU_TILING_OK;
+}
+
+/*
  * Read one byte of every 64-byte line of n rows (row_bytes each, stride apart) and return
  * their sum. Portable software prefetch: these independent loads put many cache misses in
  * flight at once, where the dependent work of a chunk would otherwise wait for its lines
@@ -277,6 +396,11 @@ static unsigned touch_rows(const unsigned char *p, int32_t n, size_t row_bytes,
         sum += row[row_bytes - 1];
     }
     return sum;
+}
+
+static void portable_prefetch_rows(const void *p, int32_t n, size_t row_bytes, ptrdiff_t stride) {
+    volatile unsigned sink = touch_rows((const unsigned char *)p, n, row_bytes, stride);
+    (void)sink;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -314,6 +438,7 @@ typedef struct {
     const int32_t *block_table, *cu, *kv;
     void *out;
     float *partial_out, *partial_lse;
+    const attention_kernels *k; /* the variant this call runs with */
 } core_ctx;
 
 static int load_request(const core_ctx *c, int32_t r, request_lens *rl) {
@@ -371,52 +496,64 @@ static void write_row(const core_ctx *c, const segment *sg, int32_t row, const f
  * One chunk of n kv tokens (positions c0..c0+n-1) for nr rows. K and V of the chunk are read
  * from the caches at kraw and vraw (the chunk's first token, head sh of the segment), tokens
  * `stride` elements apart, a row's head at head_at[i] elements further. Rows of one kv head
- * (consecutive, head_at equal) are processed together: that head's K rows of the chunk are
- * brought to fp32 once into kbuf (16-bit storage, or fp32 with rows blocked by four), scores of
- * four rows at a time share each K row, the online softmax is updated once per chunk (chunk
- * max, then one exp per score), then V likewise into vbuf and the four rows accumulate the
- * probability-weighted V rows in registers.
+ * (consecutive, head_at equal) are processed together by the active variant's kernels
+ * (attention_kernels.h): scores of the head's rows against the chunk's K rows, the online
+ * softmax once per chunk (chunk max, then one exp per score), then the probability-weighted
+ * sum of V rows. The portable kernels widen 16-bit K and V into kbuf and vbuf first; the SIMD
+ * ones widen in registers.
  */
+/* The next chunk's K and V rows (n of them, row_bytes each, stride bytes apart; n = 0: none),
+ * fetched in parts spread over the current chunk's work: one burst of a whole chunk's lines
+ * would fill the core's miss buffers and stall the prefetches until the lines arrive, so that
+ * memory and compute would take turns instead of overlapping. */
+typedef struct {
+    const unsigned char *k, *v;
+    int32_t n;
+    size_t row_bytes;
+    ptrdiff_t stride;
+} chunk_prefetch;
+
+static void prefetch_part(const core_ctx *c, const chunk_prefetch *pf, int32_t part,
+                          int32_t parts) {
+    int32_t lo = (int32_t)((int64_t)pf->n * part / parts);
+    int32_t hi = (int32_t)((int64_t)pf->n * (part + 1) / parts);
+    if (hi <= lo) return;
+    c->k->prefetch_rows(pf->k + lo * pf->stride, hi - lo, pf->row_bytes, pf->stride);
+    c->k->prefetch_rows(pf->v + lo * pf->stride, hi - lo, pf->row_bytes, pf->stride);
+}
+
 static void process_chunk(const core_ctx *c, const float *qs, float *acc, float *sbuf, float *m,
                           float *l, const int32_t *limit, const int32_t *head_at, int32_t nr,
                           int32_t c0, int32_t n, const void *kraw, const void *vraw,
-                          ptrdiff_t stride, float *kbuf, float *vbuf) {
+                          ptrdiff_t stride, float *kbuf, float *vbuf, const chunk_prefetch *pf) {
     const int32_t d = c->p->head_dim;
     const size_t esize = dtype_bytes(c->dtype);
     int32_t nv[MAX_ROWS];
-    int32_t i, e, j, x;
+    int32_t i, e, x, part = 0, parts = 2;
     for (i = 0; i < nr; i++) {
         int32_t v = limit[i] - c0;
         nv[i] = v < 0 ? 0 : v < n ? v : n;
+        if (i > 0 && head_at[i] != head_at[i - 1]) parts += 2; /* two per kv head */
     }
     for (i = 0; i < nr; i = e) {
-        int32_t r, jmax = 0, copy;
-        const float *kp, *vp;
-        ptrdiff_t ks;
+        const char *kp = (const char *)kraw + (size_t)head_at[i] * esize;
+        const char *vp = (const char *)vraw + (size_t)head_at[i] * esize;
+        int32_t r, jmax = 0;
         for (e = i; e < nr && head_at[e] == head_at[i]; e++)
             if (nv[e] > jmax) jmax = nv[e];
-        if (jmax == 0) continue;
-        copy = c->dtype != AICPU_ATTENTION_FP32 || e - i >= 4;
-        if (copy) {
-            load_rows(kbuf, (const char *)kraw + (size_t)head_at[i] * esize, c->dtype, jmax, d,
-                      stride);
-            kp = kbuf;
-            ks = d;
-        } else {
-            kp = (const float *)kraw + head_at[i];
-            ks = stride;
+        prefetch_part(c, pf, part++, parts);
+        if (jmax == 0) {
+            prefetch_part(c, pf, part++, parts);
+            continue;
         }
-        /* scores: token-outer, so each K row serves the head's rows while it is in L1 */
-        for (j = 0; j < jmax; j++)
-            for (r = i; r < e; r++)
-                if (j < nv[r]) sbuf[(size_t)r * n + j] = dot(qs + (size_t)r * d, kp + j * ks, d);
+        c->k->scores(sbuf + (size_t)i * n, n, qs + (size_t)i * d, e - i, nv + i, kp, c->dtype,
+                     stride, d, kbuf);
         /* online softmax, once per chunk */
         for (r = i; r < e; r++) {
             float *s = sbuf + (size_t)r * n;
-            float mx, sum = 0.0f;
+            float mx;
             if (nv[r] == 0) continue;
-            mx = s[0];
-            for (j = 1; j < nv[r]; j++) mx = s[j] > mx ? s[j] : mx;
+            mx = c->k->row_max(s, nv[r]);
             if (mx > m[r]) {
                 float corr = m[r] == -INFINITY ? 0.0f : exp_nonpositive(m[r] - mx);
                 float *o = acc + (size_t)r * d;
@@ -424,39 +561,12 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
                 l[r] *= corr;
                 m[r] = mx;
             }
-            mx = m[r];
-            for (j = 0; j < nv[r]; j++) s[j] = exp_nonpositive(s[j] - mx);
-            for (j = 0; j < nv[r]; j++) sum += s[j];
-            l[r] += sum;
+            l[r] += c->k->exp_sum(s, nv[r], m[r]);
         }
         /* probability-weighted V rows */
-        if (copy) {
-            load_rows(vbuf, (const char *)vraw + (size_t)head_at[i] * esize, c->dtype, jmax, d,
-                      stride);
-            vp = vbuf;
-        } else {
-            vp = (const float *)vraw + head_at[i];
-        }
-        for (r = i; r + 4 <= e; r += 4) {
-            int32_t jm = nv[r], rr;
-            if (nv[r + 1] < jm) jm = nv[r + 1];
-            if (nv[r + 2] < jm) jm = nv[r + 2];
-            if (nv[r + 3] < jm) jm = nv[r + 3];
-            for (j = 0; j + 4 <= jm; j += 4)
-                accumulate4x4(acc + (size_t)r * d, sbuf + (size_t)r * n + j, n, vp + j * ks, ks,
-                              d);
-            for (rr = r; rr < r + 4; rr++) {
-                int32_t jj;
-                for (jj = j; jj < nv[rr]; jj++)
-                    accumulate1(acc + (size_t)rr * d, sbuf[(size_t)rr * n + jj], vp + jj * ks, d);
-            }
-        }
-        for (; r < e; r++) {
-            float *o = acc + (size_t)r * d;
-            const float *pr = sbuf + (size_t)r * n;
-            for (j = 0; j + 4 <= nv[r]; j += 4) accumulate4(o, pr + j, vp + j * ks, ks, d);
-            for (; j < nv[r]; j++) accumulate1(o, pr[j], vp + j * ks, d);
-        }
+        prefetch_part(c, pf, part++, parts);
+        c->k->accumulate(acc + (size_t)i * d, e - i, nv + i, sbuf + (size_t)i * n, n, vp,
+                         c->dtype, stride, d, vbuf);
     }
 }
 
@@ -474,7 +584,6 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
     float qs[QO_FLOATS], acc[QO_FLOATS], kbuf[KV_FLOATS], vbuf[KV_FLOATS];
     float sbuf[S_FLOATS], m[MAX_ROWS], l[MAX_ROWS];
     int32_t limit[MAX_ROWS], head_at[MAX_ROWS];
-    volatile unsigned sink = 0; /* keeps the touches */
     int32_t r0;
 
     for (r0 = 0; r0 < rows; r0 += row_block) {
@@ -506,29 +615,30 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
             for (c0 = p0; c0 < p1; c0 += chunk) {
                 const int32_t n = p1 - c0 < chunk ? p1 - c0 : chunk;
                 const size_t tok_at = block_at + (size_t)(c0 - p0) * token_stride;
-                { /* touch the next chunk, in this block or the next, while this one runs */
+                chunk_prefetch pf;
+                { /* the next chunk, in this block or the next, fetched while this one runs */
                     int32_t nc0 = c0 + chunk, nb = b;
+                    pf.n = 0;
+                    pf.k = pf.v = NULL;
+                    pf.row_bytes = (size_t)width * esize;
+                    pf.stride = token_stride * (ptrdiff_t)esize;
                     if (nc0 >= p1 && b + 1 < sg->ke && (b + 1) * bs < kv_hi) {
                         nb = b + 1;
                         nc0 = nb * bs;
                     }
                     if (nc0 < kv_hi && nc0 < (nb + 1) * bs) {
-                        int32_t nn = kv_hi - nc0 < chunk ? kv_hi - nc0 : chunk;
                         size_t at = (((size_t)bt_row[nb] * bs + (size_t)(nc0 - nb * bs)) *
                                          p->num_kv_heads + sg->h) * d * esize;
-                        if (nn > (nb + 1) * bs - nc0) nn = (nb + 1) * bs - nc0;
-                        sink += touch_rows((const unsigned char *)c->key_cache + at, nn,
-                                           (size_t)width * esize,
-                                           token_stride * (ptrdiff_t)esize);
-                        sink += touch_rows((const unsigned char *)c->value_cache + at, nn,
-                                           (size_t)width * esize,
-                                           token_stride * (ptrdiff_t)esize);
+                        pf.n = kv_hi - nc0 < chunk ? kv_hi - nc0 : chunk;
+                        if (pf.n > (nb + 1) * bs - nc0) pf.n = (nb + 1) * bs - nc0;
+                        pf.k = (const unsigned char *)c->key_cache + at;
+                        pf.v = (const unsigned char *)c->value_cache + at;
                     }
                 }
                 process_chunk(c, qs, acc, sbuf, m, l, limit, head_at, nr, c0, n,
                               (const char *)c->key_cache + tok_at * esize,
                               (const char *)c->value_cache + tok_at * esize, token_stride, kbuf,
-                              vbuf);
+                              vbuf, &pf);
             }
         }
         for (i = 0; i < nr; i++)
@@ -590,6 +700,7 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
     c.num_blocks = num_blocks;
     c.max_slots = aicpu_tiling_max_slots(params);
     c.scale = scale;
+    c.k = isa_kernels(aicpu_attention_isa_active());
     c.query = query;
     c.key_cache = key_cache;
     c.value_cache = value_cache;

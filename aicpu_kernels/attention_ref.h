@@ -15,10 +15,11 @@
  * created with a small explicit stack accordingly). Calls share no state: cores may run
  * concurrently on one layer, writing disjoint output rows and partial slots.
  *
- * BUILD. Strict ISO C99 (-std=c99 -pedantic -Wall -Wextra -Werror clean), no extensions. The
- * inner loops vectorise at -O3 without -ffast-math; -march=native (AVX2/FMA with
- * -ffp-contract=fast) helps little, the decode loop being bound by memory latency and the
- * per-token work of the group's rows (tools/bench_attention.py measures it).
+ * BUILD. attention_ref.c is strict ISO C99 (-std=c99 -pedantic -Wall -Wextra -Werror clean), no
+ * extensions; link it with attention_x86.c, which holds the x86 SIMD variants of the inner
+ * kernels (GCC/Clang target attributes and intrinsics; on other architectures it compiles to
+ * nothing). No -march flag is needed: the variant is chosen at run time (see INSTRUCTION-SET
+ * VARIANTS below; tools/bench_attention.py measures each).
  *
  * TENSORS (all row-major, contiguous; "dtype" is the storage type of query, caches and out)
  *   query        [max_tokens][num_q_heads][head_dim]
@@ -76,6 +77,7 @@ extern "C" {
 #define AICPU_ATTENTION_E_TILING 33   /* bad magic/version, or tiling not made for these params,
                                        * flags, or lengths (a corrupt or mismatched buffer) */
 #define AICPU_ATTENTION_E_BLOCK_ID 34 /* a block-table entry read is not in [0, num_blocks) */
+/* AICPU_ATTENTION_E_ISA (35) is returned only by aicpu_attention_set_isa, see below. */
 
 /* Stack bytes one call uses, roughly (scratch for fp32 copies of query, K, V, scores). */
 #define AICPU_ATTENTION_STACK_BYTES 229376
@@ -136,6 +138,45 @@ int aicpu_attention_finalize(const aicpu_tiling_params *params, const int32_t *t
 
 /* aicpu_attention_strerror: a static message for any status above; never NULL. */
 const char *aicpu_attention_strerror(int status);
+
+/*
+ * INSTRUCTION-SET VARIANTS. The inner kernels (K.q dot products over a chunk of kv tokens, the
+ * exp of the online softmax, the probability-weighted sum of V rows, fp16/bf16 -> fp32) exist
+ * in variants; one build runs on any CPU of its architecture and, unless told otherwise, uses
+ * the best variant the CPU supports (checked with the compiler's CPU-feature builtins the first
+ * time a kernel runs). Variants agree to rounding (FMA contraction and summation order differ);
+ * each is deterministic. On non-x86 builds only the portable variant exists.
+ *   PORTABLE  plain C99 loops, vectorised by the compiler for the build's baseline ISA
+ *   AVX2      AVX2 + FMA + F16C (x86-64, e.g. Haswell, Zen 1 and later)
+ *   AVX512    AVX-512 F/BW/VL + FMA + F16C (e.g. Skylake-SP, Ice Lake, Zen 4 and later)
+ */
+#define AICPU_ATTENTION_ISA_PORTABLE 0
+#define AICPU_ATTENTION_ISA_AVX2 1
+#define AICPU_ATTENTION_ISA_AVX512 2
+#define AICPU_ATTENTION_NUM_ISA 3
+#define AICPU_ATTENTION_E_ISA 35 /* variant unknown, or not supported by this build and CPU */
+
+/* aicpu_attention_isa_name: "portable", "avx2", "avx512" for 0..AICPU_ATTENTION_NUM_ISA-1,
+ * else NULL. */
+const char *aicpu_attention_isa_name(int32_t isa);
+
+/* aicpu_attention_isa_supported: 1 when this build has the variant and this CPU can run it. */
+int aicpu_attention_isa_supported(int32_t isa);
+
+/* aicpu_attention_isa_best: the best supported variant (the default). */
+int32_t aicpu_attention_isa_best(void);
+
+/* aicpu_attention_isa_active: the variant the next aicpu_attention_core call uses. */
+int32_t aicpu_attention_isa_active(void);
+
+/*
+ * aicpu_attention_set_isa: use variant `isa` from the next aicpu_attention_core call on (a call
+ * already running keeps the variant it started with). Returns AICPU_TILING_OK, or
+ * AICPU_ATTENTION_E_ISA (unknown or unsupported variant; the active one is unchanged). Process-
+ * wide state: set it before starting concurrent cores, not while they run.
+ *     if (aicpu_attention_set_isa(AICPU_ATTENTION_ISA_PORTABLE) != AICPU_TILING_OK) ...
+ */
+int aicpu_attention_set_isa(int32_t isa);
 
 /*
  * Storage conversions used by the kernel, exported for tests. Integer bit manipulation only,

@@ -26,6 +26,9 @@ COMPONENTS = (
     ("aicpu_tiling.cdef.h", "aicpu_tiling.h", "aicpu_tiling.c"),
     ("attention_ref.cdef.h", "attention_ref.h", "attention_ref.c"),
 )
+#: Sources with no header or cdef of their own: the x86 SIMD variants of the reference
+#: attention's inner kernels (per-function target attributes; empty off x86-64).
+EXTRA_SOURCES = ("attention_x86.c",)
 #: The reference attention uses expf/logf (it is a host emulation, not freestanding).
 LIBRARIES = ["m"]
 
@@ -49,7 +52,8 @@ def c_preamble() -> str:
 
 def sources() -> list[str]:
     """Kernel sources linked into the extension, relative to the repository root."""
-    return [str((KERNEL_DIR / source).relative_to(ROOT)) for _, _, source in COMPONENTS]
+    names = [source for _, _, source in COMPONENTS] + list(EXTRA_SOURCES)
+    return [str((KERNEL_DIR / source).relative_to(ROOT)) for source in names]
 
 
 def compile_args(env: Mapping[str, str]) -> tuple[list[str], list[str]]:

@@ -43,5 +43,8 @@ def test_every_component_exists_and_its_cdef_is_included():
         assert (build_config.KERNEL_DIR / header).is_file()
         assert (build_config.KERNEL_DIR / source).is_file()
         assert f'#include "{header}"' in build_config.c_preamble()
+    for source in build_config.EXTRA_SOURCES:
+        assert (build_config.KERNEL_DIR / source).is_file()
+        assert str(Path("aicpu_kernels") / source) in build_config.sources()
     assert "aicpu_tiling_plan" in build_config.cdef_source()
     assert all(not Path(s).is_absolute() for s in build_config.sources())

@@ -16,13 +16,23 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyruntime.kernels import reference_attention as ra
 from pyruntime import tiling
+from pyruntime.kernels import reference_attention as ra
 from pyruntime.tiling import TilingParams
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 POISON_BLOCK = 2**31 - 1  # block-table entries the kernel must never read
 HDR = tiling.lib if hasattr(tiling, "lib") else tiling._lib
+
+
+@pytest.fixture(autouse=True, params=ra.isa_variants()["supported"])
+def isa(request):
+    """Every test runs once per instruction-set variant this machine supports."""
+    before = ra.isa_variants()["active"]
+    ra.select_isa(request.param)
+    assert ra.isa_variants()["active"] == request.param
+    yield request.param
+    ra.select_isa(before)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -246,6 +256,18 @@ def test_head_dim_not_multiple_of_lanes_and_mha():
         rng, hq=3, hkv=3, d=13, bs=5, cores=7, q_tile=3, q_lens=[4, 1, 9], kv_lens=[23, 1, 9]
     )
     check_ok(case)
+
+
+@pytest.mark.parametrize("d", [128, 72, 200])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_model_head_dims_decode_and_prefill(d, dtype):
+    # head_dim 128 (Llama), 72 and 200 (vector tails of 8 and 16 lanes), groups of 4 and 3
+    # rows (the SIMD kernels block rows by four), decode beside a causal prefill of 7 tokens
+    rng = np.random.default_rng(d)
+    for hq, hkv in ((8, 2), (6, 2)):
+        case = Case(rng, hq=hq, hkv=hkv, d=d, bs=16, cores=5, q_lens=[1, 7, 1],
+                    kv_lens=[150, 40, 67], dtype=dtype)
+        check_ok(case)
 
 
 def test_splits_are_merged():

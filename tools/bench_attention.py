@@ -3,15 +3,21 @@
 Runs one decode attention layer (every emulated AI Core's range of a tiling, spread over
 worker threads, then the combine step) on a paged KV cache far larger than the caches, and
 reports bytes of KV read per second next to the bandwidth of simple streaming loops measured
-in the same run with the same thread count:
+in the same run, in turns with the attention steps, with the same thread count:
 
     python tools/bench_attention.py                     # defaults: Llama-3-8B-like, bf16
     python tools/bench_attention.py --dtype float32 --q-heads 32 --kv-heads 8 --json
+    python tools/bench_attention.py --isa all           # every variant this CPU supports
+
+The attention's inner kernels run in the variant ``--isa`` names (default: the active one,
+i.e. $AICPU_TILING_ATTENTION_ISA or the best the CPU supports); the output names it. With
+``--isa all`` the variants are timed in turns (one step each, round-robin), so that they share
+the machine's load, and each gets its own line.
 
 KV bytes per step count K and V of every live token once: sum(kv_len) * kv_heads * head_dim *
 2 * itemsize. Memory bandwidth is the best of a read-only reduction (bytes read) and a copy
 (bytes read + bytes written, STREAM's convention), so the ratio is against the faster loop.
-Every figure is the median of ``--repeats`` timed runs after one warm-up. ``--clock cpu``
+Every figure is the median of ``--repeats`` timed rounds after one warm-up. ``--clock cpu``
 times both sides by process CPU time divided by the thread count instead of wall time: on a
 machine shared with other jobs this removes time-slicing (not memory contention) from both.
 """
@@ -34,8 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pyruntime.kernels import reference_attention as ra
 from pyruntime import tiling
+from pyruntime.kernels import reference_attention as ra
 from pyruntime.workload.trace import load_trace
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -50,34 +56,28 @@ def trace_context_lengths(count: int, seed: int, cap: int) -> list[int]:
     return [int(min(max(x, 1), cap)) for x in picked]
 
 
-def median_seconds(fn, repeats: int, clock: str = "wall", threads: int = 1) -> float:
-    """Median seconds of fn(); with clock "cpu", process CPU seconds / threads."""
-    now = time.perf_counter if clock == "wall" else time.process_time
-    per = 1 if clock == "wall" else threads
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = now()
-        fn()
-        times.append((now() - start) / per)
-    return statistics.median(times)
+def memory_loops(threads: int, megabytes: int) -> dict[str, tuple]:
+    """(function, bytes moved) of a read-only sum and of a copy (read + write) over large
+    buffers, run with ``threads`` torch threads."""
+    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    nbytes = src.numel() * 4
 
+    def with_threads(fn):
+        def run():
+            previous = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                fn()
+            finally:
+                torch.set_num_threads(previous)
 
-def memory_bandwidth(
-    threads: int, megabytes: int, repeats: int, clock: str = "wall"
-) -> dict[str, float]:
-    """Bytes per second of a read-only sum and of a copy (read + write) over large buffers."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)
-        dst = torch.empty_like(src)
-        nbytes = src.numel() * 4
-        read = nbytes / median_seconds(lambda: src.sum(), repeats, clock, threads)
-        copy = 2 * nbytes / median_seconds(lambda: dst.copy_(src), repeats, clock, threads)
-    finally:
-        torch.set_num_threads(previous)
-    return {"read": read, "copy": copy, "best": max(read, copy)}
+        return run
+
+    return {
+        "read": (with_threads(lambda: src.sum()), nbytes),
+        "copy": (with_threads(lambda: dst.copy_(src)), 2 * nbytes),
+    }
 
 
 def build_problem(args) -> dict:
@@ -175,6 +175,54 @@ def run_layer(p: dict, threads: int) -> None:
         raise SystemExit(f"attention failed: {ra.strerror(max(statuses))}")
 
 
+def timed_rounds(problem: dict, args, variants: list[str]) -> tuple[dict, dict]:
+    """Median step seconds per variant and memory bytes per second per loop.
+
+    After one warm-up of each, every round times one step of each variant and one run of each
+    memory loop, so all share the machine's load of that moment (this machine is shared).
+    With clock "cpu" a sample is process CPU seconds / threads instead of wall seconds.
+    """
+    now = time.perf_counter if args.clock == "wall" else time.process_time
+    per = 1 if args.clock == "wall" else args.threads
+    loops = memory_loops(args.threads, args.bandwidth_mb)
+    steps: dict[str, list[float]] = {name: [] for name in variants}
+    memory: dict[str, list[float]] = {name: [] for name in loops}
+    for name in variants:
+        ra.select_isa(name)
+        run_layer(problem, args.threads)
+    for fn, _ in loops.values():
+        fn()
+    for _ in range(args.repeats):
+        for name in variants:
+            ra.select_isa(name)
+            start = now()
+            run_layer(problem, args.threads)
+            steps[name].append((now() - start) / per)
+        for name, (fn, nbytes) in loops.items():
+            start = now()
+            fn()
+            memory[name].append(nbytes / ((now() - start) / per))
+    return (
+        {name: statistics.median(t) for name, t in steps.items()},
+        {name: statistics.median(r) for name, r in memory.items()},
+    )
+
+
+def cpu_features() -> list[str]:
+    """The SIMD flags of /proc/cpuinfo that matter here (empty where there is no such file)."""
+    wanted = ("sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+              "avx512_bf16", "avx512_fp16", "asimd", "sve")
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            have = set(line.split(":", 1)[1].split())
+            return [f for f in wanted if f in have]
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
@@ -190,17 +238,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth-mb", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument(
+        "--isa",
+        choices=(*ra.ISA_NAMES, "all"),
+        default=None,
+        help="kernel variant (default: the active one); all: every supported one in turns",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
 
+    info = ra.isa_variants()
+    if args.isa == "all":
+        variants = list(info["supported"])
+    else:
+        variants = [args.isa or info["active"]]
+    try:
+        ra.select_isa(variants[0])
+    except ra.AttentionIsaError as error:
+        raise SystemExit(str(error)) from None
     problem = build_problem(args)
-    seconds = median_seconds(
-        lambda: run_layer(problem, args.threads), args.repeats, args.clock, args.threads
-    )
-    bandwidth = memory_bandwidth(args.threads, args.bandwidth_mb, args.repeats, args.clock)
+    times, bandwidth = timed_rounds(problem, args, variants)
+    bandwidth["best"] = max(bandwidth["read"], bandwidth["copy"])
+    by_isa = {
+        name: {
+            "step_seconds": seconds,
+            "kv_bytes_per_second": problem["kv_bytes"] / seconds,
+            "ratio": problem["kv_bytes"] / seconds / bandwidth["best"],
+        }
+        for name, seconds in times.items()
+    }
+    isa = variants[-1]
+    seconds = times[isa]
     kv_rate = problem["kv_bytes"] / seconds
     result = {
         "config": {k: v for k, v in vars(args).items() if k != "json"},
+        "cpu_features": cpu_features(),
+        "isa": isa,
+        "isa_supported": info["supported"],
         "kv_bytes_per_step": problem["kv_bytes"],
         "cache_bytes": problem["cache_bytes"],
         "step_seconds": seconds,
@@ -208,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory_read_bytes_per_second": bandwidth["read"],
         "memory_copy_bytes_per_second": bandwidth["copy"],
         "ratio": kv_rate / bandwidth["best"],
+        "by_isa": by_isa,
     }
     if args.json:
         print(json.dumps(result))
@@ -222,11 +297,14 @@ def main(argv: list[str] | None = None) -> int:
         f"  KV read per step      {problem['kv_bytes'] / 2**20:10.1f} MiB "
         f"(cache {problem['cache_bytes'] / 2**20:.1f} MiB)"
     )
-    print(f"  step time (median)    {seconds * 1e3:10.2f} ms")
-    print(f"  KV throughput         {kv_rate / gb:10.2f} GB/s")
+    print(f"  CPU SIMD features     {' '.join(result['cpu_features']) or '(none found)'}")
     print(f"  memory read (sum)     {bandwidth['read'] / gb:10.2f} GB/s")
     print(f"  memory copy (r+w)     {bandwidth['copy'] / gb:10.2f} GB/s")
-    print(f"  ratio KV / best       {result['ratio'] * 100:10.1f} %")
+    for name, row in by_isa.items():
+        print(f"  kernel variant        {name:>10}")
+        print(f"  step time (median)    {row['step_seconds'] * 1e3:10.2f} ms")
+        print(f"  KV throughput         {row['kv_bytes_per_second'] / gb:10.2f} GB/s")
+        print(f"  ratio KV / best       {row['ratio'] * 100:10.1f} %")
     return 0
 
 

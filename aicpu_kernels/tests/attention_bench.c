@@ -2,10 +2,12 @@
  * attention_bench.c -- single-thread decode microbenchmark of the reference attention.
  *
  *   cc -std=c99 -O3 -I aicpu_kernels aicpu_kernels/tests/attention_bench.c \
- *      aicpu_kernels/attention_ref.c aicpu_kernels/aicpu_tiling.c -lm -o /tmp/attention_bench
+ *      aicpu_kernels/attention_ref.c aicpu_kernels/attention_x86.c aicpu_kernels/aicpu_tiling.c \
+ *      -lm -o /tmp/attention_bench
  *   /tmp/attention_bench [dtype 0|1|2] [group] [kv_len] [batch] [repeats] [cores]
  * Environment: ATTENTION_BENCH_CPU=1 times thread CPU time instead of wall time;
- * ATTENTION_BENCH_HUGE=1 asks for 2 MiB pages for the caches.
+ * ATTENTION_BENCH_HUGE=1 asks for 2 MiB pages for the caches; AICPU_TILING_ATTENTION_ISA=
+ * portable|avx2|avx512 forces the kernels' variant (default: the best the CPU supports).
  *
  * Prints KV bytes read per second by one thread running every core of a decode tiling, and
  * the read bandwidth of a plain summing loop over a buffer of the same size.
@@ -56,6 +58,16 @@ int main(int argc, char **argv) {
     double *times, *sumt, kv_bytes, t0;
     volatile float sink = 0;
 
+    if (getenv("AICPU_TILING_ATTENTION_ISA")) {
+        const char *want = getenv("AICPU_TILING_ATTENTION_ISA");
+        int32_t isa;
+        for (isa = 0; isa < AICPU_ATTENTION_NUM_ISA; isa++)
+            if (strcmp(want, aicpu_attention_isa_name(isa)) == 0) break;
+        if (aicpu_attention_set_isa(isa) != AICPU_TILING_OK) {
+            fprintf(stderr, "AICPU_TILING_ATTENTION_ISA=%s: unknown or unsupported here\n", want);
+            return 4;
+        }
+    }
     if (reps < 1) reps = 1;
     times = malloc(sizeof(double) * (size_t)reps);
     sumt = malloc(sizeof(double) * (size_t)reps);
@@ -119,6 +131,7 @@ int main(int argc, char **argv) {
     qsort(times, (size_t)reps, sizeof(double), cmp_double);
     qsort(sumt, (size_t)reps, sizeof(double), cmp_double);
     kv_bytes = 2.0 * batch * kv_len * hkv * d * (double)esize;
+    printf("%s: ", aicpu_attention_isa_name(aicpu_attention_isa_active()));
     printf("dtype %d group %d kv %d batch %d: KV %.2f GB/s, read loop %.2f GB/s, ratio %.1f%%\n",
            dtype, group, kv_len, batch, kv_bytes / times[reps / 2] / 1e9,
            (double)(cache_elems * esize) / sumt[reps / 2] / 1e9,

@@ -31,6 +31,10 @@ computes one attention layer::
 For graph mode, :class:`BoundAttention` checks the static buffers once and then launches
 each core or the combine step with a single C call (a few microseconds of Python).
 
+The inner kernels run in the best instruction-set variant the CPU supports ("avx512",
+"avx2" or "portable", chosen at import); set ``AICPU_TILING_ATTENTION_ISA`` to force one, or
+call :func:`select_isa`. :func:`isa_variants` reports the active and the supported ones.
+
 Both functions return the C status (an int) instead of raising, because in the graph runtime
 they run as device tasks whose failures surface later through ``check()``: ``OK`` (0), the
 tiling's own status when the tiling is not OK (the core did nothing; finalize zeroed every
@@ -41,6 +45,7 @@ shape, device, contiguity) raises ``TypeError`` / ``ValueError`` before any C co
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -62,6 +67,62 @@ DTYPE_CODES: dict[torch.dtype, int] = {
     torch.float16: _lib.AICPU_ATTENTION_FP16,
     torch.bfloat16: _lib.AICPU_ATTENTION_BF16,
 }
+
+#: Environment variable read at import: forces an instruction-set variant by name.
+ISA_ENV = "AICPU_TILING_ATTENTION_ISA"
+#: Every variant name the C code knows, in order of preference from last to first.
+ISA_NAMES: tuple[str, ...] = tuple(
+    _ffi.string(_lib.aicpu_attention_isa_name(i)).decode()
+    for i in range(_lib.AICPU_ATTENTION_NUM_ISA)
+)
+
+
+class AttentionIsaError(ValueError):
+    """An instruction-set variant is unknown, or this build and CPU cannot run it."""
+
+
+def isa_variants() -> dict[str, object]:
+    """The variants: ``{"active": name, "best": name, "supported": [names]}``."""
+    return {
+        "active": ISA_NAMES[_lib.aicpu_attention_isa_active()],
+        "best": ISA_NAMES[_lib.aicpu_attention_isa_best()],
+        "supported": [n for i, n in enumerate(ISA_NAMES) if _lib.aicpu_attention_isa_supported(i)],
+    }
+
+
+def select_isa(name: str | None = None) -> str:
+    """Run the inner kernels in variant ``name`` from the next core call on; returns it.
+
+    ``None`` means ``$AICPU_TILING_ATTENTION_ISA`` when set (and not empty), else the best
+    variant this CPU supports. Process-wide: call it before starting concurrent cores.
+
+    Raises:
+        AttentionIsaError: ``name`` is not one of :data:`ISA_NAMES`, or this CPU (or build)
+            cannot run it; the active variant is unchanged.
+    """
+    source = "select_isa()"
+    if name is None:
+        name = os.environ.get(ISA_ENV, "").strip() or None
+        source = ISA_ENV
+    if name is None:
+        isa = _lib.aicpu_attention_isa_best()
+    elif name in ISA_NAMES:
+        isa = ISA_NAMES.index(name)
+    else:
+        raise AttentionIsaError(
+            f"{source} names the attention variant {name!r}, but the known variants are "
+            f"{', '.join(ISA_NAMES)}."
+        )
+    if _lib.aicpu_attention_set_isa(isa) != OK:
+        supported = ", ".join(isa_variants()["supported"])
+        raise AttentionIsaError(
+            f"{source} names the attention variant {name!r}, which this CPU or build cannot "
+            f"run; supported here: {supported}."
+        )
+    return ISA_NAMES[isa]
+
+
+select_isa()
 
 _HDR_STATUS = _lib.AICPU_TILING_HDR_STATUS
 _HDR_BATCH = _lib.AICPU_TILING_HDR_BATCH
