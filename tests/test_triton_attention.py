@@ -163,6 +163,13 @@ def test_stale_tiling_does_no_work_and_combine_zeroes_every_row(epochs):
     assert out_fresh.abs().sum() > 0
 
 
+def test_stale_status_collides_with_no_c_status():
+    codes = {getattr(HDR, name) for name in dir(HDR)
+             if name.startswith(("AICPU_ATTENTION_E_", "AICPU_TILING_E_"))}
+    assert codes and triton_launch.E_STALE not in codes
+    assert triton_launch.E_STALE >= HDR.AICPU_TILING_NUM_STATUS
+
+
 def test_corrupt_header_is_reported_and_zeroed():
     case = Case(np.random.default_rng(1), cores=3)
     plan = case.tiling()

@@ -75,8 +75,9 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Status a program reports when the tiling was planned for another step than ``step_epoch``
 #: (it then does nothing, and the combine zeroes every row). The C reference has no epoch
 #: (the CPU body checks it in Python, ``step.is_stale``), so this code is the Triton kernels'
-#: own, chosen past the C reference's codes (``attention_ref.h``).
-E_STALE: int = int(_lib.AICPU_ATTENTION_E_BLOCK_ID) + 1
+#: own: 64, above the tiling's codes (0..10) and the C reference's (32 and up, which grow:
+#: ``attention_ref.h``); a test checks that no C code equals it.
+E_STALE: int = 64
 
 
 #: Interpreted launches run one at a time: Triton's interpreter patches triton.language's
