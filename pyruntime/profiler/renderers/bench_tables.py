@@ -79,7 +79,7 @@ def bench_table(result: dict) -> list:
 def tiling_bench_table(result: dict) -> list:
     """The C kernel's time per call per batch size."""
     table = Table(
-        title="Tiling kernel time per call (C, -O2, host CPU): median of repeats",
+        title="Tiling kernel time per call (C, -O3, host CPU): median of repeats",
         title_justify="left",
     )
     # The AArch64 instruction count (emulated, pyruntime.aarch64) when it was measured.
