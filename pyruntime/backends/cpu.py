@@ -13,6 +13,10 @@
 - AI-CPU tasks run their body once; AI Core tasks run their body for every core index,
   spread over a small thread pool (the C kernels release the GIL, so cores really run in
   parallel).
+- ``replay_aicpu=False`` models what one CANN design note says can happen (DESIGN.md
+  section 7): a captured AI-CPU task runs with the graph's first replay and is never re-run
+  by later replays, so whatever it wrote stays frozen. AI-CPU tasks launched outside a
+  capture are unaffected.
 
 Device buffers are CPU torch tensors.
 """
@@ -75,13 +79,18 @@ class CpuBackend(Backend):
         num_threads: AI Core pool size (default: CPU count, at most 8).
         wait_timeout_s: how long a device-side wait may block before the task fails with
             `EventError` (an external event never recorded would otherwise hang forever).
+        replay_aicpu: True (default): every replay re-runs the graph's captured AI-CPU
+            tasks. False: they run on the first replay only and later replays skip them
+            (the case the ``pre-replay`` tiling placement exists for).
     """
 
     name = "cpu"
     default_num_cores = 8
 
-    def __init__(self, *, num_threads: int | None = None, wait_timeout_s: float = 60.0):
+    def __init__(self, *, num_threads: int | None = None, wait_timeout_s: float = 60.0,
+                 replay_aicpu: bool = True):
         super().__init__()
+        self.replay_aicpu = bool(replay_aicpu)
         self.num_threads = num_threads or min(os.cpu_count() or 1, 8)
         self.wait_timeout_s = wait_timeout_s
         self.timings = Timings()
@@ -244,6 +253,8 @@ class CpuBackend(Backend):
         for kind, name, fn in nodes:
             if failed and kind in COMPUTE_KINDS:
                 continue
+            if kind == AICPU and r > 1 and not self.replay_aicpu:
+                continue  # frozen: this backend models AI-CPU tasks that replay does not re-run
             start = time.perf_counter()
             try:
                 fn(r)
