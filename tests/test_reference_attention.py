@@ -16,8 +16,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pyruntime.kernels import reference_attention as ra
 from pyruntime import tiling
+from pyruntime.kernels import reference_attention as ra
 from pyruntime.tiling import TilingParams
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}

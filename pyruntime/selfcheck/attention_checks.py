@@ -24,6 +24,10 @@ NUM_BLOCKS = SHAPES["max_batch"] * SHAPES["max_blocks_per_req"] + 8
 #: the batcher's mix: spec decode (2 tokens), chunked prefill (8-token chunks), padded buckets
 TRACE_MIX = {"spec_tokens": 2, "prefill_chunk": 8, "length_scale": 0.05, "step_s": 0.05}
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+#: device tiling's host time at L=61 over L=20 must stay below this. Generous on purpose:
+#: a shared CPU host moves medians of a few steps by up to 2x (the bench, with more steps
+#: and confidence intervals, is where the flatness is measured); it catches per-layer work.
+FLAT_LIMIT = 3.0
 
 
 def _attention(backend, placement: str, dtype: torch.dtype, layers: int = 2) -> StaticAttention:
@@ -46,7 +50,7 @@ def attention_correctness(ctx: Context) -> CheckResult:
     name = "attention_correctness"
     if ctx.placement is None:
         return skipped(name, "no placement was found (see aicpu_replay)")
-    steps = 24 if ctx.quick else 120
+    steps = 48  # cheap (about 1 s here) and enough to cover padded buckets
     results, worst = {}, 0.0
     coverage = {"padded": 0, "spec_decode": 0, "chunked_prefill": 0}
     try:
@@ -135,32 +139,44 @@ def host_time(ctx: Context) -> CheckResult:
     from pyruntime.cli.sources import SourceError
 
     variant = "device_tiling" if ctx.placement == "graph" else "pre_replay"
-    steps, warmup = (4, 1) if ctx.quick else (10, 2)
+    steps, warmup = (3, 1) if ctx.quick else (6, 1)
+    # short KV (<= 1024 tokens): host time hardly depends on it, the emulated attention does
+    geometry = Geometry(max_kv=1024)
     rows = {}
     try:
         for layers in (20, 61):
-            runs = run_point(Point(layers, 64, "trace"), Geometry(), steps=steps,
+            runs = run_point(Point(layers, 64, "trace"), geometry, steps=steps,
                              warmup=warmup, modes=("host_update", variant),
                              backend_factory=ctx.make_backend)
             rows[layers] = {
                 r.mode: {"host_us": 1e6 * statistics.median(s.host_s for s in r.steps),
                          "step_us": 1e6 * statistics.median(s.step_s for s in r.steps),
-                         "task_updates": r.counters["task_updates"]}
+                         "counters_per_step": r.counters}
                 for r in runs}
     except (SourceError, BackendError) as exc:
         return skipped(name, f"could not run the workload: {exc}")
     a20, b20 = rows[20]["host_update"]["host_us"], rows[20][variant]["host_us"]
     a61, b61 = rows[61]["host_update"]["host_us"], rows[61][variant]["host_us"]
     growth = b61 / b20
-    data = {"placement": ctx.placement, "batch": 64, "steps": steps,
+    data = {"placement": ctx.placement, "batch": 64, "max_kv": geometry.max_kv, "steps": steps,
             "layers": {str(k): v for k, v in rows.items()},
             "ratio_l61": a61 / b61, "device_growth_l61_over_l20": growth,
+            "criteria": (f"device tiling: no task update or host tiling per step, at most one "
+                         f"AI-CPU launch, less host time than host_update at L=61, L61/L20 <= "
+                         f"{FLAT_LIMIT}"),
             "device_lanes": "not measured (the torch_npu profiler is not wired in)"}
     text = (f"host us/step L=20: host_update {a20:.0f}, device tiling ({ctx.placement}) "
             f"{b20:.0f}; L=61: {a61:.0f} vs {b61:.0f} ({a61 / b61:.1f}x less); device "
             f"tiling L61/L20 = {growth:.2f}")
-    # Pass: device tiling saves host time at L=61 and does not grow like host_update does.
-    if a61 <= b61 or growth > 0.5 * (a61 / a20):
+    counters = rows[61][variant]["counters_per_step"]
+    per_layer = counters["task_updates"] + counters["host_tiling_calls"]
+    s61 = rows[61]["host_update"]["step_us"], rows[61][variant]["step_us"]
+    text += f"; step us L=61: {s61[0]:.0f} vs {s61[1]:.0f}"
+    # Pass: no per-layer host work, less host time at L=61, and flat in L (within FLAT_LIMIT).
+    if per_layer or counters["launches_aicpu"] > 1:
+        return failed(name, f"device tiling did host work per layer (counters per step: "
+                            f"{counters}): {text}", **data)
+    if a61 <= b61 or growth > FLAT_LIMIT:
         return failed(name, f"device tiling does not save host time as it should: {text}",
                       **data)
     return passed(name, text, **data)

@@ -18,6 +18,7 @@ class Context:
             CPU backend takes ``replay_aicpu``).
         quick: fewer steps everywhere (tests).
         npu: the ``torch.npu`` module (NPU only), for device queries and FIA.
+        build: build our NPU kernels when they are missing (``--build``).
     Attributes:
         placement: set by the ``aicpu_replay`` check; later checks use it.
     """
@@ -28,6 +29,7 @@ class Context:
     npu: Any = None
     placement: str | None = None
     kernels_ready: bool = True
+    build: bool = False
     _requests: list | None = None
     requests_source: str = ""
 
