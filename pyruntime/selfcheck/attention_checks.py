@@ -54,7 +54,7 @@ def attention_correctness(ctx: Context) -> CheckResult:
     results, worst = {}, 0.0
     coverage = {"padded": 0, "spec_decode": 0, "chunked_prefill": 0}
     try:
-        for dtype in TOLERANCE:
+        for dtype, tolerance in TOLERANCE.items():
             be = ctx.make_backend()
             try:
                 attn = _attention(be, ctx.placement, dtype)
@@ -62,7 +62,7 @@ def attention_correctness(ctx: Context) -> CheckResult:
             finally:
                 _close(be)
             results[str(dtype).removeprefix("torch.")] = stats.max_rel_err
-            if stats.max_rel_err > TOLERANCE[dtype]:
+            if stats.max_rel_err > tolerance:
                 worst = max(worst, stats.max_rel_err)
             coverage["padded"] += stats.padded_steps
             coverage["spec_decode"] += stats.spec_steps

@@ -93,7 +93,7 @@ def test_npu_backend_without_torch_npu_is_a_one_line_error(cli):
 
     if importlib.util.find_spec("torch_npu") is not None:
         pytest.skip("torch_npu is installed here")
-    code, out, err = cli("selfcheck", "--backend", "npu")
+    code, _, err = cli("selfcheck", "--backend", "npu")
     assert code == 2 and "torch_npu" in err and len(err.strip().splitlines()) == 1
 
 
