@@ -95,7 +95,7 @@
  *   q_tile * group * (head_dim + 1) float32 values: partial_out [slots][q_tile][group][dim]
  *   followed by partial_lse [slots][q_tile][group].
  *
- * VALIDATION (DESIGN.md section 3: stricter where it must be, looser than FIA where safe)
+ * VALIDATION (docs/design.md, section 3: stricter where it must be, looser than FIA where safe)
  *   cu_seqlens_q[batch] < max_tokens is valid: the rows past it are padding. Each invalid
  *   class has its own status; the header names the first offending request in request
  *   order and the offending value and limit; the core table assigns no work. The kernel

@@ -1,7 +1,7 @@
 /*
  * attention_ref.h -- the reference attention: what one AI Core does with its tiling range.
  *
- * This is the AI Core role of DESIGN.md section 4, in portable C99: paged KV cache, grouped
+ * This is the AI Core role of docs/design.md section 4, in portable C99: paged KV cache, grouped
  * query attention (GQA), causal masking with a KV cache, split-KV partial results merged by
  * log-sum-exp, fp32 accumulation over fp32, fp16 or bf16 storage. It reads only the tiling
  * (aicpu_tiling.h) to decide its work, so running aicpu_attention_core() for every core

@@ -19,7 +19,6 @@ machine shared with other jobs this removes time-slicing (not memory contention)
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -37,21 +36,17 @@ sys.path.insert(0, str(ROOT))
 
 from pyruntime.kernels import reference_attention as ra
 from pyruntime import tiling
+from pyruntime.workload.trace import load_trace
 
-TRACE = ROOT.parent / "shared" / "data" / "azure_llm_2023_conv.csv"
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def trace_context_lengths(count: int, seed: int, cap: int) -> list[int]:
-    """Context lengths of `count` requests drawn from the Azure conversation trace (or a
-    log-normal with the trace's median when the file is absent), clipped to [1, cap]."""
+    """Context lengths of `count` requests drawn from the Azure conversation trace (the bundled
+    one, or $AICPU_TILING_TRACE), clipped to [1, cap]."""
     rng = np.random.default_rng(seed)
-    if TRACE.exists():
-        with TRACE.open() as f:
-            lengths = np.array([int(row["ContextTokens"]) for row in csv.DictReader(f)])
-        picked = rng.choice(lengths, size=count)
-    else:
-        picked = rng.lognormal(mean=math.log(1020), sigma=0.9, size=count).astype(int)
+    lengths = np.array([r.context_tokens for r in load_trace()])
+    picked = rng.choice(lengths, size=count)
     return [int(min(max(x, 1), cap)) for x in picked]
 
 

@@ -2,7 +2,11 @@
  * bench_tiling.c -- time aicpu_tiling_plan() per call in C, without Python in the loop.
  *
  *   gcc -std=c99 -O3 -Iaicpu_kernels aicpu_kernels/aicpu_tiling.c tools/bench_tiling.c \
- *       -o build/bench_tiling && build/bench_tiling ../shared/data/azure_llm_2023_conv.csv [quick]
+ *       -o build/bench_tiling && gunzip -c pyruntime/workload/data/azure_llm_2023_conv.csv.gz \
+ *       > build/trace.csv && build/bench_tiling build/trace.csv [quick]
+ *
+ * The trace is a plain CSV whose 2nd and 3rd columns are ContextTokens and GeneratedTokens
+ * (`aicpu-tiling bench tiling` writes one from the bundled trace or AICPU_TILING_TRACE).
  *
  * "quick" (or building with -DAICPU_BENCH_QUICK=1) runs 5 repeats of a tenth of the calls:
  * a smoke test of about a second.
@@ -68,15 +72,16 @@ static int cmp_double(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     static const int32_t sizes[] = {1, 8, 64, 256, 1024};
-    const char *trace = argc > 1 ? argv[1] : "../shared/data/azure_llm_2023_conv.csv";
+    const char *trace = argc > 1 ? argv[1] : NULL;
 #ifdef AICPU_BENCH_QUICK
     int quick = 1; /* the CLI's smoke mode compiles with -DAICPU_BENCH_QUICK=1 */
 #else
     int quick = argc > 2 && strcmp(argv[2], "quick") == 0;
 #endif
     int repeats = quick ? 5 : MAX_REPEATS;
-    int n = load_trace(trace), s;
+    int n = trace ? load_trace(trace) : -1, s;
     aicpu_tiling_params p;
+    if (!trace) fprintf(stderr, "usage: bench_tiling TRACE.csv [quick]\n");
     if (n <= 0) return 1;
     memset(&p, 0, sizeof p);
     p.num_q_heads = 32, p.num_kv_heads = 8, p.head_dim = 128, p.block_size = 128;

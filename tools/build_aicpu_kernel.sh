@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # tools/build_aicpu_kernel.sh -- build the AI-CPU tiling kernel with CANN on a real machine.
 #
-# Usage: tools/build_aicpu_kernel.sh [classic|ascendc|all] [build-root]
+# Usage: tools/build_aicpu_kernel.sh [classic|ascendc|runtime|npu_ext|all|cross] [build-root]
 #   classic  the aicpu::CpuKernel operator AicpuTilingPlan -> libaicpu_tiling_kernels.so
 #            plus its op info aicpu_tiling_plan.json (any CANN with the AI-CPU toolchain)
 #   ascendc  the Ascend C entry aicpu_tiling_kernel -> libaicpu_tiling_ascendc.a
 #            (CANN >= 9.0, Atlas A2/A3)
-#   all      both (default); the ascendc part is skipped with a notice on CANN < 9.0
-# Output goes to <build-root>/{classic,ascendc}/install (default build-root: build/aicpu).
+#   runtime  the Ascend C entry as a plain AArch64 .so -> libaicpu_tiling_runtime.so plus
+#            aicpu_tiling_runtime.json beside it: the device side of the torch_npu extension
+#            (runtime launch route, aicpu_kernels/npu_ext/launch_route.h)
+#   npu_ext  the torch_npu extension libaicpu_tiling_npu.so (needs torch and torch_npu
+#            importable by ${PYTHON:-python3})
+#   all      classic, ascendc, runtime (default); ascendc is skipped on CANN < 9.0
+#   cross    no CANN needed: cross-compile the kernel and every AI-CPU entry for aarch64 with
+#            ziglang (pip install ziglang) into <build-root>/cross, as CI does
+# Output goes to <build-root>/<target>/install (default build-root: build/aicpu).
 #
 # Needs: CANN's environment (source <CANN>/set_env.sh, which sets ASCEND_HOME_PATH or
 # ASCEND_TOOLKIT_HOME), cmake >= 3.16. Nothing here has run on a machine with CANN yet;
@@ -27,12 +34,15 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_root="${2:-${root}/build/aicpu}"
 
 case "${what}" in
-    classic | ascendc | all) ;;
+    classic | ascendc | runtime | npu_ext | all) ;;
+    cross)
+        exec "${PYTHON:-python3}" -c 'import sys; sys.path.insert(0, sys.argv[1]); from pyruntime.aarch64.__main__ import main; sys.exit(main(["build", sys.argv[2]]))' "${root}" "${build_root}/cross"
+        ;;
     -h | --help)
-        sed -n '2,19p' "${BASH_SOURCE[0]}"
+        sed -n '2,24p' "${BASH_SOURCE[0]}"
         exit 0
         ;;
-    *) die "the target must be classic, ascendc or all, not '${what}'." ;;
+    *) die "the target must be classic, ascendc, runtime, npu_ext, all or cross, not '${what}'." ;;
 esac
 
 command -v cmake >/dev/null 2>&1 || die "cmake (3.16 or newer) is needed but was not found on PATH."
@@ -83,6 +93,42 @@ build_classic() {
     echo "   op info: ${build_root}/classic/install/config/aicpu_tiling_plan.json"
 }
 
+build_runtime() {
+    local cross
+    cross="$(find_cross)" || die "CANN's AI-CPU cross compiler aarch64-target-linux-gnu-g++ was not found under '${ascend}' (looked in toolkit/toolchain/hcc/bin and tools/hcc/bin); install the CANN toolkit that includes the AI-CPU toolchain, or run '$0 cross' to check the build with ziglang."
+    echo "== runtime-route AI-CPU .so (compiler ${cross}/aarch64-target-linux-gnu-g++)"
+    cmake -S "${root}/aicpu_kernels" -B "${build_root}/runtime" \
+        -DAICPU_TILING_TARGET=runtime \
+        -DASCEND_CANN_PACKAGE_PATH="${ascend}" \
+        -DAICPU_TILING_CROSS_DIR="${cross}" \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_INSTALL_PREFIX="${build_root}/runtime/install"
+    cmake --build "${build_root}/runtime" -j "$(nproc 2>/dev/null || echo 4)"
+    cmake --install "${build_root}/runtime"
+    echo "== built ${build_root}/runtime/install/lib/libaicpu_tiling_runtime.so"
+    echo "   op info: ${build_root}/runtime/install/lib/aicpu_tiling_runtime.json"
+}
+
+build_npu_ext() {
+    local py="${PYTHON:-python3}" torch_prefix torch_npu_root
+    torch_prefix="$("${py}" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')" \
+        || die "torch is not importable by ${py}; install torch (and torch_npu) first."
+    torch_npu_root="$("${py}" -c 'import os, torch_npu; print(os.path.dirname(torch_npu.__file__))')" \
+        || die "torch_npu is not importable by ${py}; install the torch_npu matching torch and CANN."
+    echo "== torch_npu extension (torch ${torch_prefix}, torch_npu ${torch_npu_root})"
+    cmake -S "${root}/aicpu_kernels/npu_ext" -B "${build_root}/npu_ext" \
+        -DASCEND_CANN_PACKAGE_PATH="${ascend}" \
+        -DCMAKE_PREFIX_PATH="${torch_prefix}" \
+        -DTORCH_NPU_ROOT="${torch_npu_root}" \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_INSTALL_PREFIX="${build_root}/npu_ext/install"
+    cmake --build "${build_root}/npu_ext" -j "$(nproc 2>/dev/null || echo 4)"
+    cmake --install "${build_root}/npu_ext"
+    echo "== built ${build_root}/npu_ext/install/lib/libaicpu_tiling_npu.so; load it with"
+    echo "   torch.ops.load_library(...) then, before capture,"
+    echo "   torch.ops.aicpu_tiling.npu_load_tiling_kernel('${build_root}/runtime/install/lib/aicpu_tiling_runtime.json')"
+}
+
 build_ascendc() {
     if ! has_ascendc_aicpu; then
         if [[ "${what}" == "ascendc" ]]; then
@@ -105,8 +151,11 @@ build_ascendc() {
 case "${what}" in
     classic) build_classic ;;
     ascendc) build_ascendc ;;
+    runtime) build_runtime ;;
+    npu_ext) build_npu_ext ;;
     all)
         build_classic
         build_ascendc
+        build_runtime
         ;;
 esac

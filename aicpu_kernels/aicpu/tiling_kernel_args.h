@@ -21,7 +21,7 @@
  *     aclrtRecordEvent(ev, aicpu_stream);  aclrtStreamWaitEvent(aicore_stream, ev);
  *
  *   The AI-CPU kernel and the AI Core attention kernel must not share a stream: order
- *   them with an event record / wait (DESIGN.md section 1). `args` itself is copied at
+ *   them with an event record / wait (docs/design.md section 1). `args` itself is copied at
  *   launch, so it may live on the host stack; under graph capture the device addresses
  *   in it are frozen, so they must name static buffers that the host refills each step.
  *

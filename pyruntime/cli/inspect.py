@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -51,29 +52,62 @@ def _nonneg_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
 
 
+_FILE_FORMAT = "JSON {\"cu_seqlens_q\": [...], \"seqlens_kv\": [...]} or CSV lines q_len,kv_len"
+_HEADER_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_ ]*")
+
+
 def _read_file(path: str) -> tuple[list[int], list[int]]:
+    """``(cu_seqlens_q, seqlens_kv)`` from a lengths file; anything else is a one-line error.
+
+    JSON: an object with integer lists ``cu_seqlens_q`` and ``seqlens_kv``. CSV: one
+    ``q_len,kv_len`` line of two integers per request, an optional header line of names
+    first, ``#`` comments and blank lines anywhere.
+
+    Raises:
+        CliError: unreadable file, or text in neither format (naming the line).
+    """
     try:
         text = Path(path).read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+    if text.lstrip().startswith("{"):
+        return _read_json(path, text)
+    q, kv = [], []
+    for number, raw in enumerate(text.splitlines(), 1):
+        fields = [f.strip() for f in raw.split("#")[0].split(",")]
+        if fields == [""]:
+            continue
+        is_header = len(fields) == 2 and all(_HEADER_FIELD.fullmatch(f) for f in fields)
+        if is_header and not kv:
+            continue  # the header line, e.g. q_len,kv_len
+        try:
+            if len(fields) != 2:
+                raise ValueError
+            q.append(int(fields[0]))
+            kv.append(int(fields[1]))
+        except ValueError:
+            raise CliError(f"{path}, line {number}: {raw.strip()[:40]!r} is not two integers "
+                           f"q_len,kv_len (expected {_FILE_FORMAT})") from None
+    if not kv:
+        raise CliError(f"{path}: no q_len,kv_len lines (expected {_FILE_FORMAT})")
+    return [0, *np.cumsum(q).tolist()], kv
+
+
+def _read_json(path: str, text: str) -> tuple[list[int], list[int]]:
     try:
-        if text.lstrip().startswith("{"):
-            data = json.loads(text)
-            return [int(x) for x in data["cu_seqlens_q"]], [int(x) for x in data["seqlens_kv"]]
-        q, kv = [], []
-        for line in text.splitlines():
-            line = line.split("#")[0].strip()
-            if not line or line[0].isalpha():
-                continue
-            a, b = line.split(",")[:2]
-            q.append(int(a))
-            kv.append(int(b))
-        return [0, *np.cumsum(q).tolist()], kv
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CliError(
-            f"{path}: expected JSON with cu_seqlens_q and seqlens_kv, "
-            f"or CSV lines q_len,kv_len ({exc})"
-        ) from exc
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{path} is not JSON: {exc.msg} at line {exc.lineno}") from None
+    lists = []
+    for key in ("cu_seqlens_q", "seqlens_kv"):
+        value = data.get(key) if isinstance(data, dict) else None
+        if not isinstance(value, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in value
+        ):
+            raise CliError(f"{path}: {key} is missing or not a list of integers "
+                           f"(expected {_FILE_FORMAT})")
+        lists.append(value)
+    return lists[0], lists[1]
 
 
 def lengths(args: argparse.Namespace) -> tuple[list[int], list[int]]:

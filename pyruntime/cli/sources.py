@@ -18,7 +18,6 @@ seeded random point of their request so the first step already looks like steady
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +60,7 @@ def trace_path() -> Path:
     """
     try:
         return workload_trace.trace_path()
-    except workload_trace.TraceNotFoundError as exc:
+    except workload_trace.TraceError as exc:
         raise SourceError(str(exc)) from exc
 
 
@@ -69,21 +68,22 @@ _TRACE_CACHE: dict[Path, np.ndarray] = {}
 
 
 def load_trace(path: Path | None = None) -> np.ndarray:
-    """``[n, 2]`` int64 array of (ContextTokens, GeneratedTokens) rows, in file order.
+    """``[n, 2]`` int64 array of (ContextTokens, GeneratedTokens) rows, in file order, each >= 1.
+
+    Args:
+        path: a trace CSV, plain or gzip (default: :func:`trace_path`).
 
     Raises:
-        SourceError: unreadable file, missing columns or non-integer values.
+        SourceError: missing or unreadable file, missing columns, malformed values, no rows.
     """
     path = path or trace_path()
     if path in _TRACE_CACHE:
         return _TRACE_CACHE[path]
     try:
-        with open(path, newline="") as f:
-            rows = [(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv.DictReader(f)]
-    except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise SourceError(f"cannot read trace {path}: {exc}") from exc
-    if not rows:
-        raise SourceError(f"trace {path} has no requests")
+        requests = workload_trace.load_trace(path)
+    except workload_trace.TraceError as exc:
+        raise SourceError(str(exc)) from exc
+    rows = [(r.context_tokens, r.generated_tokens) for r in requests]
     _TRACE_CACHE[path] = np.maximum(np.asarray(rows, dtype=np.int64), 1)
     return _TRACE_CACHE[path]
 

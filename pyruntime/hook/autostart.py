@@ -1,4 +1,4 @@
-"""Imported by the ``.pth`` line when ``AICPU_TILING`` is set; installs the hook.
+"""Imported by the ``.pth`` line only when ``AICPU_TILING`` is an "on" value; installs the hook.
 
 Never raises: a bad setting or a broken install prints one line to stderr and leaves
 the interpreter (and vLLM-Ascend) exactly as it would be without us.

@@ -94,6 +94,10 @@ class PatchLedger:
             restored += 1
         return restored
 
+    def targets(self) -> list[tuple[Any, str]]:
+        """``(owner, name)`` of every recorded replacement, oldest first (for checks and tests)."""
+        return [(e.owner, e.name) for e in self._entries]
+
     def patched(self, owner: Any, name: str) -> bool:
         """Whether ``owner.name`` currently holds a replacement recorded here."""
         value = vars(owner).get(name, _MISSING)

@@ -1,45 +1,122 @@
-"""Work partitioners evaluated under one cost model: ours and models of the anchors'.
+"""Work partitioners charged by one cost model: ours and faithful models of the anchors'.
 
-``PARTITIONERS`` maps a name to a function ``Workload -> Partition``. All partitions are
-charged by :class:`CostModel` (the cost model of ``aicpu_tiling.h``), so
-``Partition.balance()`` (busiest core over ``W / P + cost_segment``, segment count) is
-comparable across them.
+``ANCHORS`` maps a variant name to an :class:`Anchor`: the function ``Workload -> Partition``,
+a table label and the source it follows (repository, file, function). All partitions are
+charged by the :class:`CostModel` of the workload, so ``Partition.balance()`` (busiest core
+over ``W / P + cost_segment``, segment count) is comparable across them. An anchor whose
+kernel cannot run a batch raises :class:`NotApplicableError`.
 
-    >>> from pyruntime.partitioners import CostModel, Workload, PARTITIONERS
-    >>> w = Workload(CostModel(num_cores=4), [0, 1, 2], [300, 5000])
-    >>> PARTITIONERS["flashmla"](w).balance().segments >= w.num_units
-    True
+    >>> from pyruntime.partitioners import ANCHORS, CostModel, Workload
+    >>> w = Workload(CostModel(num_q_heads=8, num_kv_heads=1, num_cores=4), [0, 1, 2], [300, 5000])
+    >>> part = ANCHORS["fia_v3"].run(w)
+    >>> part.validate()
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
-from .fia import fia_even, fia_weighted
-from .flashinfer import flashinfer
+from .fia_v3 import fia_v3
+from .flashinfer import flashinfer, flashinfer_persistent
 from .flashmla import flashmla
+from .ifa import ifa_even, ifa_weighted
 from .ours_abi import TilingUnavailableError, ours
-from .workload import Balance, CostModel, Partition, Segment, Workload, WorkloadError
+from .workload import (
+    Balance,
+    CostModel,
+    NotApplicableError,
+    Partition,
+    Segment,
+    Workload,
+    WorkloadError,
+)
 
 Partitioner = Callable[[Workload], Partition]
 
-ANCHORS: dict[str, Partitioner] = {
-    "fia_even": fia_even,
-    "fia_weighted": fia_weighted,
-    "flashmla": flashmla,
-    "flashinfer": flashinfer,
-}
-PARTITIONERS: dict[str, Partitioner] = {"ours": ours, **ANCHORS}
+FIA_V3_SOURCE = (
+    "ops-transformer attention/common/op_host/split_core.cpp SplitCore, called from "
+    "attention/common/op_host/arch32/fia_tiling_nonquant.cpp FiaTilingNonQuant::Split"
+)
+IFA_SOURCE = (
+    "ops-transformer attention/incre_flash_attention/op_host/incre_flash_attention_tiling.cpp "
+    "IFATiling::{SetCoreNum, IsFlashDecode, SplitBN_V0, SplitBN, SetSparseStartIdx, "
+    "BalanceLoad, SplitBNS}"
+)
+FLASHMLA_SOURCE = (
+    "deepseek-ai/FlashMLA csrc/kernels/get_mla_metadata.cu get_mla_metadata_kernel, grid from "
+    "csrc/flash_api.cpp get_mla_metadata"
+)
+FLASHINFER_SOURCE = (
+    "flashinfer-ai/flashinfer include/flashinfer/attention/scheduler.cuh "
+    "BatchDecodeWithPagedKVCacheWorkEstimationDispatched, "
+    "PartitionPagedKVCacheBinarySearchMinNumPagePerBatch, PrefillSplitQOKVIndptr"
+)
+FLASHINFER_PERSISTENT_SOURCE = (
+    "flashinfer-ai/flashinfer include/flashinfer/attention/scheduler.cuh TwoStageHolisticPlan"
+)
+FLASHMLA_SWEEP = (0, 1, 2, 3, 8)  # F in 64-token blocks, beside FlashMLA's own 5
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """One anchor variant: how to run it, its table label, the source it follows."""
+
+    name: str
+    label: str
+    run: Partitioner
+    source: str
+    family: str
+
+
+def _flashmla_tuned(workload: Workload) -> Partition:
+    """FlashMLA with its overhead set to our ``cost_segment``."""
+    return flashmla(workload, overhead_cost=workload.model.cost_segment)
+
+
+def _anchors() -> dict[str, Anchor]:
+    out = [
+        Anchor("fia_v3", "FIA V3", fia_v3, FIA_V3_SOURCE, "FIA V3"),
+        Anchor("ifa_even_aiv", "IFA even 48v", partial(ifa_even, vector_cores=True),
+               IFA_SOURCE, "IFA"),
+        Anchor("ifa_weighted_aiv", "IFA 48v", partial(ifa_weighted, vector_cores=True),
+               IFA_SOURCE, "IFA"),
+        Anchor("ifa_even_aic", "IFA even 24c", partial(ifa_even, vector_cores=False),
+               IFA_SOURCE, "IFA"),
+        Anchor("ifa_weighted_aic", "IFA 24c", partial(ifa_weighted, vector_cores=False),
+               IFA_SOURCE, "IFA"),
+        Anchor("flashmla", "FlashMLA F=5", flashmla, FLASHMLA_SOURCE, "FlashMLA"),
+        Anchor("flashmla_tuned", "FlashMLA F=seg", _flashmla_tuned, FLASHMLA_SOURCE, "FlashMLA"),
+    ]  # fmt: skip
+    out += [
+        Anchor(f"flashmla_f{f}", f"FlashMLA F={f}", partial(flashmla, fixed_overhead=f),
+               FLASHMLA_SOURCE, "FlashMLA sweep")
+        for f in FLASHMLA_SWEEP
+    ]  # fmt: skip
+    out += [
+        Anchor(f"flashinfer_{k}x", f"FlashInfer {k}x", partial(flashinfer, budget=k),
+               FLASHINFER_SOURCE, "FlashInfer")
+        for k in (1, 2, 4)
+    ]  # fmt: skip
+    out.append(Anchor("flashinfer_persistent", "FlashInfer persistent", flashinfer_persistent,
+                      FLASHINFER_PERSISTENT_SOURCE, "FlashInfer"))  # fmt: skip
+    return {a.name: a for a in out}
+
+
+ANCHORS: dict[str, Anchor] = _anchors()
 
 __all__ = [
     "ANCHORS",
-    "PARTITIONERS",
+    "Anchor",
     "Balance",
     "CostModel",
+    "NotApplicableError",
     "Partition",
     "Partitioner",
     "Segment",
     "TilingUnavailableError",
     "Workload",
     "WorkloadError",
+    "ours",
 ]

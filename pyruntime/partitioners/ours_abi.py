@@ -17,15 +17,11 @@ class TilingUnavailableError(RuntimeError):
 
 def core_segments(workload: Workload, record) -> list[Segment]:
     """The segments of one core record (``pyruntime.tiling.CoreRange``), in work order."""
-    index = {
-        (int(r), int(h), int(t)): u
-        for u, (r, h, t) in enumerate(zip(workload.request, workload.head, workload.tile))
-    }
 
     def locate(pos: tuple[int, int, int, int]) -> tuple[int, int]:
         if pos[0] >= workload.batch:
             return workload.num_units, 0
-        return index[pos[:3]], pos[3]
+        return workload.unit_index(*pos[:3]), pos[3]
 
     (ub, kb), (ue, ke) = locate(record.begin), locate(record.end)
     if (ub, kb) == (ue, ke):

@@ -12,16 +12,30 @@ A piece of a unit holding ``n`` of its blocks costs ``cost_segment + n * w``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Balance", "CostModel", "Partition", "Segment", "Workload", "WorkloadError"]
+__all__ = [
+    "Balance",
+    "CostModel",
+    "NotApplicableError",
+    "Partition",
+    "Segment",
+    "Workload",
+    "WorkloadError",
+]
 
 
 class WorkloadError(ValueError):
     """Lengths that do not describe a valid step (the kernel would reject them too)."""
+
+
+class NotApplicableError(ValueError):
+    """An anchor's kernel cannot run this batch (e.g. IFA or FlashMLA with mixed query lengths)."""
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -73,9 +87,11 @@ class CostModel:
         )
 
 
-@dataclass(frozen=True)
-class Segment:
-    """Blocks ``[block_begin, block_end)`` of unit ``unit`` run by one core."""
+class Segment(NamedTuple):
+    """Blocks ``[block_begin, block_end)`` of unit ``unit`` run by one core.
+
+    A named tuple, so that a partition's segments convert to one int64 array at once.
+    """
 
     unit: int
     block_begin: int
@@ -109,6 +125,7 @@ class Workload:
         self.model = model
         self.cu_seqlens_q = cu
         self.seqlens_kv = kv
+        self._q_lens = [b - a for a, b in itertools.pairwise(cu)]
         request, head, tile, blocks, w, kv_tokens = [], [], [], [], [], []
         for r, kv_len in enumerate(kv):
             q_len = cu[r + 1] - cu[r]
@@ -131,17 +148,35 @@ class Workload:
                     blocks.append(_ceil_div(kv_end, model.block_size))
                     w.append(model.block_cost(rows))
                     kv_tokens.append(kv_end)
+        tiles_per_request = [_ceil_div(cu[r + 1] - cu[r], model.q_tile) for r in range(len(kv))]
+        self.tiles_per_request = np.asarray(tiles_per_request, dtype=np.int64)
+        self.request_offsets = np.zeros(len(kv) + 1, dtype=np.int64)
+        np.cumsum(self.tiles_per_request * model.num_kv_heads, out=self.request_offsets[1:])
         self.request = np.asarray(request, dtype=np.int64)
         self.head = np.asarray(head, dtype=np.int64)
         self.tile = np.asarray(tile, dtype=np.int64)
         self.blocks = np.asarray(blocks, dtype=np.int64)
         self.block_w = np.asarray(w, dtype=np.int64)
         self.kv_tokens = np.asarray(kv_tokens, dtype=np.int64)
+        # plain-int copies for the per-piece paths of the anchor models
+        self._blocks, self._kv_tokens = blocks, kv_tokens
+        self._offsets = [int(x) for x in self.request_offsets]
+        self._tiles = [int(x) for x in self.tiles_per_request]
+        self._block_w = w
 
     @property
     def batch(self) -> int:
         """Requests in the step, padded slots included."""
         return len(self.seqlens_kv)
+
+    @property
+    def q_lens(self) -> list[int]:
+        """Query tokens per request."""
+        return self._q_lens
+
+    def unit_index(self, request: int, head: int, tile: int) -> int:
+        """Index of unit ``(request, head, tile)`` in work order."""
+        return self._offsets[request] + head * self._tiles[request] + tile
 
     @property
     def num_units(self) -> int:
@@ -162,11 +197,40 @@ class Workload:
         """The balance lower bound used in reports: ``W / cores + cost_segment``."""
         return self.total_cost / self.model.num_cores + self.model.cost_segment
 
+    def piece_segments(
+        self, request: int, head: int, q_span: tuple[int, int], kv_span: tuple[int, int]
+    ) -> list[Segment]:
+        """The segments of query tokens ``q_span`` of ``(request, head)`` over kv tokens ``kv_span``.
+
+        Anchors cut in tokens; this maps a piece onto units and blocks. Query bounds must fall
+        on tile boundaries (or the query's end). A kv bound inside a block snaps to the nearest
+        block boundary (half up); an end at or past a unit's causal end takes its last block, and empty
+        segments are dropped.
+
+        Raises:
+            ValueError: a query bound is not a tile boundary.
+        """
+        q_tile = self.model.q_tile
+        q_len = self._q_lens[request]
+        q_begin, q_end = q_span
+        if q_begin % q_tile or (q_end % q_tile and q_end != q_len):
+            raise ValueError(f"query span {q_span} is not on {q_tile}-token tile boundaries")
+        size = self.model.block_size
+        first, last = (kv_span[0] + size // 2) // size, (kv_span[1] + size // 2) // size
+        kv_end = kv_span[1]
+        base = self._offsets[request] + head * self._tiles[request]
+        out = []
+        for t in range(q_begin // q_tile, -(-min(q_end, q_len) // q_tile)):
+            u = base + t
+            blocks = self._blocks[u]
+            end = blocks if kv_end >= self._kv_tokens[u] else min(last, blocks)
+            if first < end:
+                out.append(Segment(u, first, end))
+        return out
+
     def segment_cost(self, seg: Segment) -> int:
         """Cost of one segment: its overhead plus its blocks."""
-        return self.model.cost_segment + (seg.block_end - seg.block_begin) * int(
-            self.block_w[seg.unit]
-        )
+        return self.model.cost_segment + (seg.block_end - seg.block_begin) * self._block_w[seg.unit]
 
 
 @dataclass
@@ -177,9 +241,21 @@ class Partition:
     workload: Workload
     cores: list[list[Segment]]
 
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(core index, [n, 3] unit/begin/end)`` of every segment, int64."""
+        lens = [len(core) for core in self.cores]
+        flat = itertools.chain.from_iterable(itertools.chain.from_iterable(self.cores))
+        segs = np.fromiter(flat, dtype=np.int64, count=3 * sum(lens)).reshape(-1, 3)
+        return np.repeat(np.arange(len(self.cores)), lens), segs
+
     def core_costs(self) -> list[int]:
         """Each core's cost: the sum of its segments' costs."""
-        return [sum(self.workload.segment_cost(s) for s in core) for core in self.cores]
+        core, segs = self._arrays()
+        w = self.workload
+        cost = w.model.cost_segment + (segs[:, 2] - segs[:, 1]) * w.block_w[segs[:, 0]]
+        totals = np.zeros(len(self.cores), dtype=np.int64)
+        np.add.at(totals, core, cost)
+        return [int(c) for c in totals]
 
     @property
     def num_segments(self) -> int:
@@ -190,16 +266,18 @@ class Partition:
         """Check that the segments cover every block of every unit exactly once.
 
         Raises:
-            AssertionError: with the first unit whose blocks are missed or repeated.
+            AssertionError: with the first bad segment, or the first unit whose blocks are
+                missed or repeated.
         """
-        covered = np.zeros(self.workload.num_units, dtype=np.int64)
-        for core in self.cores:
-            for s in core:
-                assert 0 <= s.block_begin < s.block_end <= self.workload.blocks[s.unit], (
-                    f"{self.name}: bad segment {s}"
-                )
-                covered[s.unit] += s.block_end - s.block_begin
-        bad = np.nonzero(covered != self.workload.blocks)[0]
+        _, segs = self._arrays()
+        w = self.workload
+        unit, begin, end = segs[:, 0], segs[:, 1], segs[:, 2]
+        ok = (unit >= 0) & (unit < w.num_units) & (begin >= 0) & (begin < end)
+        ok[ok] &= end[ok] <= w.blocks[unit[ok]]
+        bad_seg = np.nonzero(~ok)[0]
+        assert bad_seg.size == 0, f"{self.name}: bad segment {tuple(segs[bad_seg[0]])}"
+        covered = np.bincount(unit, weights=end - begin, minlength=w.num_units).astype(np.int64)
+        bad = np.nonzero(covered != w.blocks)[0]
         assert bad.size == 0, f"{self.name}: unit {int(bad[0])} covered {covered[bad[0]]} blocks"
 
     def balance(self) -> Balance:

@@ -73,16 +73,37 @@ class Run:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Run:
-        """Inverse of ``dataclasses.asdict``."""
+        """Inverse of ``dataclasses.asdict``.
+
+        Raises:
+            KeyError, TypeError: a field is missing or has the wrong type.
+        """
         steps = [
-            HostStep(s["start"], s["step_s"], s["host_s"], dict(s.get("phases", {})),
-                     [tuple(x) for x in s.get("spans", [])])  # type: ignore[misc]
-            for s in d.get("steps", [])
+            HostStep(_num(s["start"]), _num(s["step_s"]), _num(s["host_s"]),
+                     {_str(k): _num(v) for k, v in _dict(s.get("phases", {})).items()},
+                     [(_str(p), _num(a), _num(b)) for p, a, b in _list(s.get("spans", []))])
+            for s in map(_dict, _list(d.get("steps", [])))
         ]  # fmt: skip
-        tasks = [DeviceTask(**t) for t in d.get("device_tasks", [])]
-        return cls(
-            d["mode"], dict(d.get("workload", {})), steps, tasks, dict(d.get("counters", {}))
-        )
+        tasks = [
+            DeviceTask(int(_num(t["step"])), _str(t["kind"]), _str(t["name"]), _str(t["lane"]),
+                       _num(t["start"]), _num(t["end"]))
+            for t in map(_dict, _list(d.get("device_tasks", [])))
+        ]  # fmt: skip
+        counters = {_str(k): _num(v) for k, v in _dict(d.get("counters", {})).items()}
+        return cls(_str(d["mode"]), _dict(d.get("workload", {})), steps, tasks, counters)
+
+
+def _typed(kind: type | tuple[type, ...], what: str):
+    def check(value: Any) -> Any:
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise TypeError(f"expected {what}, found {type(value).__name__} {value!r:.40}")
+        return value
+
+    return check
+
+
+_num, _str = _typed((int, float), "a number"), _typed(str, "a string")
+_dict, _list = _typed(dict, "an object"), _typed(list, "a list")
 
 
 @dataclass
@@ -137,6 +158,12 @@ class Session:
                 f"this tool reads version {SCHEMA_VERSION}"
             )
         try:
-            return cls([Run.from_dict(r) for r in data["runs"]], dict(data.get("meta", {})))
-        except (KeyError, TypeError) as exc:
-            raise SessionError(f"{path} is a damaged session: {exc!r}") from exc
+            runs = [Run.from_dict(_dict(r)) for r in _list(data["runs"])]
+            meta = dict(_dict(data.get("meta", {})))
+        except KeyError as exc:
+            raise SessionError(f"{path} is a damaged session: missing field {exc}") from exc
+        except (TypeError, ValueError) as exc:
+            raise SessionError(f"{path} is a damaged session: {exc}") from exc
+        if not runs:
+            raise SessionError(f"{path} is a damaged session: it holds no runs")
+        return cls(runs, meta)

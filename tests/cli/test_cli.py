@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
 import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -40,7 +39,7 @@ def test_help_and_no_command(cli):
     (["inspect", "--kv", "5,5", "--q", "1"], "--q has 1 values"),
     (["inspect", "--file", "/nonexistent/lengths.json"], "cannot read"),
     (["profile", "--load", "/nonexistent/session.json"], "cannot read session"),
-    (["bench", "balance", "--q-heads", "6", "--kv-heads", "4"], "multiple"),
+    (["bench", "balance", "--geometries", "6/4"], "multiple"),
     (["frobnicate"], "invalid choice"),
 ])  # fmt: skip
 def test_user_errors_are_one_line(cli, argv, fragment):
@@ -50,33 +49,64 @@ def test_user_errors_are_one_line(cli, argv, fragment):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+SESSION = '"schema": "aicpu-tiling/profile", "version": 1'
+TRACE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+# every CLI reader of a user's file, and how a malformed file is named to it
+READERS = {
+    "inspect": lambda path, monkeypatch: ["inspect", "--file", str(path)],
+    "profile": lambda path, monkeypatch: ["profile", "--load", str(path)],
+    "trace": lambda path, monkeypatch: (monkeypatch.setenv(TRACE_ENV, str(path))
+                                        or ["inspect", "--trace-step", "0"]),
+}
+MALFORMED = [
+    ("inspect", "garbage{", "line 1: 'garbage{' is not two integers"),
+    ("inspect", "", "no q_len,kv_len lines"),
+    ("inspect", "q_len,kv_len\n", "no q_len,kv_len lines"),
+    ("inspect", "q_len,kv_len\n1,700\n2,x\n", "line 3"),
+    ("inspect", "1,700\nq_len,kv_len\n", "line 2"),
+    ("inspect", "1,2,3\n", "line 1"),
+    ("inspect", "[0, 1]", "line 1"),
+    ("inspect", b"\xff\xfe\x00\x01", "cannot read"),
+    ("inspect", '{"cu_seqlens_q": [0, 1]', "is not JSON"),
+    ("inspect", '{"cu_seqlens_q": [0, 1]}', "seqlens_kv is missing or not a list of integers"),
+    ("inspect", '{"cu_seqlens_q": "01", "seqlens_kv": [4]}', "cu_seqlens_q is missing"),
+    ("inspect", '{"cu_seqlens_q": [0, 1.5], "seqlens_kv": [4]}', "cu_seqlens_q is missing"),
+    ("profile", "garbage{", "is not JSON"),
+    ("profile", "[]", "is not an aicpu-tiling profile session"),
+    ("profile", '{"schema": "aicpu-tiling/profile", "version": 99}', "session version 99"),
+    ("profile", "{" + SESSION + "}", "missing field 'runs'"),
+    ("profile", "{" + SESSION + ', "runs": []}', "holds no runs"),
+    ("profile", "{" + SESSION + ', "runs": [1]}', "expected an object, found int"),
+    ("profile", "{" + SESSION + ', "runs": [{"mode": "x", "steps": [{"start": "a", "step_s": 1, '
+                '"host_s": 1}]}]}', "expected a number, found str"),
+    ("profile", "{" + SESSION + ', "runs": [{"mode": "x", "device_tasks": [{"step": 0}]}]}',
+     "missing field 'kind'"),
+    ("trace", "garbage{", "lacks column TIMESTAMP, ContextTokens, GeneratedTokens"),
+    ("trace", "q_len,kv_len\n1,700\n", "lacks column"),
+    ("trace", TRACE_HEADER, "has no requests"),
+    ("trace", TRACE_HEADER + "2023-11-16 18:15:46,3,x\n", "line 2"),
+    ("trace", TRACE_HEADER + "2023-11-16 18:15:46,-3,4\n", "negative token count"),
+    ("trace", b"\x1f\x8bnot gzip at all", "cannot read"),
+    ("trace", gzip.compress((TRACE_HEADER + "2023-11-16 18:15:46,3,4\n" * 300).encode())[:-40],
+     "cannot read"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("reader, content, fragment", MALFORMED)
+def test_malformed_files_of_every_reader_are_one_line_errors(cli, tmp_path, monkeypatch, reader,
+                                                             content, fragment):
+    path = tmp_path / "input"
+    (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+    code, out, err = cli(*READERS[reader](path, monkeypatch))
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert fragment in err and str(path) in err
+
+
 def test_missing_trace_is_a_user_error(cli, monkeypatch, tmp_path):
     monkeypatch.setenv(TRACE_ENV, str(tmp_path / "none.csv"))
     code, _, err = cli("bench", "balance", "--quick", "--json")
     assert code == 2 and "AICPU_TILING_TRACE" in err
-
-
-@needs_tiling
-def test_bench_balance_quick_json(cli, tmp_path):
-    out_file = tmp_path / "balance.json"
-    code, out, _ = cli("bench", "balance", "--quick", "--json", "--check", "-o", str(out_file))
-    data = json.loads(out)
-    assert code == 0, data["verdict"]
-    assert [s["batch"] for s in data["sizes"]] == [16, 64, 256, 1024]
-    assert set(data["sizes"][0]["partitioners"]) == {
-        "ours",
-        "fia_even",
-        "fia_weighted",
-        "flashmla",
-        "flashinfer",
-    }
-    assert json.loads(out_file.read_text()) == data
-
-
-@needs_tiling
-def test_bench_balance_table(cli):
-    code, out, _ = cli("bench", "balance", "--quick", "--batch-sizes", "16", "--no-progress")
-    assert code == 0 and "FlashMLA" in out and "at or below every anchor" in out
 
 
 @needs_tiling
@@ -164,13 +194,13 @@ def test_source_errors():
         ContinuousBatch("uniform", 0)
 
 
-def test_trace_found_beside_the_repository():
+def test_cli_trace_is_the_bundled_one(monkeypatch):
     from pyruntime.cli.sources import trace_path
+    from pyruntime.workload.trace import bundled_trace_path
 
-    if os.environ.get(TRACE_ENV):
-        pytest.skip("AICPU_TILING_TRACE overrides the lookup")
-    assert trace_path().name == "azure_llm_2023_conv.csv"
-    assert Path(trace_path()).parent.name == "data"
+    monkeypatch.delenv(TRACE_ENV, raising=False)
+    assert trace_path() == bundled_trace_path()
+    assert trace_path().name == "azure_llm_2023_conv.csv.gz"
 
 
 @needs_runtime

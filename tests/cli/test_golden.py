@@ -1,46 +1,18 @@
-"""Rendered tables at 80 columns against golden text (UPDATE_GOLDEN=1 to accept changes)."""
+"""Rendered tables at 80 columns against golden text.
+
+A missing or different golden file fails; ``AICPU_TILING_UPDATE_GOLDEN=1`` rewrites them.
+The balance tables are tested in test_balance.py.
+"""
 
 from __future__ import annotations
 
 from pyruntime.cli.profile import process
 from pyruntime.profiler.renderers import render_text
-from pyruntime.profiler.renderers.balance_tables import balance_tables
 from pyruntime.profiler.renderers.bench_tables import bench_table, tiling_bench_table
 from pyruntime.profiler.renderers.profile_tables import profile_tables
 from pyruntime.profiler.renderers.tiling_tables import load_bar, tiling_tables
 
 from .test_profiler import synthetic_session
-
-MODEL = {"num_q_heads": 16, "num_kv_heads": 1, "block_size": 128, "q_tile": 8,
-         "num_cores": 24, "cost_kv_load": 4, "cost_qk_tile": 1, "cost_segment": 32,
-         "causal": True}  # fmt: skip
-
-
-def _parts(ours, fe, fw, mla, fi):
-    out = {}
-    for name, (mean, worst, seg) in zip(
-        ("ours", "fia_even", "fia_weighted", "flashmla", "flashinfer"), (ours, fe, fw, mla, fi)
-    ):
-        out[name] = {"ratio_mean": mean, "ratio_max": worst, "segments_mean": seg,
-                     "segments_max": seg, "units_mean": 16.0}  # fmt: skip
-    return out
-
-
-def balance_result(violation: bool = False) -> dict:
-    sizes = [
-        {"batch": 16, "samples": 4, "partitioners": _parts(
-            (1.1, 1.18, 35), (3.5, 5.3, 16), (3.5, 5.3, 16), (1.45, 1.6, 28), (1.35, 1.66, 22))},
-        {"batch": 64, "samples": 4, "partitioners": _parts(
-            (1.03, 1.05, 86), (2.0, 2.68, 64), (1.43, 1.82, 64), (1.22, 1.55, 76),
-            (1.85, 2.04, 64))},
-    ]  # fmt: skip
-    violations = [{"batch": 64, "anchor": "flashmla", "statistic": "ratio_mean", "ours": 1.3,
-                   "anchor_value": 1.22}] if violation else []  # fmt: skip
-    return {
-        "model": MODEL,
-        "sizes": sizes,
-        "verdict": {"ours_at_or_below_all": not violation, "violations": violations},
-    }
 
 
 def bench_result() -> dict:
@@ -101,11 +73,6 @@ def inspect_view() -> dict:
     }  # fmt: skip
 
 
-def test_balance_tables(golden):
-    golden("balance.txt", render_text(balance_tables(balance_result())))
-    golden("balance_violation.txt", render_text(balance_tables(balance_result(True))))
-
-
 def test_bench_table(golden):
     golden("bench.txt", render_text(bench_table(bench_result())))
 
@@ -129,8 +96,7 @@ def test_inspect_tables(golden):
 
 
 def test_rendered_lines_fit_80_columns():
-    for text in (render_text(balance_tables(balance_result())),
-                 render_text(bench_table(bench_result())),
+    for text in (render_text(bench_table(bench_result())),
                  render_text(profile_tables(process(synthetic_session()))),
                  render_text(tiling_tables(inspect_view()))):  # fmt: skip
         assert max(len(line) for line in text.splitlines()) <= 80

@@ -120,15 +120,23 @@ def tiling_bench_table(result: dict) -> list:
         title="Tiling kernel time per call (C, -O2, host CPU): median of repeats",
         title_justify="left",
     )
+    # The AArch64 instruction count (emulated, pyruntime.aarch64) when it was measured.
+    counted = any("aarch64_instructions" in row for row in result["rows"])
     for name in ("batch", "ns/call", "ns/request", "min ns", "max ns", "repeats"):
         table.add_column(name, justify="right")
+    if counted:
+        table.add_column("aarch64 instr/call", justify="right")
     for row in result["rows"]:
-        table.add_row(
+        cells = [
             str(row["batch"]),
             f"{row['ns_per_call']:.0f}",
             f"{row['ns_per_request']:.1f}",
             f"{row['min_ns']:.0f}",
             f"{row['max_ns']:.0f}",
             str(row["repeats"]),
-        )
+        ]
+        if counted:
+            cells.append(f"{row['aarch64_instructions']:.0f}"
+                         if "aarch64_instructions" in row else "-")
+        table.add_row(*cells)
     return [table, Text(f"source: {result['source']}", style="dim")]

@@ -1,0 +1,138 @@
+/*
+ * plan_tiling_op.cpp -- the NPU (PrivateUse1) kernel of torch.ops.aicpu_tiling.plan_tiling:
+ * launches the AI-CPU tiling kernel on the current NPU stream. A thin layer: checks the
+ * tensors, fills the argument block with their device addresses, and hands it to the
+ * route-specific launcher (launch_route.h; today RuntimeLauncher).
+ *
+ * The schema is defined in Python (pyruntime/kernels/custom_ops.py, torch.library
+ * custom_op); this file only registers the PrivateUse1 implementation:
+ *     aicpu_tiling::plan_tiling(Tensor cu_seqlens_q, Tensor seqlens_kv, Tensor batch,
+ *                               Tensor step_epoch, Tensor(a!) tiling_out, SymInt[] params,
+ *                               bool causal) -> ()
+ *   cu_seqlens_q  int32 [n + 1] on the NPU, contiguous
+ *   seqlens_kv    int32 [n]     on the NPU, contiguous
+ *   batch         int32 [1]     on the NPU: the live batch the kernel reads (n >= max_batch)
+ *   step_epoch    int32 [1]     on the NPU: the epoch the host wrote beside the lengths; the
+ *                               kernel echoes it in the tiling header (ABI v2)
+ *   tiling_out    int32 [>= aicpu_tiling_bytes(params) / 4] on the NPU, written
+ *   params        the 12 aicpu_tiling_params fields in header order (reserved words 0)
+ * and one more op, defined here, to load the AI-CPU binary once before capture:
+ *     aicpu_tiling::npu_load_tiling_kernel(str op_info_json) -> ()
+ * Errors are c10::Error (RuntimeError in Python) naming the offending argument.
+ * Never run on an NPU; CI compiles it with -fsyntax-only (tests/test_npu_ext.py).
+ */
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <string>
+
+#include "torch_npu/csrc/core/npu/NPUStream.h"
+#include "torch_npu/csrc/framework/OpCommand.h"
+
+#include "launch_route.h"
+#include "runtime_launcher.h"
+
+namespace {
+
+constexpr int64_t kParamFields = 12;
+
+aicpu_tiling_npu::RuntimeLauncher &Launcher()
+{
+    static aicpu_tiling_npu::RuntimeLauncher launcher;
+    return launcher;
+}
+
+std::mutex &LauncherMutex()
+{
+    static std::mutex m;
+    return m;
+}
+
+void CheckInt32Npu(const at::Tensor &t, const char *name, int64_t min_numel)
+{
+    TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "plan_tiling: ", name,
+                " must be on the NPU, got ", t.device());
+    TORCH_CHECK(t.scalar_type() == at::kInt, "plan_tiling: ", name, " must be int32, got ",
+                t.scalar_type());
+    TORCH_CHECK(t.is_contiguous(), "plan_tiling: ", name, " must be contiguous");
+    TORCH_CHECK(t.numel() >= min_numel, "plan_tiling: ", name, " holds ", t.numel(),
+                " values, needs at least ", min_numel);
+}
+
+void NpuLoadTilingKernel(c10::string_view op_info_json)
+{
+    std::lock_guard<std::mutex> lock(LauncherMutex());
+    auto &launcher = Launcher();
+    const int rc = launcher.Load(std::string(op_info_json.data(), op_info_json.size()));
+    TORCH_CHECK(rc == 0, "npu_load_tiling_kernel: ", launcher.LastError());
+}
+
+void PlanTilingNpu(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
+                   const at::Tensor &batch, const at::Tensor &step_epoch,
+                   const at::Tensor &tiling_out, c10::IntArrayRef params, bool causal)
+{
+    TORCH_CHECK(static_cast<int64_t>(params.size()) == kParamFields, "plan_tiling: params has ",
+                params.size(), " values, expected ", kParamFields);
+    aicpu_tiling_params p;
+    int32_t *fields = &p.num_q_heads; /* 16 int32 words, no padding (aicpu_tiling.h) */
+    for (int64_t i = 0; i < 16; ++i) {
+        const int64_t v = i < kParamFields ? params[i] : 0;
+        TORCH_CHECK(v >= INT32_MIN && v <= INT32_MAX, "plan_tiling: params[", i, "] = ", v,
+                    " is outside int32");
+        fields[i] = static_cast<int32_t>(v);
+    }
+    TORCH_CHECK(aicpu_tiling_params_check(&p) == AICPU_TILING_OK,
+                "plan_tiling: invalid tiling params (see pyruntime.tiling.TilingParams)");
+    const int64_t n = seqlens_kv.numel();
+    CheckInt32Npu(cu_seqlens_q, "cu_seqlens_q", n + 1);
+    CheckInt32Npu(seqlens_kv, "seqlens_kv", p.max_batch);
+    CheckInt32Npu(batch, "batch", 1);
+    CheckInt32Npu(step_epoch, "step_epoch", 1);
+    const int64_t tiling_bytes = static_cast<int64_t>(aicpu_tiling_bytes(&p));
+    CheckInt32Npu(tiling_out, "tiling_out", tiling_bytes / 4);
+    TORCH_CHECK(cu_seqlens_q.device() == tiling_out.device() &&
+                    seqlens_kv.device() == tiling_out.device() &&
+                    batch.device() == tiling_out.device() &&
+                    step_epoch.device() == tiling_out.device(),
+                "plan_tiling: every tensor must be on the same NPU");
+
+    aicpu_tiling_kernel_args args;
+    aicpu_tiling_kernel_args_init(&args, &p, causal ? AICPU_TILING_CAUSAL : 0u);
+    args.cu_seqlens_q = AICPU_TILING_ADDR(cu_seqlens_q.data_ptr());
+    args.seqlens_kv = AICPU_TILING_ADDR(seqlens_kv.data_ptr());
+    args.live_batch = AICPU_TILING_ADDR(batch.data_ptr());
+    args.step_epoch = AICPU_TILING_ADDR(step_epoch.data_ptr());
+    args.batch = static_cast<int32_t>(n);
+    args.buffer = AICPU_TILING_ADDR(tiling_out.data_ptr());
+    args.buffer_bytes = static_cast<uint64_t>(tiling_out.numel()) * 4u;
+    TORCH_CHECK(aicpu_tiling_kernel_check(&args) == AICPU_TILING_KERNEL_OK,
+                "plan_tiling: the argument block is invalid (arrays shorter than max_batch?)");
+    TORCH_CHECK(Launcher().Loaded(), "plan_tiling: the AI-CPU tiling kernel is not loaded; "
+                "call torch.ops.aicpu_tiling.npu_load_tiling_kernel(<dir>/"
+                AICPU_TILING_RUNTIME_JSON ") before capturing");
+
+    /* The caller stream, read here (it waits for torch_npu's queue to submit earlier work);
+     * the launch itself goes through the queue so it stays in order with other NPU ops. */
+    aclrtStream caller = c10_npu::getCurrentNPUStream(tiling_out.device().index()).stream();
+    at_npu::native::OpCommand::RunOpApiV2("AicpuTilingPlan", [args, caller]() -> int {
+        std::lock_guard<std::mutex> lock(LauncherMutex());
+        auto &launcher = Launcher();
+        const int rc = launcher.Launch(args, caller);
+        TORCH_CHECK(rc == 0, "plan_tiling: ", launcher.LastError());
+        return rc;
+    });
+}
+
+} // namespace
+
+/* No tensor argument, so no dispatch key: defined with its one (catch-all) kernel. */
+TORCH_LIBRARY_FRAGMENT(aicpu_tiling, m)
+{
+    m.def("npu_load_tiling_kernel(str op_info_json) -> ()", &NpuLoadTilingKernel);
+}
+
+TORCH_LIBRARY_IMPL(aicpu_tiling, PrivateUse1, m)
+{
+    m.impl("plan_tiling", &PlanTilingNpu);
+}

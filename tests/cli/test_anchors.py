@@ -1,0 +1,296 @@
+"""The anchor models on small hand-worked cases of the algorithms they follow.
+
+Each expected value below was worked out by hand from the source the model cites (see the
+module docstrings of ``pyruntime.partitioners.{fia_v3, ifa, flashmla, flashinfer}``).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+import pytest
+
+from pyruntime.partitioners import CostModel, NotApplicableError, Segment, Workload
+
+# the package exports functions named like these modules
+v3 = import_module("pyruntime.partitioners.fia_v3")
+fi = import_module("pyruntime.partitioners.flashinfer")
+mla = import_module("pyruntime.partitioners.flashmla")
+ifa = import_module("pyruntime.partitioners.ifa")
+
+
+def _workload(kv, q=None, **model):
+    q = q or [1] * len(kv)
+    cu = [0]
+    for x in q:
+        cu.append(cu[-1] + x)
+    return Workload(CostModel(**model), cu, kv)
+
+
+# ---------------------------------------------------------------- FIA V3 (split_core.cpp)
+
+
+def test_fia_v3_calc_cost():
+    assert v3.block_cost(16, 512) == 6 * 1 + 10 * 8
+    assert v3.block_cost(512, 512) == 6 * 32 + 10 * 8
+    assert v3.block_cost(17, 65) == 6 * 2 + 10 * 2
+    assert v3.block_cost(1, 1) == 16
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("TND", 1, 16, 5000, 128), (512, 512)),          # TND: 512 x 512 whatever the lengths
+    (("BSND", 1, 16, 5000, 128, False), (128, 2048)),  # G/5 = 3 -> 2048; aligned 2048 -> M 128
+    (("BSND", 1, 4, 5000, 128, False), (32, 5000)),    # 8192 capped at s2 = 5000 -> M 32
+    (("BSND", 1, 16, 5000, 128, True), (256, 1024)),   # a compressed mask caps at 1024
+    (("BSND", 100, 16, 5000, 128), (512, 512)),        # S1 > 16: prefill sizes
+    (("TND", 1, 16, 5000, 112), (512, 448)),           # 512 is not a multiple of 112
+])  # fmt: skip
+def test_fia_v3_block_sizes(args, expected):
+    assert v3.split_sizes(*args) == expected
+
+
+def test_fia_v3_row_costs_with_causal_mask():
+    # decode, 1 token x 16 heads, kv 600: one row of 16 rows; blocks 512 + a tail of 88
+    (row,) = v3._batch_rows(1, 600, 16, 512, 512)
+    assert (row.s2_end, row.normal, row.last) == (2, 86, 6 + 10 * 2)
+    assert row.cost(0) == 86 + 26
+    # 64 new tokens after 1000 of context, G = 16: 1024 rows = 2 row tiles of 32 tokens;
+    # row 0's last token sees kv 31 + 1000 -> blocks [0, 3); the kv tail is 1064 % 512 = 40
+    rows = v3._batch_rows(64, 1064, 16, 512, 512)
+    assert [(r.s2_end, r.normal, r.last) for r in rows] == [(3, 272, 202), (3, 272, 202)]
+    assert rows[0].cost(0) == 2 * 272 + 202
+
+
+def test_fia_v3_assigns_whole_batches_then_blocks():
+    # 1 kv head, G = 16, kv 2048/512/512: batch costs 4 x 86, 86, 86 (total 516, 6 blocks);
+    # core counts 3..3. Core 0 (limit 172, tolerance 43) cannot take batch 0 whole and takes
+    # 2 of its blocks; core 1 (limit 172) takes the rest of it; core 2 takes batches 1 and 2.
+    w = _workload([2048, 512, 512], num_q_heads=16, num_kv_heads=1, num_cores=3)
+    pieces, m_base, s2_base = v3.split_core(w)
+    assert (m_base, s2_base) == (512, 512)
+    assert pieces == [[(0, 0, 0, 2)], [(0, 0, 2, 4)], [(1, 0, 0, 1), (2, 0, 0, 1)]]
+    part = v3.fia_v3(w)
+    part.validate()
+    # FIA's 512-token blocks are 4 of our 128-token blocks
+    assert part.cores == [[Segment(0, 0, 8)], [Segment(0, 8, 16)], [Segment(1, 0, 4), Segment(2, 0, 4)]]
+
+
+def test_fia_v3_tries_several_core_counts():
+    # 4 equal batches of 2 blocks: 8 blocks, core counts from round(sqrt(8.25)) = 3 down to
+    # min(2, 8) = 2 -> only 2 cores; each takes two whole batches (344 <= 344 + 43).
+    w = _workload([1024] * 4, num_q_heads=16, num_kv_heads=1, num_cores=2)
+    assert v3.split_core(w)[0] == [[(0, 0, 0, 2), (1, 0, 0, 2)], [(2, 0, 0, 2), (3, 0, 0, 2)]]
+    # with 24 cores the 8 blocks go to 8 cores at most (max_core = blocks) and FIA keeps the
+    # core count whose busiest core is cheapest: one block each
+    w = _workload([1024] * 4, num_q_heads=16, num_kv_heads=1, num_cores=24)
+    pieces = v3.split_core(w)[0]
+    assert len(pieces) == 8 and all(len(p) == 1 and p[0][3] - p[0][2] == 1 for p in pieces)
+
+
+def test_fia_v3_rows_map_to_query_tiles():
+    # a 256-token chunk at G = 4: 1024 rows = 2 FIA rows of 128 tokens = 4 of our 32-token tiles
+    w = _workload([256 + 700], q=[256], num_q_heads=32, num_kv_heads=8)
+    part = v3.fia_v3(w)
+    part.validate()
+    assert w.model.q_tile == 32
+
+
+# ---------------------------------------------------------------- IFA
+
+
+def test_ifa_split_bn_v0():
+    assert ifa.split_bn_v0(50, 24)[:4] == [0, 3, 6, 8]
+    assert ifa.split_bn_v0(5, 8) == [0, 1, 2, 3, 4, 5, 5, 5]
+
+
+@pytest.mark.parametrize("weights, cores, expected", [
+    # ceil split [0, 3] loads 7/3; the greedy fill reaches the average 5 with one pair
+    ([5, 1, 1, 1, 1, 1], 2, [0, 1]),
+    # the greedy fill takes five 1s (load 5 = average); ceil split gives 3/7
+    ([1, 1, 1, 1, 1, 5], 2, [0, 5]),
+    # greedy: 4 then 8 overshoots by 3 > 1 undershoot: drop back to [0, 1], loads 4/6 < 8/2
+    ([4, 4, 1, 1], 2, [0, 1]),
+])  # fmt: skip
+def test_ifa_set_sparse_start_idx(weights, cores, expected):
+    assert ifa.set_sparse_start_idx(weights, cores) == expected
+
+
+def test_ifa_balance_load_moves_boundaries():
+    # loads 2/9: the forward pass moves pair 3 (weight 2) to core 0 (2 + 2 < 9): loads 4/7;
+    # the backward pass would move it back only if 7 + 2 < 7
+    starts, weights = [0, 3], [1, 1, 0, 2, 7]
+    loads = ifa._loads(starts, weights)
+    assert loads == [2, 9]
+    assert ifa.balance_load(starts, weights, loads)
+    assert starts == [0, 4] and loads == [4, 7]
+
+
+@pytest.mark.parametrize("kv, cores, cube, heads, expected", [
+    ([4096] * 4, 24, True, (16, 1), 6),    # bn 4 <= 12; 24 / 4 = 6; 4096 / 6 = 682 >= 512
+    ([3000] * 4, 24, True, (16, 1), 5),    # 3000 / 6 = 500 < 512 -> 5
+    ([1024] * 4, 24, True, (16, 1), 1),    # paged KV on 910B, max kv <= 1024: no FD
+    ([1500] * 4, 24, True, (16, 1), 1),    # GQA needs max kv >= 2048
+    ([1500] * 4, 24, True, (1, 1), 2),     # MHA: 24 / 4 = 6 -> 1500 / 2 = 750 >= 512
+    ([4096] * 12, 24, True, (16, 1), 2),   # bn 12 <= 0.5 * 24
+    ([4096] * 13, 24, True, (16, 1), 1),   # bn 13 > 12
+    ([4096] * 19, 48, False, (16, 1), 2),  # NORMAL: bn 19 < 0.4 * 48 = 19.2
+    ([4096] * 20, 48, False, (16, 1), 1),
+])  # fmt: skip
+def test_ifa_flash_decoding_rule(kv, cores, cube, heads, expected):
+    w = _workload(kv, num_q_heads=heads[0], num_kv_heads=heads[1])
+    assert ifa.flash_decoding_parts(w, cores, cube_mode=cube) == expected
+
+
+def test_ifa_no_flash_decoding_for_gqa_multi_token():
+    w = _workload([4096] * 2, q=[4, 4], num_q_heads=16, num_kv_heads=1)
+    assert ifa.flash_decoding_parts(w, 24, cube_mode=True) == 1
+
+
+def test_ifa_flash_decoding_partition():
+    # MHA, 24 cube cores, kv 4096/1000: 12 parts lowered to 8 (4096 / 8 = 512); chunks of
+    # 512 tokens = 4 blocks: request 0 on cores 0..7, request 1's 1000 tokens on cores 8, 9
+    w = _workload([4096, 1000], num_q_heads=1, num_kv_heads=1)
+    part = ifa.ifa_weighted(w, vector_cores=False)
+    part.validate()
+    assert [len(c) for c in part.cores] == [1] * 10 + [0] * 14
+    assert part.cores[9] == [Segment(1, 4, 8)]
+
+
+def test_ifa_vector_cores_pair_onto_cube_cores():
+    # 50 pairs over 48 vector cores (first 2 take 2); core c runs vector cores 2c and 2c + 1
+    w = _workload([100] * 50, num_q_heads=1, num_kv_heads=1)
+    part = ifa.ifa_even(w, vector_cores=True)
+    part.validate()
+    assert [len(c) for c in part.cores] == [4, 2] + [2] * 22
+
+
+def test_ifa_rejects_mixed_query_lengths():
+    w = _workload([500, 600], q=[1, 3], num_q_heads=8, num_kv_heads=1)
+    with pytest.raises(NotApplicableError):
+        ifa.ifa_weighted(w)
+
+
+# ---------------------------------------------------------------- FlashMLA
+
+
+def test_flashmla_num_sm_parts():
+    assert mla.num_sm_parts(24, 1, 16) == 24
+    assert mla.num_sm_parts(24, 8, 4) == 3
+    assert mla.num_sm_parts(132, 1, 128) == 66  # an H800 with 128 query rows: 2 m blocks
+
+
+@pytest.mark.parametrize("blocks, parts, w, f, expected", [
+    # T = 15 + 7 = 22, payload = 11 + 5 = 16: request 0 whole (15), request 1 on part 1
+    ([10, 2], 2, 1, 5, [[(0, 0, 10)], [(1, 0, 2)]]),
+    # T = 35, payload = 18 + 5 = 23: part 0 takes 23 - 5 = 18 blocks, part 1 the other 12
+    ([30], 2, 1, 5, [[(0, 0, 18)], [(0, 18, 30)]]),
+    # in cost units (w = 2, F = 3): T = 26, payload 16; 13 fits, the other 13 does not
+    ([5, 5], 2, 2, 3, [[(0, 0, 5)], [(1, 0, 5)]]),
+    # payload = max(ceil(T / P) + F, 2 F)
+    ([1, 1], 4, 1, 5, [[(0, 0, 1)], [(1, 0, 1)], [], []]),
+    # F = 1/3 block (w = 3): T = 12, payload 2 x 3 + 1 = 7 leaves request 2 over (4 > 3 left
+    # on both parts); one more block of payload (10) places all three
+    ([1, 1, 1], 2, 3, 1, [[(0, 0, 1), (1, 0, 1)], [(2, 0, 1)]]),
+])  # fmt: skip
+def test_flashmla_metadata_walk(blocks, parts, w, f, expected):
+    assert mla.mla_parts(blocks, parts, w, f) == expected
+
+
+def test_flashmla_per_head_grid():
+    # 32/8 heads: 3 parts per head; core = head + 8 * part; every head splits alike
+    w = _workload([128 * 30, 128 * 2, 128 * 4], num_q_heads=32, num_kv_heads=8)
+    part = mla.flashmla(w)
+    part.validate()
+    for head in range(8):
+        per_head = [[s.block_begin for s in part.cores[head + 8 * p]] for p in range(3)]
+        assert per_head == [[s.block_begin for s in part.cores[8 * p]] for p in range(3)]
+    assert all(not c for c in part.cores[24:])
+
+
+def test_flashmla_overhead_translation():
+    # F = 5 blocks of 64 tokens = 2.5 of our 128-token blocks (w = 40): F = 100 cost units.
+    # 40 blocks: T = 1600 + 100 = 1700; ceil(T / P) in whole blocks = 22 x 40 = 880;
+    # payload 980: part 0 takes (980 - 100) / 40 = 22 blocks, part 1 the other 18
+    w = _workload([128 * 40], num_q_heads=16, num_kv_heads=1, num_cores=2)
+    assert w.model.block_cost(16) == 40
+    part = mla.flashmla(w)
+    assert part.cores == [[Segment(0, 0, 22)], [Segment(0, 22, 40)]]
+    # F given in our units (cost_segment 32): payload 21 x 40 + 32 = 872 -> 21 blocks
+    part = mla.flashmla(w, overhead_cost=32)
+    assert part.cores == [[Segment(0, 0, 21)], [Segment(0, 21, 40)]]
+
+
+def test_flashmla_rejects_mixed_and_wide_queries():
+    with pytest.raises(NotApplicableError):
+        mla.flashmla(_workload([500, 600], q=[1, 3], num_q_heads=8, num_kv_heads=1))
+    with pytest.raises(NotApplicableError):  # 8 tokens x 16 heads = 128 rows: 2 m blocks
+        mla.flashmla(_workload([500, 600], q=[8, 8], num_q_heads=16, num_kv_heads=1))
+
+
+# ---------------------------------------------------------------- FlashInfer
+
+
+def test_flashinfer_page_search():
+    # pages 10 and 3 on a grid of 6: chunk 3 gives 4 + 1 = 5 items, chunk 2 gives 7 > 6
+    assert fi.min_pages_per_chunk([10, 3], heads=1, max_grid=6) == 3
+    assert fi.min_pages_per_chunk([10, 3], heads=2, max_grid=6) == 5  # (2 + 1) * 2 = 6
+    assert fi.kv_chunk_pages([16], [10], tile=16, max_batch=4) == 3
+
+
+def test_flashinfer_cta_tile_q():
+    assert [fi.cta_tile_q(n) for n in (100, 65, 64, 17, 16, 1)] == [128, 128, 64, 64, 16, 16]
+
+
+def test_flashinfer_decode_budget_and_no_split():
+    # 30 requests x 1 kv head >= 24 x 1 CTAs: nothing split, one item per request
+    w = _workload([128 * 5] * 30, num_q_heads=16, num_kv_heads=1)
+    part = fi.flashinfer(w, budget=1)
+    part.validate()
+    assert part.num_segments == 30
+    # with 4 CTAs per SM (grid 96) the same batch is split: chunk = 2 pages (90 items)
+    part = fi.flashinfer(w, budget=4)
+    part.validate()
+    assert part.num_segments == 90
+
+
+def test_flashinfer_placement_shares_an_sm():
+    # costs 32 + 5 x 40 = 232 then three of 32 + 40 = 72 on 2 cores, 1 slot each:
+    # item 0 -> core 0, items 1..3 -> core 1 (free first every time)
+    w = _workload([640, 128, 128, 128], num_q_heads=16, num_kv_heads=1, num_cores=2)
+    items = [[Segment(u, 0, int(w.blocks[u]))] for u in range(4)]
+    cores = fi.place(w, items, budget=1)
+    assert [len(c) for c in cores] == [1, 3]
+    # two slots per core: slots 0..3 on cores 0, 1, 0, 1 take one item each
+    assert [len(c) for c in fi.place(w, items, budget=2)] == [2, 2]
+
+
+def test_flashinfer_persistent_chunks_and_heap():
+    # G = 16 decode: 16 packed rows -> the 16-row task. 48 CTAs; total kv 400 -> share
+    # ceil(400 / 48) = 9 -> limit 128: request 0 in chunks 128/128/44, request 1 whole;
+    # each goes to the least-loaded CTA: 0, 1, 2, 3
+    w = _workload([300, 100], num_q_heads=16, num_kv_heads=1)
+    items = fi.holistic_items(w)
+    assert [(cta, kv) for cta, (_, _, _, kv) in items] == [
+        (0, (0, 128)), (1, (128, 256)), (2, (256, 300)), (3, (0, 100))]
+    part = fi.flashinfer_persistent(w)
+    part.validate()
+    assert part.cores[2] == [Segment(0, 2, 3)]
+
+
+# ---------------------------------------------------------------- reference: exact min-max
+
+minmax_mod = import_module("pyruntime.partitioners.minmax")
+
+
+def test_minmax_hand_worked():
+    # two units of 4 blocks, w = 40 (16 rows), segment 32: W = 2 x 192 = 384
+    w = _workload([512, 512], num_q_heads=16, num_kv_heads=1, num_cores=2)
+    assert minmax_mod.minmax(w).core_costs() == [192, 192]
+    # 3 cores: at B = 151 core 0 takes 2 blocks (112), core 1 the other 2 (112) and no block
+    # of unit 1, which then does not fit core 2 (192); at B = 152: 3 blocks (152), then
+    # 1 + 1 blocks (32 + 40 + 32 + 40 = 144), then 3 blocks (152)
+    w = _workload([512, 512], num_q_heads=16, num_kv_heads=1, num_cores=3)
+    part = minmax_mod.minmax(w)
+    part.validate()
+    assert part.core_costs() == [152, 144, 152]
+    assert part.cores[1] == [Segment(0, 3, 4), Segment(1, 0, 1)]

@@ -1,0 +1,122 @@
+"""``bench balance``: the CLI, its JSON and its tables (golden text at 80 columns)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pyruntime.partitioners import ANCHORS
+from pyruntime.profiler.renderers import render_text
+from pyruntime.profiler.renderers.balance_tables import balance_tables
+
+needs_tiling = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("pyruntime._native") is None,
+    reason="the tiling kernel's extension is not built",
+)
+
+SMALL = ("--quick", "--batch-sizes", "16", "--geometries", "16/1", "--sources", "trace")
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--batch-sizes", "x"], "comma-separated"),
+    (["--geometries", "6/4"], "multiple"),
+    (["--geometries", "16-1"], "Q/KV head pairs"),
+    (["--sources", "nope"], "subset of"),
+    (["--cost-models", "mine"], "subset of"),
+    (["--samples", "0"], "--samples must be >= 1"),
+])  # fmt: skip
+def test_user_errors_are_one_line(cli, argv, fragment):
+    code, _, err = cli("bench", "balance", *argv)
+    assert code == 2 and fragment in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@needs_tiling
+def test_json_has_every_variant_and_the_verdict(cli, tmp_path):
+    out_file = tmp_path / "balance.json"
+    code, out, _ = cli("bench", "balance", *SMALL, "--json", "-o", str(out_file))
+    data = json.loads(out)
+    assert code == 0
+    assert json.loads(out_file.read_text()) == data
+    assert {c["cost_model"] for c in data["cases"]} == {"ours", "fia_v3"}
+    for case in data["cases"]:
+        assert case["batch"] == 16 and case["samples"] == 1 and case["geometry"] == "16/1"
+        assert set(case["partitioners"]) == {"ours", *ANCHORS}
+    verdict = data["verdict"]
+    assert verdict["variants"] == list(ANCHORS) and verdict["variants_missing"] == []
+    assert isinstance(verdict["ours_at_or_below_all"], bool)
+    assert verdict["ours_at_or_below_all"] == (not verdict["losses"])
+    for anchor in data["anchors"].values():
+        assert anchor["source"] and anchor["label"]
+
+
+@needs_tiling
+def test_check_fails_without_a_verdict(cli):
+    # chunked prefill only: IFA and FlashMLA cannot run, so no verdict and --check fails
+    code, out, _ = cli("bench", "balance", "--quick", "--batch-sizes", "16", "--geometries",
+                       "32/8", "--sources", "chunked-prefill", "--check", "--no-progress")  # fmt: skip
+    assert code == 1 and "NO VERDICT" in out and "IFA 24c" in out.split("NO VERDICT")[1]
+
+
+@needs_tiling
+def test_table_shows_every_variant(cli):
+    code, out, _ = cli("bench", "balance", *SMALL, "--no-progress")
+    assert code == 0
+    for anchor in ANCHORS.values():
+        assert anchor.label in out
+
+
+def _parts(values: dict[str, tuple[float, float]]) -> dict:
+    return {n: {"ratio_mean": m, "ratio_max": w, "segments_mean": 30.0, "segments_max": 31,
+                "units_mean": 16.0} for n, (m, w) in values.items()}  # fmt: skip
+
+
+def balance_result(loss: bool = False) -> dict:
+    """A fixed two-case result: 16/1 decode, both cost models, two anchors and ours."""
+    anchors = {"fia_v3": {"label": "FIA V3", "source": "split_core.cpp SplitCore", "family": "FIA V3"},
+               "flashmla": {"label": "FlashMLA F=5", "source": "get_mla_metadata.cu",
+                            "family": "FlashMLA"}}  # fmt: skip
+    cases = []
+    for cm, ours in (("ours", (1.05, 1.1)), ("fia_v3", (1.01, 1.02))):
+        for batch in (16, 64):
+            values = {"ours": ours, "fia_v3": (1.2, 1.4), "flashmla": (1.3, 1.5)}
+            if loss and cm == "ours" and batch == 64:
+                values["flashmla"] = (1.04, 1.09)
+            cases.append({"geometry": "16/1", "num_q_heads": 16, "num_kv_heads": 1,
+                          "source": "trace", "cost_model": cm, "batch": batch, "samples": 4,
+                          "partitioners": _parts(values), "not_applicable": []})  # fmt: skip
+    losses = [{"geometry": "16/1", "source": "trace", "cost_model": "ours", "batch": 64,
+               "anchor": "flashmla", "statistic": s, "ours": o, "anchor_value": a}
+              for s, o, a in (("mean", 1.05, 1.04), ("worst", 1.1, 1.09))] if loss else []  # fmt: skip
+    model = {"num_cores": 24, "block_size": 128, "cost_kv_load": 4, "cost_qk_tile": 1,
+             "cost_segment": 32}  # fmt: skip
+    return {
+        "cost_models": {"ours": model, "fia_v3": {**model, "block_size": 64, "cost_kv_load": 40,
+                                                  "cost_qk_tile": 3, "cost_segment": 0}},
+        "anchors": anchors,
+        "cases": cases,
+        "verdict": {"ours_at_or_below_all": not loss, "variants": list(anchors),
+                    "variants_missing": [], "losses": losses, "ties": []},
+    }  # fmt: skip
+
+
+def test_balance_tables(golden):
+    golden("balance.txt", render_text(balance_tables(balance_result())))
+    golden("balance_violation.txt", render_text(balance_tables(balance_result(True))))
+
+
+def test_balance_tables_fit_80_columns():
+    for loss in (False, True):
+        text = render_text(balance_tables(balance_result(loss)))
+        assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_reference_rows_are_shown_when_present():
+    result = balance_result()
+    for case in result["cases"]:
+        case["references"] = {n: {"ratio_mean": 1.001, "ratio_max": 1.002}
+                              for n in ("minmax", "minmax_best_order")}  # fmt: skip
+    text = render_text(balance_tables(result))
+    assert "exact min-max (ref)" in text and "1.001/1.002" in text
+    assert "exact min-max" not in render_text(balance_tables(balance_result()))
