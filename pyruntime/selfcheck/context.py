@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyruntime.workload.synthetic import synthetic_requests
-from pyruntime.workload.trace import TraceNotFoundError, load_trace
+from pyruntime.workload.trace import TraceError, load_trace
 
 
 @dataclasses.dataclass
@@ -39,7 +39,7 @@ class Context:
             try:
                 self._requests = load_trace(limit=800)
                 self.requests_source = "Azure LLM trace 2023 (conversation), first 800 requests"
-            except TraceNotFoundError as exc:
+            except TraceError as exc:
                 self._requests = synthetic_requests("long_tail", 400, max_context=600,
                                                     max_generated=24, seed=0)
                 self.requests_source = f"synthetic long-tail requests ({exc})"
