@@ -5,7 +5,8 @@ Checks, in order (each passes, fails or skips with the reason):
 * ``kernels``: our kernels are there (the cffi tiling kernel; on an NPU also the torch_npu
   extension and the AI-CPU binary, built with ``--build`` when missing).
 * ``tiling_kernel``: the tiling task run on the backend writes exactly the host build's
-  bytes (and the Python oracle's) on trace batches and invalid inputs.
+  bytes (and the Python oracle's) on trace batches and invalid inputs; on the CPU backend
+  also the AArch64 build in the emulator, when ziglang and unicorn are installed.
 * ``aicpu_replay``: a captured tiling task replayed 8 times with a new step epoch each
   time: the epoch it echoes counts the replays it ran in; all -> placement ``graph``, at
   most the first -> ``pre-replay``. On the CPU backend it runs with ``replay_aicpu`` True

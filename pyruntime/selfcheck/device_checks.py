@@ -112,11 +112,47 @@ def tiling_kernel(ctx: Context) -> CheckResult:
     finally:
         _close(be)
     data = {"cases": [c[0] for c in cases], "statuses": statuses}
+    aarch64 = _aarch64_build(params, cases, mismatches) if ctx.backend == "cpu" else None
+    if aarch64 is not None:
+        data["aarch64"] = aarch64
     if mismatches:
         return failed(name, f"device tiling differs from the host build on: "
                             f"{'; '.join(mismatches)}", **data)
+    also = ""
+    if aarch64 and aarch64.get("checked"):
+        also = (f"; the AArch64 build (emulated) too, {min(aarch64['instructions'])} to "
+                f"{max(aarch64['instructions'])} instructions per call")
+    elif aarch64:
+        also = f"; AArch64 build not checked: {aarch64['reason']}"
     return passed(name, f"{len(cases)} cases (decode 1/8/64, spec decode, padded, 2 invalid) "
-                        f"byte-identical to the host build; 2 also to the Python oracle", **data)
+                        f"byte-identical to the host build; 2 also to the Python oracle{also}",
+                  **data)
+
+
+def _aarch64_build(params, cases, mismatches: list) -> dict:
+    """On the CPU backend: the same cases through the AArch64 build of the kernel (what the
+    AI-CPU runs), cross-compiled with ziglang and run in the emulator, when those tools are
+    installed (`pyruntime.aarch64`)."""
+    try:
+        from pyruntime.aarch64 import missing_tools
+        from pyruntime.aarch64.kernel import EmulatedKernel
+    except ImportError as exc:
+        return {"checked": False, "reason": f"pyruntime.aarch64 unavailable ({exc})"}
+    missing = missing_tools()
+    if missing:
+        return {"checked": False, "reason": f"missing {', '.join(missing)}"}
+    try:
+        emulated = EmulatedKernel()
+        counts = []
+        for i, (label, cu, kv) in enumerate(cases):
+            run = emulated.plan(params, cu.tolist(), kv.tolist(), epoch=i + 1)
+            counts.append(run.instructions)
+            want = tiling.plan(params, cu, kv, epoch=i + 1).buffer.tobytes()
+            if run.buffer != want:
+                mismatches.append(f"{label} (AArch64 build)")
+    except Exception as exc:  # noqa: BLE001 - a toolchain problem is reported, not raised
+        return {"checked": False, "reason": f"{type(exc).__name__}: {exc}"}
+    return {"checked": True, "instructions": counts}
 
 
 def replay_probe(backend, replays: int = PROBE_REPLAYS) -> int:
