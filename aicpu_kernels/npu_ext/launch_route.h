@@ -4,7 +4,7 @@
  *
  * THE ROUTE IN USE: runtime (AICPU_TILING_ROUTE_RUNTIME)
  *   Chosen because it is the only route with evidence of replaying inside a captured ACL
- *   graph (DESIGN.md section 7): hw-native-sys/simpler's hardware probe
+ *   graph (docs/design.md section 7): hw-native-sys/simpler's hardware probe
  *   (tests/st/a2a3/kernel_capture/native/driver.cpp) captures an AI-CPU task launched
  *   this way with aclmdlRICaptureBegin, replays it 100 times with fresh inputs and checks
  *   a value only the AI-CPU task writes. The pattern, as runtime_launcher.cpp does it:

@@ -15,7 +15,7 @@
   parallel). With ``aicore="triton"`` an AI Core kernel that has a Triton body runs it
   instead, once per task: one interpreted launch of the whole grid, the code an NPU runs
   (slow: for tests).
-- ``replay_aicpu=False`` models what one CANN design note says can happen (DESIGN.md
+- ``replay_aicpu=False`` models what one CANN design note says can happen (docs/design.md
   section 7): a captured AI-CPU task runs with the graph's first replay and is never re-run
   by later replays, so whatever it wrote stays frozen. AI-CPU tasks launched outside a
   capture are unaffected.

@@ -7,7 +7,7 @@ The base class does all validation; the hooks below only translate.
 
 Our NPU kernels: the tiling task's op is the torch_npu extension's PrivateUse1 kernel of
 ``aicpu_tiling::plan_tiling`` (`npu_kernels` finds, builds and loads it; it launches the
-AI-CPU kernel with the fork/join of DESIGN.md section 7 on whatever stream it is called
+AI-CPU kernel with the fork/join of docs/design.md section 7 on whatever stream it is called
 on, captured or eager); the attention and combine ops are the Triton AI Core kernels
 (Triton-Ascend). Both placements use the same op: ``graph`` captures it, ``pre-replay``
 calls it once per step before the replay (`pyruntime.graph_attention.device_tiling`).

@@ -1,6 +1,6 @@
 """Device tiling: one AI-CPU tiling task per step feeds every layer; no host work per layer.
 
-The tiling producer has two placements (DESIGN.md section 7):
+The tiling producer has two placements (docs/design.md section 7):
 
 ``graph`` (`DeviceTilingPath`): the AI-CPU task is captured in the graph::
 

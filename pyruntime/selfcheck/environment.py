@@ -50,7 +50,7 @@ def npu_device(npu: Any) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - a report, not a requirement
         info["ai_cores"] = None
         info["cores_reason"] = f"{type(exc).__name__}: {exc}"
-    # torch_npu exposes no AI-CPU count; DESIGN.md section 7 quotes 6 (910B2) / 7 (910B3/B4)
+    # torch_npu exposes no AI-CPU count; docs/design.md section 7 quotes 6 (910B2) / 7 (910B3/B4)
     info["aicpu_cores"] = None
     info["aicpu_reason"] = "torch_npu exposes no AI-CPU count (npu-smi info -t aicpu shows it)"
     return info
