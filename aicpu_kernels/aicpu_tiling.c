@@ -14,6 +14,13 @@
 #define TILING_ASSERT(x) ((void)0)
 #endif
 
+/* Keeps a hot loop out of its caller so that the loop gets the registers to itself. */
+#if defined(__GNUC__)
+#define TILING_NOINLINE __attribute__((noinline))
+#else
+#define TILING_NOINLINE
+#endif
+
 /* C99 static assert: a negative array size fails the build. Pins the ABI. */
 #define TILING_STATIC_ASSERT(name, cond) typedef char tiling_static_assert_##name[(cond) ? 1 : -1]
 TILING_STATIC_ASSERT(params_size, sizeof(aicpu_tiling_params) == 16 * sizeof(int32_t));
@@ -38,7 +45,8 @@ static int64_t div_pos(int64_t a, int64_t b) {
 }
 
 /*
- * The validation pass records the running cost and unit count at TILING_CHUNKS evenly
+ * The general validation pass (decode batches need none: decode_locate) records the running
+ * cost and unit count at TILING_CHUNKS evenly
  * spaced requests, so locating the P - 1 cuts afterwards walks at most one chunk of
  * requests per cut instead of re-walking the batch: O(batch + P * batch / TILING_CHUNKS).
  * 4 KiB of stack, fine on the AI-CPU.
@@ -59,6 +67,7 @@ typedef struct plan_ctx {
     int block_shift;       /* log2(block_size) when a power of two, else -1 */
     int64_t w_decode;      /* block cost of a one-token tile, the common case */
     int32_t chunk_shift;   /* requests per checkpoint chunk = 1 << chunk_shift */
+    int decode;            /* decode_pass covered the batch: no chunk table (decode_locate) */
     int64_t chunk_cost[TILING_CHUNKS];  /* position at the end of each chunk */
     int64_t chunk_units[TILING_CHUNKS]; /* units before the end of each chunk */
 } plan_ctx;
@@ -219,10 +228,51 @@ static void cursor_init(const plan_ctx *c, cursor *cur) {
     if (c->batch > 0) request_load(c, 0, &cur->ri);
 }
 
+/*
+ * cursor_locate for a decode batch (decode_pass covered it): every unit is one tile with the
+ * decode block cost, so the cursor walks requests forward computing their costs on the fly
+ * (no table), and the head holding pos is one division.
+ */
+static inline void decode_locate(const plan_ctx *c, cursor *cur, int64_t pos, unit_at *u) {
+    const int32_t *cu = c->cu, *kv = c->kv;
+    int64_t heads = c->p->num_kv_heads, w = c->w_decode;
+    int64_t heads_seg = heads * c->seg, heads_w = heads * w;
+    int64_t rem = pos - cur->start, blocks, head_cost, h;
+    int32_t r = cur->r, q_start = cu[r];
+    uint32_t round = (uint32_t)c->p->block_size - 1u;
+    int shift = c->block_shift;
+    for (;; ++r) { /* pos < W, so a live request holds it */
+        int32_t q_end = cu[r + 1];
+        if (q_end != q_start) {
+            int64_t cost;
+            blocks = (int64_t)(((uint32_t)kv[r] + round) >> shift);
+            cost = heads_seg + blocks * heads_w;
+            if (rem < cost) break;
+            rem -= cost;
+        }
+        q_start = q_end;
+    }
+    cur->r = r;
+    cur->start = pos - rem;
+    head_cost = c->seg + blocks * w;
+    h = rem < head_cost ? 0 : div_pos(rem, head_cost);
+    u->r = r;
+    u->h = (int32_t)h;
+    u->t = 0;
+    u->start = cur->start + h * head_cost;
+    u->blocks = blocks;
+    u->w = w;
+    u->index = heads * q_start + h; /* a decode request r has cu[r] live requests before it */
+}
+
 /* Locate the unit containing pos, 0 <= pos < W, at or after the cursor. */
 static void cursor_locate(const plan_ctx *c, cursor *cur, int64_t pos, unit_at *u) {
     int64_t heads = c->p->num_kv_heads, off, h, o, tile_start;
     int32_t t, chunk = cur->chunk;
+    if (c->decode) {
+        decode_locate(c, cur, pos, u);
+        return;
+    }
     while (pos >= c->chunk_cost[chunk]) chunk++; /* the last chunk ends at W > pos */
     if (chunk != cur->chunk) {                   /* jump to the first request of that chunk */
         cur->chunk = chunk;
@@ -407,46 +457,42 @@ static int write_input_error(const aicpu_tiling_params *p, int32_t *buf, int sta
 
 /*
  * Decode batches (every q_len 0 or 1) with a power-of-two block size, the per-step case
- * that must be fast: one branch-free pass that computes the costs and only flags trouble.
- * Returns 1 when it covered the batch; 0 sends the caller to the general pass, which also
- * finds the first offending request.
+ * that must be fast: two reductions the compiler vectorises, one that only flags trouble and
+ * one that sums blocks and live requests. Nothing is stored per request: the cut search
+ * walks decode requests itself (decode_locate). Returns 1 when it covered the batch; 0 sends
+ * the caller to the general pass, which also finds the first offending request.
  */
-static int decode_pass(plan_ctx *c, int64_t *total, int64_t *num_units) {
+static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num_units) {
     const aicpu_tiling_params *p = c->p;
     const int32_t *cu = c->cu, *kv = c->kv;
-    int64_t heads = p->num_kv_heads, cost, count = 0, blocks = 0;
-    int64_t unit_seg = heads * c->seg, unit_block = heads * c->w_decode;
-    int32_t round = p->block_size - 1, tokens = p->max_tokens, shift = c->block_shift;
+    uint32_t round = (uint32_t)p->block_size - 1u;
     uint32_t cap = (uint32_t)p->max_blocks_per_req * (uint32_t)p->block_size;
-    int32_t r, mask = (1 << c->chunk_shift) - 1;
-    unsigned trouble = 0;
+    uint32_t q_any = 0;
+    uint64_t blocks = 0, live = 0;
+    int32_t r, low_max = INT32_MIN;
+    int shift = c->block_shift;
     if (shift < 0) return 0;
-    /* Unsigned q: a decreasing offset wraps to a huge value and is caught by q > 1. With q
-     * in {0, 1}, kv < q is the one failure left (KV_SHORT when causal, KV_EMPTY when not). */
+    /* Unsigned q: a decreasing offset wraps to a huge value, so q_any, the OR of every q,
+     * stays in {0, 1} exactly when every q is. Then cu never decreases, so only cu[batch] can
+     * pass max_tokens, and kv - q (kv - 1 for a live request, which wraps when kv is 0) is
+     * at most cap - 1 for every request unless one is KV_SHORT / KV_EMPTY or KV_CAPACITY, or
+     * a padded slot sits exactly at the capacity (valid; the general pass then plans it).
+     * The maximum is taken over kv - q with its top bit flipped, which orders unsigned
+     * values as signed ones: SSE2 has a signed compare but no unsigned one. */
     for (r = 0; r < c->batch; ++r) {
         uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r], k = (uint32_t)kv[r];
-        trouble |= (unsigned)(q > 1u) | (unsigned)(cu[r + 1] > tokens) | (unsigned)(k > cap) |
-                   (unsigned)(k < q);
+        int32_t low = (int32_t)((k - q) ^ 0x80000000u);
+        q_any |= q;
+        low_max = low > low_max ? low : low_max;
+        blocks += ((k + round) >> shift) & ((uint32_t)0 - q); /* garbage only with trouble */
+        live += q;
     }
-    if (trouble) return 0;
-    /* Every decode unit has the same block cost and overhead, so counting blocks and live
-     * requests is enough: cost = count * unit_seg + blocks * unit_block at each checkpoint. */
-    for (r = 0; r < c->batch; ++r) {
-        int32_t q = cu[r + 1] - cu[r]; /* 0 or 1 */
-        blocks += ((kv[r] + round) >> shift) & -q;
-        count += q;
-        if (((r + 1) & mask) == 0) {
-            c->chunk_cost[r >> c->chunk_shift] = count * unit_seg + blocks * unit_block;
-            c->chunk_units[r >> c->chunk_shift] = count * heads;
-        }
-    }
-    cost = count * unit_seg + blocks * unit_block;
-    if (c->batch & mask) { /* the last, partial chunk */
-        c->chunk_cost[c->batch >> c->chunk_shift] = cost;
-        c->chunk_units[c->batch >> c->chunk_shift] = count * heads;
-    }
-    *total = cost;
-    *num_units = count * heads;
+    if (q_any > 1u || ((uint32_t)low_max ^ 0x80000000u) >= cap || cu[c->batch] > p->max_tokens)
+        return 0;
+    *total = (int64_t)(live * (uint64_t)p->num_kv_heads * (uint64_t)c->seg +
+                       blocks * (uint64_t)p->num_kv_heads * (uint64_t)c->w_decode);
+    *num_units = (int64_t)(live * (uint64_t)p->num_kv_heads);
+    c->decode = 1;
     return 1;
 }
 
@@ -556,44 +602,23 @@ static void write_split_prefix(const aicpu_tiling_params *p, const slot_state *s
     write_words(prefix + next, p->max_batch + 1 - next, acc);
 }
 
-/*
- * Where a core's range stops. The nearest rule aims core c at the absolute cumulative target
- * (c + 1) * budget and snaps to the nearest legal cut; the greedy rule fills the core up to
- * `budget` and stops at the last legal cut that fits (see THE PARTITION in the header).
- */
-typedef struct cut_rule {
-    int greedy;
-    int64_t budget;
-} cut_rule;
-
-static int64_t rule_target(const cut_rule *rule, int32_t core, int64_t start, int begin_mid,
-                           int64_t continuations, int64_t seg) {
-    if (rule->greedy) return start + rule->budget - (begin_mid ? seg : 0);
-    return (core + 1) * rule->budget - seg * continuations;
-}
-
-/* The largest legal cut <= target inside its unit, as a block count (0: the unit start). */
-static int64_t snap_down(const plan_ctx *c, const unit_at *u, int64_t target) {
-    int64_t o = target - u->start;
-    if (o < c->seg + u->w) return 0;
-    return div_pos(o - c->seg, u->w); /* < blocks, since target < the next unit's start */
-}
-
-/* Stop position of one core; fills *end when the stop lies inside the unit it searched. */
-static int64_t rule_stop(const plan_ctx *c, cursor *cur, const cut_rule *rule, int32_t core,
-                         int64_t start, int begin_mid, int64_t continuations, int64_t total,
-                         work_pos *end, int *have_end) {
+/* Where a core aimed at the absolute target (core + 1) * share - seg * continuations stops:
+ * the nearest legal cut (see THE PARTITION in the header). Fills *end when the stop lies
+ * inside the unit it searched, so the caller needs no second search. */
+static int64_t nearest_stop(const plan_ctx *c, cursor *cur, int64_t share, int32_t core,
+                            int64_t start, int64_t continuations, int64_t total, work_pos *end,
+                            int *have_end) {
     unit_at u;
     int64_t target, k, stop;
     *have_end = 0;
     if (core == c->p->num_cores - 1) return total; /* the last core takes the rest */
-    target = rule_target(rule, core, start, begin_mid, continuations, c->seg);
+    target = (core + 1) * share - c->seg * continuations;
     if (target < start) target = start;
     if (target >= total) return total;
     cursor_locate(c, cur, target, &u);
-    k = rule->greedy ? snap_down(c, &u, target) : snap(c, &u, target);
+    k = snap(c, &u, target);
     stop = cut_position(c, &u, k);
-    if (k < u.blocks) { /* inside the unit we already hold: no second search */
+    if (k < u.blocks) {
         end->r = u.r, end->h = u.h, end->t = u.t, end->k = (int32_t)k;
         end->unit_index = u.index;
         *have_end = 1;
@@ -601,94 +626,196 @@ static int64_t rule_stop(const plan_ctx *c, cursor *cur, const cut_rule *rule, i
     return stop;
 }
 
-/* Whether greedy filling with this budget fits all work on P cores (the last core too). */
-static int greedy_fits(const plan_ctx *c, int64_t budget, int64_t total) {
-    cut_rule rule;
+/* Writes the core table, slots, combine table and split prefix one core at a time. */
+typedef struct core_writer {
+    int32_t *buf;
+    slot_state slots;
+    work_pos begin; /* where the next core starts */
+    int32_t core;   /* the next core */
+    int64_t segments;
+    int64_t max_cost;
+} core_writer;
+
+static void writer_init(const plan_ctx *c, core_writer *wr, int32_t *buf, int64_t total,
+                        int64_t num_units) {
+    const aicpu_tiling_params *p = c->p;
     cursor cur;
-    work_pos end;
-    int64_t start = 0, stop;
-    int32_t core;
-    int begin_mid = 0, have_end;
-    rule.greedy = 1;
-    rule.budget = budget;
+    wr->buf = buf;
+    wr->slots.next_slot = 0;
+    wr->slots.num_combine = 0;
+    wr->slots.combine = buf + combine_offset(p);
+    write_words(wr->slots.combine, used_words(p) - combine_offset(p), 0);
     cursor_init(c, &cur);
-    for (core = 0; core < c->p->num_cores - 1 && start < total; ++core) {
-        stop = rule_stop(c, &cur, &rule, core, start, begin_mid, 0, total, &end, &have_end);
-        if (stop > start) begin_mid = have_end && end.k > 0;
-        start = stop;
-    }
-    return total - start + (start < total && begin_mid ? c->seg : 0) <= budget;
+    cursor_pos(c, &cur, 0, total, num_units, &wr->begin);
+    wr->core = 0;
+    wr->segments = 0;
+    wr->max_cost = 0;
 }
 
-/* Write the core table, slots, combine table and split prefix for one rule; returns the
- * busiest core's cost. */
-static int64_t write_partition(const plan_ctx *c, int32_t *buf, int64_t total,
-                               int64_t num_units, const cut_rule *rule) {
-    const aicpu_tiling_params *p = c->p;
-    int64_t start = 0, continuations = 0, max_cost = 0, segments = 0;
+/* The next core ends at `end` and costs `cost`. */
+static inline void writer_core(core_writer *wr, const work_pos *end, int64_t cost) {
+    int32_t *rec = wr->buf + AICPU_TILING_HDR_WORDS + (int64_t)wr->core * AICPU_TILING_CORE_WORDS;
+    int64_t segments;
+    write_pos(rec + AICPU_TILING_CORE_BEGIN, &wr->begin);
+    write_pos(rec + AICPU_TILING_CORE_END, end);
+    segments = assign_slots(&wr->slots, &wr->begin, end, rec);
+    rec[AICPU_TILING_CORE_NUM_SEGMENTS] = INT32_SATURATE(segments);
+    rec[AICPU_TILING_CORE_COST] = INT32_SATURATE(cost);
+    wr->segments += segments;
+    if (cost > wr->max_cost) wr->max_cost = cost;
+    wr->begin = *end;
+    wr->core += 1;
+}
+
+/* Header counts and the split prefix, once every core is written. */
+static void writer_finish(const plan_ctx *c, core_writer *wr, int64_t total, int64_t num_units) {
+    int32_t *buf = wr->buf;
+    write_split_prefix(c->p, &wr->slots, buf + prefix_offset(c->p));
+    buf[AICPU_TILING_HDR_NUM_UNITS] = INT32_SATURATE(num_units);
+    buf[AICPU_TILING_HDR_NUM_SEGMENTS] = INT32_SATURATE(wr->segments);
+    buf[AICPU_TILING_HDR_NUM_SLOTS] = wr->slots.next_slot;
+    buf[AICPU_TILING_HDR_NUM_COMBINE] = wr->slots.num_combine;
+    buf[AICPU_TILING_HDR_MAX_CORE_COST] = INT32_SATURATE(wr->max_cost);
+    buf[AICPU_TILING_HDR_TOTAL_COST] = INT32_SATURATE(total);
+}
+
+/* The nearest cuts, written; returns the busiest core's cost. */
+static int64_t write_nearest(const plan_ctx *c, int32_t *buf, int64_t total, int64_t num_units,
+                             int64_t share) {
+    int64_t start = 0, continuations = 0;
     int32_t core;
     cursor cur;
-    work_pos begin, end;
-    slot_state slots;
-    slots.next_slot = 0;
-    slots.num_combine = 0;
-    slots.combine = buf + combine_offset(p);
-    write_words(slots.combine, used_words(p) - combine_offset(p), 0);
+    core_writer wr;
+    writer_init(c, &wr, buf, total, num_units);
     cursor_init(c, &cur);
-    cursor_pos(c, &cur, 0, total, num_units, &begin);
-    for (core = 0; core < p->num_cores; ++core) {
-        int32_t *rec = buf + AICPU_TILING_HDR_WORDS + (int64_t)core * AICPU_TILING_CORE_WORDS;
-        int64_t stop, cost, core_segments;
-        int have_end;
-        if (begin.k > 0) continuations += 1;
-        stop = rule_stop(c, &cur, rule, core, start, begin.k > 0, continuations, total, &end,
-                         &have_end);
+    for (core = 0; core < c->p->num_cores; ++core) {
+        work_pos end;
+        int64_t stop;
+        int have_end, mid = wr.begin.k > 0;
+        if (mid) continuations += 1;
+        stop = nearest_stop(c, &cur, share, core, start, continuations, total, &end, &have_end);
         if (!have_end) cursor_pos(c, &cur, stop, total, num_units, &end);
-        cost = stop - start + (stop > start && begin.k > 0 ? c->seg : 0);
-        write_pos(rec + AICPU_TILING_CORE_BEGIN, &begin);
-        write_pos(rec + AICPU_TILING_CORE_END, &end);
-        core_segments = assign_slots(&slots, &begin, &end, rec);
-        rec[AICPU_TILING_CORE_NUM_SEGMENTS] = INT32_SATURATE(core_segments);
-        rec[AICPU_TILING_CORE_COST] = INT32_SATURATE(cost);
-        segments += core_segments;
-        if (cost > max_cost) max_cost = cost;
-        begin = end;
+        writer_core(&wr, &end, stop - start + (stop > start && mid ? c->seg : 0));
         start = stop;
     }
-    write_split_prefix(p, &slots, buf + prefix_offset(p));
-    buf[AICPU_TILING_HDR_NUM_UNITS] = INT32_SATURATE(num_units);
-    buf[AICPU_TILING_HDR_NUM_SEGMENTS] = INT32_SATURATE(segments);
-    buf[AICPU_TILING_HDR_NUM_SLOTS] = slots.next_slot;
-    buf[AICPU_TILING_HDR_NUM_COMBINE] = slots.num_combine;
-    buf[AICPU_TILING_HDR_MAX_CORE_COST] = INT32_SATURATE(max_cost);
-    buf[AICPU_TILING_HDR_TOTAL_COST] = INT32_SATURATE(total);
-    return max_cost;
+    writer_finish(c, &wr, total, num_units);
+    return wr.max_cost;
 }
 
 /*
- * Cut [0, W) into P core ranges as THE PARTITION in the header describes: nearest cuts to
- * absolute targets, which cost O(P) searches; and when that leaves the busiest core more
- * than 1/16 above its budget (few units per core, so a block or a segment is a large share
- * of a core), the optimal greedy budget found by bisection, O(P log(F + w)) more searches.
+ * Greedy filling with a budget (see THE PARTITION): each core takes work up to `budget` and
+ * stops at the last legal cut that fits. Instead of searching once per core, this searches
+ * once per unit a core stops in: a core that stops inside a unit of n blocks after k of them
+ * is followed by fresh cores that each take kk = floor((budget - seg) / w) blocks of it (a
+ * fresh core pays the segment overhead whether it starts at the unit's start or inside it),
+ * so ceil((n - k) / kk) cores start in that unit and the last of them carries on past its
+ * end. Returns the busiest core's cost, or -1 when the work does not fit on P cores. With a
+ * writer it also writes every core.
+ */
+static int64_t greedy_walk(const plan_ctx *c, int64_t budget, int64_t total, int64_t num_units,
+                           core_writer *wr) {
+    int64_t seg = c->seg, target = budget, stops = 0, max_cost = 0, cost;
+    int64_t limit = c->p->num_cores - 1;
+    cursor cur;
+    cursor_init(c, &cur);
+    while (target < total) {
+        unit_at u;
+        work_pos end;
+        int64_t o, k, kk, fresh, last, i;
+        if (c->decode) decode_locate(c, &cur, target, &u);
+        else cursor_locate(c, &cur, target, &u);
+        /* A core cannot take one whole block of a unit: it would stall. */
+        if (budget < seg + u.w) return -1;
+        o = target - u.start;
+        k = o < seg + u.w ? 0 : div_pos(o - seg, u.w); /* < blocks: target is inside */
+        kk = div_pos(budget - seg, u.w);
+        fresh = div_pos(u.blocks - k + kk - 1, kk);
+        if (stops + fresh > limit) return -1;
+        cost = budget - o + (k > 0 ? seg + k * u.w : 0);
+        if (cost > max_cost) max_cost = cost;
+        if (fresh > 1 && seg + kk * u.w > max_cost) max_cost = seg + kk * u.w;
+        if (wr != NULL) {
+            end.r = u.r, end.h = u.h, end.t = u.t, end.k = (int32_t)k;
+            end.unit_index = u.index;
+            writer_core(wr, &end, cost);
+            for (i = 1; i < fresh; ++i) {
+                end.k = (int32_t)(k + i * kk);
+                writer_core(wr, &end, seg + kk * u.w);
+            }
+        }
+        stops += fresh;
+        last = u.blocks - k - (fresh - 1) * kk;
+        /* The last fresh core starts last blocks before the unit's end. */
+        target = u.start + (u.blocks - last) * u.w + budget;
+    }
+    cost = budget - (target - total);
+    if (cost > max_cost) max_cost = cost;
+    if (wr != NULL) {
+        work_pos end;
+        end.r = c->batch, end.h = end.t = end.k = 0, end.unit_index = num_units;
+        writer_core(wr, &end, cost);
+        while (wr->core < c->p->num_cores) writer_core(wr, &end, 0);
+    }
+    return max_cost;
+}
+/*
+ * The smallest greedy budget that fits, in [lo, hi] where hi is known to fit: bisection,
+ * where a budget that fits also lowers hi to the busiest core it left (greedy filling with
+ * that budget fits too). Greedy filling is optimal for a given budget, so this is the
+ * min-max over the legal cuts. Every core's cost is a sum of segment overheads and block
+ * costs, and every block cost is a multiple of ceil(block_size / 16), so the min-max is a
+ * multiple of g = gcd(cost_segment, ceil(block_size / 16)) and only those are probed.
+ */
+static int64_t min_max_budget(const plan_ctx *c, int64_t lo, int64_t hi, int64_t total,
+                              int64_t num_units) {
+    int64_t g = c->block_units, s = c->seg;
+    while (s != 0) { /* Euclid */
+        int64_t t = g % s;
+        g = s;
+        s = t;
+    }
+    lo = div_pos(lo + g - 1, g);
+    hi = div_pos(hi, g);
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        int64_t busiest = greedy_walk(c, mid * g, total, num_units, NULL);
+        if (busiest >= 0) hi = div_pos(busiest, g);
+        else lo = mid + 1;
+    }
+    return hi * g;
+}
+
+/* Few units per core: at most this many units per core take the exact min-max directly. */
+#define TILING_FEW_UNITS_PER_CORE 1
+
+/*
+ * Cut [0, W) into P core ranges as THE PARTITION in the header describes. Few units per
+ * core: the exact min-max. Otherwise the nearest cuts to absolute targets, O(P) searches;
+ * when they leave the busiest core more than 1/16 above its share, the exact min-max
+ * replaces them. A probe of the min-max search costs one search per unit a core stops in.
  */
 static void partition(const plan_ctx *c, int32_t *buf, int64_t total, int64_t num_units) {
     int64_t cores = c->p->num_cores;
-    int64_t lo, hi, max_cost;
-    cut_rule rule;
-    rule.greedy = 0;
-    rule.budget = (total + (cores - 1) * c->seg + cores - 1) / cores;
-    max_cost = write_partition(c, buf, total, num_units, &rule);
-    if (16 * (max_cost - rule.budget) <= rule.budget) return;
-    lo = (total + cores - 1) / cores;
-    hi = max_cost;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if (greedy_fits(c, mid, total)) hi = mid;
-        else lo = mid + 1;
+    int64_t share = (total + (cores - 1) * c->seg + cores - 1) / cores;
+    int64_t lo = (total + cores - 1) / cores, hi, fits;
+    core_writer wr;
+    if (num_units <= TILING_FEW_UNITS_PER_CORE * cores) {
+        /* The nearest cuts' bound, share + seg + w_max, always fits; W fits too. Every
+         * block cost is at most that of a full query tile, or w_decode in a decode batch. */
+        hi = share + c->seg + (c->decode ? c->w_decode : block_cost(c, c->p->q_tile));
+        fits = greedy_walk(c, hi, total, num_units, NULL);
+        hi = fits >= 0 ? fits : total;
+    } else {
+        int64_t busiest = write_nearest(c, buf, total, num_units, share);
+        if (16 * (busiest - share) <= share) return;
+        hi = busiest;
     }
-    rule.greedy = 1;
-    rule.budget = lo;
-    write_partition(c, buf, total, num_units, &rule);
+    hi = min_max_budget(c, lo, hi, total, num_units);
+    writer_init(c, &wr, buf, total, num_units);
+    fits = greedy_walk(c, hi, total, num_units, &wr);
+    TILING_ASSERT(fits == hi);
+    (void)fits;
+    writer_finish(c, &wr, total, num_units);
 }
 
 int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
@@ -722,6 +849,7 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     c.block_units = ((int64_t)p->block_size + 15) / 16;
     c.w_decode = block_cost(&c, 1);
     c.chunk_shift = 0;
+    c.decode = 0;
     while (((int64_t)TILING_CHUNKS << c.chunk_shift) < batch) c.chunk_shift++;
     c.block_shift = -1;
     if ((p->block_size & (p->block_size - 1)) == 0) {

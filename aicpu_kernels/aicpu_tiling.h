@@ -36,14 +36,23 @@
  *   W, the total cost, is the sum of unit costs. A core's cost is the sum of its segments'.
  *
  * THE PARTITION (deterministic; O(batch + cores) for decode, O(log) more per multi-tile
- * request, O(cores log(cost_segment + w)) more when refined: kv heads and query tiles are
+ * request; the min-max is O(log(cost_segment + w)) probes of O(S) unit searches each, S the
+ * units a core stops in, plus O(batch) per probe for decode: kv heads and query tiles are
  * handled arithmetically, never walked)
  *   Units occupy consecutive intervals of a position axis [0, W): unit u occupies
  *   [U, U + cost_segment + blocks * w). Legal cut positions are unit starts and the block
  *   boundaries inside a unit, U + cost_segment + k * w for 1 <= k < blocks (a piece always
  *   holds at least one block). Core c takes [s_c, e_c) with s_0 = 0, s_{c+1} = e_c and
  *   e_{P-1} = W. A core whose start is inside a unit (a continuation piece) pays
- *   cost_segment once more. Cuts aim at equal cumulative cost:
+ *   cost_segment once more.
+ *   The min-max: greedy filling with budget X lets each core take work up to X and stop at
+ *   the last legal cut that fits; the last core takes the rest. X is the smallest budget
+ *   for which that fits (found by bisection). Greedy filling is optimal for a given X
+ *   (starting further along never costs more), so this is the best partition these cuts
+ *   allow: the busiest core costs the least possible.
+ *   At most one unit per core (units <= P, where a block or a segment is a large share of
+ *   a core): the min-max, always.
+ *   More units: cuts aim at equal cumulative cost:
  *       B   = ceil((W + (P - 1) * cost_segment) / P)
  *       T_c = (c + 1) * B - cost_segment * m_c
  *   where m_c counts the continuation starts among cores 1..c. T_c is clamped to
@@ -53,12 +62,8 @@
  *   unit, cost_segment + w. So the busiest core costs at most
  *       B + cost_segment + w_max  <=  W / P + 2 * cost_segment + w_max + 1,
  *   one segment and one block above the ideal W / P + cost_segment.
- *   When that leaves the busiest core more than B / 16 above B (few units per core, so one
- *   block or segment is a large share of a core's work), the cuts are recomputed by greedy
- *   filling: each core takes work up to a budget X and stops at the last legal cut that
- *   fits, the last core takes the rest; X is the smallest budget in [ceil(W / P), max] for
- *   which that fits, found by bisection. Greedy filling is optimal for a given X (starting
- *   further along never costs more), so this is the best partition these cuts allow.
+ *   When that leaves the busiest core more than B / 16 above B, the min-max replaces it.
+ *   Either way the busiest core is within the bound above (the min-max never costs more).
  *   Each cut inside a unit adds one segment: segments <= units + P - 1.
  *
  * THE BUFFER (int32 words; little-endian on every Ascend and host target we build for)

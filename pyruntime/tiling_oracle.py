@@ -70,6 +70,9 @@ Partition details.
       split units in work order. split_prefix[r] = slots used by requests < r for r < batch,
       and the total for r in batch..max_batch.
     * A segment costs cost_segment + (blocks in the segment) * w; a core's cost is the sum.
+    * Which rule: at most one unit per core (units <= num_cores) takes the min-max (greedy
+      filling with the smallest budget that fits) directly; more units take the nearest
+      cuts, replaced by the min-max when the busiest core exceeds B + B / 16.
 """
 
 from __future__ import annotations
@@ -462,32 +465,40 @@ def _greedy_ranges(params, units, starts, total, budget: int) -> list[tuple[int,
 def oracle_cuts(params, units: list[Unit], *, refine: bool = True) -> list[tuple[int, int]]:
     """Per-core position ranges [s_c, e_c) as in THE PARTITION (see the module docstring).
 
-    Nearest cuts to the absolute targets first; when the busiest core then costs more than
-    budget * 17 / 16, the smallest greedy budget that fits (found here by plain bisection
-    over brute-force greedy fills) replaces them.
+    At most one unit per core (len(units) <= num_cores): greedy filling with the smallest
+    budget that fits, the exact min-max over the legal cuts. Otherwise the nearest cuts to
+    the absolute targets; when the busiest core then costs more than budget * 17 / 16, the
+    smallest greedy budget that fits replaces them. The budget is found here by plain
+    bisection over brute-force greedy fills.
     """
     cores, seg = int(params.num_cores), int(params.cost_segment)
     starts = [u.start for u in units]
     total = sum(u.cost for u in units)
     unit_starts = set(starts)
-    share = _ceil_div(total + (cores - 1) * seg, cores)
-    ranges = _nearest_ranges(params, units, starts, total)
-    worst = max(_range_cost(b, e, unit_starts, total, seg) for b, e in ranges)
-    if not refine or 16 * (worst - share) <= share:
-        return ranges
 
     def fits(budget: int) -> bool:
         greedy = _greedy_ranges(params, units, starts, total, budget)
         return all(_range_cost(b, e, unit_starts, total, seg) <= budget for b, e in greedy)
 
-    lo, hi = _ceil_div(total, cores), worst
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return _greedy_ranges(params, units, starts, total, lo)
+    def smallest_fitting(lo: int, hi: int) -> int:
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    if refine and len(units) <= cores:
+        budget = smallest_fitting(_ceil_div(total, cores), total)
+        return _greedy_ranges(params, units, starts, total, budget)
+    share = _ceil_div(total + (cores - 1) * seg, cores)
+    ranges = _nearest_ranges(params, units, starts, total)
+    worst = max(_range_cost(b, e, unit_starts, total, seg) for b, e in ranges)
+    if not refine or 16 * (worst - share) <= share:
+        return ranges
+    budget = smallest_fitting(_ceil_div(total, cores), worst)
+    return _greedy_ranges(params, units, starts, total, budget)
 
 
 def _coordinates(units: list[Unit], starts: list[int], x: int, batch: int, seg: int) -> tuple:

@@ -245,7 +245,67 @@ def test_plan_rejects_mismatched_lengths():
         plan(params, [0, 2**33], [5])
 
 
+# One offence in an otherwise valid decode batch (every q_len 0 or 1, block size a power of
+# two): the kernel's branch-free decode pass must flag it and the general pass report it.
+# The last case is valid: a padded slot exactly at the capacity, which the decode pass
+# flags conservatively and the general pass plans.
+DECODE_OFFENCES = [
+    ("decreasing", True, lib.AICPU_TILING_E_QUERY_DECREASING),
+    ("overflow", True, lib.AICPU_TILING_E_QUERY_OVERFLOW),
+    ("negative", True, lib.AICPU_TILING_E_KV_NEGATIVE),
+    ("short", True, lib.AICPU_TILING_E_KV_SHORT),
+    ("capacity", True, lib.AICPU_TILING_E_KV_CAPACITY),
+    ("empty", False, lib.AICPU_TILING_E_KV_EMPTY),
+    ("padded_at_capacity", True, lib.AICPU_TILING_OK),
+]
+
+
+@pytest.mark.parametrize("kind, causal, status", DECODE_OFFENCES, ids=[k[0] for k in DECODE_OFFENCES])
+@pytest.mark.parametrize("batch", [1, 7, 300])
+def test_decode_pass_validation_classes(kind, causal, status, batch):
+    params = trace_params(max_batch=512, max_tokens=512)
+    capacity = params.max_blocks_per_req * params.block_size
+    r = batch // 2
+    cu = list(range(batch + 1))
+    kv = [100 + 37 * i for i in range(batch)]
+    if kind == "decreasing":  # request r's end below its start; later offsets stay valid
+        cu[r + 1] = cu[r] - 1
+    elif kind == "overflow" and r > 0:  # one token a request, max_tokens = r: r is first
+        params = trace_params(max_batch=512, max_tokens=r)
+    elif kind == "overflow":  # batch 1: a one-request batch can only overflow by q_len > 1
+        cu[1] = params.max_tokens + 1
+        kv[0] = params.max_tokens + 1
+    elif kind == "negative":
+        kv[r] = -1
+    elif kind in ("short", "empty"):
+        kv[r] = 0
+    elif kind == "capacity":
+        kv[r] = capacity + 1
+    else:  # a padded slot (q_len 0) at exactly the capacity
+        cu = cu[: r + 1] + [x - 1 for x in cu[r + 1 :]]
+        kv[r] = capacity
+    result = plan(params, cu, kv, causal=causal)
+    expected = tiling_oracle.oracle_plan(params, cu, kv, batch, causal)
+    assert result.status == status
+    if status != lib.AICPU_TILING_OK:
+        assert result.words[lib.AICPU_TILING_HDR_BAD_REQUEST] == r
+    assert np.array_equal(result.words[: len(expected)], expected)
+
+
 # ----------------------------------------------------------------- balance
+
+
+def test_few_units_min_max_in_the_kernel():
+    """Two units on three cores (tests/test_tiling_oracle.py, by hand): the kernel takes the
+    exact min-max 20, 20, 20 where the nearest cuts give 24, 20, 0."""
+    params = TilingParams(num_q_heads=1, num_kv_heads=1, head_dim=64, block_size=16,
+                          max_batch=2, max_tokens=64, max_blocks_per_req=8, num_cores=3,
+                          q_tile=1, cost_kv_load=4, cost_qk_tile=0, cost_segment=16)
+    result = plan(params, [0, 1, 2], [19, 3], causal=False)
+    assert [core.cost for core in result.cores()] == [20, 20, 20]
+    assert result.max_core_cost == 20
+    expected = tiling_oracle.oracle_plan(params, [0, 1, 2], [19, 3], 2, False)
+    assert np.array_equal(result.words[: len(expected)], expected)
 
 
 @pytest.mark.parametrize("batch", [16, 64, 256, 1024])

@@ -372,6 +372,57 @@ def test_refinement_hand_computed():
     o.check_coverage(p, cu, kv, 3, True, buf)
 
 
+def few_units_params() -> SimpleNamespace:
+    """One kv head, one-token tiles, w = 4, segment 16, 3 cores (two units, 3 cores)."""
+    return make_params(
+        num_q_heads=1, num_kv_heads=1, q_tile=1, cost_qk_tile=0, cost_segment=16,
+        num_cores=3, max_batch=2,
+    )  # fmt: skip
+
+
+def test_few_units_take_the_exact_min_max():
+    # Units: request 0, kv 19 -> 2 blocks, [0, 24) with cuts 0, 20, 24; request 1, kv 3 ->
+    # 1 block, [24, 44). W 44, B = ceil((44 + 2 * 16) / 3) = 26.
+    # Nearest: c0 T 26 snaps to 24; c1 T 52 >= W takes [24, 44); c2 idle: 24, 20, 0. That is
+    # below B + B / 16, so the old rule kept it.
+    # Two units on three cores: the min-max. Budget 20: c0 stops at 20 (1 block); c1 pays
+    # the segment again and reaches 20 + 20 - 16 = 24; c2 takes [24, 44): 20, 20, 20.
+    # Budget 19: c0's last cut below 19 is 0, an empty core that stalls: no fit. So 20.
+    p = few_units_params()
+    cu, kv = [0, 1, 2], [19, 3]
+    nearest = o.oracle_plan(p, cu, kv, 2, False, refine=False)
+    assert cores(p, nearest)[:, 11].tolist() == [24, 20, 0]
+    buf = o.oracle_plan(p, cu, kv, 2, False)
+    assert cores(p, buf)[:, 11].tolist() == [20, 20, 20]
+    assert cores(p, buf)[:, 0:8].tolist() == [
+        [0, 0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 1, 1, 0, 0, 0], [1, 0, 0, 0, 2, 0, 0, 0]
+    ]
+    assert header(buf)[13] == 20
+    o.check_coverage(p, cu, kv, 2, False, buf)
+
+
+def test_few_units_min_max_is_optimal_over_every_cut_choice():
+    # Brute force: every choice of P - 1 ordered legal cuts, the busiest core's cost.
+    import itertools as it
+
+    p = few_units_params()
+    for kv in ([19, 3], [40, 17], [64, 1], [5, 33]):
+        cu = [0, 1, 2]
+        units = o.oracle_units(p, cu, kv, 2, False)
+        total = sum(u.cost for u in units)
+        starts = {u.start for u in units}
+        cuts = sorted({c for u in units for c in u.legal_cuts(p.cost_segment)})
+        best = min(
+            max(
+                (e - b + (p.cost_segment if b not in starts and 0 < b < total else 0))
+                if e > b else 0
+                for b, e in it.pairwise([0, *chosen, total])
+            )
+            for chosen in it.combinations_with_replacement(cuts, p.num_cores - 1)
+        )
+        assert header(o.oracle_plan(p, cu, kv, 2, False))[13] == best, kv
+
+
 @pytest.mark.parametrize(
     "word, value",
     [

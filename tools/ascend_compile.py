@@ -264,10 +264,18 @@ def _bishengir(mlir: pathlib.Path, spec: dict, out_prefix: pathlib.Path) -> dict
                 else "AIV (vector only)" if "func_core_type<AIC>" not in module else "AIC")
         entry["kernel_kind"] = kind
         entry["planned_bytes"] = planned_extent(module)
+        # the workspace Triton-Ascend's launcher allocates per program at each launch, and
+        # whether the module asks for a sync-block lock (a synchronous copy per launch)
+        workspace = re.search(r"infer_workspace_shape_function\(\)[^\n]*\n\s*%\w+ = "
+                              r"arith\.constant (\d+)", module)
+        entry["workspace_bytes_per_program"] = int(workspace.group(1)) if workspace else 0
+        entry["sync_block_lock_count_function"] = "infer_sync_block_lock" in module
         spaces = ", ".join(f"{space} {size / 1024:.1f} KiB"
                            for space, size in sorted(entry["planned_bytes"].items()))
         entry["detail"] = (f"HIVM module {hivm[-1]} ({len(module)} bytes), {kind}; "
-                           f"planned on-chip extent: {spaces}")
+                           f"planned on-chip extent: {spaces}; workspace "
+                           f"{entry['workspace_bytes_per_program']} B/program; lock count "
+                           f"function: {entry['sync_block_lock_count_function']}")
     if run.returncode != 0:
         entry["error"] = _last_lines(text, 8)
     return entry

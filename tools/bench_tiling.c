@@ -11,6 +11,11 @@
  * "quick" (or building with -DAICPU_BENCH_QUICK=1) runs 5 repeats of a tenth of the calls:
  * a smoke test of about a second.
  *
+ * "count B" times nothing: it makes the same batches and runs COUNT_CALLS calls at batch
+ * size B only, for an instruction count that does not depend on the machine's load:
+ *     valgrind --tool=callgrind --toggle-collect=aicpu_tiling_plan \
+ *         build/bench_tiling trace.csv count 256      (instructions per call = total / 80)
+ *
  * For each batch size it draws decode batches from the Azure conversation trace (kv length
  * = ContextTokens + a uniform share of GeneratedTokens, one query token per request),
  * then times repeats of CALLS calls and prints the median ns per call, one line per size:
@@ -28,6 +33,7 @@
 #define MAX_REQUESTS 20000
 #define MAX_REPEATS 31
 #define BATCHES 8 /* distinct batches per size, cycled so no single input is cached */
+#define COUNT_CALLS 80
 
 static int32_t context[MAX_REQUESTS], generated[MAX_REQUESTS];
 static uint64_t rng_state = 0x2545F4914F6CDD1DULL;
@@ -78,6 +84,7 @@ int main(int argc, char **argv) {
 #else
     int quick = argc > 2 && strcmp(argv[2], "quick") == 0;
 #endif
+    int32_t count_batch = argc > 3 && strcmp(argv[2], "count") == 0 ? (int32_t)atoi(argv[3]) : 0;
     int repeats = quick ? 5 : MAX_REPEATS;
     int n = trace ? load_trace(trace) : -1, s;
     aicpu_tiling_params p;
@@ -104,6 +111,16 @@ int main(int argc, char **argv) {
                 cu[b][r + 1] = r + 1;
                 kv[b][r] = (int32_t)len;
             }
+        }
+        if (count_batch > 0) { /* the batches above keep the generator in step */
+            long c;
+            if (batch != count_batch) continue;
+            for (c = 0; c < COUNT_CALLS; ++c)
+                if (aicpu_tiling_plan(&p, cu[c % BATCHES], kv[c % BATCHES], batch, (int32_t)c,
+                                      AICPU_TILING_CAUSAL, buf, sizeof buf) != AICPU_TILING_OK)
+                    return 1;
+            printf("batch=%d calls=%d\n", batch, COUNT_CALLS);
+            continue;
         }
         for (i = 0; i < repeats; ++i) {
             double t0 = now_ns();

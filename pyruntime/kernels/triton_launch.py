@@ -18,7 +18,8 @@ What Triton-Ascend's launcher does per launch (``triton/backends/ascend/driver.p
 - a kernel whose metadata has ``workspace_size > 0`` gets ``at::empty(workspace_size *
   grid)`` bytes on the device at each launch, a torch allocation (from the graph's pool
   under capture). BiShengIR's ``infer_workspace_shape_function`` gives 74,016 bytes per
-  program for the attention kernel at head_dim 128 (``tools/ascend_compile.py``);
+  program for the attention kernel at head_dim 128 with the default tiles, 24,672 with the
+  decode tiles (``tools/ascend_compile.py [--q-tile 1]``);
 - a kernel with ``lock_num > 0`` also gets a sync-block-lock buffer initialised by a
   synchronous ``rtMemcpy`` at each launch, which a capture cannot contain. Our HIVM modules
   take the lock argument but have no lock-count function and synchronise cube and vector

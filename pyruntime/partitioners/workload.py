@@ -204,7 +204,8 @@ class Workload:
 
         Anchors cut in tokens; this maps a piece onto units and blocks. Query bounds must fall
         on tile boundaries (or the query's end). A kv bound inside a block snaps to the nearest
-        block boundary (half up); an end at or past a unit's causal end takes its last block, and empty
+        block boundary (half up); an end at or past a unit's causal end takes its last block, a
+        begin at or past it takes nothing (so consecutive pieces never overlap), and empty
         segments are dropped.
 
         Raises:
@@ -224,8 +225,9 @@ class Workload:
             u = base + t
             blocks = self._blocks[u]
             end = blocks if kv_end >= self._kv_tokens[u] else min(last, blocks)
-            if first < end:
-                out.append(Segment(u, first, end))
+            begin = blocks if kv_span[0] >= self._kv_tokens[u] else first
+            if begin < end:
+                out.append(Segment(u, begin, end))
         return out
 
     def segment_cost(self, seg: Segment) -> int:

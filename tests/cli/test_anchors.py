@@ -10,21 +10,15 @@ from importlib import import_module
 
 import pytest
 
-from pyruntime.partitioners import CostModel, NotApplicableError, Segment, Workload
+from pyruntime.partitioners import NotApplicableError, Segment
+
+from .workloads import workload
 
 # the package exports functions named like these modules
 v3 = import_module("pyruntime.partitioners.fia_v3")
 fi = import_module("pyruntime.partitioners.flashinfer")
 mla = import_module("pyruntime.partitioners.flashmla")
 ifa = import_module("pyruntime.partitioners.ifa")
-
-
-def _workload(kv, q=None, **model):
-    q = q or [1] * len(kv)
-    cu = [0]
-    for x in q:
-        cu.append(cu[-1] + x)
-    return Workload(CostModel(**model), cu, kv)
 
 
 # ---------------------------------------------------------------- FIA V3 (split_core.cpp)
@@ -65,7 +59,7 @@ def test_fia_v3_assigns_whole_batches_then_blocks():
     # 1 kv head, G = 16, kv 2048/512/512: batch costs 4 x 86, 86, 86 (total 516, 6 blocks);
     # core counts 3..3. Core 0 (limit 172, tolerance 43) cannot take batch 0 whole and takes
     # 2 of its blocks; core 1 (limit 172) takes the rest of it; core 2 takes batches 1 and 2.
-    w = _workload([2048, 512, 512], num_q_heads=16, num_kv_heads=1, num_cores=3)
+    w = workload([2048, 512, 512], num_q_heads=16, num_kv_heads=1, num_cores=3)
     pieces, m_base, s2_base = v3.split_core(w)
     assert (m_base, s2_base) == (512, 512)
     assert pieces == [[(0, 0, 0, 2)], [(0, 0, 2, 4)], [(1, 0, 0, 1), (2, 0, 0, 1)]]
@@ -78,18 +72,18 @@ def test_fia_v3_assigns_whole_batches_then_blocks():
 def test_fia_v3_tries_several_core_counts():
     # 4 equal batches of 2 blocks: 8 blocks, core counts from round(sqrt(8.25)) = 3 down to
     # min(2, 8) = 2 -> only 2 cores; each takes two whole batches (344 <= 344 + 43).
-    w = _workload([1024] * 4, num_q_heads=16, num_kv_heads=1, num_cores=2)
+    w = workload([1024] * 4, num_q_heads=16, num_kv_heads=1, num_cores=2)
     assert v3.split_core(w)[0] == [[(0, 0, 0, 2), (1, 0, 0, 2)], [(2, 0, 0, 2), (3, 0, 0, 2)]]
     # with 24 cores the 8 blocks go to 8 cores at most (max_core = blocks) and FIA keeps the
     # core count whose busiest core is cheapest: one block each
-    w = _workload([1024] * 4, num_q_heads=16, num_kv_heads=1, num_cores=24)
+    w = workload([1024] * 4, num_q_heads=16, num_kv_heads=1, num_cores=24)
     pieces = v3.split_core(w)[0]
     assert len(pieces) == 8 and all(len(p) == 1 and p[0][3] - p[0][2] == 1 for p in pieces)
 
 
 def test_fia_v3_rows_map_to_query_tiles():
     # a 256-token chunk at G = 4: 1024 rows = 2 FIA rows of 128 tokens = 4 of our 32-token tiles
-    w = _workload([256 + 700], q=[256], num_q_heads=32, num_kv_heads=8)
+    w = workload([256 + 700], q=[256], num_q_heads=32, num_kv_heads=8)
     part = v3.fia_v3(w)
     part.validate()
     assert w.model.q_tile == 32
@@ -137,19 +131,19 @@ def test_ifa_balance_load_moves_boundaries():
     ([4096] * 20, 48, False, (16, 1), 1),
 ])  # fmt: skip
 def test_ifa_flash_decoding_rule(kv, cores, cube, heads, expected):
-    w = _workload(kv, num_q_heads=heads[0], num_kv_heads=heads[1])
+    w = workload(kv, num_q_heads=heads[0], num_kv_heads=heads[1])
     assert ifa.flash_decoding_parts(w, cores, cube_mode=cube) == expected
 
 
 def test_ifa_no_flash_decoding_for_gqa_multi_token():
-    w = _workload([4096] * 2, q=[4, 4], num_q_heads=16, num_kv_heads=1)
+    w = workload([4096] * 2, q=[4, 4], num_q_heads=16, num_kv_heads=1)
     assert ifa.flash_decoding_parts(w, 24, cube_mode=True) == 1
 
 
 def test_ifa_flash_decoding_partition():
     # MHA, 24 cube cores, kv 4096/1000: 12 parts lowered to 8 (4096 / 8 = 512); chunks of
     # 512 tokens = 4 blocks: request 0 on cores 0..7, request 1's 1000 tokens on cores 8, 9
-    w = _workload([4096, 1000], num_q_heads=1, num_kv_heads=1)
+    w = workload([4096, 1000], num_q_heads=1, num_kv_heads=1)
     part = ifa.ifa_weighted(w, vector_cores=False)
     part.validate()
     assert [len(c) for c in part.cores] == [1] * 10 + [0] * 14
@@ -158,14 +152,14 @@ def test_ifa_flash_decoding_partition():
 
 def test_ifa_vector_cores_pair_onto_cube_cores():
     # 50 pairs over 48 vector cores (first 2 take 2); core c runs vector cores 2c and 2c + 1
-    w = _workload([100] * 50, num_q_heads=1, num_kv_heads=1)
+    w = workload([100] * 50, num_q_heads=1, num_kv_heads=1)
     part = ifa.ifa_even(w, vector_cores=True)
     part.validate()
     assert [len(c) for c in part.cores] == [4, 2] + [2] * 22
 
 
 def test_ifa_rejects_mixed_query_lengths():
-    w = _workload([500, 600], q=[1, 3], num_q_heads=8, num_kv_heads=1)
+    w = workload([500, 600], q=[1, 3], num_q_heads=8, num_kv_heads=1)
     with pytest.raises(NotApplicableError):
         ifa.ifa_weighted(w)
 
@@ -198,7 +192,7 @@ def test_flashmla_metadata_walk(blocks, parts, w, f, expected):
 
 def test_flashmla_per_head_grid():
     # 32/8 heads: 3 parts per head; core = head + 8 * part; every head splits alike
-    w = _workload([128 * 30, 128 * 2, 128 * 4], num_q_heads=32, num_kv_heads=8)
+    w = workload([128 * 30, 128 * 2, 128 * 4], num_q_heads=32, num_kv_heads=8)
     part = mla.flashmla(w)
     part.validate()
     for head in range(8):
@@ -211,7 +205,7 @@ def test_flashmla_overhead_translation():
     # F = 5 blocks of 64 tokens = 2.5 of our 128-token blocks (w = 40): F = 100 cost units.
     # 40 blocks: T = 1600 + 100 = 1700; ceil(T / P) in whole blocks = 22 x 40 = 880;
     # payload 980: part 0 takes (980 - 100) / 40 = 22 blocks, part 1 the other 18
-    w = _workload([128 * 40], num_q_heads=16, num_kv_heads=1, num_cores=2)
+    w = workload([128 * 40], num_q_heads=16, num_kv_heads=1, num_cores=2)
     assert w.model.block_cost(16) == 40
     part = mla.flashmla(w)
     assert part.cores == [[Segment(0, 0, 22)], [Segment(0, 22, 40)]]
@@ -222,9 +216,9 @@ def test_flashmla_overhead_translation():
 
 def test_flashmla_rejects_mixed_and_wide_queries():
     with pytest.raises(NotApplicableError):
-        mla.flashmla(_workload([500, 600], q=[1, 3], num_q_heads=8, num_kv_heads=1))
+        mla.flashmla(workload([500, 600], q=[1, 3], num_q_heads=8, num_kv_heads=1))
     with pytest.raises(NotApplicableError):  # 8 tokens x 16 heads = 128 rows: 2 m blocks
-        mla.flashmla(_workload([500, 600], q=[8, 8], num_q_heads=16, num_kv_heads=1))
+        mla.flashmla(workload([500, 600], q=[8, 8], num_q_heads=16, num_kv_heads=1))
 
 
 # ---------------------------------------------------------------- FlashInfer
@@ -243,7 +237,7 @@ def test_flashinfer_cta_tile_q():
 
 def test_flashinfer_decode_budget_and_no_split():
     # 30 requests x 1 kv head >= 24 x 1 CTAs: nothing split, one item per request
-    w = _workload([128 * 5] * 30, num_q_heads=16, num_kv_heads=1)
+    w = workload([128 * 5] * 30, num_q_heads=16, num_kv_heads=1)
     part = fi.flashinfer(w, budget=1)
     part.validate()
     assert part.num_segments == 30
@@ -256,7 +250,7 @@ def test_flashinfer_decode_budget_and_no_split():
 def test_flashinfer_placement_shares_an_sm():
     # costs 32 + 5 x 40 = 232 then three of 32 + 40 = 72 on 2 cores, 1 slot each:
     # item 0 -> core 0, items 1..3 -> core 1 (free first every time)
-    w = _workload([640, 128, 128, 128], num_q_heads=16, num_kv_heads=1, num_cores=2)
+    w = workload([640, 128, 128, 128], num_q_heads=16, num_kv_heads=1, num_cores=2)
     items = [[Segment(u, 0, int(w.blocks[u]))] for u in range(4)]
     cores = fi.place(w, items, budget=1)
     assert [len(c) for c in cores] == [1, 3]
@@ -268,7 +262,7 @@ def test_flashinfer_persistent_chunks_and_heap():
     # G = 16 decode: 16 packed rows -> the 16-row task. 48 CTAs; total kv 400 -> share
     # ceil(400 / 48) = 9 -> limit 128: request 0 in chunks 128/128/44, request 1 whole;
     # each goes to the least-loaded CTA: 0, 1, 2, 3
-    w = _workload([300, 100], num_q_heads=16, num_kv_heads=1)
+    w = workload([300, 100], num_q_heads=16, num_kv_heads=1)
     items = fi.holistic_items(w)
     assert [(cta, kv) for cta, (_, _, _, kv) in items] == [
         (0, (0, 128)), (1, (128, 256)), (2, (256, 300)), (3, (0, 100))]
@@ -284,12 +278,12 @@ minmax_mod = import_module("pyruntime.partitioners.minmax")
 
 def test_minmax_hand_worked():
     # two units of 4 blocks, w = 40 (16 rows), segment 32: W = 2 x 192 = 384
-    w = _workload([512, 512], num_q_heads=16, num_kv_heads=1, num_cores=2)
+    w = workload([512, 512], num_q_heads=16, num_kv_heads=1, num_cores=2)
     assert minmax_mod.minmax(w).core_costs() == [192, 192]
     # 3 cores: at B = 151 core 0 takes 2 blocks (112), core 1 the other 2 (112) and no block
     # of unit 1, which then does not fit core 2 (192); at B = 152: 3 blocks (152), then
     # 1 + 1 blocks (32 + 40 + 32 + 40 = 144), then 3 blocks (152)
-    w = _workload([512, 512], num_q_heads=16, num_kv_heads=1, num_cores=3)
+    w = workload([512, 512], num_q_heads=16, num_kv_heads=1, num_cores=3)
     part = minmax_mod.minmax(w)
     part.validate()
     assert part.core_costs() == [152, 144, 152]

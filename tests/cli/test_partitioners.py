@@ -19,20 +19,14 @@ from pyruntime.partitioners.minmax import minmax, minmax_best_order
 from pyruntime.partitioners.study import COST_MODELS, balance_study, cost_model
 from pyruntime.tiling import CoreRange
 
-
-def _workload(kv, q=None, **model):
-    q = q or [1] * len(kv)
-    cu = [0]
-    for x in q:
-        cu.append(cu[-1] + x)
-    return Workload(CostModel(**model), cu, kv)
+from .workloads import workload
 
 
 def test_cost_model_matches_the_header_formula():
     m = CostModel(num_q_heads=32, num_kv_heads=8, block_size=128)
     assert m.block_cost(4) == 8 * (4 + 1)
     assert m.block_cost(17) == 8 * (4 + 2)
-    w = _workload([300], num_q_heads=32, num_kv_heads=8)
+    w = workload([300], num_q_heads=32, num_kv_heads=8)
     assert w.num_units == 8 and list(w.blocks) == [3] * 8
     assert w.total_cost == 8 * (32 + 3 * 40)
 
@@ -50,15 +44,24 @@ def test_fia_v3_cost_model_is_16_times_fia_per_64_tokens():
 
 def test_invalid_lengths_are_typed_errors():
     with pytest.raises(WorkloadError, match="request 0"):
-        _workload([0], q=[1])
+        workload([0], q=[1])
     with pytest.raises(WorkloadError):
         Workload(CostModel(), [1, 2], [5])
     with pytest.raises(WorkloadError, match="multiple"):
         CostModel(num_q_heads=6, num_kv_heads=4)
 
 
+def test_pieces_that_meet_at_the_causal_end_do_not_overlap():
+    # kv 513 in 64-token blocks: 9 blocks, the last one holding one token. A piece ending at
+    # 513 takes all 9; the next piece, starting at 513, must take none (it used to snap
+    # back to block 8 and cover block 8 twice; found by hypothesis on IFA's flash decoding).
+    w = workload([513], num_q_heads=8, num_kv_heads=1, block_size=64)
+    assert w.piece_segments(0, 0, (0, 1), (0, 513)) == [Segment(0, 0, 9)]
+    assert w.piece_segments(0, 0, (0, 1), (513, 1026)) == []
+
+
 def test_piece_segments_snap_and_clip():
-    w = _workload([300, 1000], q=[1, 40], num_q_heads=4, num_kv_heads=1)  # q_tile 32
+    w = workload([300, 1000], q=[1, 40], num_q_heads=4, num_kv_heads=1)  # q_tile 32
     assert w.piece_segments(0, 0, (0, 1), (0, 128)) == [Segment(0, 0, 1)]
     assert w.piece_segments(0, 0, (0, 1), (64, 10_000)) == [Segment(0, 1, 3)]  # 64 snaps up
     # request 1: tiles [0, 32) and [32, 40); causal ends 992 and 1000 -> 8 blocks each
@@ -121,7 +124,7 @@ def test_mixed_batches_cover_the_work(kv, chunks, model):
 def test_exact_minmax_bounds_the_contiguous_partitions(kv, heads, cores):
     """The reference is a true lower bound: below ours and below FlashMLA's per-head grid."""
     pytest.importorskip("pyruntime.tiling")
-    w = _workload(kv, num_q_heads=heads[0], num_kv_heads=heads[1], num_cores=cores)
+    w = workload(kv, num_q_heads=heads[0], num_kv_heads=heads[1], num_cores=cores)
     exact = max(minmax(w).core_costs())
     best = max(minmax_best_order(w).core_costs())
     assert best <= exact <= ours.ours(w).balance().max_core_cost
@@ -133,7 +136,7 @@ def test_exact_minmax_bounds_the_contiguous_partitions(kv, heads, cores):
 @pytest.mark.parametrize("engine", ["kernel", "oracle"])
 def test_ours_through_the_abi_matches_the_cost_model(engine):
     pytest.importorskip("pyruntime.tiling")
-    w = _workload([700, 3000, 90, 5000], q=[1, 1, 1, 4], num_q_heads=16, num_kv_heads=2)
+    w = workload([700, 3000, 90, 5000], q=[1, 1, 1, 4], num_q_heads=16, num_kv_heads=2)
     part = ours.ours(w, engine)  # asserts kernel costs == cost model
     part.validate()
     bal = part.balance()
@@ -150,7 +153,7 @@ def test_ours_runs_under_the_fia_v3_weights():
 
 
 def test_core_segments_decodes_ranges():
-    w = _workload([300, 300], num_q_heads=1, num_kv_heads=1)
+    w = workload([300, 300], num_q_heads=1, num_kv_heads=1)
     rec = CoreRange((0, 0, 0, 1), (1, 0, 0, 2), -1, -1, 2, 0)
     assert ours.core_segments(w, rec) == [Segment(0, 1, 3), Segment(1, 0, 2)]
     rec = CoreRange((1, 0, 0, 0), (2, 0, 0, 0), -1, -1, 1, 0)
