@@ -35,17 +35,24 @@ class Kernel:
             work of that core.
         npu_op: the torch op the NPU backend calls as ``npu_op(**args)`` (one launch that
             covers every core), or None where the kernel has no NPU build.
+        triton_impl: the Triton body of an AI Core kernel, ``triton_impl(**args)``: one launch
+            that runs the whole fixed grid (every core), the same source the NPU runs. The
+            CPU backend runs it, interpreted, instead of ``cpu_impl`` when made with
+            ``aicore="triton"``; None where the kernel has no Triton body.
     """
 
     name: str
     kind: str
     cpu_impl: Callable[..., Any]
     npu_op: Callable[..., Any] | None = None
+    triton_impl: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in (AICPU, AICORE):
             raise ValueError(f"kernel {self.name!r}: kind must be 'aicpu' or 'aicore', "
                              f"got {self.kind!r}")
+        if self.triton_impl is not None and self.kind != AICORE:
+            raise ValueError(f"kernel {self.name!r}: only AI Core kernels have a Triton body")
 
 
 @dataclasses.dataclass

@@ -5,6 +5,10 @@
   `launch_layer`, which both attention paths use.
 - `reference_attention`: the C reference attention (``aicpu_kernels/attention_ref.c``), the
   AI Core role on the CPU backend.
+- `triton_attention`: the same AI Core role as Triton kernels (fixed-grid paged attention and
+  combine driven by the tiling), one source for Triton's interpreter on CPU tensors and
+  Triton-Ascend on an NPU; `triton_launch` launches them (``tools/ascend_compile.py``
+  compiles them for Ascend910B3 as far as public wheels go).
 - `custom_ops`: the same launches as torch custom ops (``torch.ops.aicpu_tiling.*``).
 
 The C tiling kernel itself is ``aicpu_kernels/aicpu_tiling.c``, reached through

@@ -3,8 +3,9 @@
 Registered with `torch.library.custom_op` so they can sit inside a captured torch graph
 (``torch.compile`` traces them through their fake implementations, which only declare
 that they mutate their output buffers). The CPU implementations run the kernels of
-`step`; an NPU build would register the AI-CPU / AI Core launches for the
-``PrivateUse1`` key under the same schemas.
+`step`. The AI Core ops also register their NPU implementation for the ``PrivateUse1`` key
+(torch_npu's ``npu`` device): ``step.attention_npu`` / ``step.combine_npu``, one Triton launch
+on the current stream. The AI-CPU tiling op's NPU build is not here.
 
 - ``plan_tiling(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, params, causal)``
 - ``paged_attention(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
@@ -54,6 +55,8 @@ def ops():
                 step_epoch=step_epoch, tiling_in=tiling_in, out=out, partial_out=partial_out,
                 partial_lse=partial_lse, params=params, scale=scale, causal=causal)
 
+    paged_attention.register_kernel("privateuseone")(kernels.attention_npu)
+
     @paged_attention.register_fake
     def _(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, step_epoch,
           tiling_in, out, partial_out, partial_lse, params, scale, causal) -> None:
@@ -66,6 +69,8 @@ def ops():
         kernels.combine_body(0, cu_seqlens_q=cu_seqlens_q, step_epoch=step_epoch,
                              tiling_in=tiling_in, out=out, partial_out=partial_out,
                              partial_lse=partial_lse, params=params)
+
+    attention_combine.register_kernel("privateuseone")(kernels.combine_npu)
 
     @attention_combine.register_fake
     def _(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse, params) -> None:

@@ -9,6 +9,11 @@
   (`pyruntime.kernels.reference_attention.attention_finalize`); zeroes every row when the tiling
   is not OK.
 
+``ATTENTION`` and ``COMBINE`` also have a Triton body (`pyruntime.kernels.triton_launch`, one
+launch of the whole fixed grid): the CPU backend runs it interpreted when made with
+``aicore="triton"``, and the NPU implementations of their custom ops (``attention_npu``,
+``combine_npu``) launch the same kernels compiled by Triton-Ascend on the current stream.
+
 Attention and combine also take ``step_epoch``, the epoch the host wrote beside this step's
 lengths. A tiling whose header epoch differs was not planned for this step (a captured
 AI-CPU task that replay did not re-run): attention then does no work and combine zeroes
@@ -31,7 +36,7 @@ import torch
 
 from pyruntime import tiling
 from pyruntime.backends import AICORE, AICPU, Kernel
-from pyruntime.kernels import reference_attention
+from pyruntime.kernels import reference_attention, triton_launch
 
 
 class AttentionKernelError(RuntimeError):
@@ -112,6 +117,92 @@ def combine_body(core: int, *, cu_seqlens_q, step_epoch, tiling_in, out, partial
     _check(status, params, tiling_in, "attention combine")
 
 
+def _triton_attention_args(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
+                           step_epoch, tiling_in, out, partial_out, partial_lse, scale,
+                           causal) -> dict:
+    return {"tiling_in": _tensor(tiling_in), "step_epoch": _tensor(step_epoch),
+            "query": query, "key_cache": key_cache,
+            "value_cache": value_cache, "block_table": block_table,
+            "cu_seqlens_q": _tensor(cu_seqlens_q), "seqlens_kv": _tensor(seqlens_kv),
+            "out": out, "partial_out": partial_out, "partial_lse": partial_lse,
+            "scale": scale, "causal": causal}
+
+
+def _check_all(statuses: torch.Tensor, params, tiling_in, what: str) -> None:
+    words = triton_launch._words(tiling_in)
+    for core, status in enumerate(statuses.tolist()):
+        if status != triton_launch.E_STALE:  # outputs are zero; check() raises StaleTilingError
+            _check(status, params, words, f"{what} {core}")
+
+
+def attention_triton(*, query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
+                     step_epoch, tiling_in, out, partial_out, partial_lse, params, scale,
+                     causal) -> None:
+    """Every AI Core in one Triton launch (CPU tensors: interpreted); checks the statuses.
+
+    The kernel itself compares the tiling's epoch with ``step_epoch`` (no work when stale)."""
+    params = params_from(tuple(params))
+    args = _triton_attention_args(query, key_cache, value_cache, block_table, cu_seqlens_q,
+                                  seqlens_kv, step_epoch, tiling_in, out, partial_out,
+                                  partial_lse, scale, causal)
+    status = triton_launch.launch_attention(params, **args)
+    _check_all(status, params, args["tiling_in"], "attention core")
+
+
+def combine_triton(*, cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse,
+                   params) -> None:
+    """The combine grid in one Triton launch (every row zero when stale); checks statuses."""
+    params, tiling_in = params_from(tuple(params)), _tensor(tiling_in)
+    status = triton_launch.launch_combine(params, tiling_in=tiling_in,
+                                          step_epoch=_tensor(step_epoch),
+                                          cu_seqlens_q=_tensor(cu_seqlens_q), out=out,
+                                          partial_out=partial_out, partial_lse=partial_lse)
+    _check_all(status, params, tiling_in, "attention combine program")
+
+
+_status_buffers: dict[tuple[str, str, int], torch.Tensor] = {}
+
+
+def status_buffer(device: torch.device, kernel: str, size: int) -> torch.Tensor:
+    """A persistent int32 ``[size]`` status buffer of ``kernel`` on ``device``.
+
+    The NPU launches write their per-core status here instead of being checked at once:
+    nothing may synchronize inside a capture. Read it after the stream has run.
+    """
+    key = (str(device), kernel, int(size))
+    if key not in _status_buffers:
+        _status_buffers[key] = torch.zeros(size, dtype=torch.int32, device=device)
+    return _status_buffers[key]
+
+
+def attention_npu(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
+                  step_epoch, tiling_in, out, partial_out, partial_lse, params, scale,
+                  causal) -> None:
+    """The NPU implementation of ``paged_attention``: one Triton launch on the current stream.
+
+    Thin on purpose (a capture records the launch): the statuses go to `status_buffer`
+    unchecked. On CPU tensors the same function runs the interpreter, which is how it is
+    tested here.
+    """
+    params = params_from(tuple(params))
+    triton_launch.launch_attention(
+        params, **_triton_attention_args(query, key_cache, value_cache, block_table,
+                                         cu_seqlens_q, seqlens_kv, step_epoch, tiling_in,
+                                         out, partial_out, partial_lse, scale, causal),
+        core_status=status_buffer(out.device, "attention", params.num_cores))
+
+
+def combine_npu(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse,
+                params) -> None:
+    """The NPU implementation of ``attention_combine``: one Triton launch, current stream."""
+    params = params_from(tuple(params))
+    triton_launch.launch_combine(
+        params, tiling_in=_tensor(tiling_in), step_epoch=_tensor(step_epoch),
+        cu_seqlens_q=_tensor(cu_seqlens_q), out=out,
+        partial_out=partial_out, partial_lse=partial_lse,
+        combine_status=status_buffer(out.device, "combine", params.num_cores))
+
+
 def _op(name: str):
     def call(**args):
         from . import custom_ops  # registers the ops on first use
@@ -143,5 +234,7 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
 
 
 TILING = Kernel("aicpu_tiling.plan", AICPU, tiling_body, _op("plan_tiling"))
-ATTENTION = Kernel("aicpu_tiling.attention", AICORE, attention_body, _op("paged_attention"))
-COMBINE = Kernel("aicpu_tiling.combine", AICORE, combine_body, _op("attention_combine"))
+ATTENTION = Kernel("aicpu_tiling.attention", AICORE, attention_body, _op("paged_attention"),
+                   triton_impl=attention_triton)
+COMBINE = Kernel("aicpu_tiling.combine", AICORE, combine_body, _op("attention_combine"),
+                 triton_impl=combine_triton)

@@ -1,0 +1,318 @@
+"""Launch the Triton AI Core kernels (`triton_attention`) on CPU tensors or on an NPU.
+
+One launch runs the whole fixed grid: :func:`launch_attention` starts ``params.num_cores``
+programs (one per AI Core, each walking its range of the tiling), :func:`launch_combine`
+starts the combine grid. On CPU tensors the kernels run under Triton's interpreter (upstream
+``triton``; this module sets ``TRITON_INTERPRET=1`` before it imports the kernels, because
+``@triton.jit`` reads it at import); on ``npu`` tensors they run as compiled by Triton-Ascend,
+which launches on the current stream, so a launch made inside ``torch.npu.graph`` capture is
+recorded in the graph (vLLM-Ascend runs its Triton kernels inside full graphs this way). One
+process uses one mode: upstream ``triton`` and ``triton-ascend`` both install the module
+``triton``.
+
+What Triton-Ascend's launcher does per launch (``triton/backends/ascend/driver.py`` of the
+3.2.0 wheel; check on hardware under capture):
+
+- the stream is ``driver.active.get_current_stream()``, i.e.
+  ``torch_npu._C._npu_getCurrentRawStream(device)``: the capture stream inside a capture;
+- a kernel whose metadata has ``workspace_size > 0`` gets ``at::empty(workspace_size *
+  grid)`` bytes on the device at each launch, a torch allocation (from the graph's pool
+  under capture). BiShengIR's ``infer_workspace_shape_function`` gives 74,016 bytes per
+  program for the attention kernel at head_dim 128 with the default tiles, 24,672 with the
+  decode tiles (``tools/ascend_compile.py [--q-tile 1]``);
+- a kernel with ``lock_num > 0`` also gets a sync-block-lock buffer initialised by a
+  synchronous ``rtMemcpy`` at each launch, which a capture cannot contain. Our HIVM modules
+  take the lock argument but have no lock-count function and synchronise cube and vector
+  with ``sync_block_set``/``wait`` only, so we expect ``lock_num == 0``; only the binary's
+  metadata (after ``hivmc``) can confirm it.
+
+Example (CPU, interpreted)::
+
+    import torch
+    from pyruntime import tiling
+    from pyruntime.kernels import reference_attention as ra, triton_launch
+
+    params = tiling.TilingParams(num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=16,
+                                 max_batch=2, max_tokens=4, max_blocks_per_req=4, num_cores=3)
+    cu = torch.tensor([0, 1, 3], dtype=torch.int32)
+    kv = torch.tensor([40, 20], dtype=torch.int32)
+    plan = torch.from_numpy(tiling.plan(params, cu.numpy(), kv.numpy()).buffer)
+    q = torch.randn(4, 8, 32, dtype=torch.float16)
+    k, v = torch.randn(8, 16, 2, 32).half(), torch.randn(8, 16, 2, 32).half()
+    bt = torch.arange(8, dtype=torch.int32).reshape(2, 4)
+    out = torch.empty_like(q)
+    po, pl = ra.partial_buffers(params)
+    epoch = torch.zeros(1, dtype=torch.int32)                    # plan()'s default epoch
+    status = triton_launch.launch_attention(params, tiling_in=plan, step_epoch=epoch, query=q,
+        key_cache=k, value_cache=v, block_table=bt, cu_seqlens_q=cu, seqlens_kv=kv, out=out,
+        partial_out=po, partial_lse=pl, scale=32**-0.5, causal=True)
+    triton_launch.launch_combine(params, tiling_in=plan, step_epoch=epoch, cu_seqlens_q=cu,
+                                 out=out, partial_out=po, partial_lse=pl, causal=True)
+    assert status.tolist() == [0, 0, 0]        # rows 3.. of out are zero
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+import threading
+from typing import Any
+
+import torch
+
+from pyruntime import tiling as _tiling
+
+_KERNELS = "pyruntime.kernels.triton_attention"
+_lib = _tiling.lib
+
+#: Storage dtypes the kernels accept (fp32 accumulation always).
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+#: Status a program reports when the tiling was planned for another step than ``step_epoch``
+#: (it then does nothing, and the combine zeroes every row). The C reference has no epoch
+#: (the CPU body checks it in Python, ``step.is_stale``), so this code is the Triton kernels'
+#: own, chosen past the C reference's codes (``attention_ref.h``).
+E_STALE: int = int(_lib.AICPU_ATTENTION_E_BLOCK_ID) + 1
+
+
+#: Interpreted launches run one at a time: Triton's interpreter patches triton.language's
+#: functions process-wide while a kernel runs and restores them after
+#: (``triton/runtime/interpreter.py``, ``_LangPatchScope``), so two overlapping launches (two
+#: CPU-backend streams) could restore each other's patches mid-kernel.
+_INTERPRETER_LOCK = threading.Lock()
+
+
+def _launch_lock(device: torch.device):
+    return _INTERPRETER_LOCK if device.type == "cpu" else contextlib.nullcontext()
+
+
+class TritonUnavailableError(RuntimeError):
+    """Triton is not installed, or the kernels were built for the other mode in this process."""
+
+
+def available() -> str | None:
+    """None when ``triton`` is installed, else the reason it is not (imports nothing)."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed; pip install 'aicpu-tiling[test]'"
+    return None
+
+
+def kernels(*, interpret: bool):
+    """The kernel module, imported in the requested mode (interpreted for CPU tensors).
+
+    Raises:
+        TritonUnavailableError: triton is missing, or the module was already imported in the
+            other mode in this process.
+    """
+    reason = available()
+    if reason is not None:
+        raise TritonUnavailableError(reason)
+    if interpret and "triton" not in sys.modules:
+        # @triton.jit reads TRITON_INTERPRET when it runs, at import: for our kernels and for
+        # triton.language's own jit helpers (tl.cdiv, ...), so it must be set before triton
+        # is first imported
+        os.environ["TRITON_INTERPRET"] = "1"
+    module = importlib.import_module(_KERNELS)
+    standard = importlib.import_module("triton.language.standard")
+    is_interpreted = all(type(fn).__name__ == "InterpretedFunction"
+                         for fn in (module.paged_attention_kernel, standard.cdiv))
+    if is_interpreted != interpret:
+        have = "interpreted" if is_interpreted else "compiled"
+        raise TritonUnavailableError(
+            f"triton was imported {have} in this process; CPU tensors need the interpreter: "
+            "set TRITON_INTERPRET=1 before anything imports triton (torch imports it too, "
+            "e.g. FakeTensorMode); device tensors need it unset")
+    return module
+
+
+def _layout() -> dict[str, int]:
+    """The tiling ABI's indices and codes, from `pyruntime.tiling` (never typed twice)."""
+    names = {
+        "MAGIC": "AICPU_TILING_MAGIC", "VERSION": "AICPU_TILING_VERSION",
+        "OK": "AICPU_TILING_OK", "E_TILING": "AICPU_ATTENTION_E_TILING",
+        "E_BLOCK_ID": "AICPU_ATTENTION_E_BLOCK_ID",
+        "HDR_MAGIC": "AICPU_TILING_HDR_MAGIC", "HDR_VERSION": "AICPU_TILING_HDR_VERSION",
+        "HDR_STATUS": "AICPU_TILING_HDR_STATUS", "HDR_BATCH": "AICPU_TILING_HDR_BATCH",
+        "HDR_NUM_TOKENS": "AICPU_TILING_HDR_NUM_TOKENS",
+        "HDR_NUM_CORES": "AICPU_TILING_HDR_NUM_CORES",
+        "HDR_NUM_COMBINE": "AICPU_TILING_HDR_NUM_COMBINE", "HDR_FLAGS": "AICPU_TILING_HDR_FLAGS",
+        "HDR_EPOCH": "AICPU_TILING_HDR_EPOCH",
+        "HEADER_WORDS": "AICPU_TILING_HDR_WORDS", "CORE_WORDS": "AICPU_TILING_CORE_WORDS",
+        "CORE_BEGIN": "AICPU_TILING_CORE_BEGIN", "CORE_END": "AICPU_TILING_CORE_END",
+        "CORE_FIRST_SLOT": "AICPU_TILING_CORE_FIRST_SLOT",
+        "CORE_LAST_SLOT": "AICPU_TILING_CORE_LAST_SLOT",
+        "CORE_NUM_SEGMENTS": "AICPU_TILING_CORE_NUM_SEGMENTS",
+        "COMB_WORDS": "AICPU_TILING_COMB_WORDS", "COMB_REQUEST": "AICPU_TILING_COMB_REQUEST",
+        "COMB_KV_HEAD": "AICPU_TILING_COMB_KV_HEAD", "COMB_Q_TILE": "AICPU_TILING_COMB_Q_TILE",
+        "COMB_FIRST_SLOT": "AICPU_TILING_COMB_FIRST_SLOT",
+        "COMB_NUM_PIECES": "AICPU_TILING_COMB_NUM_PIECES",
+    }
+    return {**{key: int(getattr(_lib, name)) for key, name in names.items()},
+            "E_STALE": E_STALE}
+
+
+def _pow2_at_least(n: int, floor: int) -> int:
+    return max(floor, 1 << max(0, int(n) - 1).bit_length())
+
+
+def block_shapes(params) -> dict[str, int]:
+    """The tile shapes (compile-time): BLOCK_M rows, BLOCK_N kv tokens, BLOCK_D >= head_dim.
+
+    BLOCK_M covers a decode unit's group rows (at least 16, ``tl.dot``'s minimum) and at most
+    64 rows of a prefill tile; BLOCK_N is the largest power of two dividing the cache block,
+    at most 128 (64 when BLOCK_M is 64), so one chunk never crosses a cache block. At head_dim
+    128 this planned to at most 180 KiB of the A2's 192 KB UB (``tools/ascend_compile.py``).
+    """
+    group = params.num_q_heads // params.num_kv_heads
+    block_m = min(64, _pow2_at_least(params.q_tile * group, 16))
+    block_n = params.block_size & -params.block_size
+    block_n = min(block_n, 128 if block_m <= 16 else 64)
+    return {"BLOCK_M": block_m, "BLOCK_N": max(block_n, 1),
+            "BLOCK_D": _pow2_at_least(params.head_dim, 16)}
+
+
+@functools.lru_cache(maxsize=64)
+def constants(params, causal: bool) -> dict[str, Any]:
+    """Every compile-time constant of both kernels for ``params`` (a frozen TilingParams)."""
+    return {
+        "NUM_Q_HEADS": params.num_q_heads, "NUM_KV_HEADS": params.num_kv_heads,
+        "HEAD_DIM": params.head_dim, "BLOCK_SIZE": params.block_size,
+        "MAX_BATCH": params.max_batch, "MAX_TOKENS": params.max_tokens,
+        "MAX_BLOCKS_PER_REQ": params.max_blocks_per_req, "NUM_CORES": params.num_cores,
+        "Q_TILE": params.q_tile, "MAX_SLOTS": int(_lib.aicpu_tiling_max_slots(params._c_params())),
+        "CAUSAL": int(_lib.AICPU_TILING_CAUSAL) if causal else 0,
+        **_layout(),
+    }
+
+
+def _words(tiling_in) -> torch.Tensor:
+    """The tiling as int32 words (it may arrive as uint8 bytes or by value as numpy)."""
+    if not isinstance(tiling_in, torch.Tensor):
+        tiling_in = torch.from_numpy(tiling_in)
+    if tiling_in.dtype == torch.uint8:
+        tiling_in = tiling_in.view(torch.int32)
+    if tiling_in.dtype != torch.int32 or not tiling_in.is_contiguous():
+        raise TypeError(f"tiling_in must be contiguous int32 or uint8, got {tiling_in.dtype}")
+    return tiling_in
+
+
+def _int32(name: str, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        value = torch.from_numpy(value)
+    if value.dtype != torch.int32 or not value.is_contiguous():
+        raise TypeError(f"{name} must be a contiguous int32 tensor, got {value.dtype}")
+    return value
+
+
+def _check_shapes(params, query, key_cache, value_cache, out) -> None:
+    shape = (params.max_tokens, params.num_q_heads, params.head_dim)
+    if out.dtype not in DTYPES:
+        raise TypeError(f"out must have one of the dtypes {DTYPES}, got {out.dtype}")
+    if tuple(out.shape) != shape or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous with shape {list(shape)}, "
+                         f"got {list(out.shape)}")
+    if query is None:
+        return
+    cache = (params.block_size, params.num_kv_heads, params.head_dim)
+    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+        if t.dtype != out.dtype or not t.is_contiguous():
+            raise TypeError(f"{name} must be contiguous {out.dtype}, got {t.dtype}")
+    if tuple(query.shape) != shape:
+        raise ValueError(f"query must have shape {list(shape)}, got {list(query.shape)}")
+    if key_cache.dim() != 4 or tuple(key_cache.shape[1:]) != cache:
+        raise ValueError(f"key_cache must have shape [num_blocks, {', '.join(map(str, cache))}]"
+                         f", got {list(key_cache.shape)}")
+    if value_cache.shape != key_cache.shape:
+        raise ValueError("value_cache must have key_cache's shape")
+
+
+def _check_lengths(words: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                   seqlens_kv: torch.Tensor | None) -> None:
+    """On the host (CPU tensors) the length arrays must cover the tiling's live batch, as the
+    C wrapper checks; on a device the buffers are sized for max_batch at capture and the
+    kernel cannot be asked to read a smaller one without a host sync, so this is skipped."""
+    if words.device.type != "cpu" or int(words[_lib.AICPU_TILING_HDR_STATUS]) != 0:
+        return
+    batch = int(words[_lib.AICPU_TILING_HDR_BATCH])
+    if not 0 <= batch <= 2**31 - 2:
+        return  # the kernels report E_TILING
+    if cu_seqlens_q.numel() < batch + 1:
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.numel()} entries but the tiling's "
+                         f"batch needs {batch + 1}")
+    if seqlens_kv is not None and seqlens_kv.numel() < batch:
+        raise ValueError(f"seqlens_kv has {seqlens_kv.numel()} entries but the tiling's batch "
+                         f"needs {batch}")
+
+
+def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_cache,
+                     block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse,
+                     scale: float, causal: bool,
+                     core_status: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch the attention grid (``params.num_cores`` programs) once; returns core_status.
+
+    Args:
+        params: the TilingParams the tiling was planned with.
+        tiling_in: the tiling, int32 or uint8 (``params.tiling_bytes`` bytes).
+        step_epoch: int32 ``[1]``, the epoch the host wrote beside this step's lengths; a
+            tiling whose header epoch differs is stale: no program does any work.
+        query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out,
+        partial_out, partial_lse: as for ``reference_attention.attention_core`` (all on one
+            device; partials float32 ``[max_slots, q_tile, group, head_dim]`` / ``[.., group]``).
+        scale: softmax scale; causal: the flag the tiling was planned with.
+        core_status: int32 ``[num_cores]`` the programs write their status to (OK, the
+            tiling's status, E_TILING or E_BLOCK_ID, the C reference's codes, or E_STALE);
+            allocated when None. Device side: read it only after the stream has run.
+
+    Raises:
+        TypeError, ValueError: wrong dtypes or shapes, or (CPU tensors) length arrays shorter
+            than the tiling's live batch; checked before launching.
+        TritonUnavailableError: see :func:`kernels`.
+    """
+    _check_shapes(params, query, key_cache, value_cache, out)
+    words = _words(tiling_in)
+    cu_seqlens_q, seqlens_kv = _int32("cu_seqlens_q", cu_seqlens_q), _int32("seqlens_kv",
+                                                                           seqlens_kv)
+    _check_lengths(words, cu_seqlens_q, seqlens_kv)
+    module = kernels(interpret=out.device.type == "cpu")
+    if core_status is None:
+        core_status = torch.empty(params.num_cores, dtype=torch.int32, device=out.device)
+    upcast = out.dtype == torch.bfloat16 and out.device.type == "cpu"  # interpreter bf16 dot
+    with _launch_lock(out.device):
+        module.paged_attention_kernel[(params.num_cores,)](
+            words, _int32("step_epoch", step_epoch), query, key_cache, value_cache,
+            _int32("block_table", block_table), cu_seqlens_q, seqlens_kv, out,
+            partial_out, partial_lse, core_status, float(scale), int(key_cache.shape[0]),
+            **constants(params, bool(causal)), **block_shapes(params), UPCAST_DOT=upcast)
+    return core_status
+
+
+def launch_combine(params, *, tiling_in, step_epoch, cu_seqlens_q, out, partial_out,
+                   partial_lse, causal: bool = True, combine_status: torch.Tensor | None = None,
+                   num_programs: int | None = None) -> torch.Tensor:
+    """Launch the combine grid once; returns combine_status (int32 ``[num_programs]``).
+
+    ``num_programs`` (default ``params.num_cores``) is fixed at capture like the attention
+    grid; program i merges combine records i, i + n, ... and zeroes its share of the
+    padding rows. On a tiling that is not OK, or stale (its epoch differs from
+    ``step_epoch[0]``), every row of ``out`` becomes zero.
+    """
+    _check_shapes(params, None, None, None, out)
+    words = _words(tiling_in)
+    cu_seqlens_q = _int32("cu_seqlens_q", cu_seqlens_q)
+    _check_lengths(words, cu_seqlens_q, None)
+    module = kernels(interpret=out.device.type == "cpu")
+    programs = int(num_programs or params.num_cores)
+    if combine_status is None:
+        combine_status = torch.empty(programs, dtype=torch.int32, device=out.device)
+    shapes = block_shapes(params)
+    with _launch_lock(out.device):
+        module.attention_combine_kernel[(programs,)](
+            words, _int32("step_epoch", step_epoch), cu_seqlens_q, out, partial_out,
+            partial_lse, combine_status, **constants(params, bool(causal)),
+            BLOCK_M=shapes["BLOCK_M"], BLOCK_D=shapes["BLOCK_D"],
+            BLOCK_Z=min(1024, _pow2_at_least(params.num_q_heads * params.head_dim, 16)))
+    return combine_status
