@@ -1,7 +1,10 @@
 """Static (graph-captured) paged attention over L layers, in two modes.
 
-``mode="device_tiling"``: an AI-CPU task in the graph plans the tiling from the lengths in
-device memory and every layer reads it; a step is two copies and one replay.
+``mode="device_tiling"``: an AI-CPU task plans the tiling from the lengths in device
+memory and every layer reads it. ``placement="graph"`` (default) captures that task in
+the graph, so a step is two copies and one replay; ``placement="pre-replay"`` launches it
+once per step on its own stream, ordered before the replay by an event (for devices whose
+graph replay does not re-run captured AI-CPU tasks).
 ``mode="host_update"``: the vLLM-Ascend baseline; after each replay the host re-plans
 and updates every layer's task group.
 
@@ -35,7 +38,8 @@ import torch
 
 from pyruntime.backends import Backend
 from pyruntime.graph_attention.buffers import StaticBuffers
-from pyruntime.graph_attention.device_tiling import DeviceTilingPath
+from pyruntime.graph_attention.device_tiling import PATHS as DEVICE_TILING_PATHS
+from pyruntime.graph_attention.device_tiling import PLACEMENTS
 from pyruntime.graph_attention.errors import (
     AttentionError,
     AttentionInputError,
@@ -45,10 +49,10 @@ from pyruntime.graph_attention.errors import (
 from pyruntime.graph_attention.host_update import HostUpdatePath
 from pyruntime.tiling import TilingParams
 
-__all__ = ["MODES", "AttentionError", "AttentionInputError", "AttentionStateError",
+__all__ = ["MODES", "PLACEMENTS", "AttentionError", "AttentionInputError", "AttentionStateError",
            "FrozenSizeError", "StaticAttention"]
 
-MODES = {"device_tiling": DeviceTilingPath, "host_update": HostUpdatePath}
+MODES = ("device_tiling", "host_update")
 
 
 class StaticAttention:
@@ -63,12 +67,16 @@ class StaticAttention:
         max_batch: requests of the capture bucket; max_tokens: query rows T.
         max_blocks_per_req: block-table columns (KV capacity = that x block_size).
         mode: ``"device_tiling"`` or ``"host_update"``.
+        placement: where device tiling's AI-CPU task runs: ``"graph"`` (captured in the
+            graph; the default) or ``"pre-replay"`` (launched once per step before the
+            replay). Only for ``mode="device_tiling"``.
         dtype: storage dtype: torch.float32, torch.float16 or torch.bfloat16.
         causal: causal attention with a KV cache (query rows are the last q_len positions).
         num_cores: AI Cores the attention spreads over (default: the backend's).
         q_tile: query tokens per tiling unit (default: the tiling's).
 
     Attributes:
+        placement: the device-tiling placement (None for host_update).
         queries: list of `num_layers` static ``[max_tokens, num_q_heads, head_dim]`` tensors.
         kv_caches: list of `num_layers` ``(k, v)`` static
             ``[num_blocks, block_size, num_kv_heads, head_dim]`` tensors.
@@ -81,7 +89,8 @@ class StaticAttention:
             emulated device threads running concurrently do not inflate it.
 
     Raises:
-        ValueError: unknown mode; AttentionInputError: bad dtype or counts;
+        ValueError: unknown mode or placement, or a placement given with host_update;
+        AttentionInputError: bad dtype or counts;
         pyruntime.tiling.TilingParamsError: shapes out of the tiling kernel's range.
     """
 
@@ -89,10 +98,19 @@ class StaticAttention:
                  num_kv_heads: int, head_dim: int, block_size: int, num_blocks: int,
                  max_batch: int, max_tokens: int, max_blocks_per_req: int, mode: str,
                  dtype: torch.dtype, causal: bool = True, num_cores: int | None = None,
-                 q_tile: int | None = None) -> None:
+                 q_tile: int | None = None, placement: str | None = None) -> None:
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
+            raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+        if mode == "host_update" and placement is not None:
+            raise ValueError(f"placement={placement!r} applies to mode='device_tiling' only: "
+                             "host_update has no tiling task (drop the placement argument)")
+        if mode == "device_tiling":
+            placement = "graph" if placement is None else placement
+            if placement not in PLACEMENTS:
+                raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got "
+                                 f"{placement!r}")
         self.backend, self.mode, self.causal = backend, mode, causal
+        self.placement = placement
         self.params = TilingParams(
             num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             block_size=block_size, max_batch=max_batch, max_tokens=max_tokens,
@@ -100,7 +118,8 @@ class StaticAttention:
             num_cores=num_cores or backend.default_num_cores, q_tile=q_tile)
         self._buffers = StaticBuffers(backend, self.params, num_layers=num_layers,
                                       num_blocks=num_blocks, dtype=dtype)
-        self._path = MODES[mode](backend, self._buffers, causal=causal)
+        path = HostUpdatePath if mode == "host_update" else DEVICE_TILING_PATHS[placement]
+        self._path = path(backend, self._buffers, causal=causal)
         self._captured = False
         self._stepped = False
         self.last_step_host_seconds = math.nan

@@ -134,7 +134,9 @@ class StaleTilingError(TilingError, RuntimeError):
             f"stale tiling: the tiling buffer was planned for step epoch {tiling_epoch}, but "
             f"this step's lengths carry epoch {step_epoch}; the tiling task did not run for "
             "this step (a captured AI-CPU task that graph replay did not re-run?), so every "
-            "output row was written as zero", value=tiling_epoch, limit=step_epoch)
+            "output row was written as zero; with placement='graph' on such a device use "
+            "placement='pre-replay' (`aicpu-tiling selfcheck` tells which one it needs)",
+            value=tiling_epoch, limit=step_epoch)
         self.tiling_epoch, self.step_epoch = tiling_epoch, step_epoch
 
 

@@ -15,6 +15,10 @@
   parallel). With ``aicore="triton"`` an AI Core kernel that has a Triton body runs it
   instead, once per task: one interpreted launch of the whole grid, the code an NPU runs
   (slow: for tests).
+- ``replay_aicpu=False`` models what one CANN design note says can happen (docs/design.md
+  section 7): a captured AI-CPU task runs with the graph's first replay and is never re-run
+  by later replays, so whatever it wrote stays frozen. AI-CPU tasks launched outside a
+  capture are unaffected.
 
 Device buffers are CPU torch tensors.
 """
@@ -77,6 +81,9 @@ class CpuBackend(Backend):
         num_threads: AI Core pool size (default: CPU count, at most 8).
         wait_timeout_s: how long a device-side wait may block before the task fails with
             `EventError` (an external event never recorded would otherwise hang forever).
+        replay_aicpu: True (default): every replay re-runs the graph's captured AI-CPU
+            tasks. False: they run on the first replay only and later replays skip them
+            (the case the ``pre-replay`` tiling placement exists for).
         aicore: which body runs AI Core kernels: ``"c"`` (``Kernel.cpu_impl``, per core) or
             ``"triton"`` (``Kernel.triton_impl`` under Triton's interpreter, one launch per
             task; kernels without a Triton body keep their CPU body).
@@ -92,7 +99,7 @@ class CpuBackend(Backend):
     AICORE_BODIES = ("c", "triton")
 
     def __init__(self, *, num_threads: int | None = None, wait_timeout_s: float = 60.0,
-                 aicore: str = "c"):
+                 replay_aicpu: bool = True, aicore: str = "c"):
         if aicore not in self.AICORE_BODIES:
             raise ValueError(f"aicore must be one of {self.AICORE_BODIES}, got {aicore!r}")
         if aicore == "triton":
@@ -104,6 +111,7 @@ class CpuBackend(Backend):
                 raise BackendError(f"aicore='triton' needs Triton's interpreter: {exc}") from exc
         super().__init__()
         self.aicore = aicore
+        self.replay_aicpu = bool(replay_aicpu)
         self.num_threads = num_threads or min(os.cpu_count() or 1, 8)
         self.wait_timeout_s = wait_timeout_s
         self.timings = Timings()
@@ -266,6 +274,8 @@ class CpuBackend(Backend):
         for kind, name, fn in nodes:
             if failed and kind in COMPUTE_KINDS:
                 continue
+            if kind == AICPU and r > 1 and not self.replay_aicpu:
+                continue  # frozen: this backend models AI-CPU tasks that replay does not re-run
             start = time.perf_counter()
             try:
                 fn(r)

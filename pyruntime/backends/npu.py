@@ -4,6 +4,15 @@ Every torch_npu attribute it touches is listed in `TORCH_NPU_API`, so a conforma
 can check them against a real wheel. torch_npu is imported on first use, not at import.
 Kernels launch through their `npu_op` (a torch custom op with an NPU implementation).
 The base class does all validation; the hooks below only translate.
+
+Our NPU kernels: the tiling task's op is the torch_npu extension's PrivateUse1 kernel of
+``aicpu_tiling::plan_tiling`` (`npu_kernels` finds, builds and loads it; it launches the
+AI-CPU kernel with the fork/join of docs/design.md section 7 on whatever stream it is called
+on, captured or eager); the attention and combine ops are the Triton AI Core kernels
+(Triton-Ascend). Both placements use the same op: ``graph`` captures it, ``pre-replay``
+calls it once per step before the replay (`pyruntime.graph_attention.device_tiling`).
+`vllm_tiling_engine()` gives the vLLM-Ascend hook its engine (`npu_engine`).
+Nothing in this module has run on an NPU.
 """
 
 from __future__ import annotations
@@ -42,6 +51,10 @@ TORCH_NPU_API = (
     "torch.npu.graph_task_group_end",
     "torch.npu.graph_task_update_begin",
     "torch.npu.graph_task_update_end",
+    "torch.npu.is_available",
+    "torch.npu.get_device_name",
+    "torch.npu.get_device_properties",
+    "torch.npu.current_device",
 )
 
 
@@ -65,6 +78,51 @@ class NpuBackend(Backend):
         self.npu = npu if npu is not None else _load_npu()
         self.device = f"npu:{device}"
         self._capture_ctx: dict[int, Any] = {}
+
+    # ---- our kernels and the vLLM engine ------------------------------------------------------
+    def load_kernels(self) -> Any:
+        """Load the tiling extension and the AI-CPU binary (once per process).
+
+        Returns:
+            `npu_kernels.KernelFiles`: the files loaded.
+
+        Raises:
+            npu_kernels.KernelsUnavailableError: not built or not loadable (says what to do).
+        """
+        from . import npu_kernels
+
+        return npu_kernels.load()
+
+    def ai_core_count(self) -> int:
+        """AI Core (cube) count of the device, else `default_num_cores`."""
+        try:
+            props = self.npu.get_device_properties(self.npu.current_device())
+            return int(getattr(props, "cube_core_num", 0)) or self.default_num_cores
+        except Exception:  # noqa: BLE001 - an older torch_npu without the field
+            return self.default_num_cores
+
+    def vllm_tiling_engine(self, placement: str | None = None) -> Any:
+        """The engine the vLLM-Ascend hook captures into, for `placement` (default: the one
+        `aicpu-tiling selfcheck` saved, or ``$AICPU_TILING_PLACEMENT``).
+
+        Raises:
+            BackendError: no placement chosen yet, our kernels not built or not loadable, or
+            no NPU attention kernel; the message is the reason the hook logs.
+        """
+        from pyruntime import placement as placements
+
+        from . import npu_kernels
+        from .npu_engine import NpuTilingEngine
+
+        if placement is None:
+            placement, where = placements.load()
+            if placement is None:
+                raise BackendError(where)
+        self.load_kernels()
+        reason = npu_kernels.attention_reason()
+        if reason is not None:
+            raise npu_kernels.KernelsUnavailableError(reason)
+        return NpuTilingEngine(placement, num_cores=self.ai_core_count())
 
     def _alloc(self, shape, dtype):
         return torch.zeros(shape, dtype=dtype, device=self.device)

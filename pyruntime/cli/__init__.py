@@ -7,6 +7,8 @@ Subcommands (one module each):
   ``bench tiling``: the C kernel's time per call.
 * ``profile``: one workload, per-step host breakdown and device task timings, Chrome trace.
 * ``inspect``: the tiling of given lengths, per-core load bars.
+* ``selfcheck``: kernels, AI-CPU replay (the tiling placement), attention correctness and
+  host time on this machine, with a verdict.
 
 ``main(argv)`` returns the exit code: 0 success, 1 a check failed, 2 a user error (one
 line on stderr, never a traceback), 130 interrupted.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from . import balance, bench, inspect, profile, tiling_bench
+from . import balance, bench, inspect, profile, selfcheck, tiling_bench
 from ._common import PROG, ArgumentParser, CliError
 
 __all__ = ["CliError", "build_parser", "main"]
@@ -36,6 +38,7 @@ def build_parser() -> ArgumentParser:
     tiling_bench.add_parser(bench_sub)
     profile.add_parser(sub)
     inspect.add_parser(sub)
+    selfcheck.add_parser(sub)
     return parser
 
 

@@ -1,8 +1,8 @@
 """Run ``StaticAttention`` in both modes on the same steps: the measuring loop of
 ``bench`` and ``profile``.
 
-A/B steps are interleaved (ABAB..., the order flipping every step so neither mode always
-runs first) and both modes see identical inputs at each step. Times come from an injected
+Steps are interleaved (AB BA AB..., or ABC CBA with three modes: the order flips every
+step so no mode always runs first) and every mode sees identical inputs at each step. Times come from an injected
 clock (:class:`~pyruntime.profiler.clock.Clock`); host phases from
 :mod:`pyruntime.profiler.instrument` when asked; device tasks from the backend's task
 records when it keeps them.
@@ -22,6 +22,14 @@ from ..profiler.instrument import PhaseRecorder, instrument
 from .sources import ContinuousBatch
 
 MODES = ("host_update", "device_tiling")
+#: what ``bench`` compares: the A/B pair plus device tiling with its other placement
+BENCH_MODES = (*MODES, "pre_replay")
+#: run mode -> (StaticAttention mode, placement)
+VARIANTS = {
+    "host_update": ("host_update", None),
+    "device_tiling": ("device_tiling", "graph"),
+    "pre_replay": ("device_tiling", "pre-replay"),
+}
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -57,16 +65,18 @@ class Geometry:
 def make_attention(
     backend: Any, mode: str, geom: Geometry, layers: int, batch: int, max_tokens: int, seed: int = 0
 ) -> Any:
-    """A captured ``StaticAttention`` with random queries and KV caches."""
+    """A captured ``StaticAttention`` of run mode `mode` (a `VARIANTS` key) with random
+    queries and KV caches."""
     import torch
 
     from ..attention import StaticAttention
 
+    attn_mode, placement = VARIANTS[mode]
     attn = StaticAttention(
         backend, num_layers=layers, num_q_heads=geom.num_q_heads,
         num_kv_heads=geom.num_kv_heads, head_dim=geom.head_dim, block_size=geom.block_size,
         num_blocks=geom.num_blocks, max_batch=batch, max_tokens=max_tokens,
-        max_blocks_per_req=geom.max_blocks_per_req, mode=mode,
+        max_blocks_per_req=geom.max_blocks_per_req, mode=attn_mode, placement=placement,
         dtype=getattr(torch, geom.dtype), num_cores=geom.num_cores,
     )  # fmt: skip
     gen = torch.Generator().manual_seed(seed)

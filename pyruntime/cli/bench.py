@@ -1,9 +1,12 @@
 """``aicpu-tiling bench``: interleaved A/B runs of ``host_update`` against ``device_tiling``.
 
-For each grid point (layers, batch, length source) both modes are captured on the CPU
-backend and stepped on identical inputs, interleaved. Reports per-step host time and
-end-to-end step time as medians with bootstrap 95% intervals, and the host_update over
-device_tiling ratio with a paired bootstrap interval. Writes JSON (schema in
+For each grid point (layers, batch, length source) three runs are captured on the CPU
+backend and stepped on identical inputs, interleaved: ``host_update``, ``device_tiling``
+with its tiling task captured in the graph (placement ``graph``) and ``pre_replay``
+(placement ``pre-replay``: the same task launched once per step before the replay).
+Reports per-step host time and end-to-end step time as medians with bootstrap 95%
+intervals, the host_update over each placement's ratio with a paired bootstrap interval,
+per-step backend counters, and how host time grows with L. Writes JSON (schema in
 docs/bench_schema.md) and, with the ``plot`` extra, a PNG.
 """
 
@@ -18,12 +21,12 @@ from pathlib import Path
 from ..profiler import processors as proc
 from ..profiler.renderers.bench_tables import bench_table
 from ._common import CliError, add_output_args, emit_json, make_console, progress, write_json
-from .abrun import DTYPES, MODES, Geometry, Point, run_point
+from .abrun import BENCH_MODES, DTYPES, VARIANTS, Geometry, Point, run_point
 from .balance import _int_list
 from .sources import SOURCES, SourceError
 
 SCHEMA = "aicpu-tiling/bench"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 HEADLINE = Point(61, 64, "trace")
 #: the default grid: the headline, its neighbours in layers and batch, two other sources
 DEFAULT_POINTS = (
@@ -103,6 +106,12 @@ def grid(args: argparse.Namespace) -> list[Point]:
 
 def summarize_point(point: Point, runs: list, *, seed: int, resamples: int) -> dict:
     """Medians, intervals and ratios of one point's runs (``host_update`` first)."""
+
+    def ratio(key: str, a, b) -> dict:
+        return proc.ratio_of_medians([getattr(s, key) for s in a.steps],
+                                     [getattr(s, key) for s in b.steps], seed=seed,
+                                     resamples=resamples)  # fmt: skip
+
     by_mode = {r.mode: r for r in runs}
     modes = {}
     for m, r in by_mode.items():
@@ -114,18 +123,39 @@ def summarize_point(point: Point, runs: list, *, seed: int, resamples: int) -> d
             "counters_per_step": r.counters,
         }
     a, b = by_mode["host_update"], by_mode["device_tiling"]
-    return {
+    out = {
         "layers": point.layers,
         "batch": point.batch,
         "source": point.source,
         "steps": len(a.steps),
         "modes": modes,
-        "host_ratio": proc.ratio_of_medians([s.host_s for s in a.steps],
-                                            [s.host_s for s in b.steps], seed=seed,
-                                            resamples=resamples),
-        "step_ratio": proc.ratio_of_medians([s.step_s for s in a.steps],
-                                            [s.step_s for s in b.steps], seed=seed,
-                                            resamples=resamples),
+        "host_ratio": ratio("host_s", a, b),
+        "step_ratio": ratio("step_s", a, b),
+    }
+    if "pre_replay" in by_mode:
+        out["host_ratio_pre_replay"] = ratio("host_s", a, by_mode["pre_replay"])
+        out["step_ratio_pre_replay"] = ratio("step_s", a, by_mode["pre_replay"])
+    return out
+
+
+def placements_summary(points: list[dict]) -> dict | None:
+    """Host time per step against L for each run mode, at the headline's batch and source.
+
+    ``growth`` is the median host time at the largest L over that at the smallest (1.0 =
+    flat in L); ``counters_per_step`` are the backend counters at the largest L.
+    """
+    rows = sorted((p for p in points if (p["batch"], p["source"]) ==
+                   (HEADLINE.batch, HEADLINE.source)), key=lambda p: p["layers"])
+    if len(rows) < 2:
+        return None
+    modes = list(rows[0]["modes"])
+    host = {m: [p["modes"][m]["host_us"]["median"] for p in rows] for m in modes}
+    return {
+        "batch": HEADLINE.batch, "source": HEADLINE.source,
+        "layers": [p["layers"] for p in rows],
+        "host_us": host,
+        "growth": {m: (v[-1] / v[0] if v[0] else None) for m, v in host.items()},
+        "counters_per_step": {m: rows[-1]["modes"][m]["counters_per_step"] for m in modes},
     }  # fmt: skip
 
 
@@ -164,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
             bar.update(task, description=f"bench {point.name}")
             try:
                 runs = run_point(point, geom, steps=steps, warmup=warmup, seed=args.seed,
+                                 modes=BENCH_MODES,
                                  on_step=lambda: bar.advance(task))  # fmt: skip
             except SourceError as exc:
                 raise CliError(str(exc)) from exc
@@ -180,8 +211,10 @@ def run(args: argparse.Namespace) -> int:
         "environment": _environment(),
         "config": {"backend": "cpu", "geometry": geom.as_dict(), "steps": steps,
                    "warmup": warmup, "seed": args.seed, "resamples": args.resamples,
-                   "confidence": 0.95, "quick": args.quick, "modes": list(MODES)},
+                   "confidence": 0.95, "quick": args.quick, "modes": list(BENCH_MODES),
+                   "placements": {m: VARIANTS[m][1] for m in BENCH_MODES if VARIANTS[m][1]}},
         "points": results,
+        "placements": placements_summary(results),
         "headline": None,
     }  # fmt: skip
     for p in results:
@@ -191,6 +224,9 @@ def run(args: argparse.Namespace) -> int:
                 "host_update_us": p["modes"]["host_update"]["host_us"]["median"],
                 "device_tiling_us": p["modes"]["device_tiling"]["host_us"]["median"],
                 "host_ratio": p["host_ratio"]["value"], "host_ratio_ci": p["host_ratio"]["ci"],
+                "pre_replay_us": p["modes"]["pre_replay"]["host_us"]["median"],
+                "host_ratio_pre_replay": p["host_ratio_pre_replay"]["value"],
+                "host_ratio_pre_replay_ci": p["host_ratio_pre_replay"]["ci"],
             }  # fmt: skip
     written = _save(args, result)
     if args.json:

@@ -1,7 +1,7 @@
 """``aicpu-tiling bench tiling``: the C tiling kernel's time per call.
 
-Compiles ``tools/bench_tiling.c`` with the kernel source (``gcc -std=c99 -O2``) into
-``build/``, runs it on the trace (handed to it as a plain CSV) and parses its lines
+Compiles ``tools/bench_tiling.c`` with the kernel source (``gcc -std=c99 -O3``, as the cffi
+build) into ``build/``, runs it on the trace (handed to it as a plain CSV) and parses its lines
 ``batch=B ns_per_call=X ns_per_request=Y min=A max=B repeats=N``.
 
 Beside the time, each row gets the AArch64 instruction count per call (the AI-CPU's

@@ -1,13 +1,29 @@
 """Device tiling: one AI-CPU tiling task per step feeds every layer; no host work per layer.
 
-Captured once per bucket::
+The tiling producer has two placements (docs/design.md section 7):
+
+``graph`` (`DeviceTilingPath`): the AI-CPU task is captured in the graph::
 
     capture stream:  record fork ─────────────┐            wait join ─> L x (attention, combine)
     AI-CPU stream:                 wait fork ─┴─> tiling ─> record join
 
-(AI-CPU and AI Core tasks never share a stream; events order them.) A step copies the
-packed lengths and the block table into the static buffers, then replays: two copies
-and one replay, whatever the layer count.
+  A step is two copies and one replay, whatever the layer count. It is right only if graph
+  replay re-runs captured AI-CPU tasks, which no public CANN document promises.
+
+``pre-replay`` (`PreReplayTilingPath`): the graph holds only the L layers; every step the
+same AI-CPU kernel is launched once on its own stream, outside the graph, and an event
+orders it before the replay::
+
+    host:            copy lengths, copy block table,        replay ──────────────────┐
+    stream:          ─> record fork ─┐            wait join ─> L x (attention, combine)
+    AI-CPU stream:        wait fork ─┴─> tiling ─> record join
+
+  A step is two copies, one AI-CPU launch and one replay: no per-layer update, no
+  device-to-host copy, host cost flat in L.
+
+(AI-CPU and AI Core tasks never share a stream; events order them.) In both, attention
+checks the tiling's step epoch, so a tiling the task did not write for this step is never
+used: outputs are zero and `error()` returns `StaleTilingError`.
 """
 
 from __future__ import annotations
@@ -20,9 +36,14 @@ from pyruntime.tiling import StaleTilingError, TilingError
 
 from .buffers import StaticBuffers, StepInputs
 
+#: the tiling producer's placements, in the order a self-check prefers them
+PLACEMENTS = ("graph", "pre-replay")
+
 
 class DeviceTilingPath:
-    """The device-tiling graph of one bucket (see the module docstring)."""
+    """The device-tiling graph of one bucket, placement ``graph`` (see the module docstring)."""
+
+    placement = "graph"
 
     def __init__(self, backend: Backend, buffers: StaticBuffers, *, causal: bool) -> None:
         self.backend, self.buffers, self.causal = backend, buffers, causal
@@ -31,28 +52,41 @@ class DeviceTilingPath:
         self.graph = backend.graph()
         self._last_epoch: int | None = None
 
+    def _tiling_args(self) -> dict:
+        b = self.buffers
+        return {"cu_seqlens_q": b.cu_seqlens_q, "seqlens_kv": b.seqlens_kv, "batch": b.batch,
+                "step_epoch": b.step_epoch, "tiling_out": b.tiling,
+                "params": kernels.params_list(b.params), "causal": self.causal}
+
+    def _launch_tiling(self, fork=None, join=None) -> None:
+        """Fork to the AI-CPU stream, launch the tiling task there, join back (new events
+        unless `fork` and `join` are given)."""
+        main, side = self.stream, self.aicpu_stream
+        side.wait_event(main.record_event(fork))
+        self.backend.launch(kernels.TILING, self._tiling_args(), stream=side)
+        main.wait_event(side.record_event(join))
+
+    def _launch_layers(self) -> None:
+        b = self.buffers
+        for layer in range(len(b.queries)):
+            kernels.launch_layer(self.backend, b, layer, stream=self.stream, tiling_in=b.tiling,
+                                 cu_seqlens_q=b.cu_seqlens_q, seqlens_kv=b.seqlens_kv,
+                                 step_epoch=b.step_epoch, causal=self.causal)
+
     def capture(self) -> None:
-        be, b, main, side = self.backend, self.buffers, self.stream, self.aicpu_stream
-        params = kernels.params_list(b.params)
-        with be.capture(self.graph, main):
-            side.wait_event(main.record_event())
-            be.launch(kernels.TILING, {
-                "cu_seqlens_q": b.cu_seqlens_q, "seqlens_kv": b.seqlens_kv, "batch": b.batch,
-                "step_epoch": b.step_epoch, "tiling_out": b.tiling, "params": params,
-                "causal": self.causal,
-            }, stream=side)
-            main.wait_event(side.record_event())
-            for layer in range(len(b.queries)):
-                kernels.launch_layer(be, b, layer, stream=main, tiling_in=b.tiling,
-                                     cu_seqlens_q=b.cu_seqlens_q, seqlens_kv=b.seqlens_kv,
-                                     step_epoch=b.step_epoch, causal=self.causal)
+        with self.backend.capture(self.graph, self.stream):
+            self._launch_tiling()
+            self._launch_layers()
+
+    def _copy_inputs(self, inputs: StepInputs) -> None:
+        be, b = self.backend, self.buffers
+        be.copy_h2d(b.lengths, b.stage_lengths(inputs), stream=self.stream)
+        be.copy_h2d(b.block_table, inputs.block_table, stream=self.stream)
 
     def step(self, inputs: StepInputs) -> float:
         """Copy the inputs, replay; return the host CPU seconds spent (no device wait)."""
         start = time.thread_time()
-        be, b = self.backend, self.buffers
-        be.copy_h2d(b.lengths, b.stage_lengths(inputs), stream=self.stream)
-        be.copy_h2d(b.block_table, inputs.block_table, stream=self.stream)
+        self._copy_inputs(inputs)
         self.graph.replay(self.stream)
         self._last_epoch = inputs.epoch
         return time.thread_time() - start
@@ -67,3 +101,29 @@ class DeviceTilingPath:
         if self._last_epoch is not None and planned.epoch != self._last_epoch:
             return StaleTilingError(planned.epoch, self._last_epoch)
         return planned.error
+
+
+class PreReplayTilingPath(DeviceTilingPath):
+    """Placement ``pre-replay``: the tiling task runs once per step before the replay."""
+
+    placement = "pre-replay"
+
+    def __init__(self, backend: Backend, buffers: StaticBuffers, *, causal: bool) -> None:
+        super().__init__(backend, buffers, causal=causal)
+        self._fork, self._join = backend.event(), backend.event()  # reused every step
+
+    def capture(self) -> None:
+        with self.backend.capture(self.graph, self.stream):
+            self._launch_layers()
+
+    def step(self, inputs: StepInputs) -> float:
+        """Copy the inputs, launch the tiling (ordered by events), replay; host seconds."""
+        start = time.thread_time()
+        self._copy_inputs(inputs)
+        self._launch_tiling(self._fork, self._join)
+        self.graph.replay(self.stream)
+        self._last_epoch = inputs.epoch
+        return time.thread_time() - start
+
+
+PATHS = {"graph": DeviceTilingPath, "pre-replay": PreReplayTilingPath}

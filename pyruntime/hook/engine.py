@@ -71,6 +71,10 @@ class TilingEngine(Protocol):
     def capture_attention(self, capture: AttentionCapture) -> None:
         """Enqueue (tiling once per step and graph key, then) this layer's attention."""
 
+    # Optional: ``before_replay(num_tokens: int | None) -> None``, called by the patched
+    # ``ACLGraphWrapper.__call__`` before every graph call (a new step epoch; the tiling
+    # task itself under the pre-replay placement). num_tokens is None when unknown.
+
 
 def _from_env(spec: str) -> TilingEngine:
     module_name, sep, attr = spec.partition(":")
@@ -99,7 +103,9 @@ def load_engine() -> tuple[TilingEngine | None, str | None]:
 
     Order: the factory named by ``AICPU_TILING_ENGINE``; otherwise our kernels
     (``pyruntime.tiling``) must import, a supported NPU must be present, and the
-    ``"npu"`` backend must offer ``vllm_tiling_engine()``.
+    ``"npu"`` backend's ``vllm_tiling_engine()`` must succeed: a placement chosen by
+    ``aicpu-tiling selfcheck --backend npu`` (or ``AICPU_TILING_PLACEMENT``), our NPU
+    kernels built and loadable. Any failure is returned as the reason.
 
     Raises:
         ActivationError: ``AICPU_TILING_ENGINE`` is set but malformed.
@@ -123,5 +129,8 @@ def load_engine() -> tuple[TilingEngine | None, str | None]:
         return None, f"no NPU backend is available ({type(exc).__name__}: {exc})"
     make = getattr(backend, "vllm_tiling_engine", None)
     if make is None:
-        return None, "the NPU backend does not provide a vLLM tiling engine yet"
-    return make(), None
+        return None, "the NPU backend does not provide a vLLM tiling engine"
+    try:
+        return make(), None
+    except Exception as exc:  # noqa: BLE001 - any failure means: do not patch, say why
+        return None, f"the NPU tiling engine is not available: {exc}"

@@ -6,6 +6,9 @@ full-graph path, main model):
 * ``AscendAttentionBackendImpl.full_graph_fia`` captures the engine's tiling task (once
   per step and graph) and attention reading that device tiling, instead of an
   ``ExternalEvent`` wait plus a task group holding FIA with frozen host lists.
+* ``ACLGraphWrapper.__call__`` first calls the engine's ``before_replay(num_tokens)`` when
+  the engine has one (a new step epoch in device memory; under the ``pre-replay``
+  placement, the tiling task itself), then the original (capture or replay).
 * ``AscendAttentionBackendImpl.update_graph_params`` and ``update_full_graph_params``
   (in ``acl_graph`` and in every module that imported it by name) skip graphs in which
   every FIA layer was captured this way; in a mixed graph the original update runs for
@@ -239,12 +242,48 @@ def make_update_full_graph_params(original: Any, state: PatchState) -> Any:
     return update_full_graph_params
 
 
+def _current_num_tokens() -> int | None:
+    """The token bucket vLLM is about to run (its forward context), or None if unknown."""
+    try:
+        from vllm.forward_context import get_forward_context
+
+        return int(get_forward_context().batch_descriptor.num_tokens)
+    except Exception:  # noqa: BLE001 - no vLLM (tests), no context, or another layout
+        return None
+
+
+def make_graph_call(original: Any, state: PatchState) -> Any:
+    """Wrap ``ACLGraphWrapper.__call__``: the engine's ``before_replay`` runs first."""
+
+    @functools.wraps(original)
+    def __call__(self, *args, **kwargs):
+        before = getattr(state.engine, "before_replay", None)
+        if before is None:
+            return original(self, *args, **kwargs)
+        num_tokens = _current_num_tokens()
+        before(num_tokens)
+        result = original(self, *args, **kwargs)
+        replan = getattr(state.engine, "replan_after_capture", None)
+        if replan is not None and replan():
+            # this call captured a graph whose tiling runs before replays (pre-replay): its
+            # replay ran untiled (zeros); plan it and replay once more
+            before(num_tokens)
+            result = original(self, *args, **kwargs)
+        return result
+
+    return __call__
+
+
 def patch_acl_graph(module: ModuleType, state: PatchState) -> None:
-    """Replace ``acl_graph.update_full_graph_params`` with the skipping wrapper."""
+    """Replace ``acl_graph.update_full_graph_params`` with the skipping wrapper, and
+    ``ACLGraphWrapper.__call__`` with one that calls the engine's ``before_replay`` first."""
     original = module.update_full_graph_params
     wrapper = make_update_full_graph_params(original, state)
     state.update_original, state.update_wrapper = original, wrapper
     state.ledger.replace(module, "update_full_graph_params", wrapper)
+    if hasattr(state.engine, "before_replay"):
+        _, _, call = state.ledger.resolve(module, "ACLGraphWrapper.__call__")
+        state.ledger.replace(module.ACLGraphWrapper, "__call__", make_graph_call(call, state))
 
 
 def patch_importer(module: ModuleType, state: PatchState) -> None:

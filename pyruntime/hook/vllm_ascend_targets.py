@@ -97,6 +97,8 @@ _COMMON_FUNCTIONS = {
         "sinks",
     ),
     (ACL_GRAPH, "get_graph_params"): (),
+    # patched to call the engine's before_replay (a new step epoch; pre-replay tiling)
+    (ACL_GRAPH, "ACLGraphWrapper.__call__"): ("self",),
     (ACL_GRAPH, "get_draft_graph_params"): (),
     (ACL_GRAPH, "get_draft_graph_prefill_params"): (),
     ("vllm_ascend.worker.model_runner_v1", "NPUModelRunner._pad_query_start_loc_for_fia"): (

@@ -211,13 +211,29 @@ def test_bench_quick_small_grid(cli, tmp_path):
                        "-o", str(out_file), "--resamples", "200")  # fmt: skip
     data = json.loads(out)
     assert code == 0 and len(data["points"]) == 2
+    assert data["version"] == 2 and data["placements"] is None  # one layer count only
     p = data["points"][0]
-    for mode in ("host_update", "device_tiling"):
+    for mode in ("host_update", "device_tiling", "pre_replay"):
         assert p["modes"][mode]["host_us"]["ci"][0] <= p["modes"][mode]["host_us"]["median"]
-    assert p["modes"]["device_tiling"]["counters_per_step"]["task_updates"] == 0
+    graph, pre = (p["modes"][m]["counters_per_step"] for m in ("device_tiling", "pre_replay"))
+    assert graph["task_updates"] == 0 and graph["launches_aicpu"] == 0
+    assert pre["task_updates"] == 0 and pre["launches_aicpu"] == 1  # exactly one per step
+    assert pre["replays"] == 1 and pre["host_tiling_calls"] == 0
     assert p["modes"]["host_update"]["counters_per_step"]["task_updates"] == 2
-    assert p["host_ratio"]["value"] > 0
+    assert p["host_ratio"]["value"] > 0 and p["host_ratio_pre_replay"]["value"] > 0
     assert json.loads(out_file.read_text())["schema"] == "aicpu-tiling/bench"
+
+
+@needs_runtime
+def test_bench_placements_summary_over_layer_counts(cli):
+    code, out, _ = cli("bench", "--layers", "1,3", "--batch-sizes", "64", "--steps", "3",
+                       "--warmup", "1", "--json", "--no-save", "--resamples", "100")
+    summary = json.loads(out)["placements"]
+    assert code == 0 and summary["layers"] == [1, 3]
+    assert set(summary["host_us"]) == {"host_update", "device_tiling", "pre_replay"}
+    hu = summary["host_us"]["host_update"]
+    assert summary["growth"]["host_update"] == pytest.approx(hu[1] / hu[0])
+    assert summary["counters_per_step"]["host_update"]["task_updates"] == 3
 
 
 @needs_runtime

@@ -20,22 +20,41 @@ def bench_result() -> dict:
         return {"host_us": {"median": host, "ci": [host * 0.97, host * 1.02]},
                 "step_us": {"median": step, "ci": [step * 0.99, step * 1.01]}}  # fmt: skip
 
+    def ratio(value):
+        return {"value": value, "ci": [value * 0.95, value * 1.04]}
+
     points = []
-    for layers, batch, source, hu, dt in (
-        (61, 64, "trace", 4310.0, 61.2),
-        (1, 64, "trace", 118.0, 60.5),
-        (61, 64, "chunked-prefill", 12650.0, 64.0),
+    for layers, batch, source, hu, dt, pr in (
+        (61, 64, "trace", 4310.0, 61.2, 80.5),
+        (1, 64, "trace", 118.0, 60.5, 78.0),
+        (61, 64, "chunked-prefill", 12650.0, 64.0, 83.0),
     ):
         points.append({
             "layers": layers, "batch": batch, "source": source, "steps": 40,
-            "modes": {"host_update": mode(hu, 30000.0), "device_tiling": mode(dt, 25000.0)},
-            "host_ratio": {"value": hu / dt, "ci": [hu / dt * 0.95, hu / dt * 1.04]},
-            "step_ratio": {"value": 1.2, "ci": [1.1, 1.3]},
+            "modes": {"host_update": mode(hu, 30000.0), "device_tiling": mode(dt, 25000.0),
+                      "pre_replay": mode(pr, 25100.0)},
+            "host_ratio": ratio(hu / dt), "step_ratio": ratio(1.2),
+            "host_ratio_pre_replay": ratio(hu / pr), "step_ratio_pre_replay": ratio(1.19),
         })  # fmt: skip
+    counters = {
+        "host_update": {"launches_aicpu": 0.0, "launches_aicore": 122.0, "task_updates": 61.0,
+                        "host_tiling_calls": 61.0, "replays": 1.0, "copies_h2d": 1.0},
+        "device_tiling": {"launches_aicpu": 0.0, "launches_aicore": 0.0, "task_updates": 0.0,
+                          "host_tiling_calls": 0.0, "replays": 1.0, "copies_h2d": 2.0},
+        "pre_replay": {"launches_aicpu": 1.0, "launches_aicore": 0.0, "task_updates": 0.0,
+                       "host_tiling_calls": 0.0, "replays": 1.0, "copies_h2d": 2.0},
+    }
     return {
         "points": points,
+        "placements": {"batch": 64, "source": "trace", "layers": [1, 61],
+                       "host_us": {"host_update": [118.0, 4310.0], "device_tiling": [60.5, 61.2],
+                                   "pre_replay": [78.0, 80.5]},
+                       "growth": {"host_update": 4310.0 / 118.0, "device_tiling": 61.2 / 60.5,
+                                  "pre_replay": 80.5 / 78.0},
+                       "counters_per_step": counters},
         "headline": {"layers": 61, "batch": 64, "source": "trace", "host_update_us": 4310.0,
-                     "device_tiling_us": 61.2, "host_ratio": 4310.0 / 61.2},
+                     "device_tiling_us": 61.2, "host_ratio": 4310.0 / 61.2,
+                     "pre_replay_us": 80.5, "host_ratio_pre_replay": 4310.0 / 80.5},
         "config": {"steps": 40, "warmup": 3, "resamples": 2000, "seed": 0},
     }  # fmt: skip
 

@@ -231,6 +231,17 @@ def test_torch_npu_calls_exist(npu_wheel):
     assert not missing, f"not in the torch_npu wheel: {missing}"
 
 
+def test_every_torch_npu_api_entry_exists(npu_wheel):
+    """`pyruntime.backends.npu.TORCH_NPU_API` (what the NPU backend calls through its
+    ``torch.npu`` handle, out of reach of the name scan above) against the real wheel."""
+    from pyruntime.backends.npu import TORCH_NPU_API
+
+    npu_all, ops, zf = npu_wheel
+    tops = {".".join(name.split(".")[:3]) for name in TORCH_NPU_API}
+    missing = sorted(c for c in tops if not _exists(c, npu_all, ops, zf))
+    assert not missing, f"TORCH_NPU_API names not in the torch_npu wheel: {missing}"
+
+
 def test_fia_out_keywords(npu_wheel):
     _, ops, _ = npu_wheel
     schema = ops["npu_fused_infer_attention_score.out"]

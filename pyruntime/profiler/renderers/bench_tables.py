@@ -30,45 +30,83 @@ def _ratio(r: dict, digits: int = 1) -> Text:
     return text
 
 
+#: column heading of each run mode (device_tiling's tiling task is captured in the graph)
+_HEADINGS = {"host_update": "host_update", "device_tiling": "graph", "pre_replay": "pre-replay"}
+_SHORT = {"host_update": "host\nupdate", "device_tiling": "graph", "pre_replay": "pre-\nreplay"}
+
+
 def _grid_table(title: str, result: dict, key: str, ratio_key: str, fmt, digits: int) -> Table:
     table = Table(title=title, title_justify="left")
-    table.add_column("L, batch, source", no_wrap=True)
-    for name in ("host_update", "device_tiling", "ratio"):
-        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("L, batch\nsource", no_wrap=True)
+    modes = [m for m in _HEADINGS if m in result["points"][0]["modes"]] if result["points"] else []
+    for m in modes:
+        table.add_column(_SHORT[m], justify="right", no_wrap=True)
+    table.add_column("ratio\ngraph", justify="right", no_wrap=True)
+    if "pre_replay" in modes:
+        table.add_column("ratio\npre", justify="right", no_wrap=True)
     for p in result["points"]:
-        a, b = p["modes"]["host_update"], p["modes"]["device_tiling"]
-        table.add_row(
-            f"L={p['layers']}, batch {p['batch']}\n{p['source']}",
-            _cell(a[key], fmt),
-            _cell(b[key], fmt),
-            _ratio(p[ratio_key], digits),
-        )
+        cells = [_cell(p["modes"][m][key], fmt) for m in modes]
+        cells.append(_ratio(p[ratio_key], digits))
+        if "pre_replay" in modes:
+            cells.append(_ratio(p[f"{ratio_key}_pre_replay"], digits))
+        table.add_row(f"L={p['layers']}, b {p['batch']}\n{p['source']}", *cells)
     return table
 
 
+_COUNTERS = (("launches_aicpu", "AI-CPU\nlaunches"), ("launches_aicore", "AI Core\nlaunches"),
+             ("task_updates", "task\nupdates"), ("host_tiling_calls", "host\ntilings"),
+             ("replays", "replays"), ("copies_h2d", "copies\nH2D"))
+
+
+def placements_tables(summary: dict) -> list[Table]:
+    """Host time per step against L with its growth, and the per-step counters."""
+    layers = summary["layers"]
+    growth = Table(title=f"Host time per step (us) by layer count, batch {summary['batch']}, "
+                         f"{summary['source']}", title_justify="left")
+    growth.add_column("mode", no_wrap=True)
+    for n in layers:
+        growth.add_column(f"L={n}", justify="right", no_wrap=True)
+    growth.add_column(f"L={layers[-1]} / L={layers[0]}", justify="right", no_wrap=True)
+    counters = Table(title=f"Backend counters per step, L={layers[-1]}", title_justify="left")
+    counters.add_column("mode", no_wrap=True)
+    for _, heading in _COUNTERS:
+        counters.add_column(heading, justify="right", no_wrap=True)
+    for m, host in summary["host_us"].items():
+        g = summary["growth"][m]
+        growth.add_row(_HEADINGS.get(m, m), *(_us(x) for x in host),
+                       f"{g:.2f}x" if g is not None else "-")
+        c = summary["counters_per_step"][m]
+        counters.add_row(_HEADINGS.get(m, m), *(f"{c[k]:g}" for k, _ in _COUNTERS))
+    return [growth, counters]
+
+
 def bench_table(result: dict) -> list:
-    """The A/B grid: host time per step per mode with the ratio, then end-to-end step time."""
+    """The A/B grid: host time per step per mode with the ratios, end-to-end step time, and
+    the placements' growth in L with their counters."""
     out: list = [
         _grid_table("Host time per step (us): median, 95% CI below", result, "host_us",
                     "host_ratio", _us, 1),
         _grid_table("End-to-end step time (ms): median, 95% CI below", result, "step_us",
                     "step_ratio", _ms, 2),
     ]  # fmt: skip
+    if result.get("placements"):
+        out.extend(placements_tables(result["placements"]))
     head = result.get("headline")
     if head:
-        out.append(
-            Text(
-                f"headline: L={head['layers']}, batch {head['batch']}, {head['source']}: "
+        text = (f"headline: L={head['layers']}, batch {head['batch']}, {head['source']}: "
                 f"host {head['host_update_us']:.0f} us -> {head['device_tiling_us']:.1f} us "
-                f"per step, {head['host_ratio']:.1f}x less host time",
-                style="bold",
-            )
-        )
+                f"per step (graph), {head['host_ratio']:.1f}x less host time")
+        if "pre_replay_us" in head:
+            text += (f"; {head['pre_replay_us']:.1f} us (pre-replay), "
+                     f"{head['host_ratio_pre_replay']:.1f}x")
+        out.append(Text(text, style="bold"))
     cfg = result["config"]
     out.append(
         Text(
             f"{cfg['steps']} measured steps per mode per point after {cfg['warmup']} warm-up, "
-            f"A/B interleaved; ratio = host_update / device_tiling; CIs: bootstrap "
+            f"interleaved; graph = device_tiling with the tiling task captured in the graph, "
+            f"pre-replay = the same task launched once per step before the replay; ratio = "
+            f"host_update / that placement; CIs: bootstrap "
             f"({cfg['resamples']} resamples, seed {cfg['seed']}), paired for ratios",
             style="dim",
         )
@@ -79,7 +117,7 @@ def bench_table(result: dict) -> list:
 def tiling_bench_table(result: dict) -> list:
     """The C kernel's time per call per batch size."""
     table = Table(
-        title="Tiling kernel time per call (C, -O2, host CPU): median of repeats",
+        title="Tiling kernel time per call (C, -O3, host CPU): median of repeats",
         title_justify="left",
     )
     # The AArch64 instruction count (emulated, pyruntime.aarch64) when it was measured.

@@ -1,0 +1,183 @@
+"""The vLLM tiling engine of the NPU backend: what the vLLM-Ascend hook captures into.
+
+Per graph key (a vLLM-Ascend graph and its token bucket) the engine owns static device
+buffers: the tiling, the step epoch, the live batch and the split-KV partials. Per layer it
+enqueues our attention and combine ops reading that tiling. The tiling task
+(``torch.ops.aicpu_tiling.plan_tiling``, the torch_npu extension's AI-CPU launch, which
+forks to its own flag-0 stream and joins back with sync events) runs:
+
+* placement ``graph``: captured once per key, in the graph, before the key's first layer;
+* placement ``pre-replay``: not captured; `before_replay` launches it once per step on the
+  current stream, just before the graph replays (the extension orders it by events).
+
+`before_replay` also writes a new step epoch into every key's epoch buffer, so attention
+refuses a tiling not planned for this step (zeros, never a wrong answer) under either
+placement; `errors()` reads the tiling headers back on demand (a device-to-host copy, for
+diagnosis only: nothing reads them per step).
+
+A graph call that captures a new key under ``pre-replay`` replays it before any tiling of
+that key exists; `replan_after_capture` tells the hook to plan and call the graph again
+(once per key, at capture time).
+
+Assumptions (never run on an NPU): padded request slots carry q_len = kv_len = 0 or a valid dummy request (vLLM-Ascend's FIA
+padding); the live batch is computed on the device before each tiling (see `_plan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pyruntime import tiling
+from pyruntime.hook.engine import AttentionCapture
+from pyruntime.kernels import step as kernels
+
+from .errors import BackendError
+
+
+@dataclass
+class _KeyBuffers:
+    params: tiling.TilingParams
+    capture: AttentionCapture  # the key's first layer: its length buffers are the key's
+    tiling: torch.Tensor
+    epoch: torch.Tensor
+    batch: torch.Tensor
+    partial_out: torch.Tensor
+    partial_lse: torch.Tensor
+
+
+class NpuTilingEngine:
+    """`pyruntime.hook.engine.TilingEngine` on torch_npu, for one tiling placement.
+
+    Args:
+        placement: ``"graph"`` or ``"pre-replay"``.
+        num_cores: AI Cores attention is captured with (the device's AI Core count).
+        ops: the op namespace (``torch.ops.aicpu_tiling``; a stand-in in tests).
+        launch: how a captured op is enqueued (default: call it, which torch_npu's capture
+            records; tests pass a fixture's recorder).
+        host_to_device: copies a host int32 ``[1]`` tensor into a device one before the
+            replay (default ``dst.copy_(src, non_blocking=True)``).
+    """
+
+    def __init__(self, placement: str, *, num_cores: int, ops: Any = None,
+                 launch: Callable[[Callable[[], None]], None] | None = None,
+                 host_to_device: Callable[[torch.Tensor, torch.Tensor], None] | None = None):
+        from pyruntime.placement import check
+
+        self.placement = check(placement)
+        self.name = f"npu-{placement}"
+        self.num_cores = num_cores
+        if ops is None:
+            from pyruntime.kernels import custom_ops
+
+            ops = custom_ops.ops()
+        self.ops = ops
+        self.launch = launch or (lambda fn: fn())
+        self.host_to_device = host_to_device or (lambda d, s: d.copy_(s, non_blocking=True))
+        self.keys: dict[Hashable, _KeyBuffers] = {}
+        self.epoch = 0
+        self._host_epoch = torch.zeros(1, dtype=torch.int32)
+        self.tiling_launches = 0
+        self._unplanned: set[Hashable] = set()  # pre-replay keys captured since before_replay
+
+    # ---- capture ----------------------------------------------------------------------------
+    def _buffers(self, c: AttentionCapture) -> _KeyBuffers:
+        device = c.query.device
+        params = tiling.TilingParams(
+            num_q_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_size,
+            block_size=c.block_size, max_batch=int(c.block_table.shape[0]),
+            max_tokens=int(c.query.shape[0]), max_blocks_per_req=int(c.block_table.shape[1]),
+            num_cores=self.num_cores)
+        slots = max(1, params.max_partial_slots)
+
+        def zeros(shape, dtype):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        batch = zeros((1,), torch.int32)
+        epoch = zeros((1,), torch.int32)
+        epoch.fill_(self.epoch)
+        return _KeyBuffers(params, c, zeros((params.tiling_bytes,), torch.uint8), epoch, batch,
+                           zeros((slots, params.q_tile, params.group, params.head_dim),
+                                 torch.float32),
+                           zeros((slots, params.q_tile, params.group), torch.float32))
+
+    def _plan(self, key: _KeyBuffers) -> None:
+        c = key.capture
+        # the live batch, on the device: the longest prefix of requests whose query offsets
+        # do not decrease (vLLM pads query_start_loc with its last offset, which keeps
+        # padded slots at q_len 0; a buffer zeroed past the live requests stops there)
+        cu = c.query_start_loc[: c.seq_lens.numel() + 1]
+        key.batch.copy_((cu[1:] >= cu[:-1]).to(torch.int32).cumprod(0).sum().view(1))
+        self.ops.plan_tiling(cu_seqlens_q=c.query_start_loc, seqlens_kv=c.seq_lens,
+                             batch=key.batch, step_epoch=key.epoch, tiling_out=key.tiling,
+                             params=kernels.params_list(key.params), causal=c.causal)
+        self.tiling_launches += 1
+
+    def capture_attention(self, capture: AttentionCapture) -> None:
+        """Enqueue (the key's tiling task under ``graph``, then) this layer's attention."""
+        c = capture
+        key = self.keys.get(c.graph_key)
+        if key is None:
+            key = self.keys[c.graph_key] = self._buffers(c)
+            if self.placement == "graph":
+                self.launch(lambda k=key: self._plan(k))
+            else:
+                self._unplanned.add(c.graph_key)
+        elif (c.num_heads, c.num_kv_heads, c.head_size) != (
+                key.params.num_q_heads, key.params.num_kv_heads, key.params.head_dim):
+            raise BackendError(f"layer {c.layer_name}: head geometry differs from the first "
+                               "layer of its graph; one tiling serves one geometry")
+        p = key.params
+        cache = (c.key_cache.shape[0], p.block_size, p.num_kv_heads, p.head_dim)
+        out = c.output.view(c.output.shape[0], p.num_q_heads, p.head_dim)
+        common = {"cu_seqlens_q": c.query_start_loc, "step_epoch": key.epoch,
+                  "tiling_in": key.tiling, "out": out, "partial_out": key.partial_out,
+                  "partial_lse": key.partial_lse, "params": kernels.params_list(p)}
+
+        def attention() -> None:
+            self.ops.paged_attention(query=c.query, key_cache=c.key_cache.view(cache),
+                                     value_cache=c.value_cache.view(cache),
+                                     block_table=c.block_table, seqlens_kv=c.seq_lens,
+                                     scale=c.scale, causal=c.causal, **common)
+            self.ops.attention_combine(**common)
+
+        self.launch(attention)
+
+    # ---- every step -------------------------------------------------------------------------
+    def before_replay(self, num_tokens: int | None = None) -> None:
+        """Before a graph replays: a new step epoch; under ``pre-replay`` also the tiling of
+        the keys of `num_tokens` (every key when None)."""
+        self.epoch = self.epoch % (2**31 - 1) + 1
+        self._host_epoch[0] = self.epoch
+        self._unplanned.clear()
+        for graph_key, key in self.keys.items():
+            self.host_to_device(key.epoch, self._host_epoch)
+            if self.placement == "pre-replay" and (
+                    num_tokens is None or _tokens_of(graph_key) == num_tokens):
+                self._plan(key)
+
+    def replan_after_capture(self) -> bool:
+        """True (once) when the last graph call captured a key under ``pre-replay``: the
+        replay inside that call ran before any tiling of the new key, so the caller must
+        call `before_replay` and the graph again (the hook does)."""
+        pending = bool(self._unplanned)
+        self._unplanned.clear()
+        return pending
+
+    def errors(self) -> dict[Hashable, tiling.TilingError]:
+        """The tiling errors of the last step per key (reads every tiling header back)."""
+        found = {}
+        for graph_key, key in self.keys.items():
+            planned = kernels.tiling_status(key.params, key.tiling.cpu())
+            if planned.epoch != self.epoch:
+                found[graph_key] = tiling.StaleTilingError(planned.epoch, self.epoch)
+            elif planned.error is not None:
+                found[graph_key] = planned.error
+        return found
+
+
+def _tokens_of(graph_key: Hashable) -> int | None:
+    return graph_key[1] if isinstance(graph_key, tuple) and len(graph_key) == 2 else None

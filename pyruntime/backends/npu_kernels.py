@@ -1,0 +1,136 @@
+"""Our kernels on an Ascend NPU: find, build and load the torch_npu extension.
+
+The extension ``libaicpu_tiling_npu.so`` (``aicpu_kernels/npu_ext/``) registers the
+PrivateUse1 kernel of ``torch.ops.aicpu_tiling.plan_tiling``, which launches the AI-CPU
+tiling kernel by the runtime route (``npu_ext/launch_route.h``: binary loaded once before
+capture, a flag-0 AI-CPU stream, ``ACL_EVENT_SYNC`` events recorded and waited around the
+launch, so the same call works captured or eager), and ``npu_load_tiling_kernel(json)``,
+which loads the AI-CPU binary (``aicpu_tiling_runtime.json`` and the ``.so`` it names).
+The schema of ``plan_tiling`` is defined in Python (`pyruntime.kernels.custom_ops`), so it
+is registered before the library is loaded.
+
+Where they are looked for: ``$AICPU_TILING_NPU_EXT`` (the extension) and
+``$AICPU_TILING_KERNEL_DIR`` (the directory of the runtime JSON), else what
+``tools/build_aicpu_kernel.sh runtime`` and ``... npu_ext`` install under ``build/aicpu/``.
+Nothing here has run on an NPU.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import BackendError
+
+EXT_ENV = "AICPU_TILING_NPU_EXT"
+KERNEL_DIR_ENV = "AICPU_TILING_KERNEL_DIR"
+EXT_NAME = "libaicpu_tiling_npu.so"
+RUNTIME_JSON = "aicpu_tiling_runtime.json"
+REPO = Path(__file__).resolve().parents[2]
+BUILD_ROOT = REPO / "build" / "aicpu"
+BUILD_SCRIPT = REPO / "tools" / "build_aicpu_kernel.sh"
+
+
+class KernelsUnavailableError(BackendError):
+    """Our NPU kernels are not built or cannot load; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class KernelFiles:
+    extension: Path
+    runtime_json: Path
+
+
+def _first(paths) -> Path | None:
+    return next((p for p in paths if p.is_file()), None)
+
+
+def find() -> KernelFiles:
+    """The extension and the runtime JSON.
+
+    Raises:
+        KernelsUnavailableError: either is missing (names where it was looked for).
+    """
+    env_ext = os.environ.get(EXT_ENV, "").strip()
+    ext_candidates = [Path(env_ext)] if env_ext else sorted(BUILD_ROOT.glob(f"**/{EXT_NAME}"))
+    env_dir = os.environ.get(KERNEL_DIR_ENV, "").strip()
+    json_candidates = ([Path(env_dir) / RUNTIME_JSON] if env_dir
+                       else sorted(BUILD_ROOT.glob(f"**/{RUNTIME_JSON}")))
+    ext, js = _first(ext_candidates), _first(json_candidates)
+    missing = []
+    if ext is None:
+        missing.append(f"the torch_npu extension {EXT_NAME} (${EXT_ENV} or under {BUILD_ROOT})")
+    if js is None:
+        missing.append(f"the AI-CPU kernel {RUNTIME_JSON} (${KERNEL_DIR_ENV} or under "
+                       f"{BUILD_ROOT})")
+    if missing:
+        raise KernelsUnavailableError(
+            f"our NPU kernels are not built: missing {' and '.join(missing)}; build them with "
+            f"`source <CANN>/set_env.sh && {BUILD_SCRIPT.relative_to(REPO)} runtime && "
+            f"{BUILD_SCRIPT.relative_to(REPO)} npu_ext` or `aicpu-tiling selfcheck --backend "
+            "npu --build`")
+    return KernelFiles(ext, js)
+
+
+def build(*, timeout_s: float = 1800) -> str:
+    """Run ``tools/build_aicpu_kernel.sh runtime`` then ``npu_ext``; returns their output.
+
+    Raises:
+        KernelsUnavailableError: the script is missing or a build failed (its last lines).
+    """
+    if not BUILD_SCRIPT.is_file():
+        raise KernelsUnavailableError(f"{BUILD_SCRIPT} is missing: this is not a source tree")
+    out = []
+    for target in ("runtime", "npu_ext"):
+        proc = subprocess.run(["bash", str(BUILD_SCRIPT), target], capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
+        out.append(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+            raise KernelsUnavailableError(f"building {target} failed: {tail}")
+    return "\n".join(out)
+
+
+_loaded: KernelFiles | None = None
+
+
+def load(ops: Any = None) -> KernelFiles:
+    """Register our custom ops, load the extension and the AI-CPU binary (once).
+
+    Args:
+        ops: ``torch.ops`` (a stand-in in tests).
+
+    Raises:
+        KernelsUnavailableError: not built, or loading failed (with the cause).
+    """
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    import torch
+
+    from pyruntime.kernels import custom_ops
+
+    ops = ops if ops is not None else torch.ops
+    files = find()
+    try:
+        custom_ops.ops()  # the schemas first: the extension only adds PrivateUse1 kernels
+        ops.load_library(str(files.extension))
+        ops.aicpu_tiling.npu_load_tiling_kernel(str(files.runtime_json))
+    except Exception as exc:
+        raise KernelsUnavailableError(f"loading {files.extension} / {files.runtime_json} "
+                                      f"failed: {type(exc).__name__}: {exc}") from exc
+    _loaded = files
+    return files
+
+
+def attention_reason() -> str | None:
+    """None when the attention kernels have an NPU build (Triton-Ascend), else why not."""
+    try:
+        from pyruntime.kernels import triton_launch
+    except ImportError:
+        return ("this build has no NPU attention kernel: the Triton AI Core kernels "
+                "(pyruntime/kernels/triton_launch.py) are not part of it")
+    return triton_launch.available()

@@ -1,0 +1,38 @@
+"""Rich rendering of an ``aicpu-tiling selfcheck`` report: environment, checks, verdict."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+
+
+def _env_line(env: dict) -> str:
+    cann = env.get("cann") or {}
+    dev = env.get("device") or {}
+    parts = [f"python {env.get('python')}", f"torch {env.get('torch')}",
+             f"torch_npu {env.get('torch_npu') or '-'}",
+             f"CANN {cann.get('version') or ('-' if not cann.get('home') else '?')}",
+             f"triton {env.get('triton') or '-'}"]
+    if dev.get("soc"):
+        parts.append(f"{dev['soc']}: {dev.get('ai_cores') or '?'} AI Cores, "
+                     f"{dev.get('aicpu_cores') or '?'} AI-CPUs")
+    else:
+        parts.append("no NPU")
+    return ", ".join(parts)
+
+
+def selfcheck_tables(report: dict) -> list:
+    """The environment line, the checks table and the verdict line of a report dict."""
+    table = Table(title=f"aicpu-tiling selfcheck, backend {report['backend']}",
+                  title_justify="left")
+    table.add_column("check", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("detail")
+    for c in report["checks"]:
+        table.add_row(c["name"], Text(c["status"], style=_STYLE[c["status"]]), c["detail"])
+    verdict = report["verdict"]
+    line = Text(f"verdict: {verdict}", style="bold green" if verdict == "pass" else "bold red")
+    line.append(f"; placement: {report['placement'] or 'none found'}", style="bold")
+    return [Text(_env_line(report["environment"]), style="dim"), table, line]

@@ -1,0 +1,130 @@
+"""``aicpu-tiling selfcheck``: JSON schema, exit codes, a forced failure, the rendered table."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pyruntime import selfcheck, tiling
+from pyruntime.profiler.renderers import render_text
+from pyruntime.profiler.renderers.selfcheck_table import selfcheck_tables
+from pyruntime.selfcheck.report import CheckResult, Report
+
+REQUIRED = {"tiling_kernel", "aicpu_replay", "attention_correctness", "attention_triton",
+            "host_time"}
+
+
+@pytest.fixture(scope="module")
+def cpu_report(tmp_path_factory):
+    """One quick CPU self-check for the whole module (it takes tens of seconds)."""
+    from pyruntime.cli import main
+
+    out = tmp_path_factory.mktemp("selfcheck") / "report.json"
+    code = main(["selfcheck", "--backend", "cpu", "--quick", "--json", "-o", str(out)])
+    return code, json.loads(out.read_text())
+
+
+def test_cpu_selfcheck_passes_with_the_schema(cpu_report, capsys):
+    code, data = cpu_report
+    assert code == 0 and data["verdict"] == "pass"
+    assert (data["schema"], data["version"], data["backend"]) == (
+        "aicpu-tiling/selfcheck", 1, "cpu")
+    assert data["placement"] == "graph"  # the CPU backend re-runs captured AI-CPU tasks
+    names = [c["name"] for c in data["checks"]]
+    assert REQUIRED <= set(names) and len(names) == len(set(names))
+    for check in data["checks"]:
+        assert {"name", "status", "detail"} <= set(check)
+        assert check["status"] in ("pass", "fail", "skip") and check["detail"]
+    by_name = {c["name"]: c for c in data["checks"]}
+    assert by_name["attention_fia"]["status"] == "skip"
+    assert "needs an Ascend NPU" in by_name["attention_fia"]["detail"]
+    # the replay probe told the two emulations apart
+    replay = by_name["aicpu_replay"]
+    assert replay["placement_found"] == {"True": "graph", "False": "pre-replay"}
+    assert replay["ran"]["True"] == replay["replays"] and replay["ran"]["False"] <= 1
+    assert by_name["host_time"]["ratio_l61"] > 1
+    assert set(by_name["attention_correctness"]["coverage_steps"]) == {
+        "padded", "spec_decode", "chunked_prefill"}
+    assert data["environment"]["device"]["soc"] is None
+
+
+def test_cpu_selfcheck_json_on_stdout(cli, monkeypatch):
+    monkeypatch.setattr(selfcheck, "CHECKS", selfcheck.CHECKS[:3])
+    code, out, _ = cli("selfcheck", "--json")
+    data = json.loads(out)
+    assert code == 0 and [c["name"] for c in data["checks"]] == [
+        "kernels", "tiling_kernel", "aicpu_replay"]
+
+
+def test_a_wrong_tiling_gives_a_fail_verdict_and_exit_1(cli, monkeypatch):
+    real_plan = tiling.plan
+
+    def corrupted(*args, **kwargs):  # the host build now disagrees with the device
+        t = real_plan(*args, **kwargs)
+        t.buffer[-1] ^= np.uint8(1)
+        return t
+
+    monkeypatch.setattr(selfcheck, "CHECKS", selfcheck.CHECKS[:2])
+    monkeypatch.setattr(tiling, "plan", corrupted)
+    code, out, _ = cli("selfcheck", "--json")
+    data = json.loads(out)
+    assert code == 1 and data["verdict"] == "fail"
+    bad = data["checks"][1]
+    assert bad["name"] == "tiling_kernel" and bad["status"] == "fail"
+    assert "differs from the host build" in bad["detail"]
+
+
+def test_a_check_that_raises_is_a_fail_naming_it(cli, monkeypatch):
+    def broken(ctx):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(selfcheck, "CHECKS", (("kernels", selfcheck.CHECKS[0][1]),
+                                              ("broken", broken)))
+    code, out, _ = cli("selfcheck", "--no-progress")
+    assert code == 1 and "the check raised RuntimeError: boom" in out
+    assert "verdict: fail" in out
+
+
+def test_npu_backend_without_torch_npu_is_a_one_line_error(cli):
+    pytest.importorskip("pyruntime.tiling")
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed here")
+    code, _, err = cli("selfcheck", "--backend", "npu")
+    assert code == 2 and "torch_npu" in err and len(err.strip().splitlines()) == 1
+
+
+def test_verdict_rules():
+    def report(*statuses):
+        return Report("cpu", None, {}, [CheckResult(f"c{i}", s, "d")
+                                        for i, s in enumerate(statuses)])
+
+    assert report("pass", "skip").verdict == "pass"
+    assert report("pass", "fail", "skip").verdict == "fail"
+    assert report("skip", "skip").verdict == "fail"  # nothing checked is not a pass
+    with pytest.raises(ValueError, match="status must be one of"):
+        CheckResult("x", "maybe", "d")
+
+
+def test_rendered_report_fits_80_columns(cpu_report):
+    _, data = cpu_report
+    text = render_text(selfcheck_tables(data))
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "verdict: pass; placement: graph" in text
+
+
+def test_rendered_report_golden(golden):
+    checks = [CheckResult("tiling_kernel", "pass", "7 cases byte-identical to the host build"),
+              CheckResult("aicpu_replay", "pass", "the task echoed the epoch at 1/8 replays: "
+                                                  "graph replay does not re-run it, so "
+                                                  "placement pre-replay"),
+              CheckResult("attention_fia", "skip", "FIA needs an Ascend NPU"),
+              CheckResult("host_time", "fail", "device tiling L61/L20 = 1.90")]
+    env = {"python": "3.11.7", "torch": "2.13.0", "torch_npu": "2.10.0.post4", "triton": None,
+           "cann": {"home": "/usr/local/Ascend", "version": "9.0.0"},
+           "device": {"soc": "Ascend910B3", "ai_cores": 20, "aicpu_cores": None}}
+    data = Report("npu", "pre-replay", env, checks).as_dict()
+    golden("selfcheck.txt", render_text(selfcheck_tables(data)))

@@ -1,0 +1,151 @@
+"""The NPU backend's vLLM engine, driven through the fixture package on CPU.
+
+`NpuTilingEngine` is what the hook captures into on an Ascend machine. Here its ops are our
+custom ops' CPU implementations and its captured launches go through the fixture's graph
+recorder, so the engine's own logic (per-key buffers, the tiling task captured once under
+``graph`` or launched before every replay under ``pre-replay``, the step epoch written
+before each replay, the patched ``ACLGraphWrapper.__call__``) runs for real; only the
+device is not. The reasons the NPU backend gives the hook when it cannot offer an engine
+are checked against a stand-in torch.npu.
+"""
+
+import importlib
+
+import pytest
+import torch
+
+from pyruntime import hook, placement
+from pyruntime.backends import BackendError, npu_kernels
+from pyruntime.backends.npu_engine import NpuTilingEngine
+
+pytest.importorskip("pyruntime.tiling", reason="needs our tiling kernels (pyruntime.tiling)")
+
+from test_behaviour import CFG, STEPS, _fresh, _run
+
+
+@pytest.mark.parametrize("where", ["graph", "pre-replay"])
+def test_engine_matches_host_update_with_one_tiling_per_step(fixture_pkg, where):
+    layers = [(None, "auto")] * 3
+    reference, _ = _run(layers)
+    _fresh(fixture_pkg)
+    npu = importlib.import_module("vllm_ascend._fixture_npu")
+    engine = NpuTilingEngine(where, num_cores=4, launch=npu.launch)
+    hook.install(engine_factory=lambda: (engine, None))
+    patched, updates = _run(layers)
+    assert updates == 0 and len(engine.keys) == 2  # buckets 4 and 8
+    if where == "graph":  # one epoch per step; the captured task ran at every replay
+        assert engine.epoch == len(STEPS) and engine.tiling_launches == len(STEPS)
+    else:  # the fixture gives no num_tokens, so every known key is planned per call; a
+        # call that captured a key plans and replays again: 0+1, 1+2, 2 launches
+        assert engine.epoch == len(STEPS) + 2 and engine.tiling_launches == 6
+    for a, b in zip(reference, patched):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_tiling_not_rerun_is_refused_not_reused(fixture_pkg):
+    """Graph placement on a device that does not re-run the captured task: the epoch
+    written before each replay no longer matches, so outputs are zero and errors() says so."""
+    npu = importlib.import_module("vllm_ascend._fixture_npu")
+    engine = NpuTilingEngine("graph", num_cores=4, launch=npu.launch)
+    real_plan = engine._plan
+    calls = []
+
+    def plan_once(key):  # the captured task runs at the first replay only
+        if not calls:
+            real_plan(key)
+        calls.append(key)
+
+    engine._plan = plan_once
+    hook.install(engine_factory=lambda: (engine, None))
+    runner = importlib.import_module("vllm_ascend.worker.model_runner_v1").NPUModelRunner(
+        layers=[(None, "auto")] * 2, **CFG)
+    outs = []
+    for q_lens, kv_lens in STEPS[:1] * 3:  # one bucket, three steps
+        table = torch.arange(len(q_lens) * 8, dtype=torch.int32).view(len(q_lens), 8)
+        outs.append(runner.decode_step(q_lens, kv_lens, table)[0])
+    assert outs[0][0].abs().sum() > 0
+    assert all(not o.any() for o in outs[1][:1] + outs[2][:1])
+    errors = engine.errors()
+    assert errors and all("stale tiling" in str(e) for e in errors.values())
+
+
+def test_engine_rejects_an_unknown_placement():
+    with pytest.raises(ValueError, match="unknown tiling placement 'eager'"):
+        NpuTilingEngine("eager", num_cores=4, ops=object())
+
+
+class _FakeNpu:
+    """Just what vllm_tiling_engine asks torch.npu (names from TORCH_NPU_API)."""
+
+    @staticmethod
+    def current_device():
+        return 0
+
+    @staticmethod
+    def get_device_properties(device):
+        return type("Props", (), {"cube_core_num": 20})()
+
+
+def _npu_backend():
+    from pyruntime.backends.npu import TORCH_NPU_API, NpuBackend
+
+    assert {"torch.npu.current_device", "torch.npu.get_device_properties"} <= set(TORCH_NPU_API)
+    return NpuBackend(npu=_FakeNpu())
+
+
+@pytest.fixture
+def no_placement(monkeypatch, tmp_path):
+    monkeypatch.setenv(placement.CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv(placement.PLACEMENT_ENV, raising=False)
+    monkeypatch.delenv(npu_kernels.EXT_ENV, raising=False)
+    monkeypatch.setattr(npu_kernels, "BUILD_ROOT", tmp_path / "build")
+    return tmp_path
+
+
+def test_no_placement_is_a_reason_naming_the_selfcheck(no_placement):
+    with pytest.raises(BackendError, match="aicpu-tiling selfcheck --backend npu"):
+        _npu_backend().vllm_tiling_engine()
+
+
+def test_kernels_not_built_is_a_reason_naming_the_build(no_placement, monkeypatch):
+    monkeypatch.setenv(placement.PLACEMENT_ENV, "pre-replay")
+    with pytest.raises(npu_kernels.KernelsUnavailableError,
+                       match="build_aicpu_kernel.sh runtime"):
+        _npu_backend().vllm_tiling_engine()
+
+
+def test_saved_placement_reaches_the_engine(no_placement, monkeypatch):
+    placement.save("pre-replay", backend="npu", device="Ascend910B3", evidence="test")
+    monkeypatch.setattr(npu_kernels, "load", lambda ops=None: None)
+    monkeypatch.setattr(npu_kernels, "attention_reason", lambda: None)
+    engine = _npu_backend().vllm_tiling_engine()
+    assert engine.placement == "pre-replay" and engine.name == "npu-pre-replay"
+    assert engine.num_cores == 20  # the device's AI Core count
+    monkeypatch.setenv(placement.PLACEMENT_ENV, "graph")  # the variable wins
+    assert _npu_backend().vllm_tiling_engine().placement == "graph"
+    monkeypatch.setenv(placement.PLACEMENT_ENV, "sideways")
+    with pytest.raises(BackendError, match="unknown tiling placement 'sideways'"):
+        _npu_backend().vllm_tiling_engine()
+
+
+def test_load_registers_schemas_then_loads_library_and_binary(no_placement, monkeypatch):
+    ext, js = no_placement / "libaicpu_tiling_npu.so", no_placement / "aicpu_tiling_runtime.json"
+    ext.write_bytes(b""), js.write_text("{}")
+    monkeypatch.setenv(npu_kernels.EXT_ENV, str(ext))
+    monkeypatch.setenv(npu_kernels.KERNEL_DIR_ENV, str(no_placement))
+    monkeypatch.setattr(npu_kernels, "_loaded", None)
+    calls = []
+
+    class Ops:
+        def load_library(self, path):
+            calls.append(("load_library", path))
+
+        class aicpu_tiling:
+            @staticmethod
+            def npu_load_tiling_kernel(path):
+                calls.append(("npu_load_tiling_kernel", path))
+
+    files = npu_kernels.load(Ops())
+    assert calls == [("load_library", str(ext)), ("npu_load_tiling_kernel", str(js))]
+    assert files.extension == ext
+    monkeypatch.setattr(npu_kernels, "_loaded", None)
