@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_reference_attention import Case, check_ok
 
 from pyruntime.kernels import reference_attention as ra
-from tests.test_reference_attention import Case, check_ok
 
 REPO = Path(__file__).resolve().parent.parent
 
