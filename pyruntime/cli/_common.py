@@ -27,6 +27,24 @@ class ArgumentParser(argparse.ArgumentParser):
         raise CliError(f"{self.prog}: {message}")
 
 
+def comma_choices(choices: tuple[str, ...], what: str):
+    """An argparse ``type``: a comma-separated, non-empty subset of `choices` -> list[str].
+
+    The error names the unknown entries (``unknown <what> x, y; choose from ...``).
+    """
+
+    def parse(text: str) -> list[str]:
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        bad = [n for n in names if n not in choices]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(bad) or repr(text)}; choose from {', '.join(choices)}"
+            )
+        return names
+
+    return parse
+
+
 def add_output_args(parser: argparse.ArgumentParser) -> None:
     """``--json`` (machine output on stdout) and ``--no-progress``."""
     parser.add_argument(

@@ -15,7 +15,15 @@ import time
 from ..partitioners import CostModel, TilingUnavailableError, WorkloadError
 from ..partitioners.study import COST_MODELS, GEOMETRIES, REFERENCES, SOURCES, balance_study
 from ..profiler.renderers.balance_tables import balance_tables
-from ._common import CliError, add_output_args, emit_json, make_console, progress, write_json
+from ._common import (
+    CliError,
+    add_output_args,
+    comma_choices,
+    emit_json,
+    make_console,
+    progress,
+    write_json,
+)
 from .sources import SOURCES as ALL_SOURCES
 from .sources import ContinuousBatch, SourceError
 
@@ -69,19 +77,6 @@ def _geometries(text: str) -> list[tuple[int, int]]:
     return out  # type: ignore[return-value]
 
 
-def _names(choices: tuple[str, ...]):
-    def parse(text: str) -> list[str]:
-        out = [x.strip() for x in text.split(",") if x.strip()]
-        bad = [x for x in out if x not in choices]
-        if not out or bad:
-            raise argparse.ArgumentTypeError(
-                f"expected a comma-separated subset of {', '.join(choices)}, got {text!r}"
-            )
-        return out
-
-    return parse
-
-
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``bench balance``."""
     p = sub.add_parser(
@@ -93,11 +88,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="comma-separated batch sizes (default 16,64,256,1024; --quick 16,64)")
     p.add_argument("--samples", type=int, default=None,
                    help=f"trace steps per batch size (default {DEFAULT_SAMPLES}; --quick 1)")
-    p.add_argument("--sources", type=_names(ALL_SOURCES), default=list(SOURCES),
+    p.add_argument("--sources", type=comma_choices(tuple(ALL_SOURCES), "source"), default=list(SOURCES),
                    help="length sources (default trace,spec-decode,chunked-prefill)")
     p.add_argument("--geometries", type=_geometries, default=list(GEOMETRIES),
                    help="query/kv head pairs (default 16/1,32/8,64/8)")
-    p.add_argument("--cost-models", type=_names(tuple(COST_MODELS)), default=list(COST_MODELS),
+    p.add_argument("--cost-models", type=comma_choices(tuple(COST_MODELS), "cost model"), default=list(COST_MODELS),
                    help="cost models to score with (default ours,fia_v3)")
     p.add_argument("--cores", type=int, default=24, help="AI Cores (default 24, a 910B2)")
     p.add_argument("--seed", type=int, default=0)

@@ -20,7 +20,15 @@ from pathlib import Path
 
 from ..profiler import processors as proc
 from ..profiler.renderers.bench_tables import bench_table
-from ._common import CliError, add_output_args, emit_json, make_console, progress, write_json
+from ._common import (
+    CliError,
+    add_output_args,
+    comma_choices,
+    emit_json,
+    make_console,
+    progress,
+    write_json,
+)
 from .abrun import BENCH_MODES, DTYPES, VARIANTS, Geometry, Point, run_point
 from .balance import _int_list
 from .sources import SOURCES, SourceError
@@ -42,16 +50,6 @@ DEFAULT_STEPS, DEFAULT_WARMUP = 30, 3
 QUICK_STEPS, QUICK_WARMUP = 6, 1
 
 
-def _sources(text: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [n for n in names if n not in SOURCES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown source {', '.join(bad) or text!r}; choose from {', '.join(SOURCES)}"
-        )
-    return names
-
-
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``bench`` (its ``balance`` and ``tiling`` subcommands hang off it)."""
     p = sub.add_parser(
@@ -65,7 +63,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     grid.add_argument("--layers", type=_int_list, help="comma-separated layer counts")
     grid.add_argument("--batch-sizes", type=_int_list, help="comma-separated batch sizes")
-    grid.add_argument("--sources", type=_sources, help=f"length sources: {', '.join(SOURCES)}")
+    grid.add_argument("--sources", type=comma_choices(tuple(SOURCES), "source"),
+                      help=f"length sources: {', '.join(SOURCES)}")
     p.add_argument("--steps", type=int, help=f"measured steps per mode (default {DEFAULT_STEPS})")
     p.add_argument("--warmup", type=int, help=f"unmeasured steps (default {DEFAULT_WARMUP})")
     p.add_argument("--seed", type=int, default=0)

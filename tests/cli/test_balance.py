@@ -22,8 +22,8 @@ SMALL = ("--quick", "--batch-sizes", "16", "--geometries", "16/1", "--sources", 
     (["--batch-sizes", "x"], "comma-separated"),
     (["--geometries", "6/4"], "multiple"),
     (["--geometries", "16-1"], "Q/KV head pairs"),
-    (["--sources", "nope"], "subset of"),
-    (["--cost-models", "mine"], "subset of"),
+    (["--sources", "nope"], "unknown source nope"),
+    (["--cost-models", "mine"], "unknown cost model mine"),
     (["--samples", "0"], "--samples must be >= 1"),
 ])  # fmt: skip
 def test_user_errors_are_one_line(cli, argv, fragment):
