@@ -77,34 +77,29 @@ has_ascendc_aicpu() {
     return 1
 }
 
-build_classic() {
-    local cross
-    cross="$(find_cross)" || die "CANN's AI-CPU cross compiler aarch64-target-linux-gnu-g++ was not found under '${ascend}' (looked in toolkit/toolchain/hcc/bin and tools/hcc/bin); install the CANN toolkit that includes the AI-CPU toolchain."
-    echo "== classic AI-CPU kernel (compiler ${cross}/aarch64-target-linux-gnu-g++)"
-    cmake -S "${root}/aicpu_kernels" -B "${build_root}/classic" \
-        -DAICPU_TILING_TARGET=classic \
+# Configure, build and install one AI-CPU CMake target with CANN's cross compiler.
+cmake_aicpu_target() {  # cmake_aicpu_target <classic|runtime> <hint when the compiler is missing>
+    local target="$1" hint="$2" cross
+    cross="$(find_cross)" || die "CANN's AI-CPU cross compiler aarch64-target-linux-gnu-g++ was not found under '${ascend}' (looked in toolkit/toolchain/hcc/bin and tools/hcc/bin); ${hint}"
+    echo "== ${target} AI-CPU kernel (compiler ${cross}/aarch64-target-linux-gnu-g++)"
+    cmake -S "${root}/aicpu_kernels" -B "${build_root}/${target}" \
+        -DAICPU_TILING_TARGET="${target}" \
         -DASCEND_CANN_PACKAGE_PATH="${ascend}" \
         -DAICPU_TILING_CROSS_DIR="${cross}" \
         -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_INSTALL_PREFIX="${build_root}/classic/install"
-    cmake --build "${build_root}/classic" -j "$(nproc 2>/dev/null || echo 4)"
-    cmake --install "${build_root}/classic"
+        -DCMAKE_INSTALL_PREFIX="${build_root}/${target}/install"
+    cmake --build "${build_root}/${target}" -j "$(nproc 2>/dev/null || echo 4)"
+    cmake --install "${build_root}/${target}"
+}
+
+build_classic() {
+    cmake_aicpu_target classic "install the CANN toolkit that includes the AI-CPU toolchain."
     echo "== built ${build_root}/classic/install/lib/libaicpu_tiling_kernels.so"
     echo "   op info: ${build_root}/classic/install/config/aicpu_tiling_plan.json"
 }
 
 build_runtime() {
-    local cross
-    cross="$(find_cross)" || die "CANN's AI-CPU cross compiler aarch64-target-linux-gnu-g++ was not found under '${ascend}' (looked in toolkit/toolchain/hcc/bin and tools/hcc/bin); install the CANN toolkit that includes the AI-CPU toolchain, or run '$0 cross' to check the build with ziglang."
-    echo "== runtime-route AI-CPU .so (compiler ${cross}/aarch64-target-linux-gnu-g++)"
-    cmake -S "${root}/aicpu_kernels" -B "${build_root}/runtime" \
-        -DAICPU_TILING_TARGET=runtime \
-        -DASCEND_CANN_PACKAGE_PATH="${ascend}" \
-        -DAICPU_TILING_CROSS_DIR="${cross}" \
-        -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_INSTALL_PREFIX="${build_root}/runtime/install"
-    cmake --build "${build_root}/runtime" -j "$(nproc 2>/dev/null || echo 4)"
-    cmake --install "${build_root}/runtime"
+    cmake_aicpu_target runtime "install the CANN toolkit that includes the AI-CPU toolchain, or run '$0 cross' to check the build with ziglang."
     echo "== built ${build_root}/runtime/install/lib/libaicpu_tiling_runtime.so"
     echo "   op info: ${build_root}/runtime/install/lib/aicpu_tiling_runtime.json"
 }
