@@ -64,8 +64,6 @@ CAUSAL: int = lib.AICPU_TILING_CAUSAL
 HEADER_WORDS: int = lib.AICPU_TILING_HDR_WORDS
 #: header word that echoes the epoch the tiling was planned for
 HDR_EPOCH: int = lib.AICPU_TILING_HDR_EPOCH
-#: header word of the status (0 = OK)
-HDR_STATUS: int = lib.AICPU_TILING_HDR_STATUS
 CORE_WORDS: int = lib.AICPU_TILING_CORE_WORDS
 COMBINE_WORDS: int = lib.AICPU_TILING_COMB_WORDS
 DEFAULT_COST_KV_LOAD: int = lib.AICPU_TILING_DEFAULT_COST_KV_LOAD
