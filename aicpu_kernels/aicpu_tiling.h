@@ -12,9 +12,9 @@
  *   emulated or real AI Core does which part of the attention work, where split-KV pieces
  *   put their partial results, and what the combine step must merge.
  *
- * THE WORK ORDER
+ * THE WORK ORDER (head-major)
  *   Work is laid out in one linear order over units and kv blocks:
- *       request r (0..batch-1), kv head h (0..num_kv_heads-1), query tile t, kv block k.
+ *       kv head h (0..num_kv_heads-1), request r (0..batch-1), query tile t, kv block k.
  *   A unit is (r, h, t): the query tokens [t*q_tile, min((t+1)*q_tile, q_len)) of request r
  *   times the group = num_q_heads / num_kv_heads query heads sharing kv head h (GQA). Its
  *   rows = tokens * group. A unit reads the kv positions [0, kv_end) of its request, where
@@ -35,42 +35,40 @@
  *   unit cost    cost_segment + blocks * w(rows).
  *   W, the total cost, is the sum of unit costs. A core's cost is the sum of its segments'.
  *
- * THE PARTITION (deterministic; O(batch + cores) for decode, O(log) more per multi-tile
- * request; the min-max is O(log(cost_segment + w)) probes of O(S) unit searches each, S the
- * units a core stops in, plus O(batch) per probe for decode: kv heads and query tiles are
- * handled arithmetically, never walked)
- *   Units occupy consecutive intervals of a position axis [0, W): unit u occupies
- *   [U, U + cost_segment + blocks * w). Legal cut positions are unit starts and the block
- *   boundaries inside a unit, U + cost_segment + k * w for 1 <= k < blocks (a piece always
- *   holds at least one block). Core c takes [s_c, e_c) with s_0 = 0, s_{c+1} = e_c and
- *   e_{P-1} = W. A core whose start is inside a unit (a continuation piece) pays
- *   cost_segment once more.
- *   The min-max: greedy filling with budget X lets each core take work up to X and stop at
- *   the last legal cut that fits; the last core takes the rest. X is the smallest budget
- *   for which that fits (found by bisection). Greedy filling is optimal for a given X
- *   (starting further along never costs more), so this is the best partition these cuts
- *   allow: the busiest core costs the least possible.
- *   At most one unit per core (units <= P, where a block or a segment is a large share of
- *   a core): the min-max, always.
- *   More units: cuts aim at equal cumulative cost:
- *       B   = ceil((W + (P - 1) * cost_segment) / P)
- *       T_c = (c + 1) * B - cost_segment * m_c
- *   where m_c counts the continuation starts among cores 1..c. T_c is clamped to
- *   [s_c, W] and snapped to the nearest legal cut in its unit (ties go to the lower one).
- *   Because targets are absolute, snapping errors do not accumulate: each core's cumulative
- *   cost is within half a cut gap of its target, and the widest gap is the first one of a
- *   unit, cost_segment + w. So the busiest core costs at most
- *       B + cost_segment + w_max  <=  W / P + 2 * cost_segment + w_max + 1,
+ * THE PARTITION (deterministic; one O(batch) pass, then O(log((cost_segment + w) / g))
+ * probes of O(parts * log(batch)) unit searches each, g as below; kv heads and query tiles
+ * are handled arithmetically, never walked)
+ *   Units occupy consecutive intervals of a position axis [0, W) in work order: unit u
+ *   occupies [U, U + cost_segment + blocks * w). Legal cut positions are unit starts and the
+ *   block boundaries inside a unit, U + cost_segment + k * w for 1 <= k < blocks (a piece
+ *   always holds at least one block). A core takes a range [s, e) of legal cuts; a core whose
+ *   start is inside a unit (a continuation piece) pays cost_segment once more.
+ *   Every kv head has the same units (lengths do not depend on the head), so each head's
+ *   work is one interval of cost W_h = W / H, head h on [h * W_h, (h + 1) * W_h).
+ *   Which cores take what:
+ *     - P a multiple of H (Q = P / H cores per head, as FlashMLA's per-head grid): cores
+ *       h*Q .. h*Q + Q - 1 take head h, and every head is cut at the same offsets: the
+ *       min-max partition of one head's interval [0, W_h) into Q ranges.
+ *     - otherwise: the min-max partition of [0, W) into P ranges.
+ *   The min-max of an interval into n ranges: greedy filling with budget X lets each core
+ *   take work up to X and stop at the last legal cut that fits, a core that cannot take a
+ *   whole block stalls, and the work fits when it is placed on at most n cores (cores left
+ *   over are idle at the interval's end). X is the smallest budget that fits. Greedy filling
+ *   is optimal for a given X (starting further along never costs more), so this is the best
+ *   partition these cuts allow: the busiest core costs the least possible. Every core's cost
+ *   is a sum of segment and block costs, so X is a multiple of
+ *   g = gcd(cost_segment, ceil(block_size / 16)), and X lies between the interval's cost
+ *   over n and the nearest-cut bound below, so the bisection needs few probes.
+ *   Bound: cuts aimed at equal cumulative cost (B = ceil((W + (n - 1) * cost_segment) / n)
+ *   per range, each cut snapped to the nearest legal one) leave every range within one
+ *   segment and one block of B; the min-max is never worse, so the busiest core costs at most
+ *       W / P + 2 * cost_segment + w_max + 1,
  *   one segment and one block above the ideal W / P + cost_segment.
- *   When that leaves the busiest core more than B / 16 above B, the min-max replaces it.
- *   Either way the busiest core is within the bound above (the min-max never costs more).
  *   Each cut inside a unit adds one segment: segments <= units + P - 1.
  *
  * THE BUFFER (int32 words; little-endian on every Ascend and host target we build for)
  *   [0, 24)                      header, see AICPU_TILING_HDR_*; words 17..23 are 0
  *   [24, 24 + 12 P)              core table: P records of 12 words, AICPU_TILING_CORE_*
- *   next (max_batch + 1) words   split prefix: first partial slot of each request; entries
- *                                batch..max_batch all hold the number of slots used
  *   next 6 (P - 1) words         combine table: one record per split unit, AICPU_TILING_COMB_*
  *   then padding to a multiple of 16 words (64 bytes).
  *   Every word of the buffer is written on every call (success or input error), so two
@@ -78,9 +76,12 @@
  *
  *   Core record: [begin_r, begin_h, begin_t, begin_k, end_r, end_h, end_t, end_k,
  *                 first_slot, last_slot, num_segments, cost]. begin and end are positions
- *   in the work order, end exclusive, compared lexicographically. A position at a unit
- *   boundary names the start of the next unit (k = 0), or (batch, 0, 0, 0) at the end. An
- *   idle core has begin == end. first_slot / last_slot are the partial slots of the core's
+ *   in the work order, end exclusive, compared lexicographically in work order, that is as
+ *   (h, r, t, k) (the words keep the r, h, t, k layout). A position at a unit boundary names
+ *   the start of the next unit in work order (k = 0): the next query tile, else the next
+ *   request with q_len > 0 under the same head, else the first such request under the next
+ *   head; at the end of the work it is (0, num_kv_heads, 0, 0). An idle core has
+ *   begin == end. first_slot / last_slot are the partial slots of the core's
  *   first / last segment when that segment is a piece of a split unit, else -1.
  *   A segment that is the whole unit writes its output rows directly; a piece writes its
  *   partial output and log-sum-exp to its slot and the combine step merges them.
@@ -117,8 +118,8 @@
  *       E_KV_CAPACITY       value seqlens_kv[r],     limit max_blocks_per_req * block_size
  *       E_KV_EMPTY          value 0,                 limit 1              (not causal, q_len > 0)
  *   A request with q_len == 0 is valid with any kv length in [0, capacity], and gets no
- *   work. On an input error every core is idle at (0, 0, 0, 0) with slots -1, and the split
- *   prefix and combine table are zero.
+ *   work. On an input error every core is idle at (0, 0, 0, 0) with slots -1, and the
+ *   combine table is zero.
  *
  * FREESTANDING BUILDS
  *   The kernel calls no library function. Build with -std=c99 -pedantic -ffreestanding.
@@ -134,7 +135,8 @@ extern "C" {
 #endif
 
 #define AICPU_TILING_MAGIC 0x4C495441 /* "ATIL" read as little-endian int32 */
-#define AICPU_TILING_VERSION 2 /* 2: the epoch word, a 24-word header */
+#define AICPU_TILING_VERSION 3 /* 2: the epoch word, a 24-word header; 3: head-major order,
+                                  * no split prefix */
 
 /* Status codes. 0 is success; every other value is one class of failure. */
 #define AICPU_TILING_OK 0
@@ -224,9 +226,9 @@ typedef struct aicpu_tiling_params {
 } aicpu_tiling_params;
 
 /* Compile-time bound on the buffer size in bytes, for static allocation. */
-#define AICPU_TILING_BYTES_BOUND(max_batch, num_cores)                                   \
+#define AICPU_TILING_BYTES_BOUND(num_cores)                                              \
     ((size_t)4 * ((size_t)AICPU_TILING_HDR_WORDS + (size_t)AICPU_TILING_CORE_WORDS * (num_cores) \
-                  + (size_t)(max_batch) + 1 + (size_t)AICPU_TILING_COMB_WORDS * (num_cores) + 15))
+                  + (size_t)AICPU_TILING_COMB_WORDS * (num_cores) + 15))
 
 /*
  * aicpu_tiling_params_check: AICPU_TILING_OK when every field is in range, else
