@@ -1,17 +1,20 @@
 """Slow, literal pure-Python oracle of the tiling kernel in ``aicpu_kernels/aicpu_tiling.h``.
 
-The header is the specification; this module re-implements it independently of the C code
-so that the two can be compared byte for byte. It is deliberately naive: it enumerates every
-unit (request, kv head, query tile) in work order, lays the units out on the position axis and
-snaps each target by scanning the legal cuts of the containing unit. Python integers are
-exact, so the partition arithmetic matches the C int64 arithmetic wherever that does not
-overflow.
+The header is the specification (ABI version 3); this module re-implements it independently
+of the C code so that the two can be compared byte for byte. It is deliberately naive: it
+enumerates every unit (request, kv head, query tile) in head-major work order, lays the units
+out on the position axis, finds the min-max budget by plain bisection over brute-force greedy
+fills and snaps each greedy cut by scanning the legal cuts of the containing unit. Python
+integers are exact, so the partition arithmetic matches the C int64 arithmetic wherever that
+does not overflow.
 
 Public API:
     oracle_params_check(params) -> int           AICPU_TILING_OK or E_PARAMS
     oracle_tiling_bytes(params) -> int           buffer size in bytes, 0 for invalid params
     oracle_max_slots(params) -> int              2 * (num_cores - 1), 0 for invalid params
     oracle_workspace_bytes(params) -> int        partials workspace bytes
+    oracle_units(params, cu_seqlens_q, seqlens_kv, batch, causal) -> list[Unit]
+    oracle_cuts(params, units) -> list[tuple[int, int]]   per-core position ranges
     oracle_plan(params, cu_seqlens_q, seqlens_kv, batch, causal, epoch=0) -> np.ndarray (int32)
     segments(params, buffer, cu_seqlens_q, seqlens_kv, causal) -> list[Segment]
     check_coverage(params, cu_seqlens_q, seqlens_kv, batch, causal, buffer) -> None
@@ -19,6 +22,26 @@ Public API:
 ``params`` is any object with int attributes named like the C struct fields; an optional
 ``reserved`` attribute (a sequence of 4 ints) is checked to be all zero, and treated as zeros
 when absent.
+
+The work order and the partition (header: THE WORK ORDER, THE PARTITION)
+-------------------------------------------------------------------------
+Units are laid out head-major: kv head h, then request r, then query tile t; unit u occupies
+[U, U + cost_segment + blocks * w) of the position axis [0, W). Every head has the same units,
+so head h's work is [h * W_h, (h + 1) * W_h) with W_h = W / H. Legal cuts are unit starts and
+the block boundaries U + cost_segment + k * w (1 <= k < blocks). A core takes a range [s, e)
+of legal cuts and costs e - s, plus cost_segment when s lies strictly inside a unit.
+
+The partition is always the exact min-max, never nearest cuts:
+    * P a multiple of H (Q = P / H cores per head): cores h*Q .. h*Q + Q - 1 take head h, and
+      every head is cut at the same offsets, the min-max partition of one head's interval
+      [0, W_h) into Q ranges.
+    * otherwise: the min-max partition of the whole axis [0, W) into P ranges.
+The min-max of an interval [lo, hi) into n ranges: greedy filling with budget X, where each
+core in turn takes work up to X and stops at the last legal cut that fits (a core that
+cannot take one whole block stalls), fits when the n-th core reaches hi. X is the smallest
+budget that fits; the partition is greedy filling with that X, so the busiest core costs X,
+the least these cuts allow. Cores left over once the work is placed are idle at hi (the
+start of the next head's first unit, or the end of the work).
 
 Rules chosen where the header leaves room (the C kernel must match them)
 -------------------------------------------------------------------------
@@ -46,33 +69,24 @@ Validation order. First E_BATCH, then requests r = 0, 1, ..., batch - 1 in order
     no units, exactly like a padded slot.
 
 Input error buffer. Header: MAGIC, VERSION, status, the three bad fields, BATCH = batch as
-    given, NUM_TOKENS = 0, NUM_CORES = P, every count and cost 0, FLAGS, EPOCH. Every core record is
-    begin = end = (0, 0, 0, 0), first_slot = last_slot = -1, 0 segments, cost 0. Split
-    prefix, combine table and padding all 0.
+    given, NUM_TOKENS = 0, NUM_CORES = P, every count and cost 0, FLAGS, EPOCH. Every core
+    record is begin = end = (0, 0, 0, 0), first_slot = last_slot = -1, 0 segments, cost 0.
+    Combine table and padding all 0.
 
 Success buffer. BAD_REQUEST = -1, BAD_VALUE = BAD_LIMIT = 0; NUM_TOKENS = cu[batch].
-    An idle core has begin == end == the position of its (empty) range: (batch, 0, 0, 0) at
-    the end of the work, or the legal cut where it sits; first_slot = last_slot = -1,
-    0 segments, cost 0. Unused combine records and padding are 0. FLAGS = 1 if causal else 0.
+    A position is written as (r, h, t, k) and compared as (h, r, t, k). A legal cut at a unit
+    boundary names the next unit in work order with k = 0, and the end of the work (also
+    position 0 when there is no work at all) is (0, H, 0, 0). An idle core has
+    begin == end == the position where it sits; first_slot = last_slot = -1, 0 segments,
+    cost 0. Unused combine records and padding are 0. FLAGS = 1 if causal else 0.
     EPOCH = the epoch argument, on every header written.
     Every int32 count or cost (NUM_UNITS, NUM_SEGMENTS, MAX_CORE_COST, TOTAL_COST, core cost)
     saturates at INT32_MAX.
 
-Partition details.
-    * Snapping: the unit containing T is the one with U <= T < U + cost (T == W is legal as is).
-      Its legal cuts are U, U + cost_segment + k * w (1 <= k < blocks) and its end U + cost
-      (the start of the next unit); T goes to the nearest, ties to the lower.
-    * Continuation count: m_c counts the cores j in 1..c whose start s_j lies strictly inside
-      a unit (U < s_j < U + cost), idle or not. It is known before T_c is formed. The last
-      core's end is W without forming a target.
-    * A unit is split when some cut lies strictly inside it; its pieces are the intervals
-      between its distinct interior cuts. Slots are numbered 0, 1, ... over the pieces of
-      split units in work order. split_prefix[r] = slots used by requests < r for r < batch,
-      and the total for r in batch..max_batch.
-    * A segment costs cost_segment + (blocks in the segment) * w; a core's cost is the sum.
-    * Which rule: at most one unit per core (units <= num_cores) takes the min-max (greedy
-      filling with the smallest budget that fits) directly; more units take the nearest
-      cuts, replaced by the min-max when the busiest core exceeds B + B / 16.
+Slots. A unit is split when some core boundary lies strictly inside it; its pieces are the
+    intervals between its distinct interior cuts. Slots are numbered 0, 1, ... over the
+    pieces of split units in (head-major) work order, and the combine records follow the same
+    order. A segment costs cost_segment + (blocks in the segment) * w; a core's cost is the sum.
 """
 
 from __future__ import annotations
@@ -86,7 +100,7 @@ from typing import NamedTuple
 import numpy as np
 
 AICPU_TILING_MAGIC = 0x4C495441
-AICPU_TILING_VERSION = 2
+AICPU_TILING_VERSION = 3
 
 AICPU_TILING_OK = 0
 AICPU_TILING_E_PARAMS = 1
@@ -241,22 +255,21 @@ def oracle_params_check(params) -> int:
 
 @dataclass(frozen=True)
 class Layout:
-    """Word offsets of the buffer sections for one set of valid params."""
+    """Word offsets of the buffer sections for one set of valid params (header: THE BUFFER).
+
+    Header [0, 24), core table of 12 words per core, combine table of 6 words per record
+    (num_cores - 1 records), then zero padding to a multiple of 16 words.
+    """
 
     num_cores: int
-    max_batch: int
 
     @property
     def core_table(self) -> int:
         return AICPU_TILING_HDR_WORDS
 
     @property
-    def split_prefix(self) -> int:
-        return self.core_table + AICPU_TILING_CORE_WORDS * self.num_cores
-
-    @property
     def combine(self) -> int:
-        return self.split_prefix + self.max_batch + 1
+        return self.core_table + AICPU_TILING_CORE_WORDS * self.num_cores
 
     @property
     def combine_records(self) -> int:
@@ -269,7 +282,7 @@ class Layout:
 
 
 def _layout(params) -> Layout:
-    return Layout(int(params.num_cores), int(params.max_batch))
+    return Layout(int(params.num_cores))
 
 
 def oracle_tiling_bytes(params) -> int:
@@ -372,16 +385,17 @@ class Unit:
 def oracle_units(
     params, cu_seqlens_q: Sequence[int], seqlens_kv: Sequence[int], batch: int, causal: bool
 ) -> list[Unit]:
-    """Every unit in work order with its position interval (inputs must be valid)."""
+    """Every unit in head-major work order (kv head, request, query tile) with its position
+    interval; the inputs must be valid."""
     q_tile, seg = int(params.q_tile), int(params.cost_segment)
     group = int(params.num_q_heads) // int(params.num_kv_heads)
     block = int(params.block_size)
     units: list[Unit] = []
     position = 0
-    for r in range(batch):
-        q_len = int(cu_seqlens_q[r + 1]) - int(cu_seqlens_q[r])
-        kv_len = int(seqlens_kv[r])
-        for h in range(int(params.num_kv_heads)):
+    for h in range(int(params.num_kv_heads)):
+        for r in range(batch):
+            q_len = int(cu_seqlens_q[r + 1]) - int(cu_seqlens_q[r])
+            kv_len = int(seqlens_kv[r])
             for t in range(_ceil_div(q_len, q_tile)):
                 q_start, q_end = t * q_tile, min((t + 1) * q_tile, q_len)
                 rows = (q_end - q_start) * group
@@ -399,112 +413,96 @@ def _containing_unit(starts: list[int], x: int) -> int:
     return bisect.bisect_right(starts, x) - 1
 
 
-def _snap(units: list[Unit], starts: list[int], target: int, total: int, seg: int) -> int:
-    """Snap a clamped target to the nearest legal cut of its unit, ties to the lower one."""
-    if target >= total:
-        return total
-    unit = units[_containing_unit(starts, target)]
-    best = None
-    for cut in unit.legal_cuts(seg):
-        if best is None or abs(cut - target) < abs(best - target):
-            best = cut
-    return best
-
-
 def _snap_down(units: list[Unit], starts: list[int], target: int, seg: int) -> int:
     """The largest legal cut <= target inside its unit (target < W)."""
     unit = units[_containing_unit(starts, target)]
     return max(cut for cut in unit.legal_cuts(seg) if cut <= target)
 
 
-def _range_cost(begin: int, end: int, unit_starts: set[int], total: int, seg: int) -> int:
+def _range_cost(begin: int, end: int, unit_starts: set[int], seg: int) -> int:
     """A core's cost: its span, plus one more segment when it starts inside a unit."""
     if end <= begin:
         return 0
-    return end - begin + (seg if 0 < begin < total and begin not in unit_starts else 0)
+    return end - begin + (0 if begin in unit_starts else seg)
 
 
-def _nearest_ranges(params, units, starts, total) -> list[tuple[int, int]]:
-    cores, seg = int(params.num_cores), int(params.cost_segment)
+def _greedy_ranges(
+    units: list[Unit], starts: list[int], lo: int, hi: int, parts: int, seg: int, budget: int
+) -> list[tuple[int, int]]:
+    """Greedy filling of [lo, hi) with ``budget``: each of ``parts`` cores in turn takes work
+    up to the budget and stops at the last legal cut that fits (it stalls when not one whole
+    block fits); a core that starts at hi is idle there. The work fits when the last range
+    ends at hi."""
     unit_starts = set(starts)
-    share = _ceil_div(total + (cores - 1) * seg, cores)
     ranges = []
-    begin, continuations = 0, 0
-    for c in range(cores):
-        if c > 0 and 0 < begin < total and begin not in unit_starts:
-            continuations += 1
-        if c == cores - 1:
-            end = total
+    begin = lo
+    for _ in range(parts):
+        target = begin + budget - (0 if begin in unit_starts or begin >= hi else seg)
+        if target >= hi:
+            end = hi
+        elif target <= begin:
+            end = begin
         else:
-            target = (c + 1) * share - seg * continuations
-            target = min(max(target, begin), total)
-            end = _snap(units, starts, target, total, seg)
+            end = _snap_down(units, starts, target, seg)
         ranges.append((begin, end))
         begin = end
     return ranges
 
 
-def _greedy_ranges(params, units, starts, total, budget: int) -> list[tuple[int, int]]:
-    """Fill each core up to ``budget``; the last core takes the rest."""
-    cores, seg = int(params.num_cores), int(params.cost_segment)
-    unit_starts = set(starts)
-    ranges = []
-    begin = 0
-    for c in range(cores):
-        if c == cores - 1:
-            end = total
-        else:
-            mid = 0 < begin < total and begin not in unit_starts
-            target = max(begin + budget - (seg if mid else 0), begin)
-            end = total if target >= total else _snap_down(units, starts, target, seg)
-        ranges.append((begin, end))
-        begin = end
-    return ranges
-
-
-def oracle_cuts(params, units: list[Unit], *, refine: bool = True) -> list[tuple[int, int]]:
-    """Per-core position ranges [s_c, e_c) as in THE PARTITION (see the module docstring).
-
-    At most one unit per core (len(units) <= num_cores): greedy filling with the smallest
-    budget that fits, the exact min-max over the legal cuts. Otherwise the nearest cuts to
-    the absolute targets; when the busiest core then costs more than budget * 17 / 16, the
-    smallest greedy budget that fits replaces them. The budget is found here by plain
-    bisection over brute-force greedy fills.
-    """
-    cores, seg = int(params.num_cores), int(params.cost_segment)
-    starts = [u.start for u in units]
-    total = sum(u.cost for u in units)
+def _min_max_ranges(
+    units: list[Unit], starts: list[int], lo: int, hi: int, parts: int, seg: int
+) -> list[tuple[int, int]]:
+    """The min-max partition of [lo, hi) into ``parts`` ranges: greedy filling with the
+    smallest budget that fits, found by plain bisection (fitting is monotone in the budget:
+    a larger budget never leaves a core behind where a smaller one got)."""
+    if hi <= lo:
+        return [(lo, lo)] * parts
     unit_starts = set(starts)
 
     def fits(budget: int) -> bool:
-        greedy = _greedy_ranges(params, units, starts, total, budget)
-        return all(_range_cost(b, e, unit_starts, total, seg) <= budget for b, e in greedy)
+        ranges = _greedy_ranges(units, starts, lo, hi, parts, seg, budget)
+        assert all(_range_cost(b, e, unit_starts, seg) <= budget for b, e in ranges)
+        return ranges[-1][1] == hi
 
-    def smallest_fitting(lo: int, hi: int) -> int:
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if fits(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
-    if refine and len(units) <= cores:
-        budget = smallest_fitting(_ceil_div(total, cores), total)
-        return _greedy_ranges(params, units, starts, total, budget)
-    share = _ceil_div(total + (cores - 1) * seg, cores)
-    ranges = _nearest_ranges(params, units, starts, total)
-    worst = max(_range_cost(b, e, unit_starts, total, seg) for b, e in ranges)
-    if not refine or 16 * (worst - share) <= share:
-        return ranges
-    budget = smallest_fitting(_ceil_div(total, cores), worst)
-    return _greedy_ranges(params, units, starts, total, budget)
+    low, high = _ceil_div(hi - lo, parts), hi - lo  # one core taking everything costs hi - lo
+    while low < high:
+        mid = (low + high) // 2
+        if fits(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return _greedy_ranges(units, starts, lo, hi, parts, seg, low)
 
 
-def _coordinates(units: list[Unit], starts: list[int], x: int, batch: int, seg: int) -> tuple:
-    """Work-order position (r, h, t, k) of the legal cut x."""
+def oracle_cuts(params, units: list[Unit]) -> list[tuple[int, int]]:
+    """Per-core position ranges [s_c, e_c), as in THE PARTITION (see the module docstring).
+
+    Args:
+        params: the static params (num_kv_heads, num_cores, cost_segment are read).
+        units: oracle_units(...) for the same params, in head-major work order.
+
+    Returns:
+        num_cores (begin, end) pairs of absolute positions on [0, W), cores in order. When
+        num_cores is a multiple of num_kv_heads H, core h * Q + j (Q = P / H) takes head h's
+        interval shifted by h * W_h, cut at the min-max offsets of one head's interval
+        [0, W_h) into Q ranges; otherwise the min-max of [0, W) into P ranges.
+    """
+    cores, heads, seg = int(params.num_cores), int(params.num_kv_heads), int(params.cost_segment)
+    starts = [u.start for u in units]
+    total = sum(u.cost for u in units)
+    if cores % heads != 0:
+        return _min_max_ranges(units, starts, 0, total, cores, seg)
+    per_head = cores // heads
+    head_cost = total // heads  # every head has the same units
+    offsets = _min_max_ranges(units, starts, 0, head_cost, per_head, seg)
+    return [(h * head_cost + b, h * head_cost + e) for h in range(heads) for b, e in offsets]
+
+
+def _coordinates(units: list[Unit], starts: list[int], x: int, heads: int, seg: int) -> tuple:
+    """Work-order position (r, h, t, k) of the legal cut x: the unit containing it, or the
+    end-of-work position (0, heads, 0, 0) at W (also when there are no units)."""
     if not units or x >= units[-1].start + units[-1].cost:
-        return (batch, 0, 0, 0)
+        return (0, heads, 0, 0)
     u = units[_containing_unit(starts, x)]
     k = 0 if x == u.start else (x - u.start - seg) // u.w
     return (u.request, u.kv_head, u.q_tile, k)
@@ -541,7 +539,6 @@ def oracle_plan(
     causal: bool,
     *,
     epoch: int = 0,
-    refine: bool = True,
 ) -> np.ndarray:
     """The tiling buffer aicpu_tiling_plan() writes, as int32 words.
 
@@ -552,8 +549,6 @@ def oracle_plan(
         batch: live requests.
         causal: the AICPU_TILING_CAUSAL flag.
         epoch: echoed in the header's EPOCH word.
-        refine: False skips the greedy refinement, leaving the nearest cuts (for tests that
-            check the nearest rule by hand; the C kernel always refines).
 
     Returns:
         int32 array of oracle_tiling_bytes(params) // 4 words; for invalid params the 24-word
@@ -568,7 +563,7 @@ def oracle_plan(
         return np.array(header, dtype=np.int32)
 
     layout = _layout(params)
-    cores, seg = layout.num_cores, int(params.cost_segment)
+    cores, heads, seg = layout.num_cores, int(params.num_kv_heads), int(params.cost_segment)
     buf = [0] * layout.words
     status, *bad = oracle_validate(params, cu_seqlens_q, seqlens_kv, batch, causal)
     buf[:AICPU_TILING_HDR_WORDS] = _header(status, tuple(bad), batch, cores, flags, epoch)
@@ -580,19 +575,17 @@ def oracle_plan(
 
     units = oracle_units(params, cu_seqlens_q, seqlens_kv, batch, causal)
     starts = [u.start for u in units]
-    ranges = oracle_cuts(params, units, refine=refine)
+    unit_starts = set(starts)
+    ranges = oracle_cuts(params, units)
     total = sum(u.cost for u in units)
 
     # Interior cuts of each unit, then slots over the pieces of split units in work order.
     interior: dict[int, list[int]] = {}
-    for _, end in ranges[:-1]:
-        if 0 < end < total:
-            u = _containing_unit(starts, end)
-            if end != units[u].start and end not in interior.setdefault(u, []):
-                interior[u].append(end)
+    for cut in sorted({x for pair in ranges for x in pair}):
+        if 0 < cut < total and cut not in unit_starts:
+            interior.setdefault(_containing_unit(starts, cut), []).append(cut)
     first_slot_of: dict[int, int] = {}
     combine = []
-    slots_before_request = [0] * (batch + 1)
     next_slot = 0
     for i, unit in enumerate(units):
         if i in interior:
@@ -600,8 +593,6 @@ def oracle_plan(
             first_slot_of[i] = next_slot
             combine.append([unit.request, unit.kv_head, unit.q_tile, next_slot, pieces, 0])
             next_slot += pieces
-            for r in range(unit.request + 1, batch + 1):
-                slots_before_request[r] = next_slot
 
     def piece_slot(i: int, piece_start: int) -> int:
         if i not in interior:
@@ -611,11 +602,11 @@ def oracle_plan(
     num_segments, max_cost = 0, 0
     for c, (begin, end) in enumerate(ranges):
         at = layout.core_table + c * AICPU_TILING_CORE_WORDS
-        pos_begin = _coordinates(units, starts, begin, batch, seg)
+        pos_begin = _coordinates(units, starts, begin, heads, seg)
         if begin == end:
             buf[at : at + AICPU_TILING_CORE_WORDS] = _idle_core(pos_begin)
             continue
-        pos_end = _coordinates(units, starts, end, batch, seg)
+        pos_end = _coordinates(units, starts, end, heads, seg)
         first, last = _containing_unit(starts, begin), _containing_unit(starts, end - 1)
         cost = 0
         for i in range(first, last + 1):
@@ -624,6 +615,7 @@ def oracle_plan(
             k_lo = 0 if lo == u.start else (lo - u.start - seg) // u.w
             k_hi = u.blocks if hi == u.start + u.cost else (hi - u.start - seg) // u.w
             cost += seg + (k_hi - k_lo) * u.w
+        assert cost == _range_cost(begin, end, unit_starts, seg)
         segs = last - first + 1
         first_slot = piece_slot(first, begin)
         last_slot = piece_slot(last, max(begin, units[last].start))
@@ -632,8 +624,6 @@ def oracle_plan(
         num_segments += segs
         max_cost = max(max_cost, cost)
 
-    for r in range(layout.max_batch + 1):
-        buf[layout.split_prefix + r] = slots_before_request[min(r, batch)]
     for j, record in enumerate(combine):
         at = layout.combine + j * AICPU_TILING_COMB_WORDS
         buf[at : at + AICPU_TILING_COMB_WORDS] = record
@@ -692,10 +682,15 @@ class _Shape:
     def blocks(self, r: int, t: int) -> int:
         return _ceil_div(self.kv_end(r, t), self.block)
 
+    def end(self) -> tuple[int, int, int, int]:
+        """The end-of-work position (0, H, 0, 0)."""
+        return (0, self.heads, 0, 0)
+
     def valid(self, pos: tuple) -> bool:
+        """pos is the sentinel or a block of a real unit (k < blocks: canonical form)."""
+        if pos == self.end():
+            return True
         r, h, t, k = pos
-        if r == self.batch:
-            return (h, t, k) == (0, 0, 0)
         return (
             0 <= r < self.batch
             and 0 <= h < self.heads
@@ -704,14 +699,22 @@ class _Shape:
         )
 
     def next_unit(self, r: int, h: int, t: int) -> tuple[int, int, int]:
+        """The unit after (r, h, t) in head-major work order, or (0, H, 0) at the end."""
         if t + 1 < self.tiles[r]:
             return r, h, t + 1
-        if h + 1 < self.heads:
-            return r, h + 1, 0
-        r += 1
-        while r < self.batch and self.tiles[r] == 0:
-            r += 1
-        return r, 0, 0
+        for later in range(r + 1, self.batch):
+            if self.tiles[later]:
+                return later, h, 0
+        first = next((rr for rr in range(self.batch) if self.tiles[rr]), None)
+        if h + 1 < self.heads and first is not None:
+            return first, h + 1, 0
+        return 0, self.heads, 0
+
+
+def _order(pos: tuple) -> tuple:
+    """Work-order sort key of a position (r, h, t, k): compared as (h, r, t, k)."""
+    r, h, t, k = pos
+    return (h, r, t, k)
 
 
 def _core_record(buffer, params, c: int) -> list[int]:
@@ -728,12 +731,12 @@ def _decode(params, buffer, cu_seqlens_q, seqlens_kv, causal: bool):
         rec = _core_record(buffer, params, c)
         begin, end = tuple(rec[0:4]), tuple(rec[4:8])
         assert shape.valid(begin) and shape.valid(end), f"core {c}: bad position {rec[:8]}"
-        assert begin <= end, f"core {c}: begin {begin} after end {end}"
+        assert _order(begin) <= _order(end), f"core {c}: begin {begin} after end {end}"
         pieces = []
         pos = begin
         while pos != end:
             r, h, t, k_lo = pos
-            assert r < batch, f"core {c}: walked past the end towards {end}"
+            assert h < shape.heads, f"core {c}: walked past the end towards {end}"
             blocks = shape.blocks(r, t)
             k_hi = end[3] if end[:3] == (r, h, t) else blocks
             q_start, q_end = shape.q_range(r, t)
@@ -805,9 +808,11 @@ def check_coverage(
     Checks: status OK and the header's batch; for every request, kv head and query row, the
     kv ranges of the segments covering the row are disjoint, lie in [0, kv_len) and cover
     the causally visible range [0, kv_len - q_len + row + 1) ([0, kv_len) when not causal);
-    no segment is empty or entirely masked; padded slots (q_len == 0) get none; header
-    segment count = decoded count <= units + P - 1; split pieces, slots, split prefix and
-    combine table agree; core costs follow the cost model (saturated).
+    no segment is empty or entirely masked; padded slots (q_len == 0) get none; the cores'
+    ranges are contiguous in head-major work order, from the first unit to the end-of-work
+    position (0, H, 0, 0); header segment count = decoded count <= units + P - 1; split
+    pieces, slots (numbered in work order) and the combine table agree; core costs follow
+    the cost model (saturated).
 
     Raises:
         AssertionError: naming the first broken invariant.
@@ -819,9 +824,13 @@ def check_coverage(
     shape = _Shape(params, cu_seqlens_q, seqlens_kv, batch, causal)
     by_head: dict[tuple[int, int], list[Segment]] = {}
     pieces_of: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
-    slots_in_order: list[int] = []
     total = 0
+    live = [r for r in range(batch) if shape.tiles[r]]
+    expected_begin = (live[0], 0, 0, 0) if live else shape.end()
     for c, rec, pieces in _decode(params, buffer, cu_seqlens_q, seqlens_kv, causal):
+        begin, end = tuple(rec[0:4]), tuple(rec[4:8])
+        assert begin == expected_begin, f"core {c} begins at {begin}, not {expected_begin}"
+        expected_begin = end
         cost = 0
         if not pieces:
             assert rec[8:12] == [-1, -1, 0, 0], f"idle core {c}: record {rec}"
@@ -845,6 +854,7 @@ def check_coverage(
         assert rec[AICPU_TILING_CORE_COST] == _sat(cost), f"core {c}: cost {rec[11]} != {cost}"
         total += len(pieces)
 
+    assert expected_begin == shape.end(), f"the last core ends at {expected_begin}"
     for r in range(batch):
         for h in range(shape.heads):
             if shape.q_len[r] > 0:
@@ -862,8 +872,8 @@ def check_coverage(
     num_combine = int(buffer[AICPU_TILING_HDR_NUM_COMBINE])
     assert num_slots <= 2 * (cores - 1) and num_combine <= cores - 1, "too many slots"
     assert len(pieces_of) == num_combine, "combine count differs from split units"
-    expected_prefix, next_slot = [0] * (batch + 1), 0
-    for j, key in enumerate(sorted(pieces_of)):
+    next_slot = 0
+    for j, key in enumerate(sorted(pieces_of, key=lambda rht: (rht[1], rht[0], rht[2]))):
         ordered = sorted(pieces_of[key])
         slots = [slot for _, _, slot in ordered]
         assert len(ordered) >= 2, f"unit {key}: split into one piece"
@@ -872,11 +882,6 @@ def check_coverage(
         record = [int(x) for x in buffer[at : at + AICPU_TILING_COMB_WORDS]]
         assert record == [*key, next_slot, len(slots), 0], f"combine {j}: {record}"
         next_slot += len(slots)
-        slots_in_order.extend(slots)
-        for r in range(key[0] + 1, batch + 1):
-            expected_prefix[r] = next_slot
     assert next_slot == num_slots, "header slot count"
     unused = buffer[layout.combine + num_combine * AICPU_TILING_COMB_WORDS :]
     assert not unused.any(), "unused combine records or padding not zero"
-    prefix = [int(x) for x in buffer[layout.split_prefix : layout.combine]]
-    assert prefix == expected_prefix + [num_slots] * (layout.max_batch - batch), "split prefix"
