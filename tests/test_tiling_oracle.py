@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -75,11 +76,12 @@ def test_constants_match_header_text():
 
 
 def test_sizes_hand_computed():
-    p = make_params()  # 24 + 48 + 5 + 18 = 95 words -> 96 words
+    p = make_params()  # header 24 + cores 4 * 12 + combine 3 * 6 = 90 words -> 96 words
     assert o.oracle_tiling_bytes(p) == 384
+    assert o.oracle_tiling_bytes(make_params(max_batch=1000)) == 384  # no per-request section
     assert o.oracle_max_slots(p) == 6
     assert o.oracle_workspace_bytes(p) == 6 * 4 * 2 * 65 * 4
-    one = make_params(num_cores=1, max_batch=1)  # 24 + 12 + 2 + 0 = 38 -> 48 words
+    one = make_params(num_cores=1, max_batch=1)  # 24 + 12 + 0 = 36 -> 48 words
     assert o.oracle_tiling_bytes(one) == 192
     assert o.oracle_max_slots(one) == 0 and o.oracle_workspace_bytes(one) == 0
 
@@ -125,7 +127,7 @@ def test_invalid_params_give_header_only():
     p = make_params(num_cores=0)
     buf = o.oracle_plan(p, Recorder([], 0), Recorder([], 0), 3, True, epoch=-77)
     assert buf.dtype == np.int32
-    assert header(buf) == [o.AICPU_TILING_MAGIC, 2, 1, -1, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+    assert header(buf) == [o.AICPU_TILING_MAGIC, 3, 1, -1, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 1,
                            -77, 0, 0, 0, 0, 0, 0, 0]
 
 
@@ -134,70 +136,175 @@ def test_invalid_params_give_header_only():
 # --------------------------------------------------------------------------------------------
 
 
-def test_plan_mixed_causal_hand_computed():
-    # group 2, w = 1 * (4 + 1) = 5 for every unit (rows <= 16), segment 32.
-    # r0: q 1, kv 40 -> 3 blocks, cost 47 per head: [0,47) [47,94)
-    # r1: q 1, kv 17 -> 2 blocks, cost 42: [94,136) [136,178)
-    # r2: q 6, kv 30: t0 kv_end 28, t1 kv_end 30, 2 blocks each, cost 42:
-    #     h0 [178,220) [220,262), h1 [262,304) [304,346).  W = 346.
-    # B = ceil((346 + 3 * 32) / 4) = 111.
-    # c0: T 111 in [94,136), cuts 94/131/136 -> 94.   c1: T 222 in [220,262) -> 220.
-    # c2: T 333 in [304,346), cuts 304/341/346 -> 341.  c3: continuation, ends at W.
+# Shared by the cases below unless they say otherwise: group 2 (4 q / 2 kv heads), block 16,
+# segment 32, w = 1 * (4 + 1 * ceil(rows / 16)) = 5 for every unit with rows <= 16.
+END2 = (0, 2, 0, 0)  # the end-of-work position with 2 kv heads
+
+
+def test_plan_two_heads_on_four_cores_decode_hand_computed():
+    # Three decode requests, kv 40 / 17 / 30 -> 3 / 2 / 2 blocks, costs 47 / 42 / 42.
+    # Head-major: head 0 is [0, 131): r0 [0,47) cuts 0/37/42/47, r1 [47,89) cuts 47/84/89,
+    # r2 [89,131) cuts 89/126/131; head 1 the same shifted by W_h = 131. W = 262.
+    # P = 4 is a multiple of H = 2: Q = 2 cores per head, cut at the min-max of [0, 131).
+    # Budget 84: c0 stops at 84 (r0 + one block of r1, 47 + 37); c1 starts inside r1, pays
+    # the segment again, target 84 + 84 - 32 = 136 >= 131: cost 131 - 84 + 32 = 79. Fits.
+    # Budget 83: c0 stops at 47 (next cut 84 > 83); c1 target 47 + 83 = 130 -> 126 < 131.
+    # So 84, 79 for each head; r1 of each head is split, slots in work order: h0 0/1, h1 2/3.
     p = make_params()
-    cu, kv = [0, 1, 2, 8], [40, 17, 30]
-    buf = o.oracle_plan(p, cu, kv, 3, True, refine=False)
+    cu, kv = [0, 1, 2, 3], [40, 17, 30]
+    buf = o.oracle_plan(p, cu, kv, 3, True)
     assert len(buf) == 96
-    assert header(buf) == [o.AICPU_TILING_MAGIC, 2, 0, -1, 0, 0, 3, 8, 4, 8, 9, 2, 1, 126, 346, 1,
+    assert header(buf) == [o.AICPU_TILING_MAGIC, 3, 0, -1, 0, 0, 3, 3, 4, 6, 8, 4, 2, 84, 262, 1,
                            0, 0, 0, 0, 0, 0, 0, 0]
     assert cores(p, buf).tolist() == [
-        [0, 0, 0, 0, 1, 0, 0, 0, -1, -1, 2, 94],
-        [1, 0, 0, 0, 2, 0, 1, 0, -1, -1, 3, 126],
-        [2, 0, 1, 0, 2, 1, 1, 1, -1, 0, 3, 121],
-        [2, 1, 1, 1, 3, 0, 0, 0, 1, 1, 1, 37],
+        [0, 0, 0, 0, 1, 0, 0, 1, -1, 0, 2, 84],
+        [1, 0, 0, 1, 0, 1, 0, 0, 1, -1, 2, 79],  # ends where head 1 starts: (r 0, h 1)
+        [0, 1, 0, 0, 1, 1, 0, 1, -1, 2, 2, 84],
+        [1, 1, 0, 1, *END2, 3, -1, 2, 79],
     ]
-    assert buf[72:77].tolist() == [0, 0, 0, 2, 2]  # split prefix, max_batch + 1 entries
-    assert buf[77:83].tolist() == [2, 1, 1, 0, 2, 0]  # one combine record
-    assert not buf[83:].any()
+    assert buf[72:84].tolist() == [1, 0, 0, 0, 2, 0, 1, 1, 0, 2, 2, 0]  # two combine records
+    assert not buf[84:].any()
     segs = o.segments(p, buf, cu, kv, True)
-    assert segs[-2:] == [
-        o.Segment(2, 2, 1, 4, 6, 0, 16, 0),
-        o.Segment(3, 2, 1, 4, 6, 16, 30, 1),
+    assert segs[:3] == [
+        o.Segment(0, 0, 0, 0, 1, 0, 40, -1),
+        o.Segment(0, 1, 0, 0, 1, 0, 16, 0),
+        o.Segment(1, 1, 0, 0, 1, 16, 17, 1),
+    ]
+    assert [(s.core, s.request, s.kv_head) for s in segs[3:]] == [
+        (1, 2, 0), (2, 0, 1), (2, 1, 1), (3, 1, 1), (3, 2, 1)
     ]
     o.check_coverage(p, cu, kv, 3, True, buf)
 
 
-def test_plan_idle_cores_inside_a_unit_count_as_continuations():
-    # One unit: q 1, kv 32 -> 2 blocks, w = 3 + 1 = 4, cost 32 + 8 = 40, cuts 0/36/40.
-    # P 8: B = ceil((40 + 7 * 32) / 8) = 33. c0: T 33 -> 36.
-    # c1..c6 start at 36 (inside), so m = 1..6: T = 34, 35, 36, 37, 38 (tie -> 36), 39 -> 40.
-    # Cores 1..5 are idle at (0,0,0,1); core 6 takes the second block; core 7 idles at the end.
-    p = make_params(num_q_heads=1, num_kv_heads=1, num_cores=8, cost_kv_load=3)
-    buf = o.oracle_plan(p, [0, 1], [32], 1, False, refine=False)
-    table = cores(p, buf).tolist()
-    assert table[0] == [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1, 36]
-    for c in range(1, 6):
-        assert table[c] == [0, 0, 0, 1, 0, 0, 0, 1, -1, -1, 0, 0]
-    assert table[6] == [0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 36]
-    assert table[7] == [1, 0, 0, 0, 1, 0, 0, 0, -1, -1, 0, 0]
-    assert header(buf)[9:15] == [1, 2, 2, 1, 36, 40]
-    o.check_coverage(p, [0, 1], [32], 1, False, buf)
-
-
-def test_plan_padding_and_empty_work():
+def test_plan_cores_not_a_multiple_of_heads_hand_computed():
+    # The same three requests on P = 3 cores: 3 is no multiple of 2, so the min-max of the
+    # whole axis [0, 262) (cuts of head 1 are head 0's plus 131). Lower bound ceil(262/3) = 88.
+    # Budget 88: c0 stops at 84, c1 (continuation) target 84 + 88 - 32 = 140 -> 131,
+    # c2 target 131 + 88 = 219 -> 215 < 262: no fit.
+    # Budget 89: c0 [0, 89) (r0, r1 of head 0), c1 [89, 178) (r2 of head 0, r0 of head 1:
+    # one core across the head boundary), c2 [178, 262) costs 84. No unit is split.
     p = make_params(num_cores=3)
-    # Padded slot 0 and a q_len 0 request with kv: no units, core 0 starts at request 2.
-    buf = o.oracle_plan(p, [0, 0, 0, 1], [0, 5, 16], 3, False)
-    # r2: 1 block, w 5, cost 37 = W. B = ceil((37 + 64) / 3) = 34 -> cuts 0/37 -> 37 (d 3).
+    cu, kv = [0, 1, 2, 3], [40, 17, 30]
+    buf = o.oracle_plan(p, cu, kv, 3, True)
+    assert header(buf)[9:15] == [6, 6, 0, 0, 89, 262]
     assert cores(p, buf).tolist() == [
-        [2, 0, 0, 0, 2, 1, 0, 0, -1, -1, 1, 37],
-        [2, 1, 0, 0, 3, 0, 0, 0, -1, -1, 1, 37],
-        [3, 0, 0, 0, 3, 0, 0, 0, -1, -1, 0, 0],
+        [0, 0, 0, 0, 2, 0, 0, 0, -1, -1, 2, 89],
+        [2, 0, 0, 0, 1, 1, 0, 0, -1, -1, 2, 89],
+        [1, 1, 0, 0, *END2, -1, -1, 2, 84],
     ]
-    o.check_coverage(p, [0, 0, 0, 1], [0, 5, 16], 3, False, buf)
-    empty = o.oracle_plan(p, [0], [], 0, True)
-    assert header(empty)[2:16] == [0, -1, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 1]
-    assert cores(p, empty).tolist() == [[0] * 8 + [-1, -1, 0, 0]] * 3
-    assert not empty[o.AICPU_TILING_HDR_WORDS + 36 :].any()
+    assert not buf[o.AICPU_TILING_HDR_WORDS + 36 :].any()
+    o.check_coverage(p, cu, kv, 3, True, buf)
+
+
+def test_plan_multi_tile_causal_prefill_hand_computed():
+    # Group 4 (8 q / 2 kv heads), q_tile 8: one request q 10, kv 40, causal.
+    # t0: tokens [0, 8), rows 32, w = 4 + 2 = 6, kv_end 40 - 10 + 8 = 38 -> 3 blocks, cost 50,
+    #     cuts 0/38/44/50.  t1: tokens [8, 10), rows 8, w 5, kv_end 40 -> 3 blocks, cost 47,
+    #     cuts 50/87/92/97.  W_h = 97, W = 194.
+    # P = 6, Q = 3 per head. Budget 47: c0 stops at 44 (two blocks of t0); c1 continues,
+    # target 44 + 47 - 32 = 59 -> 50 (cost 6 + 32 = 38); c2 target 50 + 47 = 97: fits.
+    # Budgets 45 and 46: c0 44, c1 50, c2 target 95 or 96 -> 92 < 97. Budget 44 and below:
+    # c0 stops at 38 or 44 and c2 cannot reach 97 either. So 44, 38, 47 on each head.
+    p = make_params(num_q_heads=8, num_cores=6, q_tile=8)
+    cu, kv = [0, 10], [40]
+    buf = o.oracle_plan(p, cu, kv, 1, True)
+    assert header(buf)[6:15] == [1, 10, 6, 4, 6, 4, 2, 47, 194]
+    assert cores(p, buf).tolist() == [
+        [0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 1, 44],
+        [0, 0, 0, 2, 0, 0, 1, 0, 1, 1, 1, 38],
+        [0, 0, 1, 0, 0, 1, 0, 0, -1, -1, 1, 47],
+        [0, 1, 0, 0, 0, 1, 0, 2, 2, 2, 1, 44],
+        [0, 1, 0, 2, 0, 1, 1, 0, 3, 3, 1, 38],
+        [0, 1, 1, 0, *END2, -1, -1, 1, 47],
+    ]
+    assert buf[96:108].tolist() == [0, 0, 0, 0, 2, 0, 0, 1, 0, 2, 2, 0]
+    assert o.segments(p, buf, cu, kv, True)[:3] == [
+        o.Segment(0, 0, 0, 0, 8, 0, 32, 0),
+        o.Segment(1, 0, 0, 0, 8, 32, 38, 1),
+        o.Segment(2, 0, 0, 8, 10, 0, 40, -1),
+    ]
+    o.check_coverage(p, cu, kv, 1, True, buf)
+
+
+def test_plan_padded_requests_name_the_next_live_unit():
+    # r0 padded (q 0, kv 0), r1 q 1 kv 16 (1 block, cost 37), r2 q 0 kv 5 (valid, no units),
+    # r3 q 1 kv 20 (2 blocks, cost 42, cuts +0/+37/+42). Per head [0, 79), W = 158.
+    # P = 4, Q = 2: budget 42 puts r1 and r3 on their own cores (41 fails: c0 37, c1 target
+    # 78 -> 74 < 79). Boundaries name the next live unit: after r1 comes r3 (skipping r2),
+    # after r3 of head 0 comes r1 of head 1 (skipping r0), then the end.
+    p = make_params()
+    cu, kv = [0, 0, 1, 1, 2], [0, 16, 5, 20]
+    buf = o.oracle_plan(p, cu, kv, 4, True)
+    assert cores(p, buf).tolist() == [
+        [1, 0, 0, 0, 3, 0, 0, 0, -1, -1, 1, 37],
+        [3, 0, 0, 0, 1, 1, 0, 0, -1, -1, 1, 42],
+        [1, 1, 0, 0, 3, 1, 0, 0, -1, -1, 1, 37],
+        [3, 1, 0, 0, *END2, -1, -1, 1, 42],
+    ]
+    o.check_coverage(p, cu, kv, 4, True, buf)
+    # P = 3: the whole axis. Budgets below 74 leave c0 at 37 and c1 at 79 (its next cut, 116,
+    # is 79 away). Budget 74: c0 [0, 74) ends inside r3 of head 0; c1 continues (74 - 74 + 42
+    # + 32 = 74) through r1 of head 1 to 116, the start of r3 of head 1; c2 takes the rest.
+    p3 = make_params(num_cores=3)
+    buf3 = o.oracle_plan(p3, cu, kv, 4, True)
+    assert cores(p3, buf3).tolist() == [
+        [1, 0, 0, 0, 3, 0, 0, 1, -1, 0, 2, 74],
+        [3, 0, 0, 1, 3, 1, 0, 0, 1, -1, 2, 74],
+        [3, 1, 0, 0, *END2, -1, -1, 1, 42],
+    ]
+    assert buf3[60:66].tolist() == [3, 0, 0, 0, 2, 0]
+    o.check_coverage(p3, cu, kv, 4, True, buf3)
+
+
+def test_plan_leftover_cores_idle_at_the_end_of_their_head():
+    # One request, 1 block: cost 37 per head. P = 6, Q = 3: the first core of each head takes
+    # the whole head; the other two idle at the end of the head's interval, which is the
+    # start of the next head's first unit, (0, 1, 0, 0), and for the last head the end.
+    p = make_params(num_cores=6)
+    buf = o.oracle_plan(p, [0, 1], [16], 1, True)
+    idle = [-1, -1, 0, 0]
+    assert cores(p, buf).tolist() == [
+        [0, 0, 0, 0, 0, 1, 0, 0, -1, -1, 1, 37],
+        [0, 1, 0, 0, 0, 1, 0, 0, *idle],
+        [0, 1, 0, 0, 0, 1, 0, 0, *idle],
+        [0, 1, 0, 0, *END2, -1, -1, 1, 37],
+        [*END2, *END2, *idle],
+        [*END2, *END2, *idle],
+    ]
+    o.check_coverage(p, [0, 1], [16], 1, True, buf)
+
+
+@pytest.mark.parametrize("num_cores", [3, 4])
+def test_plan_empty_work_idles_every_core_at_the_end(num_cores):
+    p = make_params(num_cores=num_cores)
+    for cu, kv, batch in (([0], [], 0), ([0, 0, 0], [0, 7], 2)):  # empty, all padded
+        buf = o.oracle_plan(p, cu, kv, batch, True)
+        assert header(buf)[2:16] == [0, -1, 0, 0, batch, 0, num_cores, 0, 0, 0, 0, 0, 0, 1]
+        assert cores(p, buf).tolist() == [[*END2, *END2, -1, -1, 0, 0]] * num_cores
+        assert not buf[o.AICPU_TILING_HDR_WORDS + 12 * num_cores :].any()
+        o.check_coverage(p, cu, kv, batch, True, buf)
+        assert o.segments(p, buf, cu, kv, True) == []
+
+
+def test_end_sentinel_is_the_only_position_past_the_work():
+    p = make_params()
+    cu, kv = [0, 1, 2, 3], [40, 17, 30]
+    units = o.oracle_units(p, cu, kv, 3, True)
+    starts = [u.start for u in units]
+    total = sum(u.cost for u in units)
+    assert o._coordinates(units, starts, total, 2, p.cost_segment) == END2
+    assert o._coordinates(units, starts, 131, 2, p.cost_segment) == (0, 1, 0, 0)
+    assert o._coordinates([], [], 0, 2, p.cost_segment) == END2
+    shape = o._Shape(p, cu, kv, 3, True)
+    assert shape.valid(END2) and shape.next_unit(2, 1, 0) == (0, 2, 0)
+    assert shape.next_unit(2, 0, 0) == (0, 1, 0)
+    for stale in ((3, 0, 0, 0), (0, 2, 0, 1), (1, 2, 0, 0), (0, 0, 0, 3)):
+        assert not shape.valid(stale), stale
+    # The v2 end position (batch, 0, 0, 0) is refused by the decoder.
+    buf = o.oracle_plan(p, cu, kv, 3, True).copy()
+    buf[o.AICPU_TILING_HDR_WORDS + 36 + 4 : o.AICPU_TILING_HDR_WORDS + 36 + 8] = [3, 0, 0, 0]
+    with pytest.raises(AssertionError, match="bad position"):
+        o.check_coverage(p, cu, kv, 3, True, buf)
 
 
 def test_saturation_of_costs():
@@ -306,12 +413,64 @@ def test_coverage_and_bounds(problem):
     assert np.array_equal(buf, o.oracle_plan(p, cu, kv, batch, causal))
     units = o.oracle_units(p, cu, kv, batch, causal)
     total = sum(u.cost for u in units)
-    share = -(-(total + (p.num_cores - 1) * p.cost_segment) // p.num_cores)
-    max_w = max((u.w for u in units), default=0)
+    w_max = max((u.w for u in units), default=0)
+    busiest, segments = header(buf)[13], header(buf)[10]
     assert header(buf)[14] == total
-    # The header claims B + max(cost_segment, w); snapping a target by up to half a gap at
-    # both ends of a core only gives B + cost_segment + w (see test_header_bound_counterexample).
-    assert header(buf)[13] <= share + p.cost_segment + max_w
+    # The header's bound, W / P + 2 * cost_segment + w_max + 1, in integers.
+    assert busiest * p.num_cores <= total + p.num_cores * (2 * p.cost_segment + w_max + 1)
+    assert segments <= len(units) + p.num_cores - 1
+
+
+def busiest_over_every_partition(params, units) -> int:
+    """Brute force over THE PARTITION's rule: the least busiest core over every choice of
+    ordered legal cuts, per head (the same offsets on every head) when P % H == 0, else over
+    the whole axis."""
+    seg, cores, heads = params.cost_segment, params.num_cores, params.num_kv_heads
+    total = sum(u.cost for u in units)
+    starts = {u.start for u in units}
+    parts, span = (cores // heads, total // heads) if cores % heads == 0 else (cores, total)
+    cuts = sorted({0, span, *(c for u in units for c in u.legal_cuts(seg) if c <= span)})
+
+    def cost(b, e):
+        return e - b + (0 if b in starts else seg) if e > b else 0
+
+    return min(
+        max(cost(b, e) for b, e in itertools.pairwise([0, *chosen, span]))
+        for chosen in itertools.combinations_with_replacement(cuts, parts - 1)
+    )
+
+
+@st.composite
+def tiny_problems(draw):
+    kv_heads = draw(st.integers(1, 3))
+    p = make_params(
+        num_q_heads=kv_heads * draw(st.sampled_from([1, 2, 20])),
+        num_kv_heads=kv_heads,
+        block_size=draw(st.sampled_from([4, 16])),
+        max_batch=3,
+        max_blocks_per_req=4,
+        num_cores=draw(st.integers(1, 5)),
+        q_tile=draw(st.integers(1, 3)),
+        cost_kv_load=draw(st.integers(0, 6)),
+        cost_qk_tile=draw(st.integers(1, 3)),
+        cost_segment=draw(st.sampled_from([0, 1, 5, 32])),
+    )
+    causal = draw(st.booleans())
+    batch = draw(st.integers(0, 3))
+    q_lens = [draw(st.integers(0, 3)) for _ in range(batch)]
+    kv = [draw(st.integers(max(q, 1), 4 * p.block_size)) if q else 0 for q in q_lens]
+    cu = [0, *itertools.accumulate(q_lens)]
+    return p, cu, kv, batch, causal
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_problems())
+def test_busiest_core_is_the_least_any_allowed_partition_gives(problem):
+    p, cu, kv, batch, causal = problem
+    units = o.oracle_units(p, cu, kv, batch, causal)
+    assume(len({c for u in units for c in u.legal_cuts(p.cost_segment)}) <= 24)
+    buf = o.oracle_plan(p, cu, kv, batch, causal)
+    assert header(buf)[13] == busiest_over_every_partition(p, units)
 
 
 @settings(max_examples=300, deadline=None)
@@ -339,106 +498,38 @@ def test_first_offence_is_reported(problem, data):
     assert tuple(hdr[2:4]) == expected
 
 
-def test_header_bound_counterexample():
-    # Three 1-block units of cost 7 + 8 = 15 on 3 cores: W 45, B = ceil(59 / 3) = 20.
-    # c0: T 20 in [15,30) -> 15; c1: T 40 in [30,45) -> 45; core 1 costs 30 > B + max(7, 8).
-    p = make_params(
-        num_q_heads=3, num_kv_heads=3, block_size=128, max_batch=1, max_tokens=1,
-        max_blocks_per_req=1, num_cores=3, q_tile=1, cost_kv_load=0, cost_segment=7,
-    )  # fmt: skip
-    buf = o.oracle_plan(p, [0, 1], [1], 1, False, refine=False)
-    assert cores(p, buf)[:, 11].tolist() == [15, 30, 0]
-    assert header(buf)[13] == 30 > 20 + 8
-    # 30 is more than B + B / 16, so the kernel refines: the smallest greedy budget that fits
-    # is 15, one unit per core, which is optimal.
-    refined = o.oracle_plan(p, [0, 1], [1], 1, False)
-    assert cores(p, refined)[:, 11].tolist() == [15, 15, 15]
-
-
-def test_refinement_hand_computed():
-    # The mixed causal case of test_plan_mixed_causal_hand_computed: nearest cuts leave core 1
-    # at 126 > 111 + 111 / 16, so the kernel bisects the greedy budget in [ceil(346 / 4), 126].
-    # Units (start, cost): 0:47 47:47 94:42 136:42 178:42 220:42 262:42 304:42, w 5, seg 32.
-    # Budget 94: c0 takes units 0-1 [0,94); c1 [94,178) 84 (the next unit would reach 220);
-    # c2 [178,262) 84; c3 the rest [262,346) 84: fits.
-    # Budget 93: c0 stops inside unit 1 at 47+32+2*5 = 89; c1 pays 32 again, target 150
-    # snaps down to 136; c2 target 229 snaps down to 220; c3 would take 126 > 93: no fit.
-    # So the kernel's answer is the optimum for these cuts: 94, 84, 84, 84.
-    p = make_params()
-    cu, kv = [0, 1, 2, 8], [40, 17, 30]
-    buf = o.oracle_plan(p, cu, kv, 3, True)
-    assert cores(p, buf)[:, 11].tolist() == [94, 84, 84, 84]
-    assert header(buf)[13] == 94
-    o.check_coverage(p, cu, kv, 3, True, buf)
-
-
-def few_units_params() -> SimpleNamespace:
-    """One kv head, one-token tiles, w = 4, segment 16, 3 cores (two units, 3 cores)."""
-    return make_params(
-        num_q_heads=1, num_kv_heads=1, q_tile=1, cost_qk_tile=0, cost_segment=16,
-        num_cores=3, max_batch=2,
-    )  # fmt: skip
-
-
-def test_few_units_take_the_exact_min_max():
-    # Units: request 0, kv 19 -> 2 blocks, [0, 24) with cuts 0, 20, 24; request 1, kv 3 ->
-    # 1 block, [24, 44). W 44, B = ceil((44 + 2 * 16) / 3) = 26.
-    # Nearest: c0 T 26 snaps to 24; c1 T 52 >= W takes [24, 44); c2 idle: 24, 20, 0. That is
-    # below B + B / 16, so the old rule kept it.
-    # Two units on three cores: the min-max. Budget 20: c0 stops at 20 (1 block); c1 pays
-    # the segment again and reaches 20 + 20 - 16 = 24; c2 takes [24, 44): 20, 20, 20.
-    # Budget 19: c0's last cut below 19 is 0, an empty core that stalls: no fit. So 20.
-    p = few_units_params()
-    cu, kv = [0, 1, 2], [19, 3]
-    nearest = o.oracle_plan(p, cu, kv, 2, False, refine=False)
-    assert cores(p, nearest)[:, 11].tolist() == [24, 20, 0]
-    buf = o.oracle_plan(p, cu, kv, 2, False)
-    assert cores(p, buf)[:, 11].tolist() == [20, 20, 20]
-    assert cores(p, buf)[:, 0:8].tolist() == [
-        [0, 0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 1, 1, 0, 0, 0], [1, 0, 0, 0, 2, 0, 0, 0]
-    ]
-    assert header(buf)[13] == 20
-    o.check_coverage(p, cu, kv, 2, False, buf)
-
-
-def test_few_units_min_max_is_optimal_over_every_cut_choice():
-    # Brute force: every choice of P - 1 ordered legal cuts, the busiest core's cost.
-    import itertools as it
-
-    p = few_units_params()
-    for kv in ([19, 3], [40, 17], [64, 1], [5, 33]):
-        cu = [0, 1, 2]
-        units = o.oracle_units(p, cu, kv, 2, False)
-        total = sum(u.cost for u in units)
-        starts = {u.start for u in units}
-        cuts = sorted({c for u in units for c in u.legal_cuts(p.cost_segment)})
-        best = min(
-            max(
-                (e - b + (p.cost_segment if b not in starts and 0 < b < total else 0))
-                if e > b else 0
-                for b, e in it.pairwise([0, *chosen, total])
-            )
-            for chosen in it.combinations_with_replacement(cuts, p.num_cores - 1)
-        )
-        assert header(o.oracle_plan(p, cu, kv, 2, False))[13] == best, kv
-
-
 @pytest.mark.parametrize(
     "word, value",
     [
-        (16 + 36 + 3, 0),  # core 3 begins one block early: overlaps core 2's piece
-        (16 + 24 + 9, -1),  # core 2's last segment is a piece without a slot
-        (69 + 4, 3),  # combine record: wrong piece count
-        (64 + 2, 1),  # split prefix of request 2
-        (16 + 11, 95),  # core 0 cost
-        (10, 8),  # header segment count
+        (24 + 12 + 3, 0),  # core 1 begins one block early: overlaps core 0's piece
+        (24 + 9, -1),  # core 0's last segment is a piece without a slot
+        (24 + 12 + 8, 2),  # core 1's piece has another unit's slot
+        (72 + 4, 3),  # combine record: wrong piece count
+        (72 + 1, 1),  # combine record: wrong kv head
+        (24 + 11, 85),  # core 0 cost
+        (10, 9),  # header segment count
+        (95, 1),  # padding
     ],
 )
 def test_checker_catches_corruption(word, value):
     p = make_params()
-    cu, kv = [0, 1, 2, 8], [40, 17, 30]
-    buf = o.oracle_plan(p, cu, kv, 3, True, refine=False).copy()
+    cu, kv = [0, 1, 2, 3], [40, 17, 30]
+    buf = o.oracle_plan(p, cu, kv, 3, True).copy()
+    o.check_coverage(p, cu, kv, 3, True, buf)
     assert buf[word] != value
     buf[word] = value
+    with pytest.raises(AssertionError):
+        o.check_coverage(p, cu, kv, 3, True, buf)
+
+
+def test_checker_wants_combine_records_in_head_major_order():
+    p = make_params()
+    cu, kv = [0, 1, 2, 3], [40, 17, 30]
+    buf = o.oracle_plan(p, cu, kv, 3, True).copy()
+    # Swap the two records' units (r 1 h 0 and r 1 h 1) and the cores' slots with them: every
+    # piece still has a slot and a record, but slots no longer follow the work order.
+    buf[72:84] = [1, 1, 0, 0, 2, 0, 1, 0, 0, 2, 2, 0]
+    for core, first, last in ((0, -1, 2), (1, 3, -1), (2, -1, 0), (3, 1, -1)):
+        buf[24 + 12 * core + 8 : 24 + 12 * core + 10] = [first, last]
     with pytest.raises(AssertionError):
         o.check_coverage(p, cu, kv, 3, True, buf)
