@@ -40,7 +40,13 @@ static void random_params(aicpu_tiling_params *p) {
     p->max_batch = pick(1, 24);
     p->max_tokens = pick(1, 300);
     p->max_blocks_per_req = pick(1, 40);
-    p->num_cores = (rng() % 4 == 0) ? 1 : pick(1, 48);
+    /* One core, a multiple of the kv heads (the per-head partition) or any count (the whole
+     * axis), each often. */
+    switch (rng() % 4) {
+    case 0: p->num_cores = 1; break;
+    case 1: p->num_cores = p->num_kv_heads * pick(1, 12); break;
+    default: p->num_cores = pick(1, 48); break;
+    }
     p->q_tile = pick(1, 32);
     p->cost_kv_load = pick(0, 8);
     p->cost_qk_tile = pick(p->cost_kv_load == 0, 4);
@@ -104,6 +110,11 @@ static int fuzz_one(uint64_t iteration, int *ok) {
     cu = malloc(sizeof(int32_t) * (size_t)(batch > 0 ? batch + 1 : 1));
     kv = malloc(sizeof(int32_t) * (size_t)(batch > 0 ? batch : 1));
     bytes = aicpu_tiling_bytes(&p);
+    if (bytes == 0 || bytes % 64 != 0 || bytes > AICPU_TILING_BYTES_BOUND(p.num_cores)) {
+        fprintf(stderr, "case %llu: %lu bytes, bound %lu\n", (unsigned long long)iteration,
+                (unsigned long)bytes, (unsigned long)AICPU_TILING_BYTES_BOUND(p.num_cores));
+        return 1;
+    }
     buf = malloc(bytes + 64);
     buf2 = malloc(bytes);
     if (!cu || !kv || !buf || !buf2) return 1;
@@ -164,18 +175,29 @@ static int check_case(uint64_t iteration, const aicpu_tiling_params *p, int caus
         }
         *ok += 1;
     } else {
+        /* Every core idle at (0, 0, 0, 0) with slots -1; the combine table and padding 0. */
+        static const int32_t idle[AICPU_TILING_CORE_WORDS] = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1,
+                                                              0, 0};
         const int32_t *words = (const int32_t *)(void *)buf;
         int32_t core;
+        size_t i;
         if (words[AICPU_TILING_HDR_BAD_REQUEST] != bad) {
             fprintf(stderr, "case %llu: bad request %d, expected %d\n",
                     (unsigned long long)iteration, words[AICPU_TILING_HDR_BAD_REQUEST], bad);
             return 1;
         }
         for (core = 0; core < p->num_cores; ++core)
-            if (words[AICPU_TILING_HDR_WORDS + core * AICPU_TILING_CORE_WORDS +
-                      AICPU_TILING_CORE_NUM_SEGMENTS] != 0) {
-                fprintf(stderr, "case %llu: work assigned despite an error\n",
-                        (unsigned long long)iteration);
+            if (memcmp(words + AICPU_TILING_HDR_WORDS + core * AICPU_TILING_CORE_WORDS, idle,
+                       sizeof idle) != 0) {
+                fprintf(stderr, "case %llu: core %d not idle despite an error\n",
+                        (unsigned long long)iteration, core);
+                return 1;
+            }
+        for (i = AICPU_TILING_HDR_WORDS + (size_t)p->num_cores * AICPU_TILING_CORE_WORDS;
+             i < bytes / 4; ++i)
+            if (words[i] != 0) {
+                fprintf(stderr, "case %llu: word %lu not zero despite an error\n",
+                        (unsigned long long)iteration, (unsigned long)i);
                 return 1;
             }
     }

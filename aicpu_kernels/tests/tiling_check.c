@@ -1,4 +1,4 @@
-/* tiling_check.c -- see tiling_check.h. Walks every segment in global work order. */
+/* tiling_check.c -- see tiling_check.h. Walks every segment in global (head-major) work order. */
 #include "tiling_check.h"
 
 #include <stdlib.h>
@@ -29,6 +29,7 @@ int tiling_expected_status(const aicpu_tiling_params *p, const int32_t *cu, cons
     return AICPU_TILING_OK;
 }
 
+/* The walk position is (r, h, t) in head-major order; (0, num_kv_heads, 0) is the end. */
 typedef struct walker {
     const aicpu_tiling_params *p;
     const int32_t *cu, *kv;
@@ -47,40 +48,102 @@ static int64_t unit_kv_end(const walker *w, int32_t r, int32_t t) {
     return (int64_t)w->kv[r] - q + (end < q ? end : q);
 }
 
-static int64_t unit_cost(const walker *w, int32_t r, int32_t t, int64_t blocks) {
+static int64_t block_weight(const walker *w, int32_t r, int32_t t) {
     int64_t q = q_len(w, r), tokens = q - (int64_t)t * w->p->q_tile;
     int64_t rows, group = w->p->num_q_heads / w->p->num_kv_heads;
     if (tokens > w->p->q_tile) tokens = w->p->q_tile;
     rows = tokens * group;
-    return blocks * ceil_div(w->p->block_size, 16) *
+    return ceil_div(w->p->block_size, 16) *
            (w->p->cost_kv_load + w->p->cost_qk_tile * ceil_div(rows, 16));
 }
 
-static void skip_empty(walker *w) {
-    while (w->r < w->batch && q_len(w, w->r) == 0) w->r++;
+static int64_t unit_cost(const walker *w, int32_t r, int32_t t, int64_t blocks) {
+    return blocks * block_weight(w, r, t);
+}
+
+static int32_t first_live_from(const walker *w, int32_t r) {
+    while (r < w->batch && q_len(w, r) == 0) r++;
+    return r;
+}
+
+/* The first unit of head h (or the end of the work). */
+static void head_start(walker *w, int32_t h) {
+    int32_t r = first_live_from(w, 0);
+    if (r == w->batch || h >= w->p->num_kv_heads) w->r = 0, w->h = w->p->num_kv_heads;
+    else w->r = r, w->h = h;
+    w->t = 0;
 }
 
 static void advance_unit(walker *w) {
-    if ((int64_t)(w->t + 1) * w->p->q_tile < q_len(w, w->r)) w->t++;
-    else if (w->h + 1 < w->p->num_kv_heads) w->h++, w->t = 0;
-    else {
-        w->r++, w->h = 0, w->t = 0;
-        skip_empty(w);
-    }
+    int32_t next;
     w->kv_next = 0;
     w->pieces = 0;
+    if ((int64_t)(w->t + 1) * w->p->q_tile < q_len(w, w->r)) {
+        w->t++;
+        return;
+    }
+    next = first_live_from(w, w->r + 1);
+    if (next < w->batch) w->r = next, w->t = 0;
+    else head_start(w, w->h + 1);
+}
+
+static int at_end(const walker *w) { return w->h == w->p->num_kv_heads; }
+
+/*
+ * Greedy filling (THE PARTITION) with a budget over `parts` cores, on a sequence of units
+ * given by their blocks and block weights, each unit costing seg + blocks * weight. Returns
+ * 1 when the work fits on `parts` cores. Used as the optimality certificate: the busiest
+ * core's cost X is optimal when budget X - 1 does not fit (greedy is optimal per budget).
+ */
+static int greedy_fits(const int64_t *blocks, const int64_t *weight, int64_t units, int64_t seg,
+                       int64_t parts, int64_t budget) {
+    int64_t u = 0, k = 0, core;
+    for (core = 0; core < parts && u < units; ++core) {
+        int64_t used = k > 0 ? seg : 0;
+        for (;;) {
+            int64_t avail = budget - used, take;
+            if (u == units) break;
+            if (k == 0) {
+                if (avail >= seg + blocks[u] * weight[u]) {
+                    used += seg + blocks[u] * weight[u];
+                    u++;
+                    continue;
+                }
+                take = avail >= seg ? (avail - seg) / weight[u] : 0;
+                if (take > 0) k = take;
+                break;
+            }
+            if (avail >= (blocks[u] - k) * weight[u]) {
+                used += (blocks[u] - k) * weight[u];
+                u++, k = 0;
+                continue;
+            }
+            take = avail > 0 ? avail / weight[u] : 0;
+            k += take;
+            break;
+        }
+    }
+    return u == units;
+}
+
+/* Core c's expected position given core j's (same offsets, head shifted by h). */
+static int shifted_equal(const int32_t *pos0, int32_t h, int32_t heads, const int32_t *pos) {
+    int32_t head = pos0[1] + h;
+    if (head >= heads) return pos[0] == 0 && pos[1] == heads && pos[2] == 0 && pos[3] == 0;
+    return pos[0] == pos0[0] && pos[1] == head && pos[2] == pos0[2] && pos[3] == pos0[3];
 }
 
 const char *tiling_check(const aicpu_tiling_params *p, const int32_t *cu, const int32_t *kv,
                          int32_t batch, int causal, const int32_t *buf) {
     walker w;
-    int32_t core, next_slot = 0, num_combine = 0, r;
-    int64_t units = 0, segments = 0, total = 0, max_cost = 0, bound, w_max = 0;
-    const int32_t *prefix = buf + AICPU_TILING_HDR_WORDS + AICPU_TILING_CORE_WORDS * p->num_cores;
-    const int32_t *combine = prefix + p->max_batch + 1;
-    int32_t *slots_of_request = calloc((size_t)p->max_batch + 1, sizeof(int32_t));
+    int32_t core, next_slot = 0, num_combine = 0, r, heads = p->num_kv_heads;
+    int64_t units = 0, head_units = 0, segments = 0, total = 0, max_cost = 0, w_max = 0, i;
+    const int32_t *combine = buf + AICPU_TILING_HDR_WORDS + AICPU_TILING_CORE_WORDS * p->num_cores;
+    /* THE BUFFER: header, core table, combine table, padding to 16 words. */
+    int64_t words = (AICPU_TILING_HDR_WORDS + (int64_t)AICPU_TILING_CORE_WORDS * p->num_cores +
+                     (int64_t)AICPU_TILING_COMB_WORDS * (p->num_cores - 1) + 15) / 16 * 16;
+    int64_t *blocks_of = NULL, *weight_of = NULL;
     const char *err = NULL;
-    if (!slots_of_request) return "out of memory";
 #define FAIL(msg) do { err = (msg); goto done; } while (0)
 
     if (W(AICPU_TILING_HDR_MAGIC) != AICPU_TILING_MAGIC) FAIL("bad magic");
@@ -89,50 +152,54 @@ const char *tiling_check(const aicpu_tiling_params *p, const int32_t *cu, const 
     if (W(AICPU_TILING_HDR_NUM_TOKENS) != cu[batch]) FAIL("num_tokens");
 
     w.p = p, w.cu = cu, w.kv = kv, w.batch = batch, w.causal = causal;
-    w.r = 0, w.h = 0, w.t = 0, w.kv_next = 0, w.pieces = 0;
-    skip_empty(&w);
-    for (r = 0; r < batch; ++r) {
+    w.kv_next = 0, w.pieces = 0;
+    for (r = 0; r < batch; ++r) head_units += ceil_div(q_len(&w, r), p->q_tile);
+    units = head_units * heads;
+    blocks_of = malloc(sizeof(int64_t) * (size_t)(head_units + 1));
+    weight_of = malloc(sizeof(int64_t) * (size_t)(head_units + 1));
+    if (!blocks_of || !weight_of) FAIL("out of memory");
+    /* One head's units in work order (every head has the same ones). */
+    for (r = 0, i = 0; r < batch; ++r) {
         int64_t tiles = ceil_div(q_len(&w, r), p->q_tile), t;
-        units += tiles * p->num_kv_heads;
-        for (t = 0; t < tiles; ++t) {
-            int64_t blocks = ceil_div(unit_kv_end(&w, r, (int32_t)t), p->block_size);
-            int64_t cost = unit_cost(&w, r, (int32_t)t, blocks);
-            total += p->num_kv_heads * (p->cost_segment + cost);
-            if (blocks && cost / blocks > w_max) w_max = cost / blocks;
+        for (t = 0; t < tiles; ++t, ++i) {
+            blocks_of[i] = ceil_div(unit_kv_end(&w, r, (int32_t)t), p->block_size);
+            weight_of[i] = block_weight(&w, r, (int32_t)t);
+            total += heads * (p->cost_segment + blocks_of[i] * weight_of[i]);
+            if (weight_of[i] > w_max) w_max = weight_of[i];
         }
     }
 
+    head_start(&w, 0);
     for (core = 0; core < p->num_cores; ++core) {
         const int32_t *rec = buf + AICPU_TILING_HDR_WORDS + (int64_t)core * AICPU_TILING_CORE_WORDS;
         const int32_t *b = rec + AICPU_TILING_CORE_BEGIN, *e = rec + AICPU_TILING_CORE_END;
-        int32_t n = rec[AICPU_TILING_CORE_NUM_SEGMENTS], i;
+        int32_t n = rec[AICPU_TILING_CORE_NUM_SEGMENTS], s;
         int64_t cost = 0;
         if (b[0] != w.r || b[1] != w.h || b[2] != w.t)
             FAIL("core does not begin where the previous one ended");
         if ((int64_t)b[3] * p->block_size != w.kv_next) FAIL("core begins at the wrong block");
-        for (i = 0; i < n; ++i) {
+        for (s = 0; s < n; ++s) {
             int64_t kv_end, blocks, first, last, slot;
-            if (w.r >= batch) FAIL("segment past the last request");
+            if (at_end(&w)) FAIL("segment past the end of the work");
             kv_end = unit_kv_end(&w, w.r, w.t);
             blocks = ceil_div(kv_end, p->block_size);
             first = w.kv_next / p->block_size;
-            last = (i == n - 1 && e[3] > 0) ? e[3] : blocks;
-            if (i == n - 1 && e[3] > 0 && (e[0] != w.r || e[1] != w.h || e[2] != w.t))
+            last = (s == n - 1 && e[3] > 0) ? e[3] : blocks;
+            if (s == n - 1 && e[3] > 0 && (e[0] != w.r || e[1] != w.h || e[2] != w.t))
                 FAIL("core end inside a unit that is not its last segment's");
             if (last <= first || last > blocks) FAIL("empty or overlong segment");
             if (kv_end > kv[w.r] || kv_end < 1) FAIL("unit kv range outside [1, kv_len]");
-            slot = i == 0 ? rec[AICPU_TILING_CORE_FIRST_SLOT]
-                          : (i == n - 1 ? rec[AICPU_TILING_CORE_LAST_SLOT] : -1);
+            slot = s == 0 ? rec[AICPU_TILING_CORE_FIRST_SLOT]
+                          : (s == n - 1 ? rec[AICPU_TILING_CORE_LAST_SLOT] : -1);
             if (first > 0 || last < blocks) { /* a piece of a split unit */
                 if (slot != next_slot) FAIL("split piece has the wrong slot");
                 if (w.pieces == 0) {
                     const int32_t *c = combine + (int64_t)num_combine * AICPU_TILING_COMB_WORDS;
                     if (num_combine >= p->num_cores - 1) FAIL("too many combine records");
-                    if (c[0] != w.r || c[1] != w.h || c[2] != w.t || c[3] != slot)
+                    if (c[0] != w.r || c[1] != w.h || c[2] != w.t || c[3] != slot || c[5] != 0)
                         FAIL("combine record does not match its unit");
                     num_combine++;
                 }
-                slots_of_request[w.r]++;
                 next_slot++;
             } else if (slot != -1) FAIL("whole unit given a slot");
             w.pieces++;
@@ -147,32 +214,73 @@ const char *tiling_check(const aicpu_tiling_params *p, const int32_t *cu, const 
         }
         if (n == 0 && (b[0] != e[0] || b[1] != e[1] || b[2] != e[2] || b[3] != e[3]))
             FAIL("idle core with begin != end");
+        if (n == 0 &&
+            (rec[AICPU_TILING_CORE_FIRST_SLOT] != -1 || rec[AICPU_TILING_CORE_LAST_SLOT] != -1))
+            FAIL("idle core with a slot");
         if (e[0] != w.r || e[1] != w.h || e[2] != w.t ||
             (int64_t)e[3] * p->block_size != w.kv_next)
             FAIL("core end is not where its segments stop");
         if (rec[AICPU_TILING_CORE_COST] != cost) FAIL("core cost does not match its segments");
         if (cost > max_cost) max_cost = cost;
     }
-    if (w.r != batch) FAIL("work left unassigned");
-    for (r = 0; r <= p->max_batch; ++r) {
-        int32_t want = 0, j;
-        for (j = 0; j < r && j < batch; ++j) want += slots_of_request[j];
-        if (prefix[r] != want) FAIL("split prefix wrong");
-    }
+    if (!at_end(&w) || w.r != 0 || w.t != 0 || w.kv_next != 0) FAIL("work left unassigned");
     if (W(AICPU_TILING_HDR_NUM_SLOTS) != next_slot) FAIL("slot count");
     if (next_slot > 2 * (p->num_cores - 1)) FAIL("more slots than the workspace holds");
     if (W(AICPU_TILING_HDR_NUM_COMBINE) != num_combine) FAIL("combine count");
+    i = (int64_t)(combine - buf) + (int64_t)num_combine * AICPU_TILING_COMB_WORDS;
+    for (; i < words; ++i)
+        if (W(i) != 0) FAIL("unused combine records or padding not zero");
     if (W(AICPU_TILING_HDR_NUM_SEGMENTS) != segments) FAIL("segment count");
     if (segments > units + p->num_cores - 1) FAIL("more segments than units + cores - 1");
     if (W(AICPU_TILING_HDR_NUM_UNITS) != units) FAIL("unit count");
     if (W(AICPU_TILING_HDR_TOTAL_COST) != total) FAIL("total cost");
     if (W(AICPU_TILING_HDR_MAX_CORE_COST) != max_cost) FAIL("max core cost");
-    /* The header's balance promise: B + cost_segment + w_max. */
-    bound = (total + (int64_t)(p->num_cores - 1) * p->cost_segment + p->num_cores - 1) /
-                p->num_cores + p->cost_segment + w_max;
-    if (max_cost > bound) FAIL("busiest core above the documented bound");
+    /* The header's balance promise: W / P + 2 * cost_segment + w_max + 1. */
+    if (max_cost - (2 * (int64_t)p->cost_segment + w_max + 1) > total / p->num_cores)
+        FAIL("busiest core above the documented bound");
+
+    if (p->num_cores % heads == 0) {
+        /* Per head: cores h*Q .. h*Q + Q - 1 take head h, at head 0's offsets. */
+        int32_t q = p->num_cores / heads, h, j;
+        for (h = 1; h < heads; ++h)
+            for (j = 0; j < q; ++j) {
+                const int32_t *rec0 =
+                    buf + AICPU_TILING_HDR_WORDS + (int64_t)j * AICPU_TILING_CORE_WORDS;
+                const int32_t *rec = rec0 + (int64_t)h * q * AICPU_TILING_CORE_WORDS;
+                if (!shifted_equal(rec0 + AICPU_TILING_CORE_BEGIN, h, heads,
+                                   rec + AICPU_TILING_CORE_BEGIN) ||
+                    !shifted_equal(rec0 + AICPU_TILING_CORE_END, h, heads,
+                                   rec + AICPU_TILING_CORE_END) ||
+                    rec[AICPU_TILING_CORE_COST] != rec0[AICPU_TILING_CORE_COST] ||
+                    rec[AICPU_TILING_CORE_NUM_SEGMENTS] != rec0[AICPU_TILING_CORE_NUM_SEGMENTS])
+                    FAIL("a head is not cut at head 0's offsets");
+            }
+        if (max_cost > 0 &&
+            greedy_fits(blocks_of, weight_of, head_units, p->cost_segment, q, max_cost - 1))
+            FAIL("busiest core above the per-head min-max");
+    } else if (max_cost > 0) {
+        /* The whole axis: the head's units repeated for every head. */
+        int64_t *all_blocks = malloc(sizeof(int64_t) * (size_t)(units + 1));
+        int64_t *all_weight = malloc(sizeof(int64_t) * (size_t)(units + 1));
+        int fits;
+        if (!all_blocks || !all_weight) {
+            free(all_blocks);
+            free(all_weight);
+            FAIL("out of memory");
+        }
+        for (i = 0; i < units; ++i) {
+            all_blocks[i] = blocks_of[i % head_units];
+            all_weight[i] = weight_of[i % head_units];
+        }
+        fits = greedy_fits(all_blocks, all_weight, units, p->cost_segment, p->num_cores,
+                           max_cost - 1);
+        free(all_blocks);
+        free(all_weight);
+        if (fits) FAIL("busiest core above the min-max");
+    }
 done:
-    free(slots_of_request);
+    free(blocks_of);
+    free(weight_of);
     return err;
 #undef FAIL
 }

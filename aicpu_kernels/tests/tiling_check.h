@@ -15,7 +15,9 @@
 int tiling_expected_status(const aicpu_tiling_params *p, const int32_t *cu, const int32_t *kv,
                            int32_t batch, int causal, int32_t *bad_request);
 
-/* Check an OK tiling: coverage, slots, combine table, prefix, costs and the balance bound. */
+/* Check an OK tiling: coverage, slots, combine table, costs, the balance bound, the per-head
+ * layout when num_cores is a multiple of num_kv_heads, and min-max optimality (greedy filling
+ * with one less than the busiest core must not fit). */
 const char *tiling_check(const aicpu_tiling_params *p, const int32_t *cu, const int32_t *kv,
                          int32_t batch, int causal, const int32_t *buf);
 
