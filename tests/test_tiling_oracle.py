@@ -274,6 +274,25 @@ def test_plan_leftover_cores_idle_at_the_end_of_their_head():
     o.check_coverage(p, [0, 1], [16], 1, True, buf)
 
 
+def test_plan_two_units_on_three_cores_hand_computed():
+    # One kv head (P = 3 is a multiple of 1: the whole head), q_tile 1, w = 4, segment 16.
+    # r0 kv 19: 2 blocks, [0, 24) with cuts 0/20/24; r1 kv 3: 1 block, [24, 44). W 44.
+    # Budget 20: c0 stops at 20 (one block); c1 continues (pays 16 again) to 20 + 20 - 16 = 24;
+    # c2 takes [24, 44): 20, 20, 20. Budget 19: c0's last cut below 19 is 0, it stalls.
+    # (tests/test_tiling.py::test_few_units_min_max_in_the_kernel runs the kernel on it.)
+    p = make_params(num_q_heads=1, num_kv_heads=1, q_tile=1, cost_qk_tile=0, cost_segment=16,
+                    num_cores=3, max_batch=2)
+    cu, kv = [0, 1, 2], [19, 3]
+    buf = o.oracle_plan(p, cu, kv, 2, False)
+    assert cores(p, buf).tolist() == [
+        [0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1, 20],  # one segment, a piece: both slots 0
+        [0, 0, 0, 1, 1, 0, 0, 0, 1, 1, 1, 20],
+        [1, 0, 0, 0, 0, 1, 0, 0, -1, -1, 1, 20],
+    ]
+    assert header(buf)[9:15] == [2, 3, 2, 1, 20, 44]
+    o.check_coverage(p, cu, kv, 2, False, buf)
+
+
 @pytest.mark.parametrize("num_cores", [3, 4])
 def test_plan_empty_work_idles_every_core_at_the_end(num_cores):
     p = make_params(num_cores=num_cores)
@@ -418,6 +437,13 @@ def test_coverage_and_bounds(problem):
     assert header(buf)[14] == total
     # The header's bound, W / P + 2 * cost_segment + w_max + 1, in integers.
     assert busiest * p.num_cores <= total + p.num_cores * (2 * p.cost_segment + w_max + 1)
+    # and the nearest-cut bound it comes from: one segment and one block above
+    # B = ceil((span + (n - 1) * cost_segment) / n) for the partitioned interval and ranges.
+    per_head = p.num_cores % p.num_kv_heads == 0
+    n = p.num_cores // p.num_kv_heads if per_head else p.num_cores
+    span = total // p.num_kv_heads if per_head else total
+    share = -(-(span + (n - 1) * p.cost_segment) // n)
+    assert busiest <= share + p.cost_segment + w_max
     assert segments <= len(units) + p.num_cores - 1
 
 
