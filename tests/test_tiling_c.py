@@ -1,8 +1,13 @@
 """The C kernel on its own: strict builds, freestanding, and the fuzzer under the sanitizers.
 
 The fuzzer (aicpu_kernels/tests/fuzz_tiling.c) checks every result against an independent C
-checker (tiling_check.c): status class, offending request, the coverage invariant, slots,
-costs, the balance bound, full and deterministic writes, and no write past the buffer.
+checker (tiling_check.c): status class, offending request, the coverage invariant walked in
+head-major work order up to the end position (0, num_kv_heads, 0, 0), slots and combine
+records in work order, costs, the balance bound, the per-head layout when num_cores is a
+multiple of num_kv_heads, the min-max certificate (greedy filling with one less than the
+busiest core must not fit), idle cores and zero tables on input errors, the size against
+AICPU_TILING_BYTES_BOUND(num_cores), full and deterministic writes, and no write past the
+buffer.
 CI runs AICPU_TILING_FUZZ_CASES cases (default 100,000); the 10^6 run is
 
     AICPU_TILING_FUZZ_CASES=1000000 python -m pytest tests/test_tiling_c.py -k fuzz
