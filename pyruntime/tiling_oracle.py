@@ -670,6 +670,7 @@ class _Shape:
         self.q_len = [int(cu_seqlens_q[r + 1]) - int(cu_seqlens_q[r]) for r in range(batch)]
         self.kv_len = [int(seqlens_kv[r]) for r in range(batch)]
         self.tiles = [_ceil_div(q, self.q_tile) for q in self.q_len]
+        self.live = [r for r in range(batch) if self.tiles[r]]
 
     def q_range(self, r: int, t: int) -> tuple[int, int]:
         return t * self.q_tile, min((t + 1) * self.q_tile, self.q_len[r])
@@ -702,12 +703,11 @@ class _Shape:
         """The unit after (r, h, t) in head-major work order, or (0, H, 0) at the end."""
         if t + 1 < self.tiles[r]:
             return r, h, t + 1
-        for later in range(r + 1, self.batch):
-            if self.tiles[later]:
-                return later, h, 0
-        first = next((rr for rr in range(self.batch) if self.tiles[rr]), None)
-        if h + 1 < self.heads and first is not None:
-            return first, h + 1, 0
+        later = bisect.bisect_right(self.live, r)  # the next request with q_len > 0
+        if later < len(self.live):
+            return self.live[later], h, 0
+        if h + 1 < self.heads:  # r was live, so self.live is not empty
+            return self.live[0], h + 1, 0
         return 0, self.heads, 0
 
 
