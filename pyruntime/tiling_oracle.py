@@ -42,6 +42,9 @@ cannot take one whole block stalls), fits when the n-th core reaches hi. X is th
 budget that fits; the partition is greedy filling with that X, so the busiest core costs X,
 the least these cuts allow. Cores left over once the work is placed are idle at hi (the
 start of the next head's first unit, or the end of the work).
+Bound (tested, not used): with n ranges over an interval of cost S, the busiest core costs at
+most ceil((S + (n - 1) * cost_segment) / n) + cost_segment + w_max, so at most
+W / P + 2 * cost_segment + w_max + 1; and segments <= units + P - 1.
 
 Rules chosen where the header leaves room (the C kernel must match them)
 -------------------------------------------------------------------------
