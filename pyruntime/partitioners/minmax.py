@@ -6,8 +6,9 @@ the legal cuts are the unit starts and the block boundaries inside a unit (as in
 bottleneck ``B`` for which a greedy fill (each core takes as much as fits under ``B``) places
 every block is the exact min-max over contiguous partitions in that order (taking more never
 hurts the cores after: a unit's remainder costs ``cost_segment`` plus its blocks whoever
-starts it). :func:`minmax_best_order` also tries the head-major order ``(kv head, request,
-query tile)``, the order of FlashMLA's per-head grid.
+starts it). :func:`minmax` takes the units request-major by default (the unit index order);
+:func:`minmax_best_order` also tries the head-major order ``(kv head, request, query tile)``,
+the kernel's work order and the order of FlashMLA's per-head grid.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _fill(blocks: list[int], costs: list[int], seg: int, bound: int, cores: int)
 
 
 def minmax(workload: Workload, order: list[int] | None = None) -> Partition:
-    """The exact min-max partition of the units taken in ``order`` (work order by default)."""
+    """The exact min-max partition of the units taken in ``order`` (request-major by default)."""
     model = workload.model
     order = list(range(workload.num_units)) if order is None else order
     blocks = [int(workload.blocks[u]) for u in order]
@@ -61,10 +62,8 @@ def minmax(workload: Workload, order: list[int] | None = None) -> Partition:
 
 
 def minmax_best_order(workload: Workload) -> Partition:
-    """The better of the exact min-max partitions in work order and in head-major order."""
-    head_major = sorted(range(workload.num_units),
-                        key=lambda u: (int(workload.head[u]), int(workload.request[u]),
-                                       int(workload.tile[u])))  # fmt: skip
+    """The better of the exact min-max partitions in request-major and head-major order."""
+    head_major = [int(u) for u in workload.work_order]
     first, second = minmax(workload), minmax(workload, head_major)
     best = min((first, second), key=lambda p: max(p.core_costs(), default=0))
     return Partition("minmax_best_order", workload, best.cores)

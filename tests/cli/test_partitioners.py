@@ -156,8 +156,19 @@ def test_core_segments_decodes_ranges():
     w = workload([300, 300], num_q_heads=1, num_kv_heads=1)
     rec = CoreRange((0, 0, 0, 1), (1, 0, 0, 2), -1, -1, 2, 0)
     assert ours.core_segments(w, rec) == [Segment(0, 1, 3), Segment(1, 0, 2)]
-    rec = CoreRange((1, 0, 0, 0), (2, 0, 0, 0), -1, -1, 1, 0)
+    rec = CoreRange((1, 0, 0, 0), (0, 1, 0, 0), -1, -1, 1, 0)  # to the end of the work
     assert ours.core_segments(w, rec) == [Segment(1, 0, 3)]
+
+
+def test_core_segments_walk_the_head_major_order():
+    # units (request, head, tile) are indexed request-major: (0,0)=0 (0,1)=1 (2,0)=2 (2,1)=3;
+    # request 1 has no query tokens; the kernel's order is (0,0) (2,0) (0,1) (2,1)
+    w = workload([300, 5, 600], q=[1, 0, 1], num_q_heads=2, num_kv_heads=2)
+    assert w.work_order.tolist() == [0, 2, 1, 3]
+    rec = CoreRange((2, 0, 0, 1), (2, 1, 0, 4), -1, -1, 3, 0)
+    assert ours.core_segments(w, rec) == [Segment(2, 1, 5), Segment(1, 0, 3), Segment(3, 0, 4)]
+    rec = CoreRange((0, 1, 0, 0), (0, 2, 0, 0), -1, -1, 2, 0)
+    assert ours.core_segments(w, rec) == [Segment(1, 0, 3), Segment(3, 0, 5)]
 
 
 def _trace_batches(source, sizes, samples=2):
