@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
     for (s = 0; s < (int)(sizeof sizes / sizeof sizes[0]); ++s) {
         int32_t batch = sizes[s], b, r, i;
         static int32_t cu[BATCHES][1025], kv[BATCHES][1024];
-        static unsigned char buf[AICPU_TILING_BYTES_BOUND(1024, 24)];
+        static unsigned char buf[AICPU_TILING_BYTES_BOUND(24)];
         double per_call[MAX_REPEATS];
         long calls = (batch >= 256 ? 20000 : 100000) / (quick ? 10 : 1);
         for (b = 0; b < BATCHES; ++b) {
