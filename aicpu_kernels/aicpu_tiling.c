@@ -45,11 +45,11 @@ static int64_t div_pos(int64_t a, int64_t b) {
 }
 
 /*
- * The general validation pass (decode batches need none: decode_locate) records the running
- * cost and unit count at TILING_CHUNKS evenly
- * spaced requests, so locating the P - 1 cuts afterwards walks at most one chunk of
- * requests per cut instead of re-walking the batch: O(batch + P * batch / TILING_CHUNKS).
- * 4 KiB of stack, fine on the AI-CPU.
+ * The validation pass records one head's running cost and unit count at TILING_CHUNKS evenly
+ * spaced requests (every head has the same units), so locating a cut afterwards is a binary
+ * search over the chunks plus a walk of at most one chunk of requests:
+ * O(batch + searches * (log TILING_CHUNKS + batch / TILING_CHUNKS)). 4 KiB of stack, fine on
+ * the AI-CPU.
  */
 #define TILING_CHUNKS 256
 
@@ -67,9 +67,13 @@ typedef struct plan_ctx {
     int block_shift;       /* log2(block_size) when a power of two, else -1 */
     int64_t w_decode;      /* block cost of a one-token tile, the common case */
     int32_t chunk_shift;   /* requests per checkpoint chunk = 1 << chunk_shift */
-    int decode;            /* decode_pass covered the batch: no chunk table (decode_locate) */
-    int64_t chunk_cost[TILING_CHUNKS];  /* position at the end of each chunk */
-    int64_t chunk_units[TILING_CHUNKS]; /* units before the end of each chunk */
+    int32_t num_chunks;
+    int decode;            /* decode_pass covered the batch: every unit is one decode tile */
+    int64_t head_total;    /* W_h: the cost of one kv head's units */
+    int64_t head_units;    /* one kv head's units */
+    int32_t first_live;    /* the first request with q_len > 0 (batch when none) */
+    int64_t chunk_cost[TILING_CHUNKS];  /* one head's cost up to the end of each chunk */
+    int64_t chunk_units[TILING_CHUNKS]; /* one head's units up to the end of each chunk */
 } plan_ctx;
 
 /* One request's shape on the position axis. */
@@ -211,131 +215,99 @@ static int32_t tile_at(const plan_ctx *c, const request_info *ri, int64_t o, int
     return (int32_t)lo;
 }
 
-/* A forward-only cursor over requests: targets only grow. */
+/* Where a search may start: searches of one greedy walk only move forward, so the chunk a
+ * search ended in bounds the next one from below. Reset when the head changes. */
 typedef struct cursor {
-    int32_t r;
-    int32_t chunk;      /* the chunk holding request r */
-    int64_t start;      /* position of request r */
-    int64_t unit_index; /* global index of request r's first unit */
-    request_info ri;
+    int64_t h;       /* the head the chunk refers to */
+    int32_t chunk;
 } cursor;
 
-static void cursor_init(const plan_ctx *c, cursor *cur) {
-    cur->r = 0;
+static void cursor_init(cursor *cur) {
+    cur->h = 0;
     cur->chunk = 0;
-    cur->start = 0;
-    cur->unit_index = 0;
-    if (c->batch > 0) request_load(c, 0, &cur->ri);
 }
 
 /*
- * cursor_locate for a decode batch (decode_pass covered it): every unit is one tile with the
- * decode block cost, so the cursor walks requests forward computing their costs on the fly
- * (no table), and the head holding pos is one division.
+ * The unit of one kv head holding offset o, 0 <= o < W_h, with its start offset, block count,
+ * block cost and index among the head's units. Binary search for the chunk, then a walk over
+ * at most one chunk of requests.
  */
-static inline void decode_locate(const plan_ctx *c, cursor *cur, int64_t pos, unit_at *u) {
-    const int32_t *cu = c->cu, *kv = c->kv;
-    int64_t heads = c->p->num_kv_heads, w = c->w_decode;
-    int64_t heads_seg = heads * c->seg, heads_w = heads * w;
-    int64_t rem = pos - cur->start, blocks, head_cost, h;
-    int32_t r = cur->r, q_start = cu[r];
-    uint32_t round = (uint32_t)c->p->block_size - 1u;
-    int shift = c->block_shift;
-    for (;; ++r) { /* pos < W, so a live request holds it */
-        int32_t q_end = cu[r + 1];
-        if (q_end != q_start) {
-            int64_t cost;
-            blocks = (int64_t)(((uint32_t)kv[r] + round) >> shift);
-            cost = heads_seg + blocks * heads_w;
-            if (rem < cost) break;
-            rem -= cost;
+static void head_locate(const plan_ctx *c, cursor *cur, int64_t o, unit_at *u) {
+    int32_t lo = cur->chunk, hi = c->num_chunks - 1, r;
+    int64_t start, units;
+    while (lo < hi) { /* the first chunk that ends past o; the last one ends at W_h > o */
+        int32_t mid = (lo + hi) >> 1;
+        if (c->chunk_cost[mid] > o) hi = mid;
+        else lo = mid + 1;
+    }
+    cur->chunk = lo;
+    r = lo << c->chunk_shift;
+    start = lo > 0 ? c->chunk_cost[lo - 1] : 0;
+    units = lo > 0 ? c->chunk_units[lo - 1] : 0;
+    if (c->decode) { /* one decode tile per live request; padded requests cost nothing */
+        const int32_t *cu = c->cu, *kv = c->kv;
+        int64_t w = c->w_decode, blocks = 0;
+        for (;; ++r) {
+            if (cu[r + 1] != cu[r]) {
+                blocks = kv_blocks(c, kv[r]);
+                if (o - start < c->seg + blocks * w) break;
+                start += c->seg + blocks * w;
+                units += 1;
+            }
         }
-        q_start = q_end;
+        u->r = r;
+        u->t = 0;
+        u->start = start;
+        u->blocks = blocks;
+        u->w = w;
+        u->index = units;
+    } else {
+        request_info ri;
+        int64_t tile_start;
+        int32_t t;
+        for (;; ++r) {
+            request_load(c, r, &ri);
+            if (o - start < ri.head_cost) break;
+            start += ri.head_cost;
+            units += ri.num_tiles;
+        }
+        t = tile_at(c, &ri, o - start, &tile_start);
+        u->r = r;
+        u->t = t;
+        u->start = start + tile_start;
+        u->blocks = tile_blocks(c, &ri, t);
+        u->w = t == ri.num_tiles - 1 ? ri.w_last : ri.w_full;
+        u->index = units + t;
     }
-    cur->r = r;
-    cur->start = pos - rem;
-    head_cost = c->seg + blocks * w;
-    h = rem < head_cost ? 0 : div_pos(rem, head_cost);
-    u->r = r;
+}
+
+/* The unit holding position pos of the work-order axis, 0 <= pos < W. Every head has the
+ * same units, so the head is a division and the rest a search within one head. */
+static void axis_locate(const plan_ctx *c, cursor *cur, int64_t pos, unit_at *u) {
+    int64_t h = pos < c->head_total ? 0 : div_pos(pos, c->head_total);
+    if (h != cur->h) {
+        cur->h = h;
+        cur->chunk = 0;
+    }
+    head_locate(c, cur, pos - h * c->head_total, u);
     u->h = (int32_t)h;
-    u->t = 0;
-    u->start = cur->start + h * head_cost;
-    u->blocks = blocks;
-    u->w = w;
-    u->index = heads * q_start + h; /* a decode request r has cu[r] live requests before it */
+    u->start += h * c->head_total;
+    u->index += h * c->head_units;
 }
 
-/* Locate the unit containing pos, 0 <= pos < W, at or after the cursor. */
-static void cursor_locate(const plan_ctx *c, cursor *cur, int64_t pos, unit_at *u) {
-    int64_t heads = c->p->num_kv_heads, off, h, o, tile_start;
-    int32_t t, chunk = cur->chunk;
-    if (c->decode) {
-        decode_locate(c, cur, pos, u);
-        return;
-    }
-    while (pos >= c->chunk_cost[chunk]) chunk++; /* the last chunk ends at W > pos */
-    if (chunk != cur->chunk) {                   /* jump to the first request of that chunk */
-        cur->chunk = chunk;
-        cur->r = chunk << c->chunk_shift;
-        cur->start = c->chunk_cost[chunk - 1];
-        cur->unit_index = c->chunk_units[chunk - 1];
-        request_load(c, cur->r, &cur->ri);
-    }
-    while (pos >= cur->start + heads * cur->ri.head_cost) {
-        cur->start += heads * cur->ri.head_cost;
-        cur->unit_index += heads * cur->ri.num_tiles;
-        cur->r += 1;
-        TILING_ASSERT(cur->r < c->batch);
-        request_load(c, cur->r, &cur->ri);
-    }
-    off = pos - cur->start;
-    h = off < cur->ri.head_cost ? 0 : div_pos(off, cur->ri.head_cost);
-    o = off - h * cur->ri.head_cost;
-    t = tile_at(c, &cur->ri, o, &tile_start);
-    u->r = cur->r;
-    u->h = (int32_t)h;
-    u->t = t;
-    u->start = cur->start + h * cur->ri.head_cost + tile_start;
-    u->blocks = tile_blocks(c, &cur->ri, t);
-    u->w = t == cur->ri.num_tiles - 1 ? cur->ri.w_last : cur->ri.w_full;
-    u->index = cur->unit_index + h * cur->ri.num_tiles + t;
+/* The position where the units of heads [0, heads) end: the first unit of head `heads`, or
+ * the end of the work (0, H, 0, 0). */
+static work_pos heads_end(const plan_ctx *c, int64_t heads) {
+    work_pos wp;
+    int last = heads >= c->p->num_kv_heads;
+    wp.r = last ? 0 : c->first_live;
+    wp.h = (int32_t)heads;
+    wp.t = wp.k = 0;
+    wp.unit_index = heads * c->head_units;
+    return wp;
 }
 
-/* Position tuple of a legal cut pos (a unit start, an inner block boundary, or W). */
-static void cursor_pos(const plan_ctx *c, cursor *cur, int64_t pos, int64_t total,
-                       int64_t num_units, work_pos *wp) {
-    unit_at u;
-    if (pos >= total) {
-        wp->r = c->batch;
-        wp->h = wp->t = wp->k = 0;
-        wp->unit_index = num_units;
-        return;
-    }
-    cursor_locate(c, cur, pos, &u);
-    wp->r = u.r;
-    wp->h = u.h;
-    wp->t = u.t;
-    wp->k = pos == u.start ? 0 : (int32_t)div_pos(pos - u.start - c->seg, u.w);
-    wp->unit_index = u.index;
-}
-
-/* The legal cut nearest to target inside its unit, as the number of the unit's blocks
- * before it (0: the unit's start; blocks: the next unit's start). Ties go to the lower cut. */
-static int64_t snap(const plan_ctx *c, const unit_at *u, int64_t target) {
-    int64_t o = target - u->start, k, rem;
-    if (2 * o <= c->seg + u->w) return 0;
-    if (o <= c->seg + u->w) return 1;
-    k = div_pos(o - c->seg, u->w);
-    rem = o - c->seg - k * u->w;
-    if (2 * rem > u->w) k += 1;
-    return k > u->blocks ? u->blocks : k;
-}
-
-static int64_t cut_position(const plan_ctx *c, const unit_at *u, int64_t k) {
-    return k == 0 ? u->start : u->start + c->seg + k * u->w;
-}
-
-/* Fills of the split prefix and padding run every call; eight stores a round keep them
+/* Fills of the combine table and padding run every call; eight stores a round keep them
  * cheap where the compiler does not vectorise (the AI-CPU builds at -O2). */
 static void write_words(int32_t *dst, int64_t count, int32_t value) {
     int64_t i = 0;
@@ -394,11 +366,8 @@ int aicpu_tiling_params_check(const aicpu_tiling_params *p) {
 static int64_t core_table_words(const aicpu_tiling_params *p) {
     return (int64_t)AICPU_TILING_CORE_WORDS * p->num_cores;
 }
-static int64_t prefix_offset(const aicpu_tiling_params *p) {
-    return AICPU_TILING_HDR_WORDS + core_table_words(p);
-}
 static int64_t combine_offset(const aicpu_tiling_params *p) {
-    return prefix_offset(p) + p->max_batch + 1;
+    return AICPU_TILING_HDR_WORDS + core_table_words(p);
 }
 static int64_t used_words(const aicpu_tiling_params *p) {
     return combine_offset(p) + (int64_t)AICPU_TILING_COMB_WORDS * (p->num_cores - 1);
@@ -457,10 +426,10 @@ static int write_input_error(const aicpu_tiling_params *p, int32_t *buf, int sta
 
 /*
  * Decode batches (every q_len 0 or 1) with a power-of-two block size, the per-step case
- * that must be fast: two reductions the compiler vectorises, one that only flags trouble and
- * one that sums blocks and live requests. Nothing is stored per request: the cut search
- * walks decode requests itself (decode_locate). Returns 1 when it covered the batch; 0 sends
- * the caller to the general pass, which also finds the first offending request.
+ * that must be fast: one pass that only flags trouble and sums one head's blocks and live
+ * requests, recording the sums at each chunk's end (see TILING_CHUNKS). Returns 1 when it
+ * covered the batch; 0 sends the caller to the general pass, which also finds the first
+ * offending request.
  */
 static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num_units) {
     const aicpu_tiling_params *p = c->p;
@@ -469,7 +438,7 @@ static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num
     uint32_t cap = (uint32_t)p->max_blocks_per_req * (uint32_t)p->block_size;
     uint32_t q_any = 0;
     uint64_t blocks = 0, live = 0;
-    int32_t r, low_max = INT32_MIN;
+    int32_t r = 0, chunk, low_max = INT32_MIN, per_chunk = (int32_t)1 << c->chunk_shift;
     int shift = c->block_shift;
     if (shift < 0) return 0;
     /* Unsigned q: a decreasing offset wraps to a huge value, so q_any, the OR of every q,
@@ -478,20 +447,28 @@ static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num
      * at most cap - 1 for every request unless one is KV_SHORT / KV_EMPTY or KV_CAPACITY, or
      * a padded slot sits exactly at the capacity (valid; the general pass then plans it).
      * The maximum is taken over kv - q with its top bit flipped, which orders unsigned
-     * values as signed ones: SSE2 has a signed compare but no unsigned one. */
-    for (r = 0; r < c->batch; ++r) {
-        uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r], k = (uint32_t)kv[r];
-        int32_t low = (int32_t)((k - q) ^ 0x80000000u);
-        q_any |= q;
-        low_max = low > low_max ? low : low_max;
-        blocks += ((k + round) >> shift) & ((uint32_t)0 - q); /* garbage only with trouble */
-        live += q;
+     * values as signed ones: SSE2 has a signed compare but no unsigned one. Sums taken with
+     * trouble present are garbage, and unused. */
+    for (chunk = 0; r < c->batch; ++chunk) {
+        int32_t end = c->batch - r > per_chunk ? r + per_chunk : c->batch;
+        for (; r < end; ++r) {
+            uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r], k = (uint32_t)kv[r];
+            int32_t low = (int32_t)((k - q) ^ 0x80000000u);
+            q_any |= q;
+            low_max = low > low_max ? low : low_max;
+            blocks += ((k + round) >> shift) & ((uint32_t)0 - q);
+            live += q;
+        }
+        c->chunk_cost[chunk] = (int64_t)(live * (uint64_t)c->seg + blocks * (uint64_t)c->w_decode);
+        c->chunk_units[chunk] = (int64_t)live;
     }
     if (q_any > 1u || ((uint32_t)low_max ^ 0x80000000u) >= cap || cu[c->batch] > p->max_tokens)
         return 0;
-    *total = (int64_t)(live * (uint64_t)p->num_kv_heads * (uint64_t)c->seg +
-                       blocks * (uint64_t)p->num_kv_heads * (uint64_t)c->w_decode);
-    *num_units = (int64_t)(live * (uint64_t)p->num_kv_heads);
+    c->num_chunks = chunk;
+    c->head_total = (int64_t)(live * (uint64_t)c->seg + blocks * (uint64_t)c->w_decode);
+    c->head_units = (int64_t)live;
+    *total = c->head_total * p->num_kv_heads;
+    *num_units = c->head_units * p->num_kv_heads;
     c->decode = 1;
     return 1;
 }
@@ -501,7 +478,7 @@ static int validate(plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *total,
                     int64_t *num_units) {
     const aicpu_tiling_params *p = c->p;
     int64_t kv_cap = (int64_t)p->max_blocks_per_req * p->block_size;
-    int64_t cost = 0, units = 0, heads = p->num_kv_heads;
+    int64_t cost = 0, units = 0;
     int32_t r, chunk = 0, chunk_left = 1 << c->chunk_shift;
     request_info ri;
     *total = 0;
@@ -528,12 +505,12 @@ static int validate(plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *total,
             return write_input_error(p, buf, status, r, value, limit, c->batch, flags,
                                      c->epoch);
         if (hi - lo == 1) { /* decode: skip the general shape computation */
-            cost += heads * (c->seg + kv_blocks(c, kv) * c->w_decode);
-            units += heads;
+            cost += c->seg + kv_blocks(c, kv) * c->w_decode;
+            units += 1;
         } else if (hi > lo) {
             request_load(c, r, &ri);
-            cost += heads * ri.head_cost;
-            units += heads * ri.num_tiles;
+            cost += ri.head_cost;
+            units += ri.num_tiles;
         }
         if (--chunk_left == 0 || r + 1 == c->batch) {
             c->chunk_cost[chunk] = cost;
@@ -542,8 +519,11 @@ static int validate(plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *total,
             chunk_left = 1 << c->chunk_shift;
         }
     }
-    *total = cost;
-    *num_units = units;
+    c->num_chunks = chunk;
+    c->head_total = cost;
+    c->head_units = units;
+    *total = cost * p->num_kv_heads;
+    *num_units = units * p->num_kv_heads;
     return AICPU_TILING_OK;
 }
 
@@ -589,44 +569,7 @@ static int64_t assign_slots(slot_state *s, const work_pos *begin, const work_pos
     return last_unit - begin->unit_index + 1;
 }
 
-/* prefix[r] = slots of requests before r; runs of equal values are plain fills. */
-static void write_split_prefix(const aicpu_tiling_params *p, const slot_state *s, int32_t *prefix) {
-    int32_t rec, next = 0, acc = 0;
-    for (rec = 0; rec < s->num_combine; ++rec) {
-        const int32_t *c = s->combine + (int64_t)rec * AICPU_TILING_COMB_WORDS;
-        int32_t r = c[AICPU_TILING_COMB_REQUEST];
-        write_words(prefix + next, r + 1 - next, acc);
-        next = r + 1;
-        acc += c[AICPU_TILING_COMB_NUM_PIECES];
-    }
-    write_words(prefix + next, p->max_batch + 1 - next, acc);
-}
-
-/* Where a core aimed at the absolute target (core + 1) * share - seg * continuations stops:
- * the nearest legal cut (see THE PARTITION in the header). Fills *end when the stop lies
- * inside the unit it searched, so the caller needs no second search. */
-static int64_t nearest_stop(const plan_ctx *c, cursor *cur, int64_t share, int32_t core,
-                            int64_t start, int64_t continuations, int64_t total, work_pos *end,
-                            int *have_end) {
-    unit_at u;
-    int64_t target, k, stop;
-    *have_end = 0;
-    if (core == c->p->num_cores - 1) return total; /* the last core takes the rest */
-    target = (core + 1) * share - c->seg * continuations;
-    if (target < start) target = start;
-    if (target >= total) return total;
-    cursor_locate(c, cur, target, &u);
-    k = snap(c, &u, target);
-    stop = cut_position(c, &u, k);
-    if (k < u.blocks) {
-        end->r = u.r, end->h = u.h, end->t = u.t, end->k = (int32_t)k;
-        end->unit_index = u.index;
-        *have_end = 1;
-    }
-    return stop;
-}
-
-/* Writes the core table, slots, combine table and split prefix one core at a time. */
+/* Writes the core table, slots and combine table one core at a time. */
 typedef struct core_writer {
     int32_t *buf;
     slot_state slots;
@@ -636,17 +579,14 @@ typedef struct core_writer {
     int64_t max_cost;
 } core_writer;
 
-static void writer_init(const plan_ctx *c, core_writer *wr, int32_t *buf, int64_t total,
-                        int64_t num_units) {
+static void writer_init(const plan_ctx *c, core_writer *wr, int32_t *buf, const work_pos *begin) {
     const aicpu_tiling_params *p = c->p;
-    cursor cur;
     wr->buf = buf;
     wr->slots.next_slot = 0;
     wr->slots.num_combine = 0;
     wr->slots.combine = buf + combine_offset(p);
     write_words(wr->slots.combine, used_words(p) - combine_offset(p), 0);
-    cursor_init(c, &cur);
-    cursor_pos(c, &cur, 0, total, num_units, &wr->begin);
+    wr->begin = *begin;
     wr->core = 0;
     wr->segments = 0;
     wr->max_cost = 0;
@@ -667,10 +607,9 @@ static inline void writer_core(core_writer *wr, const work_pos *end, int64_t cos
     wr->core += 1;
 }
 
-/* Header counts and the split prefix, once every core is written. */
-static void writer_finish(const plan_ctx *c, core_writer *wr, int64_t total, int64_t num_units) {
+/* Header counts, once every core is written. */
+static void writer_finish(core_writer *wr, int64_t total, int64_t num_units) {
     int32_t *buf = wr->buf;
-    write_split_prefix(c->p, &wr->slots, buf + prefix_offset(c->p));
     buf[AICPU_TILING_HDR_NUM_UNITS] = INT32_SATURATE(num_units);
     buf[AICPU_TILING_HDR_NUM_SEGMENTS] = INT32_SATURATE(wr->segments);
     buf[AICPU_TILING_HDR_NUM_SLOTS] = wr->slots.next_slot;
@@ -679,28 +618,13 @@ static void writer_finish(const plan_ctx *c, core_writer *wr, int64_t total, int
     buf[AICPU_TILING_HDR_TOTAL_COST] = INT32_SATURATE(total);
 }
 
-/* The nearest cuts, written; returns the busiest core's cost. */
-static int64_t write_nearest(const plan_ctx *c, int32_t *buf, int64_t total, int64_t num_units,
-                             int64_t share) {
-    int64_t start = 0, continuations = 0;
-    int32_t core;
-    cursor cur;
-    core_writer wr;
-    writer_init(c, &wr, buf, total, num_units);
-    cursor_init(c, &cur);
-    for (core = 0; core < c->p->num_cores; ++core) {
-        work_pos end;
-        int64_t stop;
-        int have_end, mid = wr.begin.k > 0;
-        if (mid) continuations += 1;
-        stop = nearest_stop(c, &cur, share, core, start, continuations, total, &end, &have_end);
-        if (!have_end) cursor_pos(c, &cur, stop, total, num_units, &end);
-        writer_core(&wr, &end, stop - start + (stop > start && mid ? c->seg : 0));
-        start = stop;
-    }
-    writer_finish(c, &wr, total, num_units);
-    return wr.max_cost;
-}
+/* The interval a greedy walk cuts: [0, total) of the work-order axis, which ends at `end`,
+ * into at most `parts` core ranges. */
+typedef struct walk_axis {
+    int64_t total;
+    int32_t parts;
+    work_pos end;
+} walk_axis;
 
 /*
  * Greedy filling with a budget (see THE PARTITION): each core takes work up to `budget` and
@@ -709,21 +633,21 @@ static int64_t write_nearest(const plan_ctx *c, int32_t *buf, int64_t total, int
  * is followed by fresh cores that each take kk = floor((budget - seg) / w) blocks of it (a
  * fresh core pays the segment overhead whether it starts at the unit's start or inside it),
  * so ceil((n - k) / kk) cores start in that unit and the last of them carries on past its
- * end. Returns the busiest core's cost, or -1 when the work does not fit on P cores. With a
- * writer it also writes every core.
+ * end. Returns the busiest core's cost, or -1 when the work does not fit on the axis's parts.
+ * With a writer it also writes every core of the axis.
  */
-static int64_t greedy_walk(const plan_ctx *c, int64_t budget, int64_t total, int64_t num_units,
+static int64_t greedy_walk(const plan_ctx *c, int64_t budget, const walk_axis *axis,
                            core_writer *wr) {
     int64_t seg = c->seg, target = budget, stops = 0, max_cost = 0, cost;
-    int64_t limit = c->p->num_cores - 1;
+    int64_t limit = axis->parts - 1, total = axis->total;
+    int32_t first_core = wr != NULL ? wr->core : 0;
     cursor cur;
-    cursor_init(c, &cur);
+    cursor_init(&cur);
     while (target < total) {
         unit_at u;
         work_pos end;
         int64_t o, k, kk, fresh, last, i;
-        if (c->decode) decode_locate(c, &cur, target, &u);
-        else cursor_locate(c, &cur, target, &u);
+        axis_locate(c, &cur, target, &u);
         /* A core cannot take one whole block of a unit: it would stall. */
         if (budget < seg + u.w) return -1;
         o = target - u.start;
@@ -751,13 +675,12 @@ static int64_t greedy_walk(const plan_ctx *c, int64_t budget, int64_t total, int
     cost = budget - (target - total);
     if (cost > max_cost) max_cost = cost;
     if (wr != NULL) {
-        work_pos end;
-        end.r = c->batch, end.h = end.t = end.k = 0, end.unit_index = num_units;
-        writer_core(wr, &end, cost);
-        while (wr->core < c->p->num_cores) writer_core(wr, &end, 0);
+        writer_core(wr, &axis->end, cost);
+        while (wr->core - first_core < axis->parts) writer_core(wr, &axis->end, 0);
     }
     return max_cost;
 }
+
 /*
  * The smallest greedy budget that fits, in [lo, hi] where hi is known to fit: bisection,
  * where a budget that fits also lowers hi to the busiest core it left (greedy filling with
@@ -766,8 +689,7 @@ static int64_t greedy_walk(const plan_ctx *c, int64_t budget, int64_t total, int
  * costs, and every block cost is a multiple of ceil(block_size / 16), so the min-max is a
  * multiple of g = gcd(cost_segment, ceil(block_size / 16)) and only those are probed.
  */
-static int64_t min_max_budget(const plan_ctx *c, int64_t lo, int64_t hi, int64_t total,
-                              int64_t num_units) {
+static int64_t min_max_budget(const plan_ctx *c, int64_t lo, int64_t hi, const walk_axis *axis) {
     int64_t g = c->block_units, s = c->seg;
     while (s != 0) { /* Euclid */
         int64_t t = g % s;
@@ -778,44 +700,101 @@ static int64_t min_max_budget(const plan_ctx *c, int64_t lo, int64_t hi, int64_t
     hi = div_pos(hi, g);
     while (lo < hi) {
         int64_t mid = lo + (hi - lo) / 2;
-        int64_t busiest = greedy_walk(c, mid * g, total, num_units, NULL);
+        int64_t busiest = greedy_walk(c, mid * g, axis, NULL);
         if (busiest >= 0) hi = div_pos(busiest, g);
         else lo = mid + 1;
     }
     return hi * g;
 }
 
-/* Few units per core: at most this many units per core take the exact min-max directly. */
-#define TILING_FEW_UNITS_PER_CORE 1
+/* A position word of head 0's cores, for head h: head 0's units name head h's, and the end
+ * of head 0 (the first unit of head 1) names the end of head h. */
+static void head_shift_pos(const plan_ctx *c, int32_t *pos, int32_t h) {
+    if (pos[1] == 0) {
+        pos[1] = h;
+    } else if (h + 1 < c->p->num_kv_heads) {
+        pos[1] = h + 1;
+    } else { /* the end of the work */
+        pos[0] = 0;
+        pos[1] = c->p->num_kv_heads;
+    }
+}
+
+/* Heads 1..H-1 are cut like head 0 (cores 0..parts-1, already written): copy its core
+ * records and combine records with the head and slot numbers moved on. */
+static void replicate_heads(const plan_ctx *c, core_writer *wr, int32_t parts) {
+    int32_t *core0 = wr->buf + AICPU_TILING_HDR_WORDS;
+    int32_t heads = c->p->num_kv_heads, slots = wr->slots.next_slot;
+    int32_t records = wr->slots.num_combine, h, j, i;
+    for (h = 1; h < heads; ++h) {
+        int32_t *dst = core0 + (int64_t)h * parts * AICPU_TILING_CORE_WORDS;
+        int32_t shift = h * slots;
+        for (j = 0; j < parts; ++j) {
+            const int32_t *src = core0 + (int64_t)j * AICPU_TILING_CORE_WORDS;
+            int32_t *rec = dst + (int64_t)j * AICPU_TILING_CORE_WORDS;
+            for (i = 0; i < AICPU_TILING_CORE_WORDS; ++i) rec[i] = src[i];
+            head_shift_pos(c, rec + AICPU_TILING_CORE_BEGIN, h);
+            head_shift_pos(c, rec + AICPU_TILING_CORE_END, h);
+            if (rec[AICPU_TILING_CORE_FIRST_SLOT] >= 0) rec[AICPU_TILING_CORE_FIRST_SLOT] += shift;
+            if (rec[AICPU_TILING_CORE_LAST_SLOT] >= 0) rec[AICPU_TILING_CORE_LAST_SLOT] += shift;
+        }
+        for (j = 0; j < records; ++j) {
+            const int32_t *src = wr->slots.combine + (int64_t)j * AICPU_TILING_COMB_WORDS;
+            int32_t *rec = wr->slots.combine +
+                           ((int64_t)h * records + j) * AICPU_TILING_COMB_WORDS;
+            for (i = 0; i < AICPU_TILING_COMB_WORDS; ++i) rec[i] = src[i];
+            rec[AICPU_TILING_COMB_KV_HEAD] = h;
+            rec[AICPU_TILING_COMB_FIRST_SLOT] += shift;
+        }
+    }
+    wr->segments *= heads;
+    wr->slots.next_slot = slots * heads;
+    wr->slots.num_combine = records * heads;
+}
 
 /*
- * Cut [0, W) into P core ranges as THE PARTITION in the header describes. Few units per
- * core: the exact min-max. Otherwise the nearest cuts to absolute targets, O(P) searches;
- * when they leave the busiest core more than 1/16 above its share, the exact min-max
- * replaces them. A probe of the min-max search costs one search per unit a core stops in.
+ * Cut the work as THE PARTITION in the header describes: per head when P is a multiple of H
+ * (head 0 is cut, the other heads copy it), else the whole axis; always the min-max, from
+ * the nearest-cut bound (which fits) down.
  */
-static void partition(const plan_ctx *c, int32_t *buf, int64_t total, int64_t num_units) {
-    int64_t cores = c->p->num_cores;
-    int64_t share = (total + (cores - 1) * c->seg + cores - 1) / cores;
-    int64_t lo = (total + cores - 1) / cores, hi, fits;
+static void partition(plan_ctx *c, int32_t *buf, int64_t total, int64_t num_units) {
+    int32_t heads = c->p->num_kv_heads, cores = c->p->num_cores;
+    int per_head = cores % heads == 0;
+    int64_t lo, hi, share, fits, w_max;
+    walk_axis axis;
+    work_pos begin;
     core_writer wr;
-    if (num_units <= TILING_FEW_UNITS_PER_CORE * cores) {
-        /* The nearest cuts' bound, share + seg + w_max, always fits; W fits too. Every
-         * block cost is at most that of a full query tile, or w_decode in a decode batch. */
-        hi = share + c->seg + (c->decode ? c->w_decode : block_cost(c, c->p->q_tile));
-        fits = greedy_walk(c, hi, total, num_units, NULL);
-        hi = fits >= 0 ? fits : total;
-    } else {
-        int64_t busiest = write_nearest(c, buf, total, num_units, share);
-        if (16 * (busiest - share) <= share) return;
-        hi = busiest;
+    if (total == 0) { /* no live request: every core idle at the end */
+        begin = heads_end(c, heads);
+        writer_init(c, &wr, buf, &begin);
+        while (wr.core < cores) writer_core(&wr, &begin, 0);
+        writer_finish(&wr, total, num_units);
+        return;
     }
-    hi = min_max_budget(c, lo, hi, total, num_units);
-    writer_init(c, &wr, buf, total, num_units);
-    fits = greedy_walk(c, hi, total, num_units, &wr);
+    {
+        unit_at u;
+        cursor cur;
+        cursor_init(&cur);
+        axis_locate(c, &cur, 0, &u); /* the first unit */
+        c->first_live = u.r;
+        begin.r = u.r, begin.h = 0, begin.t = begin.k = 0, begin.unit_index = 0;
+    }
+    axis.parts = per_head ? cores / heads : cores;
+    axis.total = per_head ? c->head_total : total;
+    axis.end = heads_end(c, per_head ? 1 : heads);
+    share = (axis.total + (axis.parts - 1) * c->seg + axis.parts - 1) / axis.parts;
+    lo = (axis.total + axis.parts - 1) / axis.parts;
+    /* Every block cost is at most that of a full query tile, or w_decode in a decode batch. */
+    w_max = c->decode ? c->w_decode : block_cost(c, c->p->q_tile);
+    fits = greedy_walk(c, share + c->seg + w_max, &axis, NULL);
+    hi = fits >= 0 ? fits : axis.total;
+    hi = min_max_budget(c, lo, hi, &axis);
+    writer_init(c, &wr, buf, &begin);
+    fits = greedy_walk(c, hi, &axis, &wr);
     TILING_ASSERT(fits == hi);
     (void)fits;
-    writer_finish(c, &wr, total, num_units);
+    if (per_head) replicate_heads(c, &wr, axis.parts);
+    writer_finish(&wr, total, num_units);
 }
 
 int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
@@ -849,7 +828,10 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     c.block_units = ((int64_t)p->block_size + 15) / 16;
     c.w_decode = block_cost(&c, 1);
     c.chunk_shift = 0;
+    c.num_chunks = 0;
     c.decode = 0;
+    c.head_total = c.head_units = 0;
+    c.first_live = batch;
     while (((int64_t)TILING_CHUNKS << c.chunk_shift) < batch) c.chunk_shift++;
     c.block_shift = -1;
     if ((p->block_size & (p->block_size - 1)) == 0) {
