@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from handmade_tiling import expected_segments, handmade_tiling, num_work_blocks
+from handmade_tiling import expected_segments, handmade_tiling, num_work_blocks, work_units
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_reference_attention import Case, assert_close
@@ -159,3 +159,36 @@ def test_triton_kernels_walk_head_major_ranges(name):
     assert set(statuses) == {0} and set(combined) == {0}, (statuses, combined)
     vs_ref, vs_c = errors(case, out, c_out)
     assert vs_ref <= TOL[torch.float16] and vs_c <= TOL[torch.float16]
+
+
+# --------------------------------------------------------------------------- the kernel
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_handmade_layout_is_the_kernels_for_the_kernels_cuts(data):
+    """Given the kernel's own cuts, the hand-built buffer is the kernel's byte for byte: the
+    tests above read the layout the kernel writes (positions, slots, combine records, header)."""
+    hkv = data.draw(st.sampled_from([1, 2, 4]))
+    group = data.draw(st.sampled_from([1, 4]))
+    batch = data.draw(st.integers(1, 5))
+    q_lens = data.draw(st.lists(st.integers(0, 5), min_size=batch, max_size=batch))
+    kv_lens = [q + data.draw(st.integers(0, 40)) for q in q_lens]
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).tolist()
+    params = tiling.TilingParams(
+        num_q_heads=hkv * group, num_kv_heads=hkv, head_dim=16, block_size=8,
+        max_batch=batch + 1, max_tokens=sum(q_lens) + 1, max_blocks_per_req=6,
+        num_cores=data.draw(st.integers(1, 9)), q_tile=data.draw(st.sampled_from([1, 2, 4])))
+    planned = tiling.plan(params, cu, kv_lens, causal=True, epoch=7)
+    assert planned.status == 0, planned.error
+    # the cuts: each core's begin on the block axis
+    units = work_units(params, cu, kv_lens, True)
+    starts = np.cumsum([0] + [u[3] for u in units]).tolist()
+    at = {(*u[:3],): s for u, s in zip(units, starts)}
+
+    def offset(pos):
+        r, h, t, k = pos
+        return starts[-1] if h == params.num_kv_heads else at[(r, h, t)] + k
+
+    bounds = [offset(c.begin) for c in planned.cores()] + [starts[-1]]
+    made = handmade_tiling(params, cu, kv_lens, bounds, epoch=7)
+    assert made.words.tolist() == planned.words.tolist()
