@@ -215,35 +215,85 @@ static int32_t tile_at(const plan_ctx *c, const request_info *ri, int64_t o, int
     return (int32_t)lo;
 }
 
-/* Where a search may start: searches of one greedy walk only move forward, so the chunk a
- * search ended in bounds the next one from below. Reset when the head changes. */
+/*
+ * Where each search of a greedy walk ended, kept across the walks of the min-max search: the
+ * i-th stop of one budget lies close to the i-th stop of the previous budget (budgets differ
+ * by less than a segment and a block once the first walk is done), so a search that starts
+ * from there walks a request or two instead of searching the chunks and walking within one.
+ */
+#define TILING_HINTS 64
+
+typedef struct search_hint {
+    int64_t h;     /* the head */
+    int64_t start; /* offset of request r in the head */
+    int64_t units; /* units of the head before request r */
+    int32_t r;
+} search_hint;
+
+typedef struct search_hints {
+    search_hint at[TILING_HINTS];
+    int32_t count; /* entries filled */
+} search_hints;
+
+/* The state of one greedy walk's searches, whose targets only grow. */
 typedef struct cursor {
-    int64_t h;       /* the head the chunk refers to */
-    int32_t chunk;
+    int64_t h;      /* the head `chunk` refers to */
+    int32_t chunk;  /* no later search ends in an earlier chunk (same head) */
+    int32_t search; /* searches done in this walk: the hint to use next */
+    search_hints *hints;
 } cursor;
 
-static void cursor_init(cursor *cur) {
+static void cursor_init(cursor *cur, search_hints *hints) {
     cur->h = 0;
     cur->chunk = 0;
+    cur->search = 0;
+    cur->hints = hints;
+}
+
+/* One head's cost and units of request r. */
+static int64_t request_head_cost(const plan_ctx *c, int32_t r, int64_t *units) {
+    request_info ri;
+    if (c->decode) {
+        int live = c->cu[r + 1] != c->cu[r];
+        *units = live;
+        return live ? c->seg + kv_blocks(c, c->kv[r]) * c->w_decode : 0;
+    }
+    request_load(c, r, &ri);
+    *units = ri.num_tiles;
+    return ri.head_cost;
 }
 
 /*
  * The unit of one kv head holding offset o, 0 <= o < W_h, with its start offset, block count,
- * block cost and index among the head's units. Binary search for the chunk, then a walk over
- * at most one chunk of requests.
+ * block cost and index among the head's units. From a hint when there is one (walking back
+ * first if it lies past o), else a binary search for the chunk; then a walk forward.
  */
-static void head_locate(const plan_ctx *c, cursor *cur, int64_t o, unit_at *u) {
-    int32_t lo = cur->chunk, hi = c->num_chunks - 1, r;
+static void head_locate(const plan_ctx *c, cursor *cur, int64_t o, const search_hint *hint,
+                        unit_at *u, search_hint *found) {
+    int32_t r;
     int64_t start, units;
-    while (lo < hi) { /* the first chunk that ends past o; the last one ends at W_h > o */
-        int32_t mid = (lo + hi) >> 1;
-        if (c->chunk_cost[mid] > o) hi = mid;
-        else lo = mid + 1;
+    if (hint != NULL) {
+        r = hint->r;
+        start = hint->start;
+        units = hint->units;
+        while (start > o) { /* request 0 starts at 0 <= o */
+            int64_t n;
+            r -= 1;
+            start -= request_head_cost(c, r, &n);
+            units -= n;
+        }
+    } else {
+        int32_t lo = cur->chunk, hi = c->num_chunks - 1;
+        while (lo < hi) { /* the first chunk that ends past o; the last one ends at W_h > o */
+            int32_t mid = (lo + hi) >> 1;
+            if (c->chunk_cost[mid] > o) hi = mid;
+            else lo = mid + 1;
+        }
+        cur->chunk = lo;
+        r = lo << c->chunk_shift;
+        start = lo > 0 ? c->chunk_cost[lo - 1] : 0;
+        units = lo > 0 ? c->chunk_units[lo - 1] : 0;
     }
-    cur->chunk = lo;
-    r = lo << c->chunk_shift;
-    start = lo > 0 ? c->chunk_cost[lo - 1] : 0;
-    units = lo > 0 ? c->chunk_units[lo - 1] : 0;
     if (c->decode) { /* one decode tile per live request; padded requests cost nothing */
         const int32_t *cu = c->cu, *kv = c->kv;
         int64_t w = c->w_decode, blocks = 0;
@@ -279,17 +329,32 @@ static void head_locate(const plan_ctx *c, cursor *cur, int64_t o, unit_at *u) {
         u->w = t == ri.num_tiles - 1 ? ri.w_last : ri.w_full;
         u->index = units + t;
     }
+    found->r = r;
+    found->start = start;
+    found->units = units;
 }
 
 /* The unit holding position pos of the work-order axis, 0 <= pos < W. Every head has the
  * same units, so the head is a division and the rest a search within one head. */
 static void axis_locate(const plan_ctx *c, cursor *cur, int64_t pos, unit_at *u) {
     int64_t h = pos < c->head_total ? 0 : div_pos(pos, c->head_total);
+    search_hint found, *slot = NULL;
+    const search_hint *hint = NULL;
     if (h != cur->h) {
         cur->h = h;
         cur->chunk = 0;
     }
-    head_locate(c, cur, pos - h * c->head_total, u);
+    if (cur->hints != NULL && cur->search < TILING_HINTS) {
+        slot = &cur->hints->at[cur->search];
+        if (cur->search < cur->hints->count && slot->h == h) hint = slot;
+    }
+    head_locate(c, cur, pos - h * c->head_total, hint, u, &found);
+    if (slot != NULL) {
+        found.h = h;
+        *slot = found;
+        if (cur->search >= cur->hints->count) cur->hints->count = cur->search + 1;
+    }
+    cur->search += 1;
     u->h = (int32_t)h;
     u->start += h * c->head_total;
     u->index += h * c->head_units;
@@ -316,6 +381,11 @@ static void write_words(int32_t *dst, int64_t count, int32_t value) {
         dst[i + 4] = value, dst[i + 5] = value, dst[i + 6] = value, dst[i + 7] = value;
     }
     for (; i < count; ++i) dst[i] = value;
+}
+
+static void copy_words(int32_t *restrict dst, const int32_t *restrict src, int32_t count) {
+    int32_t i;
+    for (i = 0; i < count; ++i) dst[i] = src[i];
 }
 
 static void write_pos(int32_t *dst, const work_pos *wp) {
@@ -431,39 +501,65 @@ static int write_input_error(const aicpu_tiling_params *p, int32_t *buf, int sta
  * covered the batch; 0 sends the caller to the general pass, which also finds the first
  * offending request.
  */
+/* Decode chunks hold at least this many requests, summed in one fixed-count loop with 32-bit
+ * partial sums (at most 2^26 blocks a request, so 32 of them fit). */
+#define TILING_DECODE_STEP_SHIFT 5
+#define TILING_DECODE_STEP (1 << TILING_DECODE_STEP_SHIFT)
+
 static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num_units) {
     const aicpu_tiling_params *p = c->p;
     const int32_t *cu = c->cu, *kv = c->kv;
     uint32_t round = (uint32_t)p->block_size - 1u;
-    uint32_t cap = (uint32_t)p->max_blocks_per_req * (uint32_t)p->block_size;
-    uint32_t q_any = 0;
+    uint32_t cap_1 = (uint32_t)p->max_blocks_per_req * (uint32_t)p->block_size - 1u;
+    uint32_t q_any = 0, trouble = 0;
     uint64_t blocks = 0, live = 0;
-    int32_t r = 0, chunk, low_max = INT32_MIN, per_chunk = (int32_t)1 << c->chunk_shift;
+    int32_t r = 0, chunk;
+    int32_t chunk_shift = c->chunk_shift < TILING_DECODE_STEP_SHIFT ? TILING_DECODE_STEP_SHIFT
+                                                                   : c->chunk_shift;
+    int32_t per_chunk = (int32_t)1 << chunk_shift;
     int shift = c->block_shift;
     if (shift < 0) return 0;
-    /* Unsigned q: a decreasing offset wraps to a huge value, so q_any, the OR of every q,
-     * stays in {0, 1} exactly when every q is. Then cu never decreases, so only cu[batch] can
-     * pass max_tokens, and kv - q (kv - 1 for a live request, which wraps when kv is 0) is
-     * at most cap - 1 for every request unless one is KV_SHORT / KV_EMPTY or KV_CAPACITY, or
-     * a padded slot sits exactly at the capacity (valid; the general pass then plans it).
-     * The maximum is taken over kv - q with its top bit flipped, which orders unsigned
-     * values as signed ones: SSE2 has a signed compare but no unsigned one. Sums taken with
-     * trouble present are garbage, and unused. */
+    /* Only ORs, adds and shifts of 32-bit lanes, which every SIMD unit has. Unsigned q: a
+     * decreasing offset wraps to a huge value, so q_any, the OR of every q, stays in {0, 1}
+     * exactly when every q is. Then cu never decreases, so only cu[batch] can pass
+     * max_tokens, and d = kv - q (kv - 1 for a live request, which wraps when kv is 0) lies in
+     * [0, cap - 1] for every request unless one is KV_SHORT / KV_EMPTY or KV_CAPACITY, or a
+     * padded slot sits exactly at the capacity (valid; the general pass then plans it). With
+     * cap <= 2^26, d is out of that range exactly when d or cap - 1 - d has its top bit set,
+     * so `trouble` ORs both. */
     for (chunk = 0; r < c->batch; ++chunk) {
         int32_t end = c->batch - r > per_chunk ? r + per_chunk : c->batch;
-        for (; r < end; ++r) {
-            uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r], k = (uint32_t)kv[r];
-            int32_t low = (int32_t)((k - q) ^ 0x80000000u);
-            q_any |= q;
-            low_max = low > low_max ? low : low_max;
-            blocks += ((k + round) >> shift) & ((uint32_t)0 - q);
-            live += q;
+        while (r < end) {
+            uint32_t part_blocks = 0, part_live = 0;
+            int32_t i;
+            if (end - r >= TILING_DECODE_STEP) { /* a fixed count, which vectorises fully */
+                for (i = 0; i < TILING_DECODE_STEP; ++i) {
+                    uint32_t q = (uint32_t)cu[r + i + 1] - (uint32_t)cu[r + i];
+                    uint32_t k = (uint32_t)kv[r + i], d = k - q;
+                    q_any |= q;
+                    trouble |= d | (cap_1 - d);
+                    part_blocks += ((k + round) >> shift) & ((uint32_t)0 - q);
+                    part_live += q;
+                }
+                r += TILING_DECODE_STEP;
+            } else {
+                for (; r < end; ++r) {
+                    uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r];
+                    uint32_t k = (uint32_t)kv[r], d = k - q;
+                    q_any |= q;
+                    trouble |= d | (cap_1 - d);
+                    part_blocks += ((k + round) >> shift) & ((uint32_t)0 - q);
+                    part_live += q;
+                }
+            }
+            blocks += part_blocks;
+            live += part_live;
         }
         c->chunk_cost[chunk] = (int64_t)(live * (uint64_t)c->seg + blocks * (uint64_t)c->w_decode);
         c->chunk_units[chunk] = (int64_t)live;
     }
-    if (q_any > 1u || ((uint32_t)low_max ^ 0x80000000u) >= cap || cu[c->batch] > p->max_tokens)
-        return 0;
+    if (q_any > 1u || (trouble & 0x80000000u) != 0 || cu[c->batch] > p->max_tokens) return 0;
+    c->chunk_shift = chunk_shift;
     c->num_chunks = chunk;
     c->head_total = (int64_t)(live * (uint64_t)c->seg + blocks * (uint64_t)c->w_decode);
     c->head_units = (int64_t)live;
@@ -637,12 +733,12 @@ typedef struct walk_axis {
  * With a writer it also writes every core of the axis.
  */
 static int64_t greedy_walk(const plan_ctx *c, int64_t budget, const walk_axis *axis,
-                           core_writer *wr) {
+                           search_hints *hints, core_writer *wr) {
     int64_t seg = c->seg, target = budget, stops = 0, max_cost = 0, cost;
     int64_t limit = axis->parts - 1, total = axis->total;
     int32_t first_core = wr != NULL ? wr->core : 0;
     cursor cur;
-    cursor_init(&cur);
+    cursor_init(&cur, hints);
     while (target < total) {
         unit_at u;
         work_pos end;
@@ -652,8 +748,13 @@ static int64_t greedy_walk(const plan_ctx *c, int64_t budget, const walk_axis *a
         if (budget < seg + u.w) return -1;
         o = target - u.start;
         k = o < seg + u.w ? 0 : div_pos(o - seg, u.w); /* < blocks: target is inside */
-        kk = div_pos(budget - seg, u.w);
-        fresh = div_pos(u.blocks - k + kk - 1, kk);
+        if (seg + (u.blocks - k) * u.w <= budget) { /* one fresh core takes the rest: the */
+            kk = u.blocks - k;                       /* common case, without dividing */
+            fresh = 1;
+        } else {
+            kk = div_pos(budget - seg, u.w);
+            fresh = div_pos(u.blocks - k + kk - 1, kk);
+        }
         if (stops + fresh > limit) return -1;
         cost = budget - o + (k > 0 ? seg + k * u.w : 0);
         if (cost > max_cost) max_cost = cost;
@@ -689,7 +790,8 @@ static int64_t greedy_walk(const plan_ctx *c, int64_t budget, const walk_axis *a
  * costs, and every block cost is a multiple of ceil(block_size / 16), so the min-max is a
  * multiple of g = gcd(cost_segment, ceil(block_size / 16)) and only those are probed.
  */
-static int64_t min_max_budget(const plan_ctx *c, int64_t lo, int64_t hi, const walk_axis *axis) {
+static int64_t min_max_budget(const plan_ctx *c, int64_t lo, int64_t hi, const walk_axis *axis,
+                              search_hints *hints) {
     int64_t g = c->block_units, s = c->seg;
     while (s != 0) { /* Euclid */
         int64_t t = g % s;
@@ -700,7 +802,7 @@ static int64_t min_max_budget(const plan_ctx *c, int64_t lo, int64_t hi, const w
     hi = div_pos(hi, g);
     while (lo < hi) {
         int64_t mid = lo + (hi - lo) / 2;
-        int64_t busiest = greedy_walk(c, mid * g, axis, NULL);
+        int64_t busiest = greedy_walk(c, mid * g, axis, hints, NULL);
         if (busiest >= 0) hi = div_pos(busiest, g);
         else lo = mid + 1;
     }
@@ -725,14 +827,14 @@ static void head_shift_pos(const plan_ctx *c, int32_t *pos, int32_t h) {
 static void replicate_heads(const plan_ctx *c, core_writer *wr, int32_t parts) {
     int32_t *core0 = wr->buf + AICPU_TILING_HDR_WORDS;
     int32_t heads = c->p->num_kv_heads, slots = wr->slots.next_slot;
-    int32_t records = wr->slots.num_combine, h, j, i;
+    int32_t records = wr->slots.num_combine, h, j;
     for (h = 1; h < heads; ++h) {
         int32_t *dst = core0 + (int64_t)h * parts * AICPU_TILING_CORE_WORDS;
         int32_t shift = h * slots;
         for (j = 0; j < parts; ++j) {
             const int32_t *src = core0 + (int64_t)j * AICPU_TILING_CORE_WORDS;
             int32_t *rec = dst + (int64_t)j * AICPU_TILING_CORE_WORDS;
-            for (i = 0; i < AICPU_TILING_CORE_WORDS; ++i) rec[i] = src[i];
+            copy_words(rec, src, AICPU_TILING_CORE_WORDS);
             head_shift_pos(c, rec + AICPU_TILING_CORE_BEGIN, h);
             head_shift_pos(c, rec + AICPU_TILING_CORE_END, h);
             if (rec[AICPU_TILING_CORE_FIRST_SLOT] >= 0) rec[AICPU_TILING_CORE_FIRST_SLOT] += shift;
@@ -742,7 +844,7 @@ static void replicate_heads(const plan_ctx *c, core_writer *wr, int32_t parts) {
             const int32_t *src = wr->slots.combine + (int64_t)j * AICPU_TILING_COMB_WORDS;
             int32_t *rec = wr->slots.combine +
                            ((int64_t)h * records + j) * AICPU_TILING_COMB_WORDS;
-            for (i = 0; i < AICPU_TILING_COMB_WORDS; ++i) rec[i] = src[i];
+            copy_words(rec, src, AICPU_TILING_COMB_WORDS);
             rec[AICPU_TILING_COMB_KV_HEAD] = h;
             rec[AICPU_TILING_COMB_FIRST_SLOT] += shift;
         }
@@ -764,6 +866,7 @@ static void partition(plan_ctx *c, int32_t *buf, int64_t total, int64_t num_unit
     walk_axis axis;
     work_pos begin;
     core_writer wr;
+    search_hints hints;
     if (total == 0) { /* no live request: every core idle at the end */
         begin = heads_end(c, heads);
         writer_init(c, &wr, buf, &begin);
@@ -774,7 +877,7 @@ static void partition(plan_ctx *c, int32_t *buf, int64_t total, int64_t num_unit
     {
         unit_at u;
         cursor cur;
-        cursor_init(&cur);
+        cursor_init(&cur, NULL);
         axis_locate(c, &cur, 0, &u); /* the first unit */
         c->first_live = u.r;
         begin.r = u.r, begin.h = 0, begin.t = begin.k = 0, begin.unit_index = 0;
@@ -786,11 +889,12 @@ static void partition(plan_ctx *c, int32_t *buf, int64_t total, int64_t num_unit
     lo = (axis.total + axis.parts - 1) / axis.parts;
     /* Every block cost is at most that of a full query tile, or w_decode in a decode batch. */
     w_max = c->decode ? c->w_decode : block_cost(c, c->p->q_tile);
-    fits = greedy_walk(c, share + c->seg + w_max, &axis, NULL);
+    hints.count = 0;
+    fits = greedy_walk(c, share + c->seg + w_max, &axis, &hints, NULL);
     hi = fits >= 0 ? fits : axis.total;
-    hi = min_max_budget(c, lo, hi, &axis);
+    hi = min_max_budget(c, lo, hi, &axis, &hints);
     writer_init(c, &wr, buf, &begin);
-    fits = greedy_walk(c, hi, &axis, &wr);
+    fits = greedy_walk(c, hi, &axis, &hints, &wr);
     TILING_ASSERT(fits == hi);
     (void)fits;
     if (per_head) replicate_heads(c, &wr, axis.parts);
