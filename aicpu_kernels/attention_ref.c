@@ -1,9 +1,10 @@
 /*
  * attention_ref.c -- the reference attention (AI Core role); see attention_ref.h.
  *
- * Shape of the work: the core walks its range of the tiling segment by segment. Consecutive
- * whole units of a single-tile request (decode, short speculative decode) are fused across kv
- * heads, so that each token's K and V are read as one contiguous run. A segment is processed
+ * Shape of the work: the core walks its range of the tiling segment by segment, in the
+ * head-major work order (aicpu_tiling.h). The whole units of a single-tile request (decode,
+ * short speculative decode) that lie in the range are fused across kv heads, so that each
+ * token's K and V are read as one contiguous run. A segment is processed
  * in row blocks that fit the query/output scratch and, within a row block, in chunks of kv
  * tokens. Within a chunk the rows of one kv head (a decode token's `group` query heads) are
  * handled together by the inner kernels (attention_kernels.h): scores by dot products over
@@ -411,9 +412,10 @@ typedef struct {
     int32_t r, h, t, k;
 } work_pos;
 
+/* Positions compare in the head-major work order, (h, r, t, k); the words are (r, h, t, k). */
 static int pos_less(const work_pos *a, const work_pos *b) {
-    if (a->r != b->r) return a->r < b->r;
     if (a->h != b->h) return a->h < b->h;
+    if (a->r != b->r) return a->r < b->r;
     if (a->t != b->t) return a->t < b->t;
     return a->k < b->k;
 }
@@ -462,9 +464,10 @@ static int32_t num_tiles(const core_ctx *c, const request_lens *rl) {
 
 /*
  * A segment: kv blocks [kb, ke) of unit (r, h, t), or of the nh units (r, h..h+nh-1, t) when
- * consecutive whole units of a single-tile request are fused. Fusing kv heads turns the reads
- * of K and V into one contiguous run per token ([token][kv head][dim] in the cache) instead of
- * nh runs of head_dim values at a stride, which hardware prefetchers follow far better.
+ * whole units of a single-tile request in the core's range are fused. Fusing kv heads turns
+ * the reads of K and V into one contiguous run per token ([token][kv head][dim] in the cache)
+ * instead of nh runs of head_dim values at a stride, which hardware prefetchers follow far
+ * better.
  */
 typedef struct {
     int32_t r, h, t, kb, ke, nh;
@@ -669,7 +672,7 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
                          float *partial_lse) {
     core_ctx c;
     const int32_t *rec;
-    work_pos pos, end;
+    work_pos pos, first, end;
     int32_t first_slot, last_slot, batch, nseg = 0;
     int status = AICPU_TILING_OK;
 
@@ -686,6 +689,7 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
     rec = tiling + AICPU_TILING_HDR_WORDS + (size_t)core * AICPU_TILING_CORE_WORDS;
     read_pos(&pos, rec + AICPU_TILING_CORE_BEGIN);
     read_pos(&end, rec + AICPU_TILING_CORE_END);
+    first = pos;
     first_slot = rec[AICPU_TILING_CORE_FIRST_SLOT];
     last_slot = rec[AICPU_TILING_CORE_LAST_SLOT];
     if (!pos_less(&pos, &end)) return AICPU_TILING_OK; /* idle core */
@@ -734,13 +738,25 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
         sg.ntok = sg.rl.q_len - pos.t * params->q_tile;
         if (sg.ntok > params->q_tile) sg.ntok = params->q_tile;
         if (sg.kb == 0 && sg.ke == nblocks && num_tiles(&c, &sg.rl) == 1) {
-            /* fuse the following whole units (r, h + 1, 0), ... inside the core's range */
-            int32_t last_h = end.r > pos.r ? params->num_kv_heads : end.h;
+            /* Fuse kv heads: the whole units (r, h', 0) inside the core's range are the heads
+             * [lo, hi] (head-major order: the heads strictly between begin's and end's, plus
+             * begin's head when begin is not past request r, plus end's head when end is past
+             * request r). They run in groups of cap heads starting at lo, each group when the
+             * walk reaches its first head; the walk skips the group's other heads later. */
             int32_t per_head = sg.ntok * c.group, row_block = QO_FLOATS / params->head_dim;
-            int32_t cap = KV_FLOATS / params->head_dim;
+            int32_t cap = KV_FLOATS / params->head_dim, lo, hi;
             if (row_block > MAX_ROWS) row_block = MAX_ROWS;
             if (cap > row_block / per_head) cap = row_block / per_head;
-            while (sg.nh < cap && pos.h + sg.nh < last_h) sg.nh++;
+            if (cap < 1) cap = 1;
+            lo = first.r < pos.r || (first.r == pos.r && first.k == 0) ? first.h : first.h + 1;
+            hi = end.r > pos.r ? end.h : end.h - 1;
+            if (hi > params->num_kv_heads - 1) hi = params->num_kv_heads - 1;
+            if (pos.h < lo || pos.h > hi) return AICPU_ATTENTION_E_TILING;
+            if ((pos.h - lo) % cap != 0) {
+                sg.nh = 0; /* run with the group that starts at an earlier head */
+            } else {
+                sg.nh = hi - pos.h + 1 < cap ? hi - pos.h + 1 : cap;
+            }
         }
         if (sg.kb > 0 || sg.ke < nblocks) {
             /* Only a core's first segment can start inside a unit and only its last can end
@@ -758,9 +774,8 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
             if (id < 0 || id >= num_blocks) blocks_ok = 0;
         }
         if (!blocks_ok) status = AICPU_ATTENTION_E_BLOCK_ID;
-        run_segment(&c, &sg, blocks_ok);
+        if (sg.nh > 0) run_segment(&c, &sg, blocks_ok);
         nseg += sg.nh;
-        pos.h += sg.nh - 1;
 
         if (sg.ke < nblocks) {
             pos.k = sg.ke; /* a cut inside the unit: only the core's end can be there */
@@ -768,13 +783,20 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
                 return AICPU_ATTENTION_E_TILING;
             break;
         }
+        /* the next unit in work order: the next query tile, else the next request with query
+         * tokens under this head, else the first such request under the next head, else the
+         * end of the work (0, num_kv_heads, 0, 0) */
         pos.k = 0;
         if (++pos.t >= num_tiles(&c, &sg.rl)) {
             pos.t = 0;
-            if (++pos.h >= params->num_kv_heads) {
-                pos.h = 0;
-                /* skip requests without query tokens; they have no units */
-                for (pos.r++; pos.r < batch && c.cu[pos.r + 1] == c.cu[pos.r]; pos.r++) {
+            for (pos.r++; pos.r < batch && c.cu[pos.r + 1] == c.cu[pos.r]; pos.r++) {
+            }
+            if (pos.r >= batch) {
+                for (pos.r = 0; pos.r < batch && c.cu[pos.r + 1] == c.cu[pos.r]; pos.r++) {
+                }
+                if (++pos.h >= params->num_kv_heads || pos.r >= batch) {
+                    pos.r = 0;
+                    pos.h = params->num_kv_heads;
                 }
             }
         }
@@ -815,8 +837,7 @@ int aicpu_attention_finalize(const aicpu_tiling_params *params, const int32_t *t
     max_slots = aicpu_tiling_max_slots(params);
     group = params->num_q_heads / params->num_kv_heads;
     d = params->head_dim;
-    comb = tiling + AICPU_TILING_HDR_WORDS + (size_t)AICPU_TILING_CORE_WORDS * params->num_cores +
-           params->max_batch + 1;
+    comb = tiling + AICPU_TILING_HDR_WORDS + (size_t)AICPU_TILING_CORE_WORDS * params->num_cores;
 
     /* Check everything before writing anything, so a bad buffer cannot leave half a merge. */
     status = AICPU_TILING_OK;

@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -54,6 +55,7 @@ __all__ = [
     "plan_into",
     "reference_plan",
     "strerror",
+    "work_order_key",
 ]
 
 # Constants from the C header, filled in by the compiler through cffi.
@@ -371,7 +373,11 @@ class Segment(NamedTuple):
 
 
 class CoreRange(NamedTuple):
-    """One core record: positions are (request, kv head, query tile, kv block)."""
+    """One core record: positions are (request, kv head, query tile, kv block).
+
+    Positions compare in the head-major work order, that is as (kv head, request, query tile,
+    kv block) (:func:`work_order_key`); the end of the work is ``(0, num_kv_heads, 0, 0)``.
+    """
 
     begin: tuple[int, int, int, int]
     end: tuple[int, int, int, int]
@@ -471,14 +477,9 @@ class Tiling:
             records.append(CoreRange(tuple(rec[0:4]), tuple(rec[4:8]), *rec[8:12]))
         return records
 
-    def split_prefix(self) -> np.ndarray:
-        """int32 ``[max_batch + 1]``: the first partial slot of each request."""
-        start = HEADER_WORDS + CORE_WORDS * self.params.num_cores
-        return self.words[start : start + self.params.max_batch + 1]
-
     def combine_records(self) -> list[CombineRecord]:
-        """The split units, in work order."""
-        start = HEADER_WORDS + CORE_WORDS * self.params.num_cores + self.params.max_batch + 1
+        """The split units, in (head-major) work order; the table follows the core table."""
+        start = HEADER_WORDS + CORE_WORDS * self.params.num_cores
         count = self._header(lib.AICPU_TILING_HDR_NUM_COMBINE)
         rows = self.words[start : start + COMBINE_WORDS * count].reshape(count, COMBINE_WORDS)
         return [CombineRecord(*row[:5]) for row in rows.tolist()]
@@ -495,9 +496,22 @@ class Tiling:
                 f"segments={self.num_segments}, max_core_cost={self.max_core_cost})")
 
 
+def work_order_key(position: Sequence[int]) -> tuple[int, int, int, int]:
+    """A position's sort key in the head-major work order.
+
+    Args:
+        position: ``(request, kv head, query tile, kv block)`` as a core record stores it.
+
+    Returns:
+        ``(kv head, request, query tile, kv block)``: positions compare as these tuples.
+    """
+    r, h, t, k = (int(x) for x in position)
+    return h, r, t, k
+
+
 def decode_segments(params: TilingParams, cores: Sequence[CoreRange], cu_seqlens_q: Sequence[int],
                     seqlens_kv: Sequence[int], causal: bool) -> list[Segment]:
-    """Walk each core's range in work order the way the attention kernel does."""
+    """Walk each core's range in the head-major work order the way the attention kernel does."""
     batch = len(seqlens_kv)
     q_tile, block = params.q_tile, params.block_size
     q_lens = [int(cu_seqlens_q[r + 1]) - int(cu_seqlens_q[r]) for r in range(batch)]
@@ -507,15 +521,19 @@ def decode_segments(params: TilingParams, cores: Sequence[CoreRange], cu_seqlens
             return int(seqlens_kv[r])
         return int(seqlens_kv[r]) - q_lens[r] + min((t + 1) * q_tile, q_lens[r])
 
+    live = [r for r in range(batch) if q_lens[r] > 0]
+    next_live = dict(itertools.pairwise(live))
+
     def next_unit(r: int, h: int, t: int) -> tuple[int, int, int]:
+        # the next query tile, else the next live request under this head, else the first
+        # live request under the next head, else the end of the work (0, num_kv_heads, 0)
         if (t + 1) * q_tile < q_lens[r]:
             return r, h, t + 1
+        if r in next_live:
+            return next_live[r], h, 0
         if h + 1 < params.num_kv_heads:
-            return r, h + 1, 0
-        r += 1
-        while r < batch and q_lens[r] == 0:
-            r += 1
-        return r, 0, 0
+            return live[0], h + 1, 0
+        return 0, params.num_kv_heads, 0
 
     out: list[Segment] = []
     for core, rec in enumerate(cores):

@@ -318,8 +318,7 @@ def test_corrupt_combine_record_zeroes_every_row():
     case = Case(np.random.default_rng(3), **CASES["decode_gqa_split"])
     plan = case.tiling()
     assert plan.num_slots > 0
-    start = (tiling.HEADER_WORDS + tiling.CORE_WORDS * case.params.num_cores
-             + case.params.max_batch + 1)
+    start = tiling.HEADER_WORDS + tiling.CORE_WORDS * case.params.num_cores  # combine table
     plan.words[start + HDR.AICPU_TILING_COMB_REQUEST] = 99   # a request past the batch
     out, status, combined = run_triton(case, plan, fill=5.0)
     assert set(status) == {0} and set(combined) == {ra.E_TILING}

@@ -67,8 +67,9 @@ import triton.language as tl
 
 @triton.jit
 def _less(a_r, a_h, a_t, a_k, b_r, b_h, b_t, b_k):
-    """Lexicographic (r, h, t, k) < (r, h, t, k), the tiling's work order."""
-    return (a_r < b_r) | ((a_r == b_r) & ((a_h < b_h) | ((a_h == b_h) & (
+    """Position a before position b in the tiling's head-major work order: the record words
+    are (r, h, t, k), positions compare lexicographically as (h, r, t, k)."""
+    return (a_h < b_h) | ((a_h == b_h) & ((a_r < b_r) | ((a_r == b_r) & (
         (a_t < b_t) | ((a_t == b_t) & (a_k < b_k))))))
 
 
@@ -222,8 +223,10 @@ def paged_attention_kernel(
     own status when it is not OK (nothing done), E_STALE (the tiling was planned for another
     step: nothing done), E_TILING (the buffer or lengths do not match; nothing more done) or
     E_BLOCK_ID (the affected segments are zeros, the rest computed).
-    The unit walk is three nested loops with bounds read from the core record, so requests
-    without query tokens cost one check and no loop (``aicpu_tiling.h``, THE WORK ORDER).
+    The unit walk is three nested loops in the head-major work order (kv head, request, query
+    tile; ``aicpu_tiling.h``, THE WORK ORDER) with bounds read from the core record, so
+    requests without query tokens cost one check and no loop. The end of the work is the
+    position (0, num_kv_heads, 0, 0), past every head.
     """
     pid = tl.program_id(0)
     status = _tiling_status(tiling, step_epoch, NUM_CORES, CAUSAL, True, MAGIC, VERSION, OK,
@@ -244,24 +247,25 @@ def paged_attention_kernel(
     last_slot = tl.load(rec + CORE_LAST_SLOT)
     num_segments = tl.load(rec + CORE_NUM_SEGMENTS)
     busy = _less(b_r, b_h, b_t, b_k, e_r, e_h, e_t, e_k)
-    in_range = ((b_r >= 0) & (b_r < batch) & (e_r <= batch) & (b_h >= 0)
-                & (b_h < NUM_KV_HEADS) & (e_h >= 0) & (e_h < NUM_KV_HEADS) & (b_t >= 0)
+    # end may be the end of the work, (0, num_kv_heads, 0, 0)
+    in_range = ((b_r >= 0) & (b_r < batch) & (e_r >= 0) & (e_r <= batch) & (b_h >= 0)
+                & (b_h < NUM_KV_HEADS) & (e_h >= 0) & (e_h <= NUM_KV_HEADS) & (b_t >= 0)
                 & (e_t >= 0) & (b_k >= 0) & (e_k >= 0))
     status = tl.where((status == OK) & busy & ~in_range, E_TILING, status)
     walked = pid * 0                         # int32 scalar, loop-carried
     if (status == OK) & busy:   # an idle core (begin == end) or a bad tiling does nothing
         KV_CAPACITY: tl.constexpr = MAX_BLOCKS_PER_REQ * BLOCK_SIZE
-        last_r = tl.minimum(e_r, batch - 1)
-        for r in range(b_r, last_r + 1):
-            q_start, q_len, kv_len, req_ok = _request(cu_seqlens_q, seqlens_kv, r, MAX_TOKENS,
-                                                      KV_CAPACITY, CAUSAL)
-            status = tl.where(req_ok, status, E_TILING)
-            num_tiles = tl.cdiv(q_len, Q_TILE)
-            h_lo = tl.where(r == b_r, b_h, 0)
-            h_hi = tl.where(r == e_r, e_h + 1, NUM_KV_HEADS)
-            for h in range(h_lo, h_hi):
-                t_lo = tl.where((r == b_r) & (h == b_h), b_t, 0)
-                t_hi = tl.minimum(tl.where((r == e_r) & (h == e_h), e_t + 1, num_tiles),
+        last_h = tl.minimum(e_h, NUM_KV_HEADS - 1)
+        for h in range(b_h, last_h + 1):
+            r_lo = tl.where(h == b_h, b_r, 0)
+            r_hi = tl.minimum(tl.where(h == e_h, e_r + 1, batch), batch)
+            for r in range(r_lo, r_hi):
+                q_start, q_len, kv_len, req_ok = _request(cu_seqlens_q, seqlens_kv, r,
+                                                          MAX_TOKENS, KV_CAPACITY, CAUSAL)
+                status = tl.where(req_ok, status, E_TILING)
+                num_tiles = tl.cdiv(q_len, Q_TILE)
+                t_lo = tl.where((h == b_h) & (r == b_r), b_t, 0)
+                t_hi = tl.minimum(tl.where((h == e_h) & (r == e_r), e_t + 1, num_tiles),
                                   num_tiles)
                 for t in range(t_lo, t_hi):
                     if CAUSAL:
@@ -269,8 +273,8 @@ def paged_attention_kernel(
                     else:
                         kv_end = kv_len
                     num_kv_blocks = tl.cdiv(kv_end, BLOCK_SIZE)
-                    at_begin = (r == b_r) & (h == b_h) & (t == b_t)
-                    at_end = (r == e_r) & (h == e_h) & (t == e_t)
+                    at_begin = (h == b_h) & (r == b_r) & (t == b_t)
+                    at_end = (h == e_h) & (r == e_r) & (t == e_t)
                     kb = tl.where(at_begin, b_k, 0)
                     ke = tl.where(at_end, e_k, num_kv_blocks)
                     if ke > kb:
@@ -354,7 +358,7 @@ def attention_combine_kernel(
     sane = ((batch >= 0) & (batch <= MAX_BATCH) & (num_tokens >= 0)
             & (num_tokens <= MAX_TOKENS) & (num_combine >= 0) & (num_combine <= NUM_CORES - 1))
     status = tl.where((status == OK) & ~sane, E_TILING, status)
-    comb = tiling + HEADER_WORDS + CORE_WORDS * NUM_CORES + MAX_BATCH + 1
+    comb = tiling + HEADER_WORDS + CORE_WORDS * NUM_CORES   # the table follows the core table
     if status == OK:
         status = tl.where(tl.load(cu_seqlens_q + batch) == num_tokens, status, E_TILING)
         for i in range(num_combine):

@@ -6,8 +6,10 @@ the legal cuts are the unit starts and the block boundaries inside a unit (as in
 bottleneck ``B`` for which a greedy fill (each core takes as much as fits under ``B``) places
 every block is the exact min-max over contiguous partitions in that order (taking more never
 hurts the cores after: a unit's remainder costs ``cost_segment`` plus its blocks whoever
-starts it). :func:`minmax_best_order` also tries the head-major order ``(kv head, request,
-query tile)``, the order of FlashMLA's per-head grid.
+starts it). :func:`minmax` takes the units in the kernel's work order by default, the
+head-major order ``(kv head, request, query tile)`` (also the order of FlashMLA's per-head
+grid), so it bounds our partition from below; :func:`minmax_best_order` also tries the
+request-major order ``(request, kv head, query tile)``.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ def _fill(blocks: list[int], costs: list[int], seg: int, bound: int, cores: int)
 
 
 def minmax(workload: Workload, order: list[int] | None = None) -> Partition:
-    """The exact min-max partition of the units taken in ``order`` (work order by default)."""
+    """The exact min-max partition of the units taken in ``order``, a list of unit indices
+    (by default the kernel's head-major work order, ``workload.work_order``)."""
     model = workload.model
-    order = list(range(workload.num_units)) if order is None else order
+    order = [int(u) for u in workload.work_order] if order is None else order
     blocks = [int(workload.blocks[u]) for u in order]
     costs = [int(workload.block_w[u]) for u in order]
     seg, cores = model.cost_segment, model.num_cores
@@ -61,10 +64,7 @@ def minmax(workload: Workload, order: list[int] | None = None) -> Partition:
 
 
 def minmax_best_order(workload: Workload) -> Partition:
-    """The better of the exact min-max partitions in work order and in head-major order."""
-    head_major = sorted(range(workload.num_units),
-                        key=lambda u: (int(workload.head[u]), int(workload.request[u]),
-                                       int(workload.tile[u])))  # fmt: skip
-    first, second = minmax(workload), minmax(workload, head_major)
+    """The better of the exact min-max partitions in head-major (work) and request-major order."""
+    first, second = minmax(workload), minmax(workload, list(range(workload.num_units)))
     best = min((first, second), key=lambda p: max(p.core_costs(), default=0))
     return Partition("minmax_best_order", workload, best.cores)

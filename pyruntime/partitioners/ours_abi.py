@@ -16,22 +16,29 @@ class TilingUnavailableError(RuntimeError):
 
 
 def core_segments(workload: Workload, record) -> list[Segment]:
-    """The segments of one core record (``pyruntime.tiling.CoreRange``), in work order."""
+    """The segments of one core record (``pyruntime.tiling.CoreRange``), in work order.
+
+    Record positions are ``(request, kv head, query tile, kv block)`` in the kernel's
+    head-major work order, the end of the work being ``(0, num_kv_heads, 0, 0)``; the
+    segments name the workload's (request-major) unit indices.
+    """
 
     def locate(pos: tuple[int, int, int, int]) -> tuple[int, int]:
-        if pos[0] >= workload.batch:
+        if pos[1] >= workload.model.num_kv_heads:
             return workload.num_units, 0
-        return workload.unit_index(*pos[:3]), pos[3]
+        return workload.work_position(*pos[:3]), pos[3]
 
-    (ub, kb), (ue, ke) = locate(record.begin), locate(record.end)
-    if (ub, kb) == (ue, ke):
+    (pb, kb), (pe, ke) = locate(record.begin), locate(record.end)
+    if (pb, kb) == (pe, ke):
         return []
-    if ub == ue:
-        return [Segment(ub, kb, ke)]
-    segs = [Segment(ub, kb, int(workload.blocks[ub]))]
-    segs += [Segment(u, 0, int(workload.blocks[u])) for u in range(ub + 1, ue)]
+    order = workload.work_order
+    if pb == pe:
+        return [Segment(int(order[pb]), kb, ke)]
+    first = int(order[pb])
+    segs = [Segment(first, kb, int(workload.blocks[first]))]
+    segs += [Segment(u, 0, int(workload.blocks[u])) for u in order[pb + 1 : pe].tolist()]
     if ke > 0:
-        segs.append(Segment(ue, 0, ke))
+        segs.append(Segment(int(order[pe]), 0, ke))
     return segs
 
 

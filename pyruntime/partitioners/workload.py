@@ -4,7 +4,9 @@ Every partitioner in this package, ours and the anchors' models, splits the same
 units and is charged by the same integer cost model, so the busiest core's cost and the
 segment counts of different partitioners are directly comparable.
 
-A unit is ``(request, kv_head, query_tile)`` in the kernel's work order. Its cost is
+A unit is ``(request, kv_head, query_tile)``, indexed request-major (request, kv head,
+query tile); the kernel's work order is head-major (kv head, request, query tile), and
+:attr:`Workload.work_order` lists the unit indices in that order. Its cost is
 ``cost_segment + blocks * w(rows)`` where ``w(rows) = ceil(block_size / 16) *
 (cost_kv_load + cost_qk_tile * ceil(rows / 16))`` (see THE COST MODEL in the header).
 A piece of a unit holding ``n`` of its blocks costs ``cost_segment + n * w``.
@@ -99,7 +101,11 @@ class Segment(NamedTuple):
 
 
 class Workload:
-    """The units of one step, in work order, with their block counts and block costs.
+    """The units of one step, indexed request-major, with their block counts and block costs.
+
+    The request-major index (:meth:`unit_index`) is what segments name; the kernel's
+    head-major work order over the same units is :attr:`work_order` and
+    :meth:`work_position`.
 
     Args:
         model: geometry and cost weights.
@@ -163,6 +169,9 @@ class Workload:
         self._offsets = [int(x) for x in self.request_offsets]
         self._tiles = [int(x) for x in self.tiles_per_request]
         self._block_w = w
+        # a request's first tile within one kv head's units (head-major work order)
+        self._head_offsets = [0, *itertools.accumulate(self._tiles)]
+        self._work_order: np.ndarray | None = None
 
     @property
     def batch(self) -> int:
@@ -175,8 +184,20 @@ class Workload:
         return self._q_lens
 
     def unit_index(self, request: int, head: int, tile: int) -> int:
-        """Index of unit ``(request, head, tile)`` in work order."""
+        """Index of unit ``(request, head, tile)`` (request-major: request, kv head, tile)."""
         return self._offsets[request] + head * self._tiles[request] + tile
+
+    def work_position(self, request: int, head: int, tile: int) -> int:
+        """Position of unit ``(request, head, tile)`` in the kernel's head-major work order
+        (kv head, request, query tile; ``aicpu_tiling.h``, THE WORK ORDER)."""
+        return head * self._head_offsets[-1] + self._head_offsets[request] + tile
+
+    @property
+    def work_order(self) -> np.ndarray:
+        """int64 ``[num_units]``: the unit indices in the kernel's head-major work order."""
+        if self._work_order is None:
+            self._work_order = np.lexsort((self.tile, self.request, self.head)).astype(np.int64)
+        return self._work_order
 
     @property
     def num_units(self) -> int:

@@ -122,12 +122,17 @@ def test_mixed_batches_cover_the_work(kv, chunks, model):
 @given(kv=st.lists(st.integers(1, 4000), min_size=1, max_size=24),
        heads=st.sampled_from([(16, 1), (32, 8)]), cores=st.integers(8, 24))  # fmt: skip
 def test_exact_minmax_bounds_the_contiguous_partitions(kv, heads, cores):
-    """The reference is a true lower bound: below ours and below FlashMLA's per-head grid."""
+    """The reference (in the kernel's head-major work order) is a true lower bound: below
+    ours and below FlashMLA's per-head grid; ours is it when the cores do not split evenly
+    over the kv heads (aicpu_tiling.h, THE PARTITION)."""
     pytest.importorskip("pyruntime.tiling")
     w = workload(kv, num_q_heads=heads[0], num_kv_heads=heads[1], num_cores=cores)
     exact = max(minmax(w).core_costs())
     best = max(minmax_best_order(w).core_costs())
-    assert best <= exact <= ours.ours(w).balance().max_core_cost
+    mine = ours.ours(w).balance().max_core_cost
+    assert best <= exact <= mine
+    if cores % heads[1]:
+        assert mine == exact
     for name in ("flashmla", "flashmla_tuned", "flashmla_f0", "flashmla_f2"):
         # FlashMLA's parts are contiguous in head-major order
         assert best <= ANCHORS[name].run(w).balance().max_core_cost
@@ -156,8 +161,19 @@ def test_core_segments_decodes_ranges():
     w = workload([300, 300], num_q_heads=1, num_kv_heads=1)
     rec = CoreRange((0, 0, 0, 1), (1, 0, 0, 2), -1, -1, 2, 0)
     assert ours.core_segments(w, rec) == [Segment(0, 1, 3), Segment(1, 0, 2)]
-    rec = CoreRange((1, 0, 0, 0), (2, 0, 0, 0), -1, -1, 1, 0)
+    rec = CoreRange((1, 0, 0, 0), (0, 1, 0, 0), -1, -1, 1, 0)  # to the end of the work
     assert ours.core_segments(w, rec) == [Segment(1, 0, 3)]
+
+
+def test_core_segments_walk_the_head_major_order():
+    # units (request, head, tile) are indexed request-major: (0,0)=0 (0,1)=1 (2,0)=2 (2,1)=3;
+    # request 1 has no query tokens; the kernel's order is (0,0) (2,0) (0,1) (2,1)
+    w = workload([300, 5, 600], q=[1, 0, 1], num_q_heads=2, num_kv_heads=2)
+    assert w.work_order.tolist() == [0, 2, 1, 3]
+    rec = CoreRange((2, 0, 0, 1), (2, 1, 0, 4), -1, -1, 3, 0)
+    assert ours.core_segments(w, rec) == [Segment(2, 1, 5), Segment(1, 0, 3), Segment(3, 0, 4)]
+    rec = CoreRange((0, 1, 0, 0), (0, 2, 0, 0), -1, -1, 2, 0)
+    assert ours.core_segments(w, rec) == [Segment(1, 0, 3), Segment(3, 0, 5)]
 
 
 def _trace_batches(source, sizes, samples=2):
