@@ -297,7 +297,8 @@ def test_decode_pass_validation_classes(kind, causal, status, batch):
 
 def test_few_units_min_max_in_the_kernel():
     """Two units on three cores (tests/test_tiling_oracle.py, by hand): the kernel takes the
-    exact min-max 20, 20, 20 where the nearest cuts give 24, 20, 0."""
+    exact min-max 20, 20, 20 (cuts aimed at equal shares and snapped to the nearest block
+    boundary would give 24, 20, 0)."""
     params = TilingParams(num_q_heads=1, num_kv_heads=1, head_dim=64, block_size=16,
                           max_batch=2, max_tokens=64, max_blocks_per_req=8, num_cores=3,
                           q_tile=1, cost_kv_load=4, cost_qk_tile=0, cost_segment=16)
@@ -314,7 +315,7 @@ def test_balance_on_trace_batches(batch, heads):
     """Busiest core within 10% of total / cores + one segment, 24 cores.
 
     32q/8kv is Llama-3-8B on one card; 16q/1kv is a tensor-parallel shard (few units per
-    core, where the refinement matters).
+    core, where exact cuts matter most).
     """
     params = trace_params(num_q_heads=heads[0], num_kv_heads=heads[1])
     rng = np.random.default_rng(1000 + batch)
