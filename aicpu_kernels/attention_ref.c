@@ -502,24 +502,28 @@ static void write_row(const core_ctx *c, const segment *sg, int32_t row, const f
  * sum of V rows. The portable kernels widen 16-bit K and V into kbuf and vbuf first; the SIMD
  * ones widen in registers.
  */
-/* The next chunk's K and V rows (n of them, row_bytes each, stride bytes apart; n = 0: none),
- * fetched in parts spread over the current chunk's work: one burst of a whole chunk's lines
- * would fill the core's miss buffers and stall the prefetches until the lines arrive, so that
- * memory and compute would take turns instead of overlapping. */
+/* The next chunk's K and V rows (n of them, stride bytes apart; n = 0: none) from k and v, the
+ * chunk's first token at the segment's first kv head; head_bytes: one head's row. They are
+ * fetched head by head in the order the current chunk's work reads them: a head's next K rows
+ * before its scores, its next V rows before its weighted sum. Each head's lines then have a
+ * whole chunk of work to arrive, and no burst of a whole chunk's lines fills the core's miss
+ * buffers at once (which would stall the prefetches until the lines arrive, so that memory
+ * and compute take turns). Against the earlier order (token by token across all heads, in as
+ * many parts) a two-thread A/B of bf16 32/8 decode measured this 4-6% faster, avx2 and avx512
+ * alike. */
 typedef struct {
     const unsigned char *k, *v;
     int32_t n;
-    size_t row_bytes;
+    size_t head_bytes;
     ptrdiff_t stride;
 } chunk_prefetch;
 
-static void prefetch_part(const core_ctx *c, const chunk_prefetch *pf, int32_t part,
-                          int32_t parts) {
-    int32_t lo = (int32_t)((int64_t)pf->n * part / parts);
-    int32_t hi = (int32_t)((int64_t)pf->n * (part + 1) / parts);
-    if (hi <= lo) return;
-    c->k->prefetch_rows(pf->k + lo * pf->stride, hi - lo, pf->row_bytes, pf->stride);
-    c->k->prefetch_rows(pf->v + lo * pf->stride, hi - lo, pf->row_bytes, pf->stride);
+/* The next chunk's rows of the kv head `head_at` elements into the row (K or V). */
+static void prefetch_head(const core_ctx *c, const chunk_prefetch *pf, const unsigned char *base,
+                          int32_t head_at) {
+    if (pf->n > 0)
+        c->k->prefetch_rows(base + (size_t)head_at * dtype_bytes(c->dtype), pf->n,
+                            pf->head_bytes, pf->stride);
 }
 
 static void process_chunk(const core_ctx *c, const float *qs, float *acc, float *sbuf, float *m,
@@ -529,11 +533,10 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
     const int32_t d = c->p->head_dim;
     const size_t esize = dtype_bytes(c->dtype);
     int32_t nv[MAX_ROWS];
-    int32_t i, e, x, part = 0, parts = 2;
+    int32_t i, e, x;
     for (i = 0; i < nr; i++) {
         int32_t v = limit[i] - c0;
         nv[i] = v < 0 ? 0 : v < n ? v : n;
-        if (i > 0 && head_at[i] != head_at[i - 1]) parts += 2; /* two per kv head */
     }
     for (i = 0; i < nr; i = e) {
         const char *kp = (const char *)kraw + (size_t)head_at[i] * esize;
@@ -541,9 +544,9 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
         int32_t r, jmax = 0;
         for (e = i; e < nr && head_at[e] == head_at[i]; e++)
             if (nv[e] > jmax) jmax = nv[e];
-        prefetch_part(c, pf, part++, parts);
+        prefetch_head(c, pf, pf->k, head_at[i]);
         if (jmax == 0) {
-            prefetch_part(c, pf, part++, parts);
+            prefetch_head(c, pf, pf->v, head_at[i]);
             continue;
         }
         c->k->scores(sbuf + (size_t)i * n, n, qs + (size_t)i * d, e - i, nv + i, kp, c->dtype,
@@ -564,7 +567,7 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
             l[r] += c->k->exp_sum(s, nv[r], m[r]);
         }
         /* probability-weighted V rows */
-        prefetch_part(c, pf, part++, parts);
+        prefetch_head(c, pf, pf->v, head_at[i]);
         c->k->accumulate(acc + (size_t)i * d, e - i, nv + i, sbuf + (size_t)i * n, n, vp,
                          c->dtype, stride, d, vbuf);
     }
@@ -620,7 +623,7 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
                     int32_t nc0 = c0 + chunk, nb = b;
                     pf.n = 0;
                     pf.k = pf.v = NULL;
-                    pf.row_bytes = (size_t)width * esize;
+                    pf.head_bytes = (size_t)d * esize;
                     pf.stride = token_stride * (ptrdiff_t)esize;
                     if (nc0 >= p1 && b + 1 < sg->ke && (b + 1) * bs < kv_hi) {
                         nb = b + 1;
