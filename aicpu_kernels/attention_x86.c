@@ -10,7 +10,8 @@
  * Shapes the kernels are tuned for: decode with grouped-query attention, 1-8 query rows per kv
  * head, head_dim 64-256, chunks of up to 64 kv tokens. Scores: blocks of four query rows
  * against two K rows per pass (each query vector loaded once for two FMAs, each K vector for
- * four), the eight dot products reduced together by one transpose-and-add tree. Weighted V
+ * four), the eight dot products reduced together by one transpose-and-add tree; AVX-512 bf16
+ * (head_dim % 32 == 0) takes four K rows per pass, sixteen dot products per tree. Weighted V
  * sum: four rows x 64 dims (AVX-512) or x 16 dims (AVX2) of the output stay in registers across
  * the chunk's tokens, so each V vector loaded feeds four FMAs and 16 or 8 independent FMA
  * chains hide the FMA latency. The exp is the portable one's Cody-Waite reduction and degree-7
