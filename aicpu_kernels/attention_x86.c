@@ -10,7 +10,8 @@
  * Shapes the kernels are tuned for: decode with grouped-query attention, 1-8 query rows per kv
  * head, head_dim 64-256, chunks of up to 64 kv tokens. Scores: blocks of four query rows
  * against two K rows per pass (each query vector loaded once for two FMAs, each K vector for
- * four), the eight dot products reduced together by one transpose-and-add tree. Weighted V
+ * four), the eight dot products reduced together by one transpose-and-add tree; AVX-512 bf16
+ * (head_dim % 32 == 0) takes four K rows per pass, sixteen dot products per tree. Weighted V
  * sum: four rows x 64 dims (AVX-512) or x 16 dims (AVX2) of the output stay in registers across
  * the chunk's tokens, so each V vector loaded feeds four FMAs and 16 or 8 independent FMA
  * chains hide the FMA latency. The exp is the portable one's Cody-Waite reduction and degree-7
@@ -507,11 +508,114 @@ AVX512_INLINE void avx512_scores_body(float *s, ptrdiff_t sn, const float *q, in
     }
 }
 
+/*
+ * 32 bf16 values from one 64-byte load as two fp32 vectors in natural order: a bf16 is the upper
+ * half of an fp32, so one word permute that zeroes the lower halves (vpermw with a zero mask)
+ * widens 16 of them, where zero-extension then a shift (vpmovzxwd, vpslld) takes two
+ * instructions and a second load.
+ */
+AVX512_INLINE void avx512_bf16x32(const uint16_t *p, __m512 *lo, __m512 *hi) {
+    const __m512i w = _mm512_loadu_si512((const void *)p);
+    const __m512i ix_lo = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
+                                           7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    const __m512i ix_hi = _mm512_add_epi16(ix_lo, _mm512_set1_epi16(16));
+    const __mmask32 upper = 0xaaaaaaaau; /* the odd words: the upper half of each 32-bit lane */
+    *lo = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(upper, ix_lo, w));
+    *hi = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(upper, ix_hi, w));
+}
+
+/*
+ * Sixteen dot-product accumulators a[t][i] (token t, row i) to their sums, 128-bit lane i
+ * holding [row i . token 0, ..., row i . token 3]: one transpose-and-add tree of 45 operations
+ * (under three per score, where avx512_sum8 takes about three and a scalar store each).
+ */
+AVX512_INLINE __m512 avx512_sum16(__m512 a[4][4]) {
+    __m512 z[4], w0, w1;
+    int32_t i;
+    for (i = 0; i < 4; i++) {
+        /* per 128-bit lane: [t0 t1 t2 t3], partial sums of row i */
+        const __m512 x = _mm512_add_ps(_mm512_unpacklo_ps(a[0][i], a[1][i]),
+                                       _mm512_unpackhi_ps(a[0][i], a[1][i]));
+        const __m512 y = _mm512_add_ps(_mm512_unpacklo_ps(a[2][i], a[3][i]),
+                                       _mm512_unpackhi_ps(a[2][i], a[3][i]));
+        z[i] = _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x44), _mm512_shuffle_ps(x, y, 0xee));
+    }
+    /* the four 128-bit lanes of z[i] summed into lane i */
+    w0 = _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x44),
+                       _mm512_shuffle_f32x4(z[0], z[1], 0xee));
+    w1 = _mm512_add_ps(_mm512_shuffle_f32x4(z[2], z[3], 0x44),
+                       _mm512_shuffle_f32x4(z[2], z[3], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
+}
+
+/* The first `count` (at most four) of a row's four scores u, at `at`. */
+AVX512_INLINE void avx512_store4(float *at, int32_t count, __m128 u) {
+    if (count >= 4)
+        _mm_storeu_ps(at, u);
+    else if (count > 0)
+        _mm_mask_storeu_ps(at, (__mmask8)((1u << count) - 1u), u);
+}
+
+/*
+ * bf16 scores for head_dim % 32 == 0: blocks of four query rows against four K rows per pass.
+ * Each widened K vector feeds four FMAs and each query vector four, and the sixteen dot
+ * products of a pass share one reduction tree whose result is four 128-bit stores. (The
+ * generic body's two K rows per pass spend about a third of its time on the reductions and
+ * scalar stores; tools/bench_attention.py and the README, "Reference attention".) Missing rows
+ * repeat the block's last row and missing tokens the last token; neither is stored.
+ */
+AVX512_INLINE void avx512_scores_bf16(float *s, ptrdiff_t sn, const float *q, int32_t nr,
+                                      const int32_t *nv, const uint16_t *k, ptrdiff_t ks,
+                                      int32_t d) {
+    int32_t r, j, x, i, t;
+    for (r = 0; r < nr; r += 4) {
+        const int32_t rows = nr - r < 4 ? nr - r : 4;
+        const float *qr[4];
+        int32_t jm = 0;
+        for (i = 0; i < 4; i++) qr[i] = q + (ptrdiff_t)(r + (i < rows ? i : rows - 1)) * d;
+        for (i = 0; i < rows; i++)
+            if (nv[r + i] > jm) jm = nv[r + i];
+        for (j = 0; j < jm; j += 4) {
+            const uint16_t *kt[4];
+            __m512 a[4][4], u;
+            for (t = 0; t < 4; t++) {
+                kt[t] = k + (j + t < jm ? j + t : jm - 1) * ks;
+                for (i = 0; i < 4; i++) a[t][i] = _mm512_setzero_ps();
+            }
+            for (x = 0; x < d; x += 32) {
+                __m512 qlo[4], qhi[4];
+                for (i = 0; i < 4; i++) {
+                    qlo[i] = _mm512_loadu_ps(qr[i] + x);
+                    qhi[i] = _mm512_loadu_ps(qr[i] + x + 16);
+                }
+                for (t = 0; t < 4; t++) {
+                    __m512 klo, khi;
+                    avx512_bf16x32(kt[t] + x, &klo, &khi);
+                    for (i = 0; i < 4; i++) {
+                        a[t][i] = _mm512_fmadd_ps(qlo[i], klo, a[t][i]);
+                        a[t][i] = _mm512_fmadd_ps(qhi[i], khi, a[t][i]);
+                    }
+                }
+            }
+            u = avx512_sum16(a);
+            avx512_store4(s + r * sn + j, nv[r] - j, _mm512_castps512_ps128(u));
+            if (rows > 1)
+                avx512_store4(s + (r + 1) * sn + j, nv[r + 1] - j, _mm512_extractf32x4_ps(u, 1));
+            if (rows > 2)
+                avx512_store4(s + (r + 2) * sn + j, nv[r + 2] - j, _mm512_extractf32x4_ps(u, 2));
+            if (rows > 3)
+                avx512_store4(s + (r + 3) * sn + j, nv[r + 3] - j, _mm512_extractf32x4_ps(u, 3));
+        }
+    }
+}
+
 AVX512_TARGET static void avx512_scores(float *s, ptrdiff_t sn, const float *q, int32_t nr,
                                         const int32_t *nv, const void *k, int32_t dtype,
                                         ptrdiff_t ks, int32_t d, float *scratch) {
     (void)scratch;
-    if (dtype == AICPU_ATTENTION_BF16)
+    if (dtype == AICPU_ATTENTION_BF16 && d % 32 == 0)
+        avx512_scores_bf16(s, sn, q, nr, nv, (const uint16_t *)k, ks, d);
+    else if (dtype == AICPU_ATTENTION_BF16)
         avx512_scores_body(s, sn, q, nr, nv, k, AICPU_ATTENTION_BF16, ks, d);
     else if (dtype == AICPU_ATTENTION_FP16)
         avx512_scores_body(s, sn, q, nr, nv, k, AICPU_ATTENTION_FP16, ks, d);

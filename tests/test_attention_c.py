@@ -55,7 +55,7 @@ def test_every_variant_matches_the_portable_one(tmp_path):
     names, problems = run_variants(binary)
     # the C program and the Python module see the same variants on this machine
     assert names == ra.isa_variants()["supported"]
-    assert problems == 54 * (len(names) - 1)  # 3 head dims x 3 groups x 2 core counts x 3 dtypes
+    assert problems == 72 * (len(names) - 1)  # 4 head dims x 3 groups x 2 core counts x 3 dtypes
 
 
 def test_variants_under_address_and_undefined_sanitizers(tmp_path):
@@ -67,7 +67,7 @@ def test_variants_under_address_and_undefined_sanitizers(tmp_path):
     binary = compile_c(tmp_path / "variants_asan", SOURCES,
                        ["-std=c99", "-O1", "-g", *STRICT, *SANITIZE])
     names, problems = run_variants(binary)
-    assert problems == 54 * (len(names) - 1)
+    assert problems == 72 * (len(names) - 1)
 
 
 @pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None,
