@@ -21,6 +21,16 @@
 #define TILING_NOINLINE
 #endif
 
+/* Non-overlapping pointers, so copies vectorise; the Ascend C entry includes this file in C++,
+ * which spells it differently. */
+#if !defined(__cplusplus)
+#define TILING_RESTRICT restrict
+#elif defined(__GNUC__)
+#define TILING_RESTRICT __restrict__
+#else
+#define TILING_RESTRICT
+#endif
+
 /* C99 static assert: a negative array size fails the build. Pins the ABI. */
 #define TILING_STATIC_ASSERT(name, cond) typedef char tiling_static_assert_##name[(cond) ? 1 : -1]
 TILING_STATIC_ASSERT(params_size, sizeof(aicpu_tiling_params) == 16 * sizeof(int32_t));
@@ -383,7 +393,8 @@ static void write_words(int32_t *dst, int64_t count, int32_t value) {
     for (; i < count; ++i) dst[i] = value;
 }
 
-static void copy_words(int32_t *restrict dst, const int32_t *restrict src, int32_t count) {
+static void copy_words(int32_t *TILING_RESTRICT dst, const int32_t *TILING_RESTRICT src,
+                       int32_t count) {
     int32_t i;
     for (i = 0; i < count; ++i) dst[i] = src[i];
 }
