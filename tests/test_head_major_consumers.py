@@ -192,3 +192,32 @@ def test_handmade_layout_is_the_kernels_for_the_kernels_cuts(data):
     bounds = [offset(c.begin) for c in planned.cores()] + [starts[-1]]
     made = handmade_tiling(params, cu, kv_lens, bounds, epoch=7)
     assert made.words.tolist() == planned.words.tolist()
+
+
+@triton_only
+@given(st.data())
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_triton_kernels_on_random_head_major_cuts(data):
+    from test_triton_attention import TOL, errors, run_triton
+
+    hkv = data.draw(st.sampled_from([1, 2, 3]))
+    batch = data.draw(st.integers(1, 4))
+    q_lens = data.draw(st.lists(st.integers(0, 3), min_size=batch, max_size=batch))
+    kv_lens = [q + data.draw(st.integers(0, 20)) for q in q_lens]
+    cores = data.draw(st.integers(1, 5))
+    case = Case(np.random.default_rng(data.draw(st.integers(0, 99))), hq=hkv * 2, hkv=hkv,
+                d=16, bs=4, cores=cores, q_tile=data.draw(st.sampled_from([1, 2])),
+                q_lens=q_lens, kv_lens=kv_lens, max_tokens=sum(q_lens) + 1,
+                dtype=torch.float16)
+    total = num_work_blocks(case.params, case.cu.tolist(), kv_lens)
+    cuts = sorted(data.draw(st.lists(st.integers(0, total), min_size=cores - 1,
+                                     max_size=cores - 1)))
+    made = handmade_tiling(case.params, case.cu.tolist(), kv_lens, [0, *cuts, total])
+    c_out, _, _ = case.run(made)
+    out, statuses, combined = run_triton(case, made)
+    assert set(statuses) == {0} and set(combined) == {0}, (statuses, combined)
+    if sum(q_lens):
+        vs_ref, vs_c = errors(case, out, c_out)
+        assert vs_ref <= TOL[torch.float16] and vs_c <= TOL[torch.float16]
+    else:
+        assert torch.equal(out, torch.zeros_like(out))

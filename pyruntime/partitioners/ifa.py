@@ -41,7 +41,8 @@ PAGED_910B_NO_FD_MAX_KV = 1024
 
 
 def _pairs(workload: Workload) -> list[list[int]]:
-    """Unit indices grouped by (request, kv head), in work order; empty pairs included.
+    """Unit indices grouped by (request, kv head), request-major (IFA's BN order); empty pairs
+    included.
 
     Raises:
         NotApplicableError: requests with different query lengths (IFA takes one for all).
