@@ -61,7 +61,8 @@ def tiling_tables(view: dict) -> list:
     out.append(
         Text(
             f"ideal {h['ideal']:.1f} = total {h['total_cost']} / {len(view['cores'])} cores + "
-            f"segment {view['params']['cost_segment']}; positions are request:kv_head:q_tile:block",
+            f"segment {view['params']['cost_segment']}; positions are "
+            "request:kv_head:q_tile:block, in head-major order",
             style="dim",
         )
     )
