@@ -159,9 +159,9 @@ def test_function_and_argument_errors():
     out = torch.full_like(case.query, float("nan"))
     po, pl = ra.partial_buffers(case.params)
     plan = case.tiling()
-    kwargs = dict(query=case.query, key_cache=case.key_cache, value_cache=case.value_cache,
-                  block_table=case.block_table, cu_seqlens_q=case.cu, seqlens_kv=case.kv,
-                  out=out, partial_out=po, partial_lse=pl, scale=case.scale)
+    kwargs = {"query": case.query, "key_cache": case.key_cache, "value_cache": case.value_cache,
+              "block_table": case.block_table, "cu_seqlens_q": case.cu, "seqlens_kv": case.kv,
+              "out": out, "partial_out": po, "partial_lse": pl, "scale": case.scale}
     for j in range(ra.num_sibling_sets(case.params)):
         assert ra.attention_core_siblings(case.params, plan, j, **kwargs) == 0
     assert ra.attention_finalize(case.params, plan, cu_seqlens_q=case.cu, out=out,
