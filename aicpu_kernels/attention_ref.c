@@ -4,7 +4,10 @@
  * Shape of the work: the core walks its range of the tiling segment by segment, in the
  * head-major work order (aicpu_tiling.h). The whole units of a single-tile request (decode,
  * short speculative decode) that lie in the range are fused across kv heads, so that each
- * token's K and V are read as one contiguous run. A segment is processed
+ * token's K and V are read as one contiguous run. When P is a multiple of H a core's range
+ * lies in one head, so there is nothing to fuse within it; aicpu_attention_core_siblings then
+ * walks the range of a head-0 core once for it and its copies in the other heads, fusing every
+ * whole unit across heads (walk_range below). A segment is processed
  * in row blocks that fit the query/output scratch and, within a row block, in chunks of kv
  * tokens. Within a chunk the rows of one kv head (a decode token's `group` query heads) are
  * handled together by the inner kernels (attention_kernels.h): scores by dot products over
