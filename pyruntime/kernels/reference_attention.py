@@ -31,6 +31,11 @@ computes one attention layer::
 For graph mode, :class:`BoundAttention` checks the static buffers once and then launches
 each core or the combine step with a single C call (a few microseconds of Python).
 
+When ``num_cores`` is a multiple of ``num_kv_heads`` the tiling cuts every kv head alike, and
+:func:`attention_core_siblings` / :meth:`BoundAttention.core_siblings` run a head-0 core and
+its copies for the other heads in one call that reads each token's K and V of all heads
+together (faster on CPU); running sets ``0 .. num_sibling_sets(params) - 1`` runs every core.
+
 The inner kernels run in the best instruction-set variant the CPU supports ("avx512",
 "avx2" or "portable", chosen at import); set ``AICPU_TILING_ATTENTION_ISA`` to force one, or
 call :func:`select_isa`. :func:`isa_variants` reports the active and the supported ones.
