@@ -4,7 +4,10 @@
  * Shape of the work: the core walks its range of the tiling segment by segment, in the
  * head-major work order (aicpu_tiling.h). The whole units of a single-tile request (decode,
  * short speculative decode) that lie in the range are fused across kv heads, so that each
- * token's K and V are read as one contiguous run. A segment is processed
+ * token's K and V are read as one contiguous run. When P is a multiple of H a core's range
+ * lies in one head, so there is nothing to fuse within it; aicpu_attention_core_siblings then
+ * walks the range of a head-0 core once for it and its copies in the other heads, fusing every
+ * whole unit across heads (walk_range below). A segment is processed
  * in row blocks that fit the query/output scratch and, within a row block, in chunks of kv
  * tokens. Within a chunk the rows of one kv head (a decode token's `group` query heads) are
  * handled together by the inner kernels (attention_kernels.h): scores by dot products over
@@ -688,65 +691,41 @@ static int dtype_ok(int32_t dtype) {
            dtype == AICPU_ATTENTION_BF16;
 }
 
-int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
-                         uint32_t flags, int32_t dtype, float scale, const void *query,
-                         const void *key_cache, const void *value_cache, int32_t num_blocks,
-                         const int32_t *block_table, const int32_t *cu_seqlens_q,
-                         const int32_t *seqlens_kv, void *out, float *partial_out,
-                         float *partial_lse) {
-    core_ctx c;
-    const int32_t *rec;
+/*
+ * How a walk runs. A core's own walk (heads == 0) fuses the whole single-tile units of several
+ * kv heads that lie inside its range. A sibling walk (heads == H, aicpu_attention_core_siblings)
+ * walks the range of core j, which lies in head 0, and runs every segment for all H heads: a
+ * whole unit for groups of up to `cap` heads at once, a piece once per head h with slot
+ * + h * slot_step. With run == 0 the walk only checks the range (nothing is read of the caches
+ * or written); it returns what a running walk would, apart from AICPU_ATTENTION_E_BLOCK_ID.
+ */
+typedef struct {
+    int32_t heads;     /* 0: the core's own walk; else the sibling walk over this many heads */
+    int32_t slot_step; /* sibling walk: the slots of one head */
+    int run;
+} walk_mode;
+
+static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk_mode *mode) {
+    const aicpu_tiling_params *params = c->p;
     work_pos pos, first, end;
-    int32_t first_slot, last_slot, batch, nseg = 0;
+    int32_t first_slot, last_slot, nseg = 0;
     int status = AICPU_TILING_OK;
 
-    if (params == NULL || tiling == NULL || aicpu_tiling_params_check(params) != AICPU_TILING_OK ||
-        core < 0 || core >= params->num_cores || !dtype_ok(dtype) || num_blocks < 0)
-        return AICPU_ATTENTION_E_ARGS;
-    if (!header_ok(params, tiling)) return AICPU_ATTENTION_E_TILING;
-    if (tiling[AICPU_TILING_HDR_STATUS] != AICPU_TILING_OK) return tiling[AICPU_TILING_HDR_STATUS];
-    if ((uint32_t)tiling[AICPU_TILING_HDR_FLAGS] != (flags & AICPU_TILING_CAUSAL))
-        return AICPU_ATTENTION_E_TILING;
-    batch = tiling[AICPU_TILING_HDR_BATCH];
-    if (batch < 0 || batch > params->max_batch) return AICPU_ATTENTION_E_TILING;
-
-    rec = tiling + AICPU_TILING_HDR_WORDS + (size_t)core * AICPU_TILING_CORE_WORDS;
     read_pos(&pos, rec + AICPU_TILING_CORE_BEGIN);
     read_pos(&end, rec + AICPU_TILING_CORE_END);
     first = pos;
     first_slot = rec[AICPU_TILING_CORE_FIRST_SLOT];
     last_slot = rec[AICPU_TILING_CORE_LAST_SLOT];
-    if (!pos_less(&pos, &end)) return AICPU_TILING_OK; /* idle core */
-    if (query == NULL || key_cache == NULL || value_cache == NULL || block_table == NULL ||
-        cu_seqlens_q == NULL || seqlens_kv == NULL || out == NULL)
-        return AICPU_ATTENTION_E_ARGS;
-
-    c.p = params;
-    c.group = params->num_q_heads / params->num_kv_heads;
-    c.causal = (flags & AICPU_TILING_CAUSAL) != 0;
-    c.dtype = dtype;
-    c.num_blocks = num_blocks;
-    c.max_slots = aicpu_tiling_max_slots(params);
-    c.scale = scale;
-    c.k = isa_kernels(aicpu_attention_isa_active());
-    c.query = query;
-    c.key_cache = key_cache;
-    c.value_cache = value_cache;
-    c.block_table = block_table;
-    c.cu = cu_seqlens_q;
-    c.kv = seqlens_kv;
-    c.out = out;
-    c.partial_out = partial_out;
-    c.partial_lse = partial_lse;
 
     while (pos_less(&pos, &end)) {
         segment sg;
-        int32_t kv_end, nblocks, b, blocks_ok = 1;
+        int32_t kv_end, nblocks, b, blocks_ok = 1, cap;
         if (pos.r < 0 || pos.r >= batch || pos.h < 0 || pos.h >= params->num_kv_heads ||
-            pos.t < 0 || !load_request(&c, pos.r, &sg.rl) || pos.t >= num_tiles(&c, &sg.rl))
+            pos.t < 0 || !load_request(c, pos.r, &sg.rl) || pos.t >= num_tiles(c, &sg.rl) ||
+            (mode->heads > 0 && pos.h != 0))
             return AICPU_ATTENTION_E_TILING;
         kv_end = sg.rl.kv_len;
-        if (c.causal) {
+        if (c->causal) {
             int32_t q_end = (pos.t + 1) * params->q_tile;
             kv_end = sg.rl.kv_len - sg.rl.q_len + (q_end < sg.rl.q_len ? q_end : sg.rl.q_len);
         }
@@ -761,17 +740,21 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
         sg.nh = 1;
         sg.ntok = sg.rl.q_len - pos.t * params->q_tile;
         if (sg.ntok > params->q_tile) sg.ntok = params->q_tile;
-        if (sg.kb == 0 && sg.ke == nblocks && num_tiles(&c, &sg.rl) == 1) {
+        { /* heads fused per run_segment call: the scratch holds cap heads' query rows and
+           * (at one token per chunk at least) cap heads' K and V rows */
+            int32_t per_head = sg.ntok * c->group, row_block = QO_FLOATS / params->head_dim;
+            if (row_block > MAX_ROWS) row_block = MAX_ROWS;
+            cap = KV_FLOATS / params->head_dim;
+            if (cap > row_block / per_head) cap = row_block / per_head;
+            if (cap < 1) cap = 1;
+        }
+        if (mode->heads == 0 && sg.kb == 0 && sg.ke == nblocks && num_tiles(c, &sg.rl) == 1) {
             /* Fuse kv heads: the whole units (r, h', 0) inside the core's range are the heads
              * [lo, hi] (head-major order: the heads strictly between begin's and end's, plus
              * begin's head when begin is not past request r, plus end's head when end is past
              * request r). They run in groups of cap heads starting at lo, each group when the
              * walk reaches its first head; the walk skips the group's other heads later. */
-            int32_t per_head = sg.ntok * c.group, row_block = QO_FLOATS / params->head_dim;
-            int32_t cap = KV_FLOATS / params->head_dim, lo, hi;
-            if (row_block > MAX_ROWS) row_block = MAX_ROWS;
-            if (cap > row_block / per_head) cap = row_block / per_head;
-            if (cap < 1) cap = 1;
+            int32_t lo, hi;
             lo = first.r < pos.r || (first.r == pos.r && first.k == 0) ? first.h : first.h + 1;
             hi = end.r > pos.r ? end.h : end.h - 1;
             if (hi > params->num_kv_heads - 1) hi = params->num_kv_heads - 1;
@@ -786,20 +769,37 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
             /* Only a core's first segment can start inside a unit and only its last can end
              * inside one; a piece that is both has first_slot == last_slot. */
             int last = sg.ke < nblocks || nseg + 1 == rec[AICPU_TILING_CORE_NUM_SEGMENTS];
+            int32_t top = mode->heads > 0 ? (mode->heads - 1) * mode->slot_step : 0;
             sg.slot = nseg == 0 ? first_slot : last_slot;
             if ((nseg > 0 && (sg.kb > 0 || !last)) || (nseg == 0 && last && first_slot != last_slot))
                 return AICPU_ATTENTION_E_TILING;
-            if (sg.slot < 0 || sg.slot >= c.max_slots || partial_out == NULL ||
-                partial_lse == NULL)
+            if (sg.slot < 0 || sg.slot >= c->max_slots - top || c->partial_out == NULL ||
+                c->partial_lse == NULL)
                 return AICPU_ATTENTION_E_TILING;
         }
         for (b = sg.kb; b < sg.ke; b++) {
-            int32_t id = block_table[(size_t)sg.r * params->max_blocks_per_req + b];
-            if (id < 0 || id >= num_blocks) blocks_ok = 0;
+            int32_t id = c->block_table[(size_t)sg.r * params->max_blocks_per_req + b];
+            if (id < 0 || id >= c->num_blocks) blocks_ok = 0;
         }
         if (!blocks_ok) status = AICPU_ATTENTION_E_BLOCK_ID;
-        if (sg.nh > 0) run_segment(&c, &sg, blocks_ok);
-        nseg += sg.nh;
+        if (mode->heads == 0) {
+            if (sg.nh > 0 && mode->run) run_segment(c, &sg, blocks_ok);
+            nseg += sg.nh;
+        } else {
+            /* the sibling walk: this segment for heads 0..heads-1, the siblings' segments */
+            int32_t h, slot0 = sg.slot;
+            for (h = 0; mode->run && h < mode->heads; h += sg.nh) {
+                sg.h = h;
+                if (slot0 >= 0) { /* a piece: one head per call, each with its own slot */
+                    sg.nh = 1;
+                    sg.slot = slot0 + h * mode->slot_step;
+                } else {
+                    sg.nh = mode->heads - h < cap ? mode->heads - h : cap;
+                }
+                run_segment(c, &sg, blocks_ok);
+            }
+            nseg += 1;
+        }
 
         if (sg.ke < nblocks) {
             pos.k = sg.ke; /* a cut inside the unit: only the core's end can be there */
@@ -811,12 +811,12 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
          * tokens under this head, else the first such request under the next head, else the
          * end of the work (0, num_kv_heads, 0, 0) */
         pos.k = 0;
-        if (++pos.t >= num_tiles(&c, &sg.rl)) {
+        if (++pos.t >= num_tiles(c, &sg.rl)) {
             pos.t = 0;
-            for (pos.r++; pos.r < batch && c.cu[pos.r + 1] == c.cu[pos.r]; pos.r++) {
+            for (pos.r++; pos.r < batch && c->cu[pos.r + 1] == c->cu[pos.r]; pos.r++) {
             }
             if (pos.r >= batch) {
-                for (pos.r = 0; pos.r < batch && c.cu[pos.r + 1] == c.cu[pos.r]; pos.r++) {
+                for (pos.r = 0; pos.r < batch && c->cu[pos.r + 1] == c->cu[pos.r]; pos.r++) {
                 }
                 if (++pos.h >= params->num_kv_heads || pos.r >= batch) {
                     pos.r = 0;
@@ -826,6 +826,192 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
         }
     }
     if (nseg != rec[AICPU_TILING_CORE_NUM_SEGMENTS]) return AICPU_ATTENTION_E_TILING;
+    return status;
+}
+
+/* The checks every entry point makes before reading the core table: AICPU_TILING_OK, or the
+ * status to return. */
+static int layer_check(const aicpu_tiling_params *params, const int32_t *tiling, uint32_t flags,
+                       int32_t dtype, int32_t num_blocks) {
+    if (params == NULL || tiling == NULL || aicpu_tiling_params_check(params) != AICPU_TILING_OK ||
+        !dtype_ok(dtype) || num_blocks < 0)
+        return AICPU_ATTENTION_E_ARGS;
+    if (!header_ok(params, tiling)) return AICPU_ATTENTION_E_TILING;
+    if (tiling[AICPU_TILING_HDR_STATUS] != AICPU_TILING_OK) return tiling[AICPU_TILING_HDR_STATUS];
+    if ((uint32_t)tiling[AICPU_TILING_HDR_FLAGS] != (flags & AICPU_TILING_CAUSAL))
+        return AICPU_ATTENTION_E_TILING;
+    if (tiling[AICPU_TILING_HDR_BATCH] < 0 || tiling[AICPU_TILING_HDR_BATCH] > params->max_batch)
+        return AICPU_ATTENTION_E_TILING;
+    return AICPU_TILING_OK;
+}
+
+static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t flags,
+                     int32_t dtype, float scale, const void *query, const void *key_cache,
+                     const void *value_cache, int32_t num_blocks, const int32_t *block_table,
+                     const int32_t *cu_seqlens_q, const int32_t *seqlens_kv, void *out,
+                     float *partial_out, float *partial_lse) {
+    c->p = params;
+    c->group = params->num_q_heads / params->num_kv_heads;
+    c->causal = (flags & AICPU_TILING_CAUSAL) != 0;
+    c->dtype = dtype;
+    c->num_blocks = num_blocks;
+    c->max_slots = aicpu_tiling_max_slots(params);
+    c->scale = scale;
+    c->k = isa_kernels(aicpu_attention_isa_active());
+    c->query = query;
+    c->key_cache = key_cache;
+    c->value_cache = value_cache;
+    c->block_table = block_table;
+    c->cu = cu_seqlens_q;
+    c->kv = seqlens_kv;
+    c->out = out;
+    c->partial_out = partial_out;
+    c->partial_lse = partial_lse;
+}
+
+static const int32_t *core_record(const int32_t *tiling, int32_t core) {
+    return tiling + AICPU_TILING_HDR_WORDS + (size_t)core * AICPU_TILING_CORE_WORDS;
+}
+
+static int core_idle(const int32_t *rec) {
+    work_pos begin, end;
+    read_pos(&begin, rec + AICPU_TILING_CORE_BEGIN);
+    read_pos(&end, rec + AICPU_TILING_CORE_END);
+    return !pos_less(&begin, &end);
+}
+
+int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
+                         uint32_t flags, int32_t dtype, float scale, const void *query,
+                         const void *key_cache, const void *value_cache, int32_t num_blocks,
+                         const int32_t *block_table, const int32_t *cu_seqlens_q,
+                         const int32_t *seqlens_kv, void *out, float *partial_out,
+                         float *partial_lse) {
+    core_ctx c;
+    const int32_t *rec;
+    walk_mode mode;
+    int status;
+
+    if (params != NULL && aicpu_tiling_params_check(params) == AICPU_TILING_OK &&
+        (core < 0 || core >= params->num_cores))
+        return AICPU_ATTENTION_E_ARGS;
+    status = layer_check(params, tiling, flags, dtype, num_blocks);
+    if (status != AICPU_TILING_OK) return status;
+    rec = core_record(tiling, core);
+    if (core_idle(rec)) return AICPU_TILING_OK;
+    if (query == NULL || key_cache == NULL || value_cache == NULL || block_table == NULL ||
+        cu_seqlens_q == NULL || seqlens_kv == NULL || out == NULL)
+        return AICPU_ATTENTION_E_ARGS;
+    ctx_init(&c, params, flags, dtype, scale, query, key_cache, value_cache, num_blocks,
+             block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
+    mode.heads = 0;
+    mode.slot_step = 0;
+    mode.run = 1;
+    return walk_range(&c, rec, tiling[AICPU_TILING_HDR_BATCH], &mode);
+}
+
+int32_t aicpu_attention_num_sibling_sets(const aicpu_tiling_params *params) {
+    if (params == NULL || aicpu_tiling_params_check(params) != AICPU_TILING_OK) return 0;
+    return params->num_cores % params->num_kv_heads == 0
+               ? params->num_cores / params->num_kv_heads
+               : params->num_cores;
+}
+
+/* Position word w of core j (head 0) as core j + h Q's copy names it (aicpu_tiling.h, THE
+ * PARTITION): head 0 becomes head h, the start of head 1 becomes the start of head h + 1 or,
+ * for the last head, the end of the work (0, H, 0, 0). */
+static void shifted_pos(const int32_t *w, int32_t h, int32_t heads, int32_t *out) {
+    out[0] = w[0];
+    out[1] = w[1] == 0 ? h : h + 1;
+    out[2] = w[2];
+    out[3] = w[3];
+    if (w[1] != 0 && h + 1 >= heads) {
+        out[0] = 0;
+        out[1] = heads;
+    }
+}
+
+/* A position word in head 0, or at a unit start of head 1 (the end of head 0's work). */
+static int in_head0(const int32_t *w) {
+    return w[1] == 0 || (w[1] == 1 && w[2] == 0 && w[3] == 0);
+}
+
+/* 1 when the records of cores j + h Q (1 <= h < H) are core j's moved to head h, with slots
+ * moved by h * slot_step, and core j's begin and end are in head 0 (in_head0); the walk checks
+ * that a non-idle range does not reach into head 1. */
+static int siblings_match(const aicpu_tiling_params *params, const int32_t *tiling, int32_t j,
+                          int32_t q, int32_t slot_step) {
+    const int32_t *base = core_record(tiling, j);
+    const int32_t heads = params->num_kv_heads;
+    int32_t h, w;
+    if (!in_head0(base + AICPU_TILING_CORE_BEGIN) || !in_head0(base + AICPU_TILING_CORE_END))
+        return 0;
+    for (h = 1; h < heads; h++) {
+        const int32_t *rec = core_record(tiling, j + h * q);
+        int32_t want[AICPU_TILING_CORE_WORDS];
+        for (w = 0; w < AICPU_TILING_CORE_WORDS; w++) want[w] = base[w];
+        shifted_pos(base + AICPU_TILING_CORE_BEGIN, h, heads, want + AICPU_TILING_CORE_BEGIN);
+        shifted_pos(base + AICPU_TILING_CORE_END, h, heads, want + AICPU_TILING_CORE_END);
+        if (want[AICPU_TILING_CORE_FIRST_SLOT] >= 0)
+            want[AICPU_TILING_CORE_FIRST_SLOT] += h * slot_step;
+        if (want[AICPU_TILING_CORE_LAST_SLOT] >= 0)
+            want[AICPU_TILING_CORE_LAST_SLOT] += h * slot_step;
+        for (w = 0; w < AICPU_TILING_CORE_WORDS; w++)
+            if (rec[w] != want[w]) return 0;
+    }
+    return 1;
+}
+
+int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
+                                  int32_t first_core, uint32_t flags, int32_t dtype, float scale,
+                                  const void *query, const void *key_cache,
+                                  const void *value_cache, int32_t num_blocks,
+                                  const int32_t *block_table, const int32_t *cu_seqlens_q,
+                                  const int32_t *seqlens_kv, void *out, float *partial_out,
+                                  float *partial_lse) {
+    int32_t sets = aicpu_attention_num_sibling_sets(params), heads, q, h, slot_step;
+    int status = AICPU_TILING_OK;
+    int fusable;
+
+    if (tiling == NULL || sets == 0 || first_core < 0 || first_core >= sets)
+        return AICPU_ATTENTION_E_ARGS;
+    heads = sets == params->num_cores ? 1 : params->num_kv_heads;
+    q = sets;
+    slot_step = 0;
+    fusable = heads > 1 && layer_check(params, tiling, flags, dtype, num_blocks) ==
+                               AICPU_TILING_OK;
+    if (fusable) {
+        int32_t num_slots = tiling[AICPU_TILING_HDR_NUM_SLOTS];
+        fusable = num_slots >= 0 && num_slots % heads == 0;
+        slot_step = num_slots / heads;
+    }
+    fusable = fusable && siblings_match(params, tiling, first_core, q, slot_step) &&
+              query != NULL && key_cache != NULL && value_cache != NULL && block_table != NULL &&
+              cu_seqlens_q != NULL && seqlens_kv != NULL && out != NULL;
+    if (fusable) {
+        core_ctx c;
+        walk_mode mode;
+        const int32_t *rec = core_record(tiling, first_core);
+        int32_t batch = tiling[AICPU_TILING_HDR_BATCH];
+        if (core_idle(rec)) return AICPU_TILING_OK; /* and so are its siblings (checked) */
+        ctx_init(&c, params, flags, dtype, scale, query, key_cache, value_cache, num_blocks,
+                 block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
+        mode.heads = heads;
+        mode.slot_step = slot_step;
+        mode.run = 0; /* check the whole range first: a bad one falls back to the cores */
+        status = walk_range(&c, rec, batch, &mode);
+        if (status == AICPU_TILING_OK || status == AICPU_ATTENTION_E_BLOCK_ID) {
+            mode.run = 1;
+            return walk_range(&c, rec, batch, &mode);
+        }
+        status = AICPU_TILING_OK;
+    }
+    /* not fusable: each core of the set on its own, as the per-core loop would run them */
+    for (h = 0; h < heads; h++) {
+        int s = aicpu_attention_core(params, tiling, first_core + h * q, flags, dtype, scale,
+                                     query, key_cache, value_cache, num_blocks, block_table,
+                                     cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
+        if (status == AICPU_TILING_OK) status = s;
+    }
     return status;
 }
 

@@ -121,6 +121,49 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
                          float *partial_lse);
 
 /*
+ * SIBLING CORES. When num_cores P is a multiple of num_kv_heads H, the tiling gives head h to
+ * cores h*Q .. h*Q+Q-1 (Q = P / H) and cuts every head at the same offsets (aicpu_tiling.h,
+ * THE PARTITION): core j + h*Q's record is core j's with the kv head moved to h and its slots
+ * moved by h * (slots of one head). Cores j, j+Q, ..., j+(H-1)Q are the sibling set j. Run one
+ * by one, each reads head_dim values per kv token at a stride of H * head_dim; run together,
+ * the set reads each token's K and V row ([token][kv head][dim]) as one contiguous run again.
+ *
+ * aicpu_attention_num_sibling_sets: Q = P / H when P % H == 0, else P (every set is one core);
+ * 0 when params are NULL or invalid. The sets 0..Q-1 hold every core exactly once.
+ *
+ * aicpu_attention_core_siblings: the work of every core of sibling set `first_core`
+ * (0 <= first_core < aicpu_attention_num_sibling_sets(params)); the other arguments, tensors
+ * and outputs are aicpu_attention_core's.
+ *   Fused when P % H == 0, H > 1, the tiling is OK for these params, flags and lengths, every
+ *   sibling's record is core first_core's moved to its head as above (checked word by word,
+ *   slots of one head = the header's AICPU_TILING_HDR_NUM_SLOTS / H), and core first_core's
+ *   range checks out (walked once without computing first): core first_core's segments are
+ *   walked once; each whole unit runs for all H heads, up to as many heads per pass as the
+ *   scratch holds (KV_FLOATS / head_dim, and MAX_ROWS query rows); each piece of a split unit
+ *   runs once per head h with slot first_slot (or last_slot) + h * (slots of one head).
+ *   Otherwise (P % H != 0, H == 1, a failed or stale tiling, records that are not copies, any
+ *   inconsistency) it calls aicpu_attention_core for each core of the set in order, so it
+ *   reads and writes exactly what they would.
+ *   Outputs equal those of aicpu_attention_core on each core of the set up to rounding: fusing
+ *   changes the kv chunk length and so the order of the online softmax's updates (fp32
+ *   accumulation; about 1e-6 relative). Deterministic for a given set.
+ * Returns AICPU_ATTENTION_E_ARGS for params invalid or first_core out of range (nothing read or
+ * written), else what the per-core loop gives: the first status other than AICPU_TILING_OK
+ * in core order (all siblings return the same one when fused), or AICPU_TILING_OK.
+ *     for (j = 0; j < aicpu_attention_num_sibling_sets(&params); j++)
+ *         if ((s = aicpu_attention_core_siblings(&params, tiling, j, ...)) != 0) status = s;
+ */
+int32_t aicpu_attention_num_sibling_sets(const aicpu_tiling_params *params);
+
+int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
+                                  int32_t first_core, uint32_t flags, int32_t dtype, float scale,
+                                  const void *query, const void *key_cache,
+                                  const void *value_cache, int32_t num_blocks,
+                                  const int32_t *block_table, const int32_t *cu_seqlens_q,
+                                  const int32_t *seqlens_kv, void *out, float *partial_out,
+                                  float *partial_lse);
+
+/*
  * aicpu_attention_finalize: the combine step, run once after every core of the layer.
  *   params, tiling, dtype, out, partial_out, partial_lse   as for aicpu_attention_core
  *   cu_seqlens_q  the query offsets the tiling was planned from (locates a unit's rows)

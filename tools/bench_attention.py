@@ -1,7 +1,9 @@
 """Decode throughput of the reference attention against this machine's memory bandwidth.
 
 Runs one decode attention layer (every emulated AI Core's range of a tiling, spread over
-worker threads, then the combine step) on a paged KV cache far larger than the caches, and
+worker threads as sibling sets -- when num_cores is a multiple of num_kv_heads, the cores of
+one head-0 range and its copies for the other heads run in one call that reads each token's
+K and V of all heads together, ``aicpu_attention_core_siblings`` -- then the combine step) on a paged KV cache far larger than the caches, and
 reports bytes of KV read per second next to the bandwidth of simple streaming loops measured
 in the same run, in turns with the attention steps, with the same thread count:
 
@@ -136,13 +138,18 @@ def run_layer(p: dict, threads: int) -> None:
     params = p["params"]
     statuses = []
 
+    # Sibling sets (one head-0 core and its copies for the other kv heads, run in one call
+    # that reads each token's K/V of all heads together) when P % H == 0; else each set is one
+    # core, run as aicpu_attention_core would.
+    num_sets = ra.num_sibling_sets(params)
+
     def cores(first: int) -> None:
-        for core in range(first, params.num_cores, threads):
+        for first_core in range(first, num_sets, threads):
             statuses.append(
-                ra.attention_core(
+                ra.attention_core_siblings(
                     params,
                     p["plan"],
-                    core,
+                    first_core,
                     query=p["query"],
                     key_cache=p["key_cache"],
                     value_cache=p["value_cache"],

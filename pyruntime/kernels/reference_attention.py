@@ -31,6 +31,11 @@ computes one attention layer::
 For graph mode, :class:`BoundAttention` checks the static buffers once and then launches
 each core or the combine step with a single C call (a few microseconds of Python).
 
+When ``num_cores`` is a multiple of ``num_kv_heads`` the tiling cuts every kv head alike, and
+:func:`attention_core_siblings` / :meth:`BoundAttention.core_siblings` run a head-0 core and
+its copies for the other heads in one call that reads each token's K and V of all heads
+together (faster on CPU); running sets ``0 .. num_sibling_sets(params) - 1`` runs every core.
+
 The inner kernels run in the best instruction-set variant the CPU supports ("avx512",
 "avx2" or "portable", chosen at import); set ``AICPU_TILING_ATTENTION_ISA`` to force one, or
 call :func:`select_isa`. :func:`isa_variants` reports the active and the supported ones.
@@ -250,6 +255,8 @@ class BoundAttention:
             partial_lse,
         )
         self.num_cores = int(params.num_cores)
+        #: Sibling sets (see :meth:`core_siblings`): P / H when P % H == 0, else P.
+        self.num_sibling_sets = int(_lib.aicpu_attention_num_sibling_sets(self._c_params))
         hq, hkv, d = int(params.num_q_heads), int(params.num_kv_heads), int(params.head_dim)
         shape = (int(params.max_tokens), hq, d)
         _tensor("out", out, shape=shape, dtypes=tuple(DTYPE_CODES))
@@ -321,6 +328,45 @@ class BoundAttention:
             raise ValueError(f"core must be in [0, {self.num_cores}), got {core}")
         self._check_lengths(need_kv=True)
         return int(_lib.aicpu_attention_core(self._c_params, self._tiling, core, *self._core_args))
+
+    def sibling_cores(self, first_core: int) -> range:
+        """The cores sibling set ``first_core`` runs: ``first_core, first_core + Q, ...``.
+
+        Q is :attr:`num_sibling_sets`; when P % H != 0 (Q = P) that is ``first_core`` alone.
+        """
+        if not 0 <= first_core < self.num_sibling_sets:
+            raise ValueError(
+                f"first_core must be in [0, {self.num_sibling_sets}), got {first_core}"
+            )
+        return range(first_core, self.num_cores, self.num_sibling_sets)
+
+    def core_siblings(self, first_core: int) -> int:
+        """Run every core of sibling set ``first_core`` in one C call; returns the C status.
+
+        When P is a multiple of H and the tiling cuts every head alike (checked in C), cores
+        ``first_core + h * Q`` (h < H, Q = P / H) are run as one walk of core ``first_core``'s
+        range that reads each kv token's K and V of all H heads together; otherwise each core of
+        the set runs as :meth:`core` would, in order. Outputs equal running :meth:`core` on
+        each core of :meth:`sibling_cores` up to fp32 rounding; the status is the first non-OK
+        one of those calls (``aicpu_attention_core_siblings`` in attention_ref.h).
+        Calling it for every ``first_core`` in ``range(num_sibling_sets)`` runs every core once.
+
+        Raises:
+            ValueError: bound without query and caches, first_core out of range, or length
+                arrays shorter than the tiling's live batch.
+        """
+        if self._core_args is None:
+            raise ValueError("bound without query and caches: only finalize() is available")
+        if not 0 <= first_core < self.num_sibling_sets:
+            raise ValueError(
+                f"first_core must be in [0, {self.num_sibling_sets}), got {first_core}"
+            )
+        self._check_lengths(need_kv=True)
+        return int(
+            _lib.aicpu_attention_core_siblings(
+                self._c_params, self._tiling, first_core, *self._core_args
+            )
+        )
 
     def finalize(self) -> int:
         """The combine step (see :func:`attention_finalize`); returns the C status."""
@@ -409,6 +455,60 @@ def attention_core(
         causal=causal,
     )
     return bound.core(int(core))
+
+
+def num_sibling_sets(params) -> int:
+    """Q = num_cores / num_kv_heads when that divides, else num_cores (see
+    :func:`attention_core_siblings`); the sets 0..Q-1 hold every core once."""
+    return int(_lib.aicpu_attention_num_sibling_sets(params._c_params()))
+
+
+def attention_core_siblings(
+    params,
+    tiling_buffer: torch.Tensor,
+    first_core: int,
+    *,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seqlens_kv: torch.Tensor,
+    out: torch.Tensor,
+    partial_out: torch.Tensor | None,
+    partial_lse: torch.Tensor | None,
+    scale: float | None = None,
+    causal: bool = True,
+) -> int:
+    """Run the cores ``first_core, first_core + Q, ...`` (Q = :func:`num_sibling_sets`) in one
+    C call, fusing the kv heads when the tiling cuts every head alike.
+
+    Arguments, return value and errors are those of :func:`attention_core`, except that
+    ``first_core`` must be in ``[0, Q)``; see :meth:`BoundAttention.core_siblings`.
+    """
+    if not isinstance(query, torch.Tensor):
+        raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
+    if query.dtype not in DTYPE_CODES:
+        allowed = ", ".join(str(d) for d in DTYPE_CODES)
+        raise TypeError(f"query must have one of the dtypes {allowed}, got {query.dtype}")
+    _tensor("query", query, shape=(params.max_tokens, params.num_q_heads, params.head_dim))
+    _tensor("out", out, query.dtype)
+    bound = BoundAttention(
+        params,
+        tiling_buffer,
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_table=block_table,
+        cu_seqlens_q=cu_seqlens_q,
+        seqlens_kv=seqlens_kv,
+        out=out,
+        partial_out=partial_out,
+        partial_lse=partial_lse,
+        scale=scale,
+        causal=causal,
+    )
+    return bound.core_siblings(int(first_core))
 
 
 def attention_finalize(

@@ -1,0 +1,289 @@
+/*
+ * attention_siblings.c -- aicpu_attention_core_siblings against aicpu_attention_core run on
+ * every core of each sibling set, for random tilings and every instruction-set variant
+ * (tests/test_attention_siblings.py builds it plainly and under ASan+UBSan).
+ *
+ *   cc -std=c99 -pedantic -Wall -Wextra -Werror -I aicpu_kernels \
+ *      aicpu_kernels/tests/attention_siblings.c aicpu_kernels/attention_ref.c \
+ *      aicpu_kernels/attention_x86.c aicpu_kernels/aicpu_tiling.c -lm -o /tmp/siblings
+ *   /tmp/siblings [problems]   prints "siblings: <names>; <n> runs, <f> fused-shape, ..."
+ *
+ * A problem draws kv heads (1, 2, 4, 8), group (1, 2, 4), head_dim (128, 64, 96, 13), block
+ * size, q_tile, dtype, causal or not, a batch of decode, speculative decode or chunked-prefill
+ * requests (with padded q_len == 0 slots), and num_cores either a multiple of the kv heads
+ * (1 to 4 cores per head: splits and idle cores) or any count. Then one of: nothing wrong, an
+ * out-of-range block id, a sibling record whose slot or end no longer matches (a tiling the
+ * fused walk must refuse), a failed tiling status, the wrong causal flag, lengths changed
+ * after planning (a stale tiling), a NULL argument. Both sides start from the same garbage in
+ * out and the partial workspace; each set's status must equal the per-core loop's first
+ * non-OK status, and out, partial_out and partial_lse must agree element by element (before
+ * finalize, so that rows a stopped core left unwritten are compared too): within 1e-5
+ * relative for fp32 storage and partials, one rounding (1e-2) for fp16/bf16 outputs.
+ * Exit status 1 on the first failure, with the problem printed.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention_ref.h"
+
+#define MAX_BATCH 5
+#define MAX_TOKENS 40
+#define MBPR 12
+
+static uint32_t rng_state = 2463534242u;
+
+static uint32_t next_u32(void) { /* xorshift32 */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 17;
+    rng_state ^= rng_state << 5;
+    return rng_state;
+}
+
+static int32_t pick(int32_t n) { return (int32_t)(next_u32() % (uint32_t)n); }
+
+static float uniform(void) { return (float)(next_u32() >> 8) / 8388608.0f - 1.0f; }
+
+static void fill(void *p, size_t n, int32_t dtype) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float x = uniform();
+        if (dtype == AICPU_ATTENTION_FP32)
+            ((float *)p)[i] = x;
+        else if (dtype == AICPU_ATTENTION_BF16)
+            ((uint16_t *)p)[i] = aicpu_attention_float_to_bf16(x);
+        else
+            ((uint16_t *)p)[i] = aicpu_attention_float_to_half(x);
+    }
+}
+
+static double get(const void *p, size_t i, int32_t dtype) {
+    if (dtype == AICPU_ATTENTION_FP32) return ((const float *)p)[i];
+    if (dtype == AICPU_ATTENTION_BF16)
+        return aicpu_attention_bf16_to_float(((const uint16_t *)p)[i]);
+    return aicpu_attention_half_to_float(((const uint16_t *)p)[i]);
+}
+
+/* a == b within rel * |b| + abs_tol; equal infinities and equal NaN-ness agree. */
+static int close(double a, double b, double rel, double abs_tol) {
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
+    if (isinf(a) || isinf(b)) return a == b;
+    return fabs(a - b) <= rel * fabs(b) + abs_tol;
+}
+
+enum { OK_CASE, BAD_BLOCK, BAD_SLOT, BAD_END, FAILED_TILING, WRONG_FLAG, STALE_LENS, NULL_ARG,
+       NUM_CASES };
+static const char *const case_names[NUM_CASES] = {"ok", "bad-block", "bad-slot", "bad-end",
+                                                  "failed-tiling", "wrong-flag", "stale-lengths",
+                                                  "null-arg"};
+
+typedef struct {
+    aicpu_tiling_params p;
+    int32_t dtype, causal, batch, num_blocks, kind, fault;
+    uint32_t call_flags;
+    int32_t cu[MAX_BATCH + 1], kv[MAX_BATCH], bt[MAX_BATCH * MBPR];
+    int32_t *tiling;
+    void *q, *k, *v;
+} problem;
+
+/* Per-core loop (siblings == 0) or sibling sets, from garbage; statuses per set into st. */
+static void run(const problem *pb, int siblings, void *out, float *po, float *pl, int *st) {
+    const aicpu_tiling_params *p = &pb->p;
+    int32_t sets = aicpu_attention_num_sibling_sets(p), j, c;
+    size_t esize = pb->dtype == AICPU_ATTENTION_FP32 ? 4 : 2;
+    size_t out_bytes = (size_t)p->max_tokens * p->num_q_heads * p->head_dim * esize;
+    size_t ws = aicpu_tiling_workspace_bytes(p);
+    const void *q = pb->fault == NULL_ARG ? NULL : pb->q;
+    float scale = 1.0f / sqrtf((float)p->head_dim);
+    memset(out, 0x3c, out_bytes); /* finite garbage for every dtype */
+    if (ws > 0) {
+        memset(po, 0x3c, ws);
+        memset(pl, 0x3c, ws);
+    }
+    for (j = 0; j < sets; j++) {
+        if (siblings) {
+            st[j] = aicpu_attention_core_siblings(p, pb->tiling, j, pb->call_flags, pb->dtype,
+                                                  scale, q, pb->k, pb->v, pb->num_blocks, pb->bt,
+                                                  pb->cu, pb->kv, out, ws ? po : NULL,
+                                                  ws ? pl : NULL);
+            continue;
+        }
+        st[j] = AICPU_TILING_OK;
+        for (c = j; c < p->num_cores; c += sets) {
+            int s = aicpu_attention_core(p, pb->tiling, c, pb->call_flags, pb->dtype, scale, q,
+                                         pb->k, pb->v, pb->num_blocks, pb->bt, pb->cu, pb->kv,
+                                         out, ws ? po : NULL, ws ? pl : NULL);
+            if (st[j] == AICPU_TILING_OK) st[j] = s;
+        }
+    }
+}
+
+static void draw(problem *pb) {
+    static const int32_t heads[] = {1, 2, 4, 8}, groups[] = {1, 2, 4}, dims[] = {128, 64, 96, 13};
+    aicpu_tiling_params *p = &pb->p;
+    int32_t r, tokens = 0, capacity;
+    memset(p, 0, sizeof *p);
+    p->num_kv_heads = heads[pick(4)];
+    p->num_q_heads = p->num_kv_heads * groups[pick(3)];
+    p->head_dim = dims[pick(4)];
+    p->block_size = pick(2) ? 16 : 8;
+    p->max_batch = MAX_BATCH;
+    p->max_tokens = MAX_TOKENS;
+    p->max_blocks_per_req = MBPR;
+    p->num_cores = pick(3) ? p->num_kv_heads * (1 + pick(4)) : 1 + pick(12);
+    p->q_tile = 1 << pick(3);
+    p->cost_kv_load = AICPU_TILING_DEFAULT_COST_KV_LOAD;
+    p->cost_qk_tile = AICPU_TILING_DEFAULT_COST_QK_TILE;
+    p->cost_segment = AICPU_TILING_DEFAULT_COST_SEGMENT;
+    pb->dtype = pick(3);
+    pb->causal = pick(4) != 0;
+    pb->kind = pick(3); /* decode, speculative decode, chunked prefill */
+    pb->batch = pick(MAX_BATCH + 1);
+    capacity = MBPR * p->block_size;
+    pb->cu[0] = 0;
+    for (r = 0; r < pb->batch; r++) {
+        int32_t q_len = pb->kind == 0 ? 1 : pb->kind == 1 ? 1 + pick(4) : 1 + pick(8);
+        if (pick(6) == 0) q_len = 0; /* a padded slot */
+        if (tokens + q_len > MAX_TOKENS) q_len = 0;
+        tokens += q_len;
+        pb->cu[r + 1] = tokens;
+        pb->kv[r] = q_len + pick(capacity - q_len + 1);
+        if (pb->kv[r] == 0 && q_len > 0) pb->kv[r] = 1;
+    }
+    pb->num_blocks = MAX_BATCH * MBPR;
+    for (r = 0; r < MAX_BATCH * MBPR; r++) pb->bt[r] = pick(pb->num_blocks);
+}
+
+int main(int argc, char **argv) {
+    int32_t nproblems = argc > 1 ? atoi(argv[1]) : 300, n, isa, runs = 0, fused_shape = 0;
+    int32_t per_case[NUM_CASES];
+    char names[64] = "";
+    memset(per_case, 0, sizeof per_case);
+    for (isa = 0; isa < AICPU_ATTENTION_NUM_ISA; isa++)
+        if (aicpu_attention_isa_supported(isa)) {
+            strcat(names, names[0] ? " " : "");
+            strcat(names, aicpu_attention_isa_name(isa));
+        }
+
+    for (n = 0; n < nproblems; n++) {
+        problem pb;
+        aicpu_tiling_params *p = &pb.p;
+        size_t esize, out_elems, cache_elems, ws, i;
+        void *ref, *out;
+        float *po_ref, *pl_ref, *po, *pl;
+        int st_ref[AICPU_TILING_MAX_CORES], st[AICPU_TILING_MAX_CORES];
+        int32_t sets, j;
+        uint32_t plan_flags;
+
+        draw(&pb);
+        pb.fault = n < NUM_CASES ? n : pick(2) ? OK_CASE : pick(NUM_CASES);
+        plan_flags = pb.causal ? AICPU_TILING_CAUSAL : 0;
+        pb.call_flags = pb.fault == WRONG_FLAG ? plan_flags ^ AICPU_TILING_CAUSAL : plan_flags;
+        esize = pb.dtype == AICPU_ATTENTION_FP32 ? 4 : 2;
+        out_elems = (size_t)MAX_TOKENS * p->num_q_heads * p->head_dim;
+        cache_elems = (size_t)pb.num_blocks * p->block_size * p->num_kv_heads * p->head_dim;
+        ws = aicpu_tiling_workspace_bytes(p);
+        pb.q = malloc(out_elems * esize);
+        pb.k = malloc(cache_elems * esize);
+        pb.v = malloc(cache_elems * esize);
+        pb.tiling = malloc(aicpu_tiling_bytes(p));
+        ref = malloc(out_elems * esize);
+        out = malloc(out_elems * esize);
+        po_ref = malloc(ws + 4);
+        pl_ref = malloc(ws + 4);
+        po = malloc(ws + 4);
+        pl = malloc(ws + 4);
+        if (!pb.q || !pb.k || !pb.v || !pb.tiling || !ref || !out || !po_ref || !pl_ref || !po ||
+            !pl)
+            return 2;
+        fill(pb.q, out_elems, pb.dtype);
+        fill(pb.k, cache_elems, pb.dtype);
+        fill(pb.v, cache_elems, pb.dtype);
+        if (aicpu_tiling_plan(p, pb.cu, pb.kv, pb.batch, 0, plan_flags, pb.tiling,
+                              aicpu_tiling_bytes(p)) != AICPU_TILING_OK) {
+            printf("FAIL problem %d: the tiling failed\n", (int)n);
+            return 1;
+        }
+        sets = aicpu_attention_num_sibling_sets(p);
+        if (sets * p->num_kv_heads == p->num_cores && p->num_kv_heads > 1) fused_shape++;
+        { /* the fault */
+            int32_t *core_tab = pb.tiling + AICPU_TILING_HDR_WORDS;
+            int32_t last = (p->num_cores - 1) * AICPU_TILING_CORE_WORDS;
+            if (pb.fault == BAD_BLOCK && pb.batch > 0)
+                pb.bt[pick(pb.batch * MBPR)] = pick(2) ? -1 - pick(3) : pb.num_blocks + pick(3);
+            if (pb.fault == BAD_SLOT) /* the last core's slot, or its cost */
+                core_tab[last + (core_tab[last + AICPU_TILING_CORE_LAST_SLOT] >= 0
+                                     ? AICPU_TILING_CORE_LAST_SLOT
+                                     : AICPU_TILING_CORE_COST)] += 1;
+            if (pb.fault == BAD_END) { /* core 0 ends one block or one unit later */
+                int32_t *e = core_tab + AICPU_TILING_CORE_END;
+                if (e[1] == 0) e[3] += 1;
+                else e[1] += 1;
+            }
+            if (pb.fault == FAILED_TILING) pb.tiling[AICPU_TILING_HDR_STATUS] = AICPU_TILING_E_BATCH;
+            if (pb.fault == STALE_LENS) /* the first live request's kv length moves by one */
+                for (j = 0; j < pb.batch; j++)
+                    if (pb.cu[j + 1] > pb.cu[j]) {
+                        int32_t q_len = pb.cu[j + 1] - pb.cu[j];
+                        pb.kv[j] += pb.kv[j] > q_len ? -1 : 1;
+                        break;
+                    }
+        }
+        per_case[pb.fault]++;
+
+        for (isa = 0; isa < AICPU_ATTENTION_NUM_ISA; isa++) {
+            size_t at_bad = 0;
+            const char *what = NULL;
+            if (aicpu_attention_set_isa(isa) != AICPU_TILING_OK) continue;
+            run(&pb, 0, ref, po_ref, pl_ref, st_ref);
+            run(&pb, 1, out, po, pl, st);
+            runs++;
+            for (j = 0; j < sets && what == NULL; j++)
+                if (st[j] != st_ref[j]) {
+                    what = "status";
+                    at_bad = (size_t)j;
+                }
+            for (i = 0; i < out_elems && what == NULL; i++) {
+                double rel = pb.dtype == AICPU_ATTENTION_FP32 ? 1e-5 : 1e-2;
+                if (!close(get(out, i, pb.dtype), get(ref, i, pb.dtype), rel, 1e-6)) {
+                    what = "out";
+                    at_bad = i;
+                }
+            }
+            for (i = 0; i < ws / 8 && what == NULL; i++) { /* po and pl: ws / 4 floats each */
+                if (!close(po[i], po_ref[i], 1e-5, 1e-6) || !close(pl[i], pl_ref[i], 1e-5, 1e-5)) {
+                    what = "partials";
+                    at_bad = i;
+                }
+            }
+            if (what != NULL) {
+                printf("FAIL problem %d (%s, %s): %s differ at %d; kv heads %d q heads %d dim %d "
+                       "block %d q_tile %d cores %d dtype %d causal %d batch %d kind %d",
+                       (int)n, case_names[pb.fault], aicpu_attention_isa_name(isa), what,
+                       (int)at_bad, (int)p->num_kv_heads, (int)p->num_q_heads, (int)p->head_dim,
+                       (int)p->block_size, (int)p->q_tile, (int)p->num_cores, (int)pb.dtype,
+                       (int)pb.causal, (int)pb.batch, (int)pb.kind);
+                if (what[0] == 's')
+                    printf(": status %d, per-core %d", st[at_bad], st_ref[at_bad]);
+                printf("\n");
+                return 1;
+            }
+        }
+        free(pb.q);
+        free(pb.k);
+        free(pb.v);
+        free(pb.tiling);
+        free(ref);
+        free(out);
+        free(po_ref);
+        free(pl_ref);
+        free(po);
+        free(pl);
+    }
+    printf("siblings: %s; %d runs, %d fused-shape problems; faults", names, (int)runs,
+           (int)fused_shape);
+    for (n = 0; n < NUM_CASES; n++) printf(" %s %d", case_names[n], (int)per_case[n]);
+    printf("\n");
+    return 0;
+}
