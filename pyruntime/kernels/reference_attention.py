@@ -334,11 +334,14 @@ class BoundAttention:
 
         Q is :attr:`num_sibling_sets`; when P % H != 0 (Q = P) that is ``first_core`` alone.
         """
+        self._check_sibling_set(first_core)
+        return range(first_core, self.num_cores, self.num_sibling_sets)
+
+    def _check_sibling_set(self, first_core: int) -> None:
         if not 0 <= first_core < self.num_sibling_sets:
             raise ValueError(
                 f"first_core must be in [0, {self.num_sibling_sets}), got {first_core}"
             )
-        return range(first_core, self.num_cores, self.num_sibling_sets)
 
     def core_siblings(self, first_core: int) -> int:
         """Run every core of sibling set ``first_core`` in one C call; returns the C status.
@@ -357,10 +360,7 @@ class BoundAttention:
         """
         if self._core_args is None:
             raise ValueError("bound without query and caches: only finalize() is available")
-        if not 0 <= first_core < self.num_sibling_sets:
-            raise ValueError(
-                f"first_core must be in [0, {self.num_sibling_sets}), got {first_core}"
-            )
+        self._check_sibling_set(first_core)
         self._check_lengths(need_kv=True)
         return int(
             _lib.aicpu_attention_core_siblings(
@@ -382,6 +382,19 @@ class BoundAttention:
                 self._pl,
             )
         )
+
+
+def _bind_checked(params, tiling_buffer, *, query, out, **arrays) -> BoundAttention:
+    """A BoundAttention after the type checks the one-call entry points promise (query a
+    tensor of a supported dtype and shape, out of query's dtype)."""
+    if not isinstance(query, torch.Tensor):
+        raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
+    if query.dtype not in DTYPE_CODES:
+        allowed = ", ".join(str(d) for d in DTYPE_CODES)
+        raise TypeError(f"query must have one of the dtypes {allowed}, got {query.dtype}")
+    _tensor("query", query, shape=(params.max_tokens, params.num_q_heads, params.head_dim))
+    _tensor("out", out, query.dtype)
+    return BoundAttention(params, tiling_buffer, query=query, out=out, **arrays)
 
 
 def attention_core(
@@ -432,28 +445,11 @@ def attention_core(
         TypeError: a tensor argument has the wrong type or dtype.
         ValueError: a wrong shape, device, contiguity, core index or buffer size.
     """
-    if not isinstance(query, torch.Tensor):
-        raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
-    if query.dtype not in DTYPE_CODES:
-        allowed = ", ".join(str(d) for d in DTYPE_CODES)
-        raise TypeError(f"query must have one of the dtypes {allowed}, got {query.dtype}")
-    _tensor("query", query, shape=(params.max_tokens, params.num_q_heads, params.head_dim))
-    _tensor("out", out, query.dtype)
-    bound = BoundAttention(
-        params,
-        tiling_buffer,
-        query=query,
-        key_cache=key_cache,
-        value_cache=value_cache,
-        block_table=block_table,
-        cu_seqlens_q=cu_seqlens_q,
-        seqlens_kv=seqlens_kv,
-        out=out,
-        partial_out=partial_out,
-        partial_lse=partial_lse,
-        scale=scale,
-        causal=causal,
-    )
+    bound = _bind_checked(params, tiling_buffer, query=query, key_cache=key_cache,
+                          value_cache=value_cache, block_table=block_table,
+                          cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, out=out,
+                          partial_out=partial_out, partial_lse=partial_lse, scale=scale,
+                          causal=causal)
     return bound.core(int(core))
 
 
@@ -486,28 +482,11 @@ def attention_core_siblings(
     Arguments, return value and errors are those of :func:`attention_core`, except that
     ``first_core`` must be in ``[0, Q)``; see :meth:`BoundAttention.core_siblings`.
     """
-    if not isinstance(query, torch.Tensor):
-        raise TypeError(f"query must be a torch.Tensor, got {type(query).__name__}")
-    if query.dtype not in DTYPE_CODES:
-        allowed = ", ".join(str(d) for d in DTYPE_CODES)
-        raise TypeError(f"query must have one of the dtypes {allowed}, got {query.dtype}")
-    _tensor("query", query, shape=(params.max_tokens, params.num_q_heads, params.head_dim))
-    _tensor("out", out, query.dtype)
-    bound = BoundAttention(
-        params,
-        tiling_buffer,
-        query=query,
-        key_cache=key_cache,
-        value_cache=value_cache,
-        block_table=block_table,
-        cu_seqlens_q=cu_seqlens_q,
-        seqlens_kv=seqlens_kv,
-        out=out,
-        partial_out=partial_out,
-        partial_lse=partial_lse,
-        scale=scale,
-        causal=causal,
-    )
+    bound = _bind_checked(params, tiling_buffer, query=query, key_cache=key_cache,
+                          value_cache=value_cache, block_table=block_table,
+                          cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, out=out,
+                          partial_out=partial_out, partial_lse=partial_lse, scale=scale,
+                          causal=causal)
     return bound.core_siblings(int(first_core))
 
 
