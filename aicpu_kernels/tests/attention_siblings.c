@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "attention_ref.h"
+#include "attention_test_values.h"
 
 #define MAX_BATCH 5
 #define MAX_TOKENS 40
@@ -44,26 +45,6 @@ static uint32_t next_u32(void) { /* xorshift32 */
 static int32_t pick(int32_t n) { return (int32_t)(next_u32() % (uint32_t)n); }
 
 static float uniform(void) { return (float)(next_u32() >> 8) / 8388608.0f - 1.0f; }
-
-static void fill(void *p, size_t n, int32_t dtype) {
-    size_t i;
-    for (i = 0; i < n; i++) {
-        float x = uniform();
-        if (dtype == AICPU_ATTENTION_FP32)
-            ((float *)p)[i] = x;
-        else if (dtype == AICPU_ATTENTION_BF16)
-            ((uint16_t *)p)[i] = aicpu_attention_float_to_bf16(x);
-        else
-            ((uint16_t *)p)[i] = aicpu_attention_float_to_half(x);
-    }
-}
-
-static double get(const void *p, size_t i, int32_t dtype) {
-    if (dtype == AICPU_ATTENTION_FP32) return ((const float *)p)[i];
-    if (dtype == AICPU_ATTENTION_BF16)
-        return aicpu_attention_bf16_to_float(((const uint16_t *)p)[i]);
-    return aicpu_attention_half_to_float(((const uint16_t *)p)[i]);
-}
 
 /* a == b within rel * |b| + abs_tol; equal infinities and equal NaN-ness agree. */
 static int close(double a, double b, double rel, double abs_tol) {
@@ -197,9 +178,9 @@ int main(int argc, char **argv) {
         if (!pb.q || !pb.k || !pb.v || !pb.tiling || !ref || !out || !po_ref || !pl_ref || !po ||
             !pl)
             return 2;
-        fill(pb.q, out_elems, pb.dtype);
-        fill(pb.k, cache_elems, pb.dtype);
-        fill(pb.v, cache_elems, pb.dtype);
+        fill_values(pb.q, out_elems, pb.dtype, uniform);
+        fill_values(pb.k, cache_elems, pb.dtype, uniform);
+        fill_values(pb.v, cache_elems, pb.dtype, uniform);
         if (aicpu_tiling_plan(p, pb.cu, pb.kv, pb.batch, 0, plan_flags, pb.tiling,
                               aicpu_tiling_bytes(p)) != AICPU_TILING_OK) {
             printf("FAIL problem %d: the tiling failed\n", (int)n);
@@ -246,7 +227,7 @@ int main(int argc, char **argv) {
                 }
             for (i = 0; i < out_elems && what == NULL; i++) {
                 double rel = pb.dtype == AICPU_ATTENTION_FP32 ? 1e-5 : 1e-2;
-                if (!close(get(out, i, pb.dtype), get(ref, i, pb.dtype), rel, 1e-6)) {
+                if (!close(value_at(out, i, pb.dtype), value_at(ref, i, pb.dtype), rel, 1e-6)) {
                     what = "out";
                     at_bad = i;
                 }

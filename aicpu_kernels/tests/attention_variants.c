@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "attention_ref.h"
+#include "attention_test_values.h"
 
 #define BS 16
 #define MAX_BATCH 4
@@ -30,26 +31,6 @@ static uint32_t rng_state = 12345u;
 static float uniform(void) { /* in [-1, 1) */
     rng_state = rng_state * 1664525u + 1013904223u;
     return (float)(rng_state >> 8) / 8388608.0f - 1.0f;
-}
-
-static void fill(void *p, size_t n, int32_t dtype) {
-    size_t i;
-    for (i = 0; i < n; i++) {
-        float x = uniform();
-        if (dtype == AICPU_ATTENTION_FP32)
-            ((float *)p)[i] = x;
-        else if (dtype == AICPU_ATTENTION_BF16)
-            ((uint16_t *)p)[i] = aicpu_attention_float_to_bf16(x);
-        else
-            ((uint16_t *)p)[i] = aicpu_attention_float_to_half(x);
-    }
-}
-
-static float get(const void *p, size_t i, int32_t dtype) {
-    if (dtype == AICPU_ATTENTION_FP32) return ((const float *)p)[i];
-    if (dtype == AICPU_ATTENTION_BF16)
-        return aicpu_attention_bf16_to_float(((const uint16_t *)p)[i]);
-    return aicpu_attention_half_to_float(((const uint16_t *)p)[i]);
 }
 
 /* Runs every core then finalize with variant isa into out; returns the first non-OK status. */
@@ -121,9 +102,9 @@ int main(void) {
                     po = malloc(aicpu_tiling_workspace_bytes(&p) + 4);
                     pl = malloc(aicpu_tiling_workspace_bytes(&p) + 4);
                     if (!q || !ref || !out || !k || !v || !tiling || !po || !pl) return 2;
-                    fill(q, out_elems, dtype);
-                    fill(k, cache_elems, dtype);
-                    fill(v, cache_elems, dtype);
+                    fill_values(q, out_elems, dtype, uniform);
+                    fill_values(k, cache_elems, dtype, uniform);
+                    fill_values(v, cache_elems, dtype, uniform);
                     if (aicpu_tiling_plan(&p, cu, kv, batch, 0, AICPU_TILING_CAUSAL, tiling,
                                           aicpu_tiling_bytes(&p)) != AICPU_TILING_OK)
                         return 3;
@@ -139,7 +120,7 @@ int main(void) {
                         status = run(&p, tiling, dtype, q, k, v, num_blocks, bt, cu, kv, out, po,
                                      pl);
                         for (i = 0; i < out_elems; i++) {
-                            double a = get(out, i, dtype), b = get(ref, i, dtype);
+                            double a = value_at(out, i, dtype), b = value_at(ref, i, dtype);
                             num += (a - b) * (a - b);
                             den += b * b;
                             if (i >= first_pad && a != 0.0) status = -1;
