@@ -17,28 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_attention_c import KERNELS, SANITIZE, STRICT, compile_c
 from test_reference_attention import Case, assert_close
 
 from pyruntime.kernels import reference_attention as ra
 
-REPO = Path(__file__).resolve().parent.parent
-KERNELS = REPO / "aicpu_kernels"
-STRICT = ["-Wall", "-Wextra", "-Werror"]
 SOURCES = [KERNELS / "tests" / "attention_siblings.c", KERNELS / "attention_ref.c",
            KERNELS / "attention_x86.c", KERNELS / "aicpu_tiling.c"]
-SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 FAULTS = ("ok", "bad-block", "bad-slot", "bad-end", "failed-tiling", "wrong-flag",
           "stale-lengths", "null-arg")
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
-
-
-def compile_c(out: Path, flags: list[str]) -> Path:
-    cmd = ["gcc", *flags, "-I", str(KERNELS), *map(str, SOURCES), "-lm", "-o", str(out)]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
-    assert result.stderr == "", result.stderr
-    return out
 
 
 def run_program(binary: Path, problems: int) -> None:
@@ -58,7 +47,7 @@ def run_program(binary: Path, problems: int) -> None:
 
 @needs_gcc
 def test_siblings_match_per_core_runs(tmp_path):
-    binary = compile_c(tmp_path / "siblings", ["-std=c99", "-pedantic", "-O2", *STRICT])
+    binary = compile_c(tmp_path / "siblings", SOURCES, ["-std=c99", "-pedantic", "-O2", *STRICT])
     run_program(binary, 1500)
 
 
@@ -69,7 +58,8 @@ def test_siblings_under_address_and_undefined_sanitizers(tmp_path):
     if subprocess.run(["gcc", *SANITIZE, str(probe), "-o", str(tmp_path / "probe")],
                       capture_output=True, check=False).returncode != 0:
         pytest.skip("this compiler cannot link AddressSanitizer/UBSan programs")
-    binary = compile_c(tmp_path / "siblings_asan", ["-std=c99", "-O1", "-g", *STRICT, *SANITIZE])
+    binary = compile_c(tmp_path / "siblings_asan", SOURCES,
+                       ["-std=c99", "-O1", "-g", *STRICT, *SANITIZE])
     run_program(binary, 300)
 
 
