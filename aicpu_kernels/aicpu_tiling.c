@@ -260,13 +260,14 @@ static void cursor_init(cursor *cur, search_hints *hints) {
     cur->hints = hints;
 }
 
-/* One head's cost and units of request r. */
+/* One head's cost and units of a valid request r; padded and decode requests skip the
+ * general shape computation. */
 static int64_t request_head_cost(const plan_ctx *c, int32_t r, int64_t *units) {
     request_info ri;
-    if (c->decode) {
-        int live = c->cu[r + 1] != c->cu[r];
-        *units = live;
-        return live ? c->seg + kv_blocks(c, c->kv[r]) * c->w_decode : 0;
+    int32_t q_len = c->cu[r + 1] - c->cu[r];
+    if (q_len <= 1) {
+        *units = q_len;
+        return q_len == 1 ? c->seg + kv_blocks(c, c->kv[r]) * c->w_decode : 0;
     }
     request_load(c, r, &ri);
     *units = ri.num_tiles;
@@ -585,9 +586,8 @@ static int validate(plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *total,
                     int64_t *num_units) {
     const aicpu_tiling_params *p = c->p;
     int64_t kv_cap = (int64_t)p->max_blocks_per_req * p->block_size;
-    int64_t cost = 0, units = 0;
+    int64_t cost = 0, units = 0, n;
     int32_t r, chunk = 0, chunk_left = 1 << c->chunk_shift;
-    request_info ri;
     *total = 0;
     *num_units = 0;
     if (c->cu[0] != 0)
@@ -611,14 +611,8 @@ static int validate(plan_ctx *c, int32_t *buf, uint32_t flags, int64_t *total,
         if (status != AICPU_TILING_OK)
             return write_input_error(p, buf, status, r, value, limit, c->batch, flags,
                                      c->epoch);
-        if (hi - lo == 1) { /* decode: skip the general shape computation */
-            cost += c->seg + kv_blocks(c, kv) * c->w_decode;
-            units += 1;
-        } else if (hi > lo) {
-            request_load(c, r, &ri);
-            cost += ri.head_cost;
-            units += ri.num_tiles;
-        }
+        cost += request_head_cost(c, r, &n);
+        units += n;
         if (--chunk_left == 0 || r + 1 == c->batch) {
             c->chunk_cost[chunk] = cost;
             c->chunk_units[chunk] = units;
