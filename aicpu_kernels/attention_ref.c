@@ -703,7 +703,19 @@ typedef struct {
     int32_t heads;     /* 0: the core's own walk; else the sibling walk over this many heads */
     int32_t slot_step; /* sibling walk: the slots of one head */
     int run;
+    int skip_whole; /* a core's own walk within a span: leave the whole single-tile units,
+                     * which run_span_whole runs for the span (still checked and counted) */
 } walk_mode;
+
+/* Kv heads one run_segment call can fuse for a tile of ntok query tokens: the scratch holds
+ * cap heads' query rows and (at one token per chunk at least) cap heads' K and V rows. */
+static int32_t fuse_cap(const core_ctx *c, int32_t ntok) {
+    int32_t per_head = ntok * c->group, row_block = QO_FLOATS / c->p->head_dim, cap;
+    if (row_block > MAX_ROWS) row_block = MAX_ROWS;
+    cap = KV_FLOATS / c->p->head_dim;
+    if (cap > row_block / per_head) cap = row_block / per_head;
+    return cap < 1 ? 1 : cap;
+}
 
 static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk_mode *mode) {
     const aicpu_tiling_params *params = c->p;
@@ -720,6 +732,7 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
     while (pos_less(&pos, &end)) {
         segment sg;
         int32_t kv_end, nblocks, b, blocks_ok = 1, cap;
+        int whole; /* a whole unit of a single-tile request */
         if (pos.r < 0 || pos.r >= batch || pos.h < 0 || pos.h >= params->num_kv_heads ||
             pos.t < 0 || !load_request(c, pos.r, &sg.rl) || pos.t >= num_tiles(c, &sg.rl) ||
             (mode->heads > 0 && pos.h != 0))
@@ -740,15 +753,9 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
         sg.nh = 1;
         sg.ntok = sg.rl.q_len - pos.t * params->q_tile;
         if (sg.ntok > params->q_tile) sg.ntok = params->q_tile;
-        { /* heads fused per run_segment call: the scratch holds cap heads' query rows and
-           * (at one token per chunk at least) cap heads' K and V rows */
-            int32_t per_head = sg.ntok * c->group, row_block = QO_FLOATS / params->head_dim;
-            if (row_block > MAX_ROWS) row_block = MAX_ROWS;
-            cap = KV_FLOATS / params->head_dim;
-            if (cap > row_block / per_head) cap = row_block / per_head;
-            if (cap < 1) cap = 1;
-        }
-        if (mode->heads == 0 && sg.kb == 0 && sg.ke == nblocks && num_tiles(c, &sg.rl) == 1) {
+        cap = fuse_cap(c, sg.ntok);
+        whole = sg.kb == 0 && sg.ke == nblocks && num_tiles(c, &sg.rl) == 1;
+        if (mode->heads == 0 && whole) {
             /* Fuse kv heads: the whole units (r, h', 0) inside the core's range are the heads
              * [lo, hi] (head-major order: the heads strictly between begin's and end's, plus
              * begin's head when begin is not past request r, plus end's head when end is past
@@ -783,7 +790,8 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
         }
         if (!blocks_ok) status = AICPU_ATTENTION_E_BLOCK_ID;
         if (mode->heads == 0) {
-            if (sg.nh > 0 && mode->run) run_segment(c, &sg, blocks_ok);
+            if (sg.nh > 0 && mode->run && !(mode->skip_whole && whole))
+                run_segment(c, &sg, blocks_ok);
             nseg += sg.nh;
         } else {
             /* the sibling walk: this segment for heads 0..heads-1, the siblings' segments */
@@ -906,6 +914,7 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
     mode.heads = 0;
     mode.slot_step = 0;
     mode.run = 1;
+    mode.skip_whole = 0;
     return walk_range(&c, rec, tiling[AICPU_TILING_HDR_BATCH], &mode);
 }
 
@@ -998,6 +1007,7 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
         mode.heads = heads;
         mode.slot_step = slot_step;
         mode.run = 0; /* check the whole range first: a bad one falls back to the cores */
+        mode.skip_whole = 0;
         status = walk_range(&c, rec, batch, &mode);
         if (status == AICPU_TILING_OK || status == AICPU_ATTENTION_E_BLOCK_ID) {
             mode.run = 1;
@@ -1010,6 +1020,138 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
         int s = aicpu_attention_core(params, tiling, first_core + h * q, flags, dtype, scale,
                                      query, key_cache, value_cache, num_blocks, block_table,
                                      cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
+        if (status == AICPU_TILING_OK) status = s;
+    }
+    return status;
+}
+
+/* 1 when the begin and end words of two records name the same position. */
+static int same_pos(const int32_t *a, const int32_t *b) {
+    return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
+}
+
+/* 1 when unit (h, r, 0) is cut inside by the end of a non-idle core of the span other than
+ * the last one (that end is the next non-idle core's begin: the unit is two pieces). */
+static int span_cuts_unit(const int32_t *tiling, int32_t first_core, int32_t last_live,
+                          int32_t h, int32_t r) {
+    int32_t core;
+    for (core = first_core; core < last_live; core++) {
+        const int32_t *rec = core_record(tiling, core), *e = rec + AICPU_TILING_CORE_END;
+        if (!core_idle(rec) && e[0] == r && e[1] == h && e[3] > 0) return 1;
+    }
+    return 0;
+}
+
+/*
+ * The whole units of single-tile requests in the span's range [begin, end) that no core
+ * boundary cuts, request by request: for request r the heads [lo, hi] whose unit lies inside
+ * the range (as in walk_range's fusion, with the span's begin and end), less the cut ones, in
+ * runs of up to fuse_cap heads. These are exactly the units the cores' walks leave with
+ * skip_whole; ranges and lengths were checked by those walks.
+ */
+static void run_span_whole(const core_ctx *c, const int32_t *tiling, int32_t first_core,
+                           int32_t last_live, const work_pos *begin, const work_pos *end,
+                           int32_t batch) {
+    const aicpu_tiling_params *params = c->p;
+    int32_t r;
+    for (r = 0; r < batch; r++) {
+        segment sg;
+        int32_t lo, hi, h, b, nblocks, cap, blocks_ok = 1;
+        if (!load_request(c, r, &sg.rl) || sg.rl.q_len == 0 || num_tiles(c, &sg.rl) != 1)
+            continue;
+        lo = begin->r < r || (begin->r == r && begin->k == 0) ? begin->h : begin->h + 1;
+        hi = end->r > r ? end->h : end->h - 1;
+        if (hi > params->num_kv_heads - 1) hi = params->num_kv_heads - 1;
+        if (lo > hi) continue;
+        nblocks = (int32_t)(((int64_t)sg.rl.kv_len + params->block_size - 1) /
+                            params->block_size);
+        for (b = 0; b < nblocks; b++) {
+            int32_t id = c->block_table[(size_t)r * params->max_blocks_per_req + b];
+            if (id < 0 || id >= c->num_blocks) blocks_ok = 0;
+        }
+        sg.r = r;
+        sg.t = 0;
+        sg.kb = 0;
+        sg.ke = nblocks;
+        sg.slot = -1;
+        sg.ntok = sg.rl.q_len;
+        cap = fuse_cap(c, sg.ntok);
+        for (h = lo; h <= hi;) {
+            if (span_cuts_unit(tiling, first_core, last_live, h, r)) {
+                h++;
+                continue;
+            }
+            for (sg.h = h, sg.nh = 1; sg.nh < cap && h + sg.nh <= hi &&
+                                      !span_cuts_unit(tiling, first_core, last_live, h + sg.nh, r);
+                 sg.nh++) {
+            }
+            run_segment(c, &sg, blocks_ok);
+            h += sg.nh;
+        }
+    }
+}
+
+int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
+                              int32_t first_core, int32_t num_cores, uint32_t flags,
+                              int32_t dtype, float scale, const void *query,
+                              const void *key_cache, const void *value_cache, int32_t num_blocks,
+                              const int32_t *block_table, const int32_t *cu_seqlens_q,
+                              const int32_t *seqlens_kv, void *out, float *partial_out,
+                              float *partial_lse) {
+    int status = AICPU_TILING_OK;
+    int32_t core;
+    if (params == NULL || aicpu_tiling_params_check(params) != AICPU_TILING_OK ||
+        first_core < 0 || num_cores < 1 || first_core > params->num_cores - num_cores)
+        return AICPU_ATTENTION_E_ARGS;
+    if (num_cores > 1 && tiling != NULL &&
+        layer_check(params, tiling, flags, dtype, num_blocks) == AICPU_TILING_OK &&
+        query != NULL && key_cache != NULL && value_cache != NULL && block_table != NULL &&
+        cu_seqlens_q != NULL && seqlens_kv != NULL && out != NULL) {
+        core_ctx c;
+        walk_mode mode;
+        const int32_t *live = NULL; /* the last non-idle record so far */
+        int32_t batch = tiling[AICPU_TILING_HDR_BATCH], first_live = -1, last_live = -1;
+        int fusable = 1;
+        ctx_init(&c, params, flags, dtype, scale, query, key_cache, value_cache, num_blocks,
+                 block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
+        mode.heads = 0;
+        mode.slot_step = 0;
+        mode.run = 0; /* check every range first: a bad one falls back to the cores */
+        mode.skip_whole = 1;
+        for (core = first_core; fusable && core < first_core + num_cores; core++) {
+            const int32_t *rec = core_record(tiling, core);
+            int s;
+            if (core_idle(rec)) continue;
+            /* the live ranges must join up: then the span's range is one [begin, end) */
+            if (live != NULL &&
+                !same_pos(live + AICPU_TILING_CORE_END, rec + AICPU_TILING_CORE_BEGIN))
+                fusable = 0;
+            s = walk_range(&c, rec, batch, &mode);
+            if (s != AICPU_TILING_OK && s != AICPU_ATTENTION_E_BLOCK_ID) fusable = 0;
+            if (first_live < 0) first_live = core;
+            last_live = core;
+            live = rec;
+        }
+        if (fusable && first_live < 0) return AICPU_TILING_OK; /* every core idle */
+        if (fusable) {
+            work_pos begin, end;
+            read_pos(&begin, core_record(tiling, first_live) + AICPU_TILING_CORE_BEGIN);
+            read_pos(&end, core_record(tiling, last_live) + AICPU_TILING_CORE_END);
+            mode.run = 1;
+            for (core = first_live; core <= last_live; core++) {
+                const int32_t *rec = core_record(tiling, core);
+                int s = core_idle(rec) ? AICPU_TILING_OK : walk_range(&c, rec, batch, &mode);
+                if (status == AICPU_TILING_OK) status = s;
+            }
+            run_span_whole(&c, tiling, first_live, last_live, &begin, &end, batch);
+            return status;
+        }
+    }
+    /* not fusable: each core on its own, as the per-core loop would run them */
+    for (core = first_core; core < first_core + num_cores; core++) {
+        int s = aicpu_attention_core(params, tiling, core, flags, dtype, scale, query, key_cache,
+                                     value_cache, num_blocks, block_table, cu_seqlens_q,
+                                     seqlens_kv, out, partial_out, partial_lse);
         if (status == AICPU_TILING_OK) status = s;
     }
     return status;

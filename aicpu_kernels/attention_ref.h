@@ -164,6 +164,43 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
                                   float *partial_lse);
 
 /*
+ * CORE SPANS. When P is not a multiple of H the tiling cuts the whole work axis into P ranges
+ * in head-major order (aicpu_tiling.h, THE PARTITION), so a core holds one or two kv heads of
+ * every request and, run alone, reads head_dim values per kv token at a stride of H * head_dim
+ * (for fp32 with 32 kv heads, a 4 KiB page per token). Consecutive cores hold consecutive
+ * ranges: run together, a span of cores reads each token's K and V rows for all the heads of
+ * its range as one contiguous run.
+ *
+ * aicpu_attention_core_span: the work of cores first_core .. first_core + num_cores - 1
+ * (num_cores >= 1, all < P); the other arguments, tensors and outputs are aicpu_attention_core's.
+ *   Fused when num_cores > 1, the tiling is OK for these params and flags, no tensor is NULL,
+ *   the ranges of the span's non-idle cores join up (each one's end is the next one's begin)
+ *   and every one checks out (walked once without computing first): each core's walk then runs
+ *   its pieces and its units of multi-tile requests as aicpu_attention_core would, and the
+ *   whole units of single-tile requests (decode, short speculative decode) run request by
+ *   request over the span's range, the kv heads of a request together, up to as many per pass
+ *   as the scratch holds (as for sibling sets). Any P, any H.
+ *   Otherwise (num_cores == 1, a failed or stale tiling, ranges that do not join, any
+ *   inconsistency) it calls aicpu_attention_core for each core of the span in order, so it
+ *   reads and writes exactly what they would.
+ *   Outputs equal those of aicpu_attention_core on each core of the span up to rounding (as for
+ *   sibling sets: fusing changes the kv chunk length). Deterministic for a given span.
+ * Returns AICPU_ATTENTION_E_ARGS for params invalid or a span outside 0..P-1 (nothing read or
+ * written), else what the per-core loop gives: the first status other than AICPU_TILING_OK in
+ * core order, or AICPU_TILING_OK. Spans that together hold every core once run every core:
+ *     for (c = 0; c < params.num_cores; c += n)   (n = P / threads, say, the last one shorter)
+ *         if ((s = aicpu_attention_core_span(&params, tiling, c, min(n, P - c), ...)) != 0)
+ *             status = s;
+ */
+int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
+                              int32_t first_core, int32_t num_cores, uint32_t flags,
+                              int32_t dtype, float scale, const void *query,
+                              const void *key_cache, const void *value_cache, int32_t num_blocks,
+                              const int32_t *block_table, const int32_t *cu_seqlens_q,
+                              const int32_t *seqlens_kv, void *out, float *partial_out,
+                              float *partial_lse);
+
+/*
  * aicpu_attention_finalize: the combine step, run once after every core of the layer.
  *   params, tiling, dtype, out, partial_out, partial_lse   as for aicpu_attention_core
  *   cu_seqlens_q  the query offsets the tiling was planned from (locates a unit's rows)

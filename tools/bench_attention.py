@@ -116,6 +116,12 @@ def build_problem(args) -> dict:
     if plan.status != 0:
         raise SystemExit(f"tiling failed: {plan.error}")
     po, pl = ra.partial_buffers(params)
+    out = torch.empty_like(query)
+    bound = ra.BoundAttention(
+        params, plan.buffer, query=query, key_cache=key_cache, value_cache=value_cache,
+        block_table=block_table, cu_seqlens_q=cu, seqlens_kv=kv, out=out, partial_out=po,
+        partial_lse=pl, causal=True,
+    )
     kv_bytes = sum(kv_lens) * args.kv_heads * args.head_dim * 2 * key_cache.element_size()
     return {
         "params": params,
@@ -126,7 +132,8 @@ def build_problem(args) -> dict:
         "block_table": block_table,
         "cu": cu,
         "kv": kv,
-        "out": torch.empty_like(query),
+        "out": out,
+        "bound": bound,
         "po": po,
         "pl": pl,
         "kv_bytes": kv_bytes,
@@ -134,50 +141,50 @@ def build_problem(args) -> dict:
     }
 
 
-def run_layer(p: dict, threads: int) -> None:
-    params = p["params"]
+GROUPINGS = ("auto", "siblings", "spans", "cores")
+
+
+def resolve_grouping(bound: ra.BoundAttention, grouping: str) -> str:
+    """auto: sibling sets when they fuse (P % H == 0, so fewer sets than cores), else spans."""
+    if grouping != "auto":
+        return grouping
+    return "siblings" if bound.num_sibling_sets < bound.num_cores else "spans"
+
+
+def core_jobs(bound: ra.BoundAttention, grouping: str, threads: int) -> list:
+    """The calls that run every core once, as zero-argument functions returning a C status.
+
+    siblings: one call per sibling set (``core_siblings``); spans: ``threads`` spans of
+    consecutive cores, as equal as the core count allows (``core_span``); cores: one call per
+    core, as the CPU backend runs them; auto: see :func:`resolve_grouping`.
+    """
+    grouping = resolve_grouping(bound, grouping)
+    if grouping == "siblings":
+        return [lambda j=j: bound.core_siblings(j) for j in range(bound.num_sibling_sets)]
+    if grouping == "cores":
+        return [lambda c=c: bound.core(c) for c in range(bound.num_cores)]
+    cuts = [round(i * bound.num_cores / threads) for i in range(threads + 1)]
+    return [
+        lambda a=a, b=b: bound.core_span(a, b - a) for a, b in zip(cuts, cuts[1:]) if b > a
+    ]
+
+
+def run_layer(p: dict, threads: int, grouping: str) -> None:
+    """One layer: the core jobs spread round-robin over ``threads`` threads, then finalize."""
+    bound = p["bound"]
+    jobs = core_jobs(bound, grouping, threads)
     statuses = []
 
-    # Sibling sets (one head-0 core and its copies for the other kv heads, run in one call
-    # that reads each token's K/V of all heads together) when P % H == 0; else each set is one
-    # core, run as aicpu_attention_core would.
-    num_sets = ra.num_sibling_sets(params)
+    def worker(first: int) -> None:
+        for job in jobs[first::threads]:
+            statuses.append(job())
 
-    def cores(first: int) -> None:
-        for first_core in range(first, num_sets, threads):
-            statuses.append(
-                ra.attention_core_siblings(
-                    params,
-                    p["plan"],
-                    first_core,
-                    query=p["query"],
-                    key_cache=p["key_cache"],
-                    value_cache=p["value_cache"],
-                    block_table=p["block_table"],
-                    cu_seqlens_q=p["cu"],
-                    seqlens_kv=p["kv"],
-                    out=p["out"],
-                    partial_out=p["po"],
-                    partial_lse=p["pl"],
-                    causal=True,
-                )
-            )
-
-    workers = [threading.Thread(target=cores, args=(i,)) for i in range(threads)]
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
-    statuses.append(
-        ra.attention_finalize(
-            params,
-            p["plan"],
-            cu_seqlens_q=p["cu"],
-            out=p["out"],
-            partial_out=p["po"],
-            partial_lse=p["pl"],
-        )
-    )
+    statuses.append(bound.finalize())
     if any(statuses):
         raise SystemExit(f"attention failed: {ra.strerror(max(statuses))}")
 
@@ -196,14 +203,14 @@ def timed_rounds(problem: dict, args, variants: list[str]) -> tuple[dict, dict]:
     memory: dict[str, list[float]] = {name: [] for name in loops}
     for name in variants:
         ra.select_isa(name)
-        run_layer(problem, args.threads)
+        run_layer(problem, args.threads, args.grouping)
     for fn, _ in loops.values():
         fn()
     for _ in range(args.repeats):
         for name in variants:
             ra.select_isa(name)
             start = now()
-            run_layer(problem, args.threads)
+            run_layer(problem, args.threads, args.grouping)
             steps[name].append((now() - start) / per)
         for name, (fn, nbytes) in loops.items():
             start = now()
@@ -251,6 +258,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="kernel variant (default: the active one); all: every supported one in turns",
     )
+    parser.add_argument(
+        "--grouping",
+        choices=GROUPINGS,
+        default="auto",
+        help="how the cores are called: sibling sets, spans of consecutive cores (one per "
+        "thread), or one call per core; auto: siblings when cores %% kv heads == 0, else spans",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
 
@@ -264,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     except ra.AttentionIsaError as error:
         raise SystemExit(str(error)) from None
     problem = build_problem(args)
+    problem["grouping"] = resolve_grouping(problem["bound"], args.grouping)
     times, bandwidth = timed_rounds(problem, args, variants)
     bandwidth["best"] = max(bandwidth["read"], bandwidth["copy"])
     by_isa = {
@@ -281,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {k: v for k, v in vars(args).items() if k != "json"},
         "cpu_features": cpu_features(),
         "isa": isa,
+        "grouping": problem["grouping"],
         "isa_supported": info["supported"],
         "kv_bytes_per_step": problem["kv_bytes"],
         "cache_bytes": problem["cache_bytes"],
@@ -298,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"decode attention: batch {args.batch}, heads {args.q_heads}/{args.kv_heads}, "
         f"head_dim {args.head_dim}, block {args.block_size}, {args.dtype}, "
-        f"{args.cores} emulated cores on {args.threads} threads, {args.clock} clock"
+        f"{args.cores} emulated cores on {args.threads} threads ({problem['grouping']}), "
+        f"{args.clock} clock"
     )
     print(
         f"  KV read per step      {problem['kv_bytes'] / 2**20:10.1f} MiB "

@@ -35,6 +35,8 @@ When ``num_cores`` is a multiple of ``num_kv_heads`` the tiling cuts every kv he
 :func:`attention_core_siblings` / :meth:`BoundAttention.core_siblings` run a head-0 core and
 its copies for the other heads in one call that reads each token's K and V of all heads
 together (faster on CPU); running sets ``0 .. num_sibling_sets(params) - 1`` runs every core.
+For any P and H, :meth:`BoundAttention.core_span` runs a span of consecutive cores in one call
+that reads each token's K and V of the span's heads together.
 
 The inner kernels run in the best instruction-set variant the CPU supports ("avx512",
 "avx2" or "portable", chosen at import); set ``AICPU_TILING_ATTENTION_ISA`` to force one, or
@@ -365,6 +367,39 @@ class BoundAttention:
         return int(
             _lib.aicpu_attention_core_siblings(
                 self._c_params, self._tiling, first_core, *self._core_args
+            )
+        )
+
+    def core_span(self, first_core: int, num_cores: int) -> int:
+        """Run cores ``first_core .. first_core + num_cores - 1`` in one C call; returns the C
+        status.
+
+        Consecutive cores hold consecutive ranges of the head-major work order, so a span of
+        them covers several kv heads of each request. When the tiling checks out and the
+        ranges join up (checked in C), the whole units of single-tile requests (decode) run
+        request by request with the span's kv heads together, reading each kv token's K and V
+        of those heads as one run; pieces and multi-tile units run as :meth:`core` would.
+        Otherwise each core runs as :meth:`core` would, in order. Outputs equal running
+        :meth:`core` on each core of the span up to fp32 rounding; the status is the first
+        non-OK one of those calls (``aicpu_attention_core_span`` in attention_ref.h). Spans
+        that together hold every core once run every core. Works for any P and H; it is the
+        fused path when P % H != 0, where sibling sets are single cores.
+
+        Raises:
+            ValueError: bound without query and caches, a span that is empty or reaches outside
+                ``[0, num_cores)``, or length arrays shorter than the tiling's live batch.
+        """
+        if self._core_args is None:
+            raise ValueError("bound without query and caches: only finalize() is available")
+        if num_cores < 1 or not 0 <= first_core <= self.num_cores - num_cores:
+            raise ValueError(
+                f"span of {num_cores} cores from {first_core} must be non-empty and inside "
+                f"[0, {self.num_cores})"
+            )
+        self._check_lengths(need_kv=True)
+        return int(
+            _lib.aicpu_attention_core_span(
+                self._c_params, self._tiling, first_core, num_cores, *self._core_args
             )
         )
 

@@ -1,10 +1,12 @@
-"""Sibling cores (aicpu_attention_core_siblings): one call for core j and its copies j + h*Q for
-the other kv heads must do what aicpu_attention_core does on each of them.
+"""Fused attention calls must do what aicpu_attention_core does on each of their cores:
+sibling sets (aicpu_attention_core_siblings: core j and its copies j + h*Q for the other kv
+heads) and spans (aicpu_attention_core_span: consecutive cores, any P and H).
 
-The C program aicpu_kernels/tests/attention_siblings.c compares the two for random v3 tilings
-(decode, speculative decode, chunked prefill, P % H == 0 and not, splits, idle cores, bad block
-ids, stale and corrupt tilings, NULL arguments) on every variant, plainly and under ASan+UBSan;
-the Python tests cover the bindings against the float64 reference and the per-core path.
+The C program aicpu_kernels/tests/attention_fused.c compares both with the per-core loop for
+random v3 tilings (decode, speculative decode, chunked prefill, P % H == 0 and not, splits, idle
+cores, random partitions into spans, bad block ids, stale and corrupt tilings, emptied ranges,
+NULL arguments) on every variant, plainly and under ASan+UBSan; the Python tests cover the
+bindings against the float64 reference and the per-core path.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from test_reference_attention import Case, assert_close
 
 from pyruntime.kernels import reference_attention as ra
 
-SOURCES = [KERNELS / "tests" / "attention_siblings.c", KERNELS / "attention_ref.c",
+SOURCES = [KERNELS / "tests" / "attention_fused.c", KERNELS / "attention_ref.c",
            KERNELS / "attention_x86.c", KERNELS / "aicpu_tiling.c"]
-FAULTS = ("ok", "bad-block", "bad-slot", "bad-end", "failed-tiling", "wrong-flag",
-          "stale-lengths", "null-arg")
+FAULTS = ("ok", "bad-block", "bad-slot", "bad-end", "dropped-core", "failed-tiling",
+          "wrong-flag", "stale-lengths", "null-arg")
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
@@ -34,31 +36,34 @@ def run_program(binary: Path, problems: int) -> None:
     result = subprocess.run([str(binary), str(problems)], capture_output=True, text=True,
                             check=False, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    match = re.search(r"siblings: ([a-z0-9 ]+); (\d+) runs, (\d+) fused-shape problems; faults"
-                      r"((?: [a-z-]+ \d+)+)", result.stdout)
+    match = re.search(r"siblings: ([a-z0-9 ]+); (\d+) runs, (\d+) fused-shape problems; spans: "
+                      r"(\d+) multi-core spans, (\d+) across kv heads; faults((?: [a-z-]+ \d+)+)",
+                      result.stdout)
     assert match, result.stdout
     names = match.group(1).split()
     assert names == ra.isa_variants()["supported"]
     assert int(match.group(2)) == problems * len(names)
     assert int(match.group(3)) > problems // 4  # enough problems where the sets can fuse
-    counts = dict(zip(match.group(4).split()[::2], map(int, match.group(4).split()[1::2])))
+    assert int(match.group(4)) > problems // 2  # spans of several cores ...
+    assert int(match.group(5)) > problems // 8  # ... some of them over several kv heads
+    counts = dict(zip(match.group(6).split()[::2], map(int, match.group(6).split()[1::2])))
     assert set(counts) == set(FAULTS) and min(counts.values()) > 0, counts
 
 
 @needs_gcc
-def test_siblings_match_per_core_runs(tmp_path):
-    binary = compile_c(tmp_path / "siblings", SOURCES, ["-std=c99", "-pedantic", "-O2", *STRICT])
+def test_fused_calls_match_per_core_runs(tmp_path):
+    binary = compile_c(tmp_path / "fused", SOURCES, ["-std=c99", "-pedantic", "-O2", *STRICT])
     run_program(binary, 1500)
 
 
 @needs_gcc
-def test_siblings_under_address_and_undefined_sanitizers(tmp_path):
+def test_fused_calls_under_address_and_undefined_sanitizers(tmp_path):
     probe = tmp_path / "probe.c"
     probe.write_text("int main(void) { return 0; }\n")
     if subprocess.run(["gcc", *SANITIZE, str(probe), "-o", str(tmp_path / "probe")],
                       capture_output=True, check=False).returncode != 0:
         pytest.skip("this compiler cannot link AddressSanitizer/UBSan programs")
-    binary = compile_c(tmp_path / "siblings_asan", SOURCES,
+    binary = compile_c(tmp_path / "fused_asan", SOURCES,
                        ["-std=c99", "-O1", "-g", *STRICT, *SANITIZE])
     run_program(binary, 300)
 
@@ -83,20 +88,30 @@ def bound(case: Case, plan, out, po, pl) -> ra.BoundAttention:
     )
 
 
-def run_both(case: Case):
-    """(per-core out, statuses per set), (sibling out, statuses per set), after finalize."""
+def groups_of(b: ra.BoundAttention, spans):
+    """The fused calls and the cores each one covers: sibling sets (spans None), else the
+    spans given as (first_core, num_cores) pairs."""
+    if spans is None:
+        return [(lambda j=j: b.core_siblings(j), b.sibling_cores(j))
+                for j in range(b.num_sibling_sets)]
+    return [(lambda a=a, n=n: b.core_span(a, n), range(a, a + n)) for a, n in spans]
+
+
+def run_both(case: Case, spans=None):
+    """(per-core out, statuses per group), (fused out, statuses per group), after finalize;
+    groups are sibling sets, or the spans given as (first_core, num_cores) pairs."""
     plan = case.tiling()
     results = []
-    for siblings in (False, True):
+    for fused in (False, True):
         out = torch.full_like(case.query, float("nan"))
         po, pl = ra.partial_buffers(case.params)
         b = bound(case, plan, out, po, pl)
         statuses = []
-        for j in range(b.num_sibling_sets):
-            if siblings:
-                statuses.append(b.core_siblings(j))
+        for call, cores in groups_of(b, spans):
+            if fused:
+                statuses.append(call())
             else:
-                per_core = [b.core(c) for c in b.sibling_cores(j)]
+                per_core = [b.core(c) for c in cores]
                 statuses.append(next((s for s in per_core if s), 0))
         assert b.finalize() == 0
         results.append((out, statuses))
@@ -168,3 +183,63 @@ def test_function_and_argument_errors():
                                       seqlens_kv=None, out=out, partial_out=po, partial_lse=pl)
     with pytest.raises(ValueError, match="only finalize"):
         finalize_only.core_siblings(0)
+
+
+# ---------------------------------------------------------------------------- spans
+
+
+def spans_from(cuts: list[int]) -> list[tuple[int, int]]:
+    return [(a, b - a) for a, b in zip(cuts, cuts[1:])]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "hkv, cores, q_lens, kv_lens, cuts",
+    [
+        # P % H != 0, decode: each core holds parts of two or three heads; the halves and
+        # the whole run fuse across heads, with units cut between cores inside a span
+        (8, 6, [1] * 12, [300, 5, 77, 16, 17, 129, 1, 64, 250, 33, 90, 48], [0, 3, 6]),
+        (8, 6, [1] * 12, [300, 5, 77, 16, 17, 129, 1, 64, 250, 33, 90, 48], [0, 6]),
+        (4, 5, [1] * 7, [40, 130, 9, 70, 1, 64, 17], [0, 1, 4, 5]),
+        (4, 6, [3, 1, 4, 2], [40, 130, 9, 70], [0, 4, 6]),  # speculative decode
+        (2, 5, [1, 9, 0, 5], [33, 60, 12, 5], [0, 2, 5]),  # chunked prefill, a padded slot
+        (8, 24, [1] * 12, [300, 5, 77, 16, 17, 129, 1, 64, 250, 33, 90, 48], [0, 12, 24]),
+        (2, 16, [1], [20], [0, 7, 16]),  # idle cores
+    ],
+)
+def test_spans_equal_per_core_and_reference(isa, dtype, hkv, cores, q_lens, kv_lens, cuts):
+    case = Case(np.random.default_rng(cores), hq=4 * hkv, hkv=hkv, d=64, bs=16, cores=cores,
+                q_tile=4, q_lens=q_lens, kv_lens=kv_lens, dtype=dtype)
+    (ref, st_ref), (out, st) = run_both(case, spans_from(cuts))
+    assert st == st_ref == [0] * len(st)
+    assert_close(case, out)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    torch.testing.assert_close(out.double(), ref.double(), rtol=tol, atol=1e-6)
+
+
+def test_span_bad_block_id_status_and_rows_as_per_core():
+    case = Case(np.random.default_rng(3), hq=16, hkv=8, cores=5, q_lens=[1, 1, 1],
+                kv_lens=[100, 40, 70])
+    case.block_table[1, 1] = 10_000
+    (ref, st_ref), (out, st) = run_both(case, spans_from([0, 2, 5]))
+    assert st == st_ref and ra.E_BLOCK_ID in st
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))  # request 1 zeroed on every head
+
+
+def test_span_argument_errors():
+    case = Case(np.random.default_rng(1), hq=8, hkv=4, cores=6)
+    out = torch.full_like(case.query, float("nan"))
+    po, pl = ra.partial_buffers(case.params)
+    b = bound(case, case.tiling(), out, po, pl)
+    for first, n in [(0, 0), (-1, 2), (5, 2), (0, 7)]:
+        with pytest.raises(ValueError, match="span of"):
+            b.core_span(first, n)
+    assert torch.isnan(out).all()  # nothing ran
+    assert b.core_span(0, 6) == 0 and b.finalize() == 0
+    assert_close(case, out)
+    finalize_only = ra.BoundAttention(case.params, case.tiling(), query=None, key_cache=None,
+                                      value_cache=None, block_table=None, cu_seqlens_q=case.cu,
+                                      seqlens_kv=None, out=out, partial_out=po, partial_lse=pl)
+    with pytest.raises(ValueError, match="only finalize"):
+        finalize_only.core_span(0, 1)

@@ -1,24 +1,29 @@
 /*
- * attention_siblings.c -- aicpu_attention_core_siblings against aicpu_attention_core run on
- * every core of each sibling set, for random tilings and every instruction-set variant
- * (tests/test_attention_siblings.py builds it plainly and under ASan+UBSan).
+ * attention_fused.c -- the fused calls against aicpu_attention_core run on each of their cores,
+ * for random tilings and every instruction-set variant (tests/test_attention_fused.py builds
+ * it plainly and under ASan+UBSan): aicpu_attention_core_siblings on every sibling set, and
+ * aicpu_attention_core_span on a random partition of the cores into spans.
  *
  *   cc -std=c99 -pedantic -Wall -Wextra -Werror -I aicpu_kernels \
- *      aicpu_kernels/tests/attention_siblings.c aicpu_kernels/attention_ref.c \
- *      aicpu_kernels/attention_x86.c aicpu_kernels/aicpu_tiling.c -lm -o /tmp/siblings
- *   /tmp/siblings [problems]   prints "siblings: <names>; <n> runs, <f> fused-shape, ..."
+ *      aicpu_kernels/tests/attention_fused.c aicpu_kernels/attention_ref.c \
+ *      aicpu_kernels/attention_x86.c aicpu_kernels/aicpu_tiling.c -lm -o /tmp/fused
+ *   /tmp/fused [problems]   prints "siblings: <names>; <n> runs, <f> fused-shape problems;
+ *                           spans: <s> multi-core spans, <x> across kv heads; faults ..."
  *
  * A problem draws kv heads (1, 2, 4, 8), group (1, 2, 4), head_dim (128, 64, 96, 13), block
  * size, q_tile, dtype, causal or not, a batch of decode, speculative decode or chunked-prefill
- * requests (with padded q_len == 0 slots), and num_cores either a multiple of the kv heads
- * (1 to 4 cores per head: splits and idle cores) or any count. Then one of: nothing wrong, an
- * out-of-range block id, a sibling record whose slot or end no longer matches (a tiling the
- * fused walk must refuse), a failed tiling status, the wrong causal flag, lengths changed
- * after planning (a stale tiling), a NULL argument. Both sides start from the same garbage in
- * out and the partial workspace; each set's status must equal the per-core loop's first
- * non-OK status, and out, partial_out and partial_lse must agree element by element (before
- * finalize, so that rows a stopped core left unwritten are compared too): within 1e-5
- * relative for fp32 storage and partials, one rounding (1e-2) for fp16/bf16 outputs.
+ * requests (with padded q_len == 0 slots), num_cores either a multiple of the kv heads (1 to 4
+ * cores per head: splits and idle cores) or any count, and a partition of the cores into spans
+ * (lengths 1 to P). Then one of: nothing wrong, an out-of-range block id, a record whose slot
+ * or end no longer matches (a tiling the fused walks must refuse), a core whose range is
+ * emptied (its end set to its begin: the other ranges no longer join), a failed tiling status,
+ * the wrong causal flag, lengths changed after planning (a stale tiling), a NULL argument.
+ * Each fused call is compared with the per-core loop over the same cores in the same order
+ * (the sets' order for siblings, core order for spans), both starting from the same garbage in
+ * out and the partial workspace: its status must equal that loop's first non-OK status, and
+ * out, partial_out and partial_lse must agree element by element (before finalize, so that
+ * rows a stopped core left unwritten are compared too): within 1e-5 relative for fp32 storage
+ * and partials, one rounding (1e-2) for fp16/bf16 outputs.
  * Exit status 1 on the first failure, with the problem printed.
  */
 #include <math.h>
@@ -53,10 +58,10 @@ static int close(double a, double b, double rel, double abs_tol) {
     return fabs(a - b) <= rel * fabs(b) + abs_tol;
 }
 
-enum { OK_CASE, BAD_BLOCK, BAD_SLOT, BAD_END, FAILED_TILING, WRONG_FLAG, STALE_LENS, NULL_ARG,
-       NUM_CASES };
+enum { OK_CASE, BAD_BLOCK, BAD_SLOT, BAD_END, DROPPED_CORE, FAILED_TILING, WRONG_FLAG,
+       STALE_LENS, NULL_ARG, NUM_CASES };
 static const char *const case_names[NUM_CASES] = {"ok", "bad-block", "bad-slot", "bad-end",
-                                                  "failed-tiling", "wrong-flag", "stale-lengths",
+                                                  "dropped-core", "failed-tiling", "wrong-flag", "stale-lengths",
                                                   "null-arg"};
 
 typedef struct {
@@ -68,10 +73,15 @@ typedef struct {
     void *q, *k, *v;
 } problem;
 
-/* Per-core loop (siblings == 0) or sibling sets, from garbage; statuses per set into st. */
-static void run(const problem *pb, int siblings, void *out, float *po, float *pl, int *st) {
+/* How a run calls the cores: per-core loops as the reference of either fused call. */
+enum { SIBLINGS_REF, SIBLINGS, SPANS_REF, SPANS };
+
+/* One run from garbage; statuses per group (sibling set or span) into st. Spans: span i is
+ * cores span_at[i] .. span_at[i + 1] - 1. */
+static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspans, void *out,
+                float *po, float *pl, int *st) {
     const aicpu_tiling_params *p = &pb->p;
-    int32_t sets = aicpu_attention_num_sibling_sets(p), j, c;
+    int32_t sets = aicpu_attention_num_sibling_sets(p), groups, j, c;
     size_t esize = pb->dtype == AICPU_ATTENTION_FP32 ? 4 : 2;
     size_t out_bytes = (size_t)p->max_tokens * p->num_q_heads * p->head_dim * esize;
     size_t ws = aicpu_tiling_workspace_bytes(p);
@@ -82,22 +92,44 @@ static void run(const problem *pb, int siblings, void *out, float *po, float *pl
         memset(po, 0x3c, ws);
         memset(pl, 0x3c, ws);
     }
-    for (j = 0; j < sets; j++) {
-        if (siblings) {
+    groups = how == SIBLINGS || how == SIBLINGS_REF ? sets : nspans;
+    for (j = 0; j < groups; j++) {
+        if (how == SIBLINGS) {
             st[j] = aicpu_attention_core_siblings(p, pb->tiling, j, pb->call_flags, pb->dtype,
                                                   scale, q, pb->k, pb->v, pb->num_blocks, pb->bt,
                                                   pb->cu, pb->kv, out, ws ? po : NULL,
                                                   ws ? pl : NULL);
             continue;
         }
+        if (how == SPANS) {
+            st[j] = aicpu_attention_core_span(p, pb->tiling, span_at[j], span_at[j + 1] - span_at[j],
+                                              pb->call_flags, pb->dtype, scale, q, pb->k, pb->v,
+                                              pb->num_blocks, pb->bt, pb->cu, pb->kv, out,
+                                              ws ? po : NULL, ws ? pl : NULL);
+            continue;
+        }
         st[j] = AICPU_TILING_OK;
-        for (c = j; c < p->num_cores; c += sets) {
+        for (c = how == SIBLINGS_REF ? j : span_at[j];
+             how == SIBLINGS_REF ? c < p->num_cores : c < span_at[j + 1];
+             c += how == SIBLINGS_REF ? sets : 1) {
             int s = aicpu_attention_core(p, pb->tiling, c, pb->call_flags, pb->dtype, scale, q,
                                          pb->k, pb->v, pb->num_blocks, pb->bt, pb->cu, pb->kv,
                                          out, ws ? po : NULL, ws ? pl : NULL);
             if (st[j] == AICPU_TILING_OK) st[j] = s;
         }
     }
+}
+
+/* A random partition of the cores into spans: span_at[0] = 0 < ... < span_at[n] = P. */
+static int32_t draw_spans(int32_t num_cores, int32_t *span_at) {
+    int32_t n = 0, c = 0, most = 1 + pick(num_cores);
+    span_at[0] = 0;
+    while (c < num_cores) {
+        c += 1 + pick(most);
+        if (c > num_cores) c = num_cores;
+        span_at[++n] = c;
+    }
+    return n;
 }
 
 static void draw(problem *pb) {
@@ -136,8 +168,31 @@ static void draw(problem *pb) {
     for (r = 0; r < MAX_BATCH * MBPR; r++) pb->bt[r] = pick(pb->num_blocks);
 }
 
+/* The first difference between a fused run and its per-core reference: "status" (group
+ * *at), "out" or "partials" (element *at), or NULL. */
+static const char *first_difference(const problem *pb, int32_t groups, const int *st,
+                                    const int *st_ref, const void *out, const void *ref,
+                                    const float *po, const float *po_ref, const float *pl,
+                                    const float *pl_ref, size_t *at) {
+    const aicpu_tiling_params *p = &pb->p;
+    size_t out_elems = (size_t)MAX_TOKENS * p->num_q_heads * p->head_dim, i;
+    size_t ws = aicpu_tiling_workspace_bytes(p);
+    double rel = pb->dtype == AICPU_ATTENTION_FP32 ? 1e-5 : 1e-2;
+    int32_t j;
+    for (j = 0; j < groups; j++)
+        if (st[j] != st_ref[j]) return *at = (size_t)j, "status";
+    for (i = 0; i < out_elems; i++)
+        if (!close(value_at(out, i, pb->dtype), value_at(ref, i, pb->dtype), rel, 1e-6))
+            return *at = i, "out";
+    for (i = 0; i < ws / 8; i++) /* po and pl: ws / 4 floats each */
+        if (!close(po[i], po_ref[i], 1e-5, 1e-6) || !close(pl[i], pl_ref[i], 1e-5, 1e-5))
+            return *at = i, "partials";
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     int32_t nproblems = argc > 1 ? atoi(argv[1]) : 300, n, isa, runs = 0, fused_shape = 0;
+    int32_t multi_spans = 0, cross_head_spans = 0;
     int32_t per_case[NUM_CASES];
     char names[64] = "";
     memset(per_case, 0, sizeof per_case);
@@ -150,14 +205,16 @@ int main(int argc, char **argv) {
     for (n = 0; n < nproblems; n++) {
         problem pb;
         aicpu_tiling_params *p = &pb.p;
-        size_t esize, out_elems, cache_elems, ws, i;
+        size_t esize, out_elems, cache_elems, ws;
         void *ref, *out;
         float *po_ref, *pl_ref, *po, *pl;
         int st_ref[AICPU_TILING_MAX_CORES], st[AICPU_TILING_MAX_CORES];
-        int32_t sets, j;
+        int32_t span_at[AICPU_TILING_MAX_CORES + 1];
+        int32_t sets, nspans, j;
         uint32_t plan_flags;
 
         draw(&pb);
+        nspans = draw_spans(pb.p.num_cores, span_at);
         pb.fault = n < NUM_CASES ? n : pick(2) ? OK_CASE : pick(NUM_CASES);
         plan_flags = pb.causal ? AICPU_TILING_CAUSAL : 0;
         pb.call_flags = pb.fault == WRONG_FLAG ? plan_flags ^ AICPU_TILING_CAUSAL : plan_flags;
@@ -188,6 +245,16 @@ int main(int argc, char **argv) {
         }
         sets = aicpu_attention_num_sibling_sets(p);
         if (sets * p->num_kv_heads == p->num_cores && p->num_kv_heads > 1) fused_shape++;
+        for (j = 0; j < nspans; j++) { /* spans whose cores' ranges reach over a kv head */
+            const int32_t *first = pb.tiling + AICPU_TILING_HDR_WORDS +
+                                   span_at[j] * AICPU_TILING_CORE_WORDS;
+            const int32_t *last = pb.tiling + AICPU_TILING_HDR_WORDS +
+                                  (span_at[j + 1] - 1) * AICPU_TILING_CORE_WORDS;
+            if (span_at[j + 1] - span_at[j] < 2) continue;
+            multi_spans++;
+            if (last[AICPU_TILING_CORE_END + 1] > first[AICPU_TILING_CORE_BEGIN + 1] + 1)
+                cross_head_spans++;
+        }
         { /* the fault */
             int32_t *core_tab = pb.tiling + AICPU_TILING_HDR_WORDS;
             int32_t last = (p->num_cores - 1) * AICPU_TILING_CORE_WORDS;
@@ -202,6 +269,12 @@ int main(int argc, char **argv) {
                 if (e[1] == 0) e[3] += 1;
                 else e[1] += 1;
             }
+            if (pb.fault == DROPPED_CORE) { /* a core's range emptied: the neighbours' ranges
+                                              * no longer join, and its units stay unwritten */
+                int32_t *rec = core_tab + pick(p->num_cores) * AICPU_TILING_CORE_WORDS;
+                memcpy(rec + AICPU_TILING_CORE_END, rec + AICPU_TILING_CORE_BEGIN,
+                       4 * sizeof(int32_t));
+            }
             if (pb.fault == FAILED_TILING) pb.tiling[AICPU_TILING_HDR_STATUS] = AICPU_TILING_E_BATCH;
             if (pb.fault == STALE_LENS) /* the first live request's kv length moves by one */
                 for (j = 0; j < pb.batch; j++)
@@ -214,37 +287,26 @@ int main(int argc, char **argv) {
         per_case[pb.fault]++;
 
         for (isa = 0; isa < AICPU_ATTENTION_NUM_ISA; isa++) {
-            size_t at_bad = 0;
-            const char *what = NULL;
+            int how;
             if (aicpu_attention_set_isa(isa) != AICPU_TILING_OK) continue;
-            run(&pb, 0, ref, po_ref, pl_ref, st_ref);
-            run(&pb, 1, out, po, pl, st);
             runs++;
-            for (j = 0; j < sets && what == NULL; j++)
-                if (st[j] != st_ref[j]) {
-                    what = "status";
-                    at_bad = (size_t)j;
-                }
-            for (i = 0; i < out_elems && what == NULL; i++) {
-                double rel = pb.dtype == AICPU_ATTENTION_FP32 ? 1e-5 : 1e-2;
-                if (!close(value_at(out, i, pb.dtype), value_at(ref, i, pb.dtype), rel, 1e-6)) {
-                    what = "out";
-                    at_bad = i;
-                }
-            }
-            for (i = 0; i < ws / 8 && what == NULL; i++) { /* po and pl: ws / 4 floats each */
-                if (!close(po[i], po_ref[i], 1e-5, 1e-6) || !close(pl[i], pl_ref[i], 1e-5, 1e-5)) {
-                    what = "partials";
-                    at_bad = i;
-                }
-            }
-            if (what != NULL) {
-                printf("FAIL problem %d (%s, %s): %s differ at %d; kv heads %d q heads %d dim %d "
-                       "block %d q_tile %d cores %d dtype %d causal %d batch %d kind %d",
-                       (int)n, case_names[pb.fault], aicpu_attention_isa_name(isa), what,
-                       (int)at_bad, (int)p->num_kv_heads, (int)p->num_q_heads, (int)p->head_dim,
-                       (int)p->block_size, (int)p->q_tile, (int)p->num_cores, (int)pb.dtype,
-                       (int)pb.causal, (int)pb.batch, (int)pb.kind);
+            for (how = SIBLINGS_REF; how <= SPANS_REF; how += 2) {
+                int32_t groups = how == SIBLINGS_REF ? sets : nspans;
+                size_t at_bad = 0;
+                const char *what;
+                run(&pb, how, span_at, nspans, ref, po_ref, pl_ref, st_ref);
+                run(&pb, how + 1, span_at, nspans, out, po, pl, st);
+                what = first_difference(&pb, groups, st, st_ref, out, ref, po, po_ref, pl, pl_ref,
+                                        &at_bad);
+                if (what == NULL) continue;
+                printf("FAIL problem %d (%s, %s, %s): %s differ at %d; kv heads %d q heads %d "
+                       "dim %d block %d q_tile %d cores %d spans %d dtype %d causal %d batch %d "
+                       "kind %d",
+                       (int)n, case_names[pb.fault], aicpu_attention_isa_name(isa),
+                       how == SIBLINGS_REF ? "siblings" : "spans", what, (int)at_bad,
+                       (int)p->num_kv_heads, (int)p->num_q_heads, (int)p->head_dim,
+                       (int)p->block_size, (int)p->q_tile, (int)p->num_cores, (int)nspans,
+                       (int)pb.dtype, (int)pb.causal, (int)pb.batch, (int)pb.kind);
                 if (what[0] == 's')
                     printf(": status %d, per-core %d", st[at_bad], st_ref[at_bad]);
                 printf("\n");
@@ -262,8 +324,9 @@ int main(int argc, char **argv) {
         free(po);
         free(pl);
     }
-    printf("siblings: %s; %d runs, %d fused-shape problems; faults", names, (int)runs,
-           (int)fused_shape);
+    printf("siblings: %s; %d runs, %d fused-shape problems; spans: %d multi-core spans, %d "
+           "across kv heads; faults",
+           names, (int)runs, (int)fused_shape, (int)multi_spans, (int)cross_head_spans);
     for (n = 0; n < NUM_CASES; n++) printf(" %s %d", case_names[n], (int)per_case[n]);
     printf("\n");
     return 0;
