@@ -7,7 +7,10 @@
  * token's K and V are read as one contiguous run. When P is a multiple of H a core's range
  * lies in one head, so there is nothing to fuse within it; aicpu_attention_core_siblings then
  * walks the range of a head-0 core once for it and its copies in the other heads, fusing every
- * whole unit across heads (walk_range below). A segment is processed
+ * whole unit across heads (walk_range below). For any P and H, aicpu_attention_core_span runs
+ * consecutive cores, whose ranges join into one: each core's walk runs its pieces and
+ * multi-tile units, and the span's whole single-tile units run request by request with their
+ * kv heads fused (run_span_whole). A segment is processed
  * in row blocks that fit the query/output scratch and, within a row block, in chunks of kv
  * tokens. Within a chunk the rows of one kv head (a decode token's `group` query heads) are
  * handled together by the inner kernels (attention_kernels.h): scores by dot products over
@@ -1030,14 +1033,15 @@ static int same_pos(const int32_t *a, const int32_t *b) {
     return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3];
 }
 
-/* 1 when unit (h, r, 0) is cut inside by the end of a non-idle core of the span other than
- * the last one (that end is the next non-idle core's begin: the unit is two pieces). */
+/* 1 when unit (h, r, 0) -- with h < 0, any unit of request r -- is cut inside by the end of a
+ * non-idle core of the span other than the last one (that end is the next non-idle core's
+ * begin: the unit is two pieces). */
 static int span_cuts_unit(const int32_t *tiling, int32_t first_core, int32_t last_live,
                           int32_t h, int32_t r) {
     int32_t core;
     for (core = first_core; core < last_live; core++) {
         const int32_t *rec = core_record(tiling, core), *e = rec + AICPU_TILING_CORE_END;
-        if (!core_idle(rec) && e[0] == r && e[1] == h && e[3] > 0) return 1;
+        if (e[0] == r && (h < 0 || e[1] == h) && e[3] > 0 && !core_idle(rec)) return 1;
     }
     return 0;
 }
@@ -1057,6 +1061,7 @@ static void run_span_whole(const core_ctx *c, const int32_t *tiling, int32_t fir
     for (r = 0; r < batch; r++) {
         segment sg;
         int32_t lo, hi, h, b, nblocks, cap, blocks_ok = 1;
+        int any_cut;
         if (!load_request(c, r, &sg.rl) || sg.rl.q_len == 0 || num_tiles(c, &sg.rl) != 1)
             continue;
         lo = begin->r < r || (begin->r == r && begin->k == 0) ? begin->h : begin->h + 1;
@@ -1076,13 +1081,16 @@ static void run_span_whole(const core_ctx *c, const int32_t *tiling, int32_t fir
         sg.slot = -1;
         sg.ntok = sg.rl.q_len;
         cap = fuse_cap(c, sg.ntok);
+        /* per-head checks only for a request some core boundary cuts */
+        any_cut = span_cuts_unit(tiling, first_core, last_live, -1, r);
         for (h = lo; h <= hi;) {
-            if (span_cuts_unit(tiling, first_core, last_live, h, r)) {
+            if (any_cut && span_cuts_unit(tiling, first_core, last_live, h, r)) {
                 h++;
                 continue;
             }
-            for (sg.h = h, sg.nh = 1; sg.nh < cap && h + sg.nh <= hi &&
-                                      !span_cuts_unit(tiling, first_core, last_live, h + sg.nh, r);
+            for (sg.h = h, sg.nh = 1;
+                 sg.nh < cap && h + sg.nh <= hi &&
+                 !(any_cut && span_cuts_unit(tiling, first_core, last_live, h + sg.nh, r));
                  sg.nh++) {
             }
             run_segment(c, &sg, blocks_ok);

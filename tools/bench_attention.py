@@ -1,11 +1,14 @@
 """Decode throughput of the reference attention against this machine's memory bandwidth.
 
-Runs one decode attention layer (every emulated AI Core's range of a tiling, spread over
-worker threads as sibling sets -- when num_cores is a multiple of num_kv_heads, the cores of
-one head-0 range and its copies for the other heads run in one call that reads each token's
-K and V of all heads together, ``aicpu_attention_core_siblings`` -- then the combine step) on a paged KV cache far larger than the caches, and
-reports bytes of KV read per second next to the bandwidth of simple streaming loops measured
-in the same run, in turns with the attention steps, with the same thread count:
+Runs one decode attention layer (every emulated AI Core's range of a tiling, then the combine
+step) on a paged KV cache far larger than the caches, and reports bytes of KV read per second
+next to the bandwidth of simple streaming loops measured in the same run, in turns with the
+attention steps, with the same thread count. The cores are called in groups spread over the
+worker threads (``--grouping``): by default as sibling sets when num_cores is a multiple of
+num_kv_heads (a head-0 core and its copies for the other heads in one call,
+``aicpu_attention_core_siblings``), else as one span of consecutive cores per thread
+(``aicpu_attention_core_span``); both read each token's K and V of several heads together.
+``--grouping cores`` calls one core at a time, as the CPU backend does. For example:
 
     python tools/bench_attention.py                     # defaults: Llama-3-8B-like, bf16
     python tools/bench_attention.py --dtype float32 --q-heads 32 --kv-heads 8 --json

@@ -60,9 +60,9 @@ static int close(double a, double b, double rel, double abs_tol) {
 
 enum { OK_CASE, BAD_BLOCK, BAD_SLOT, BAD_END, DROPPED_CORE, FAILED_TILING, WRONG_FLAG,
        STALE_LENS, NULL_ARG, NUM_CASES };
-static const char *const case_names[NUM_CASES] = {"ok", "bad-block", "bad-slot", "bad-end",
-                                                  "dropped-core", "failed-tiling", "wrong-flag", "stale-lengths",
-                                                  "null-arg"};
+static const char *const case_names[NUM_CASES] = {
+    "ok", "bad-block", "bad-slot", "bad-end", "dropped-core", "failed-tiling", "wrong-flag",
+    "stale-lengths", "null-arg"};
 
 typedef struct {
     aicpu_tiling_params p;
@@ -102,10 +102,11 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
             continue;
         }
         if (how == SPANS) {
-            st[j] = aicpu_attention_core_span(p, pb->tiling, span_at[j], span_at[j + 1] - span_at[j],
-                                              pb->call_flags, pb->dtype, scale, q, pb->k, pb->v,
-                                              pb->num_blocks, pb->bt, pb->cu, pb->kv, out,
-                                              ws ? po : NULL, ws ? pl : NULL);
+            st[j] = aicpu_attention_core_span(p, pb->tiling, span_at[j],
+                                              span_at[j + 1] - span_at[j], pb->call_flags,
+                                              pb->dtype, scale, q, pb->k, pb->v, pb->num_blocks,
+                                              pb->bt, pb->cu, pb->kv, out, ws ? po : NULL,
+                                              ws ? pl : NULL);
             continue;
         }
         st[j] = AICPU_TILING_OK;
