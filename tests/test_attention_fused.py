@@ -11,6 +11,7 @@ bindings against the float64 reference and the per-core path.
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import subprocess
@@ -189,7 +190,7 @@ def test_function_and_argument_errors():
 
 
 def spans_from(cuts: list[int]) -> list[tuple[int, int]]:
-    return [(a, b - a) for a, b in zip(cuts, cuts[1:])]
+    return [(a, b - a) for a, b in itertools.pairwise(cuts)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

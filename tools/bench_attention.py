@@ -5,7 +5,7 @@ step) on a paged KV cache far larger than the caches, and reports bytes of KV re
 next to the bandwidth of simple streaming loops measured in the same run, in turns with the
 attention steps, with the same thread count. The cores are called in groups spread over the
 worker threads (``--grouping``): by default as sibling sets when num_cores is a multiple of
-num_kv_heads (a head-0 core and its copies for the other heads in one call,
+num_kv_heads > 1 (a head-0 core and its copies for the other heads in one call,
 ``aicpu_attention_core_siblings``), else as one span of consecutive cores per thread
 (``aicpu_attention_core_span``); both read each token's K and V of several heads together.
 ``--grouping cores`` calls one core at a time, as the CPU backend does. For example:
@@ -30,6 +30,7 @@ machine shared with other jobs this removes time-slicing (not memory contention)
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -148,7 +149,8 @@ GROUPINGS = ("auto", "siblings", "spans", "cores")
 
 
 def resolve_grouping(bound: ra.BoundAttention, grouping: str) -> str:
-    """auto: sibling sets when they fuse (P % H == 0, so fewer sets than cores), else spans."""
+    """auto: sibling sets when they fuse (P % H == 0 with H > 1: fewer sets than cores), else
+    spans."""
     if grouping != "auto":
         return grouping
     return "siblings" if bound.num_sibling_sets < bound.num_cores else "spans"
@@ -168,7 +170,7 @@ def core_jobs(bound: ra.BoundAttention, grouping: str, threads: int) -> list:
         return [lambda c=c: bound.core(c) for c in range(bound.num_cores)]
     cuts = [round(i * bound.num_cores / threads) for i in range(threads + 1)]
     return [
-        lambda a=a, b=b: bound.core_span(a, b - a) for a, b in zip(cuts, cuts[1:]) if b > a
+        lambda a=a, b=b: bound.core_span(a, b - a) for a, b in itertools.pairwise(cuts) if b > a
     ]
 
 
@@ -266,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=GROUPINGS,
         default="auto",
         help="how the cores are called: sibling sets, spans of consecutive cores (one per "
-        "thread), or one call per core; auto: siblings when cores %% kv heads == 0, else spans",
+        "thread), or one call per core; auto: siblings when they fuse (cores a multiple of "
+        "kv heads > 1), else spans",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
