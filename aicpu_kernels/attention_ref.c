@@ -694,6 +694,37 @@ static int dtype_ok(int32_t dtype) {
            dtype == AICPU_ATTENTION_BF16;
 }
 
+/* kv blocks of query tile t of a request: causal tiles see the kv up to their last token. */
+static int32_t unit_blocks(const core_ctx *c, const request_lens *rl, int32_t t) {
+    int32_t kv_end = rl->kv_len;
+    if (c->causal) {
+        int32_t q_end = (t + 1) * c->p->q_tile;
+        kv_end = rl->kv_len - rl->q_len + (q_end < rl->q_len ? q_end : rl->q_len);
+    }
+    return (int32_t)(((int64_t)kv_end + c->p->block_size - 1) / c->p->block_size);
+}
+
+/* 1 when request r's block-table entries for kv blocks [kb, ke) name blocks of the cache. */
+static int blocks_valid(const core_ctx *c, int32_t r, int32_t kb, int32_t ke) {
+    const int32_t *row = c->block_table + (size_t)r * c->p->max_blocks_per_req;
+    int ok = 1;
+    int32_t b;
+    for (b = kb; b < ke; b++)
+        if (row[b] < 0 || row[b] >= c->num_blocks) ok = 0;
+    return ok;
+}
+
+/* The kv heads [*lo, *hi] whose whole unit (h, r, 0) of single-tile request r lies inside the
+ * range [begin, end) (head-major order: the heads strictly between begin's and end's, plus
+ * begin's head when begin is not past request r, plus end's head when end is past request r);
+ * *lo > *hi when there are none. */
+static void whole_heads(const core_ctx *c, const work_pos *begin, const work_pos *end, int32_t r,
+                        int32_t *lo, int32_t *hi) {
+    *lo = begin->r < r || (begin->r == r && begin->k == 0) ? begin->h : begin->h + 1;
+    *hi = end->r > r ? end->h : end->h - 1;
+    if (*hi > c->p->num_kv_heads - 1) *hi = c->p->num_kv_heads - 1;
+}
+
 /*
  * How a walk runs. A core's own walk (heads == 0) fuses the whole single-tile units of several
  * kv heads that lie inside its range. A sibling walk (heads == H, aicpu_attention_core_siblings)
@@ -734,18 +765,13 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
 
     while (pos_less(&pos, &end)) {
         segment sg;
-        int32_t kv_end, nblocks, b, blocks_ok = 1, cap;
-        int whole; /* a whole unit of a single-tile request */
+        int32_t nblocks, cap;
+        int blocks_ok, whole; /* whole: a whole unit of a single-tile request */
         if (pos.r < 0 || pos.r >= batch || pos.h < 0 || pos.h >= params->num_kv_heads ||
             pos.t < 0 || !load_request(c, pos.r, &sg.rl) || pos.t >= num_tiles(c, &sg.rl) ||
             (mode->heads > 0 && pos.h != 0))
             return AICPU_ATTENTION_E_TILING;
-        kv_end = sg.rl.kv_len;
-        if (c->causal) {
-            int32_t q_end = (pos.t + 1) * params->q_tile;
-            kv_end = sg.rl.kv_len - sg.rl.q_len + (q_end < sg.rl.q_len ? q_end : sg.rl.q_len);
-        }
-        nblocks = (int32_t)(((int64_t)kv_end + params->block_size - 1) / params->block_size);
+        nblocks = unit_blocks(c, &sg.rl, pos.t);
         sg.r = pos.r;
         sg.h = pos.h;
         sg.t = pos.t;
@@ -760,14 +786,11 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
         whole = sg.kb == 0 && sg.ke == nblocks && num_tiles(c, &sg.rl) == 1;
         if (mode->heads == 0 && whole) {
             /* Fuse kv heads: the whole units (r, h', 0) inside the core's range are the heads
-             * [lo, hi] (head-major order: the heads strictly between begin's and end's, plus
-             * begin's head when begin is not past request r, plus end's head when end is past
-             * request r). They run in groups of cap heads starting at lo, each group when the
-             * walk reaches its first head; the walk skips the group's other heads later. */
+             * [lo, hi] (whole_heads). They run in groups of cap heads starting at lo, each group
+             * when the walk reaches its first head; the walk skips the group's other heads
+             * later. */
             int32_t lo, hi;
-            lo = first.r < pos.r || (first.r == pos.r && first.k == 0) ? first.h : first.h + 1;
-            hi = end.r > pos.r ? end.h : end.h - 1;
-            if (hi > params->num_kv_heads - 1) hi = params->num_kv_heads - 1;
+            whole_heads(c, &first, &end, pos.r, &lo, &hi);
             if (pos.h < lo || pos.h > hi) return AICPU_ATTENTION_E_TILING;
             if ((pos.h - lo) % cap != 0) {
                 sg.nh = 0; /* run with the group that starts at an earlier head */
@@ -781,16 +804,14 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
             int last = sg.ke < nblocks || nseg + 1 == rec[AICPU_TILING_CORE_NUM_SEGMENTS];
             int32_t top = mode->heads > 0 ? (mode->heads - 1) * mode->slot_step : 0;
             sg.slot = nseg == 0 ? first_slot : last_slot;
-            if ((nseg > 0 && (sg.kb > 0 || !last)) || (nseg == 0 && last && first_slot != last_slot))
+            if ((nseg > 0 && (sg.kb > 0 || !last)) ||
+                (nseg == 0 && last && first_slot != last_slot))
                 return AICPU_ATTENTION_E_TILING;
             if (sg.slot < 0 || sg.slot >= c->max_slots - top || c->partial_out == NULL ||
                 c->partial_lse == NULL)
                 return AICPU_ATTENTION_E_TILING;
         }
-        for (b = sg.kb; b < sg.ke; b++) {
-            int32_t id = c->block_table[(size_t)sg.r * params->max_blocks_per_req + b];
-            if (id < 0 || id >= c->num_blocks) blocks_ok = 0;
-        }
+        blocks_ok = blocks_valid(c, sg.r, sg.kb, sg.ke);
         if (!blocks_ok) status = AICPU_ATTENTION_E_BLOCK_ID;
         if (mode->heads == 0) {
             if (sg.nh > 0 && mode->run && !(mode->skip_whole && whole))
@@ -880,6 +901,14 @@ static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t fl
     c->partial_lse = partial_lse;
 }
 
+/* 1 when every tensor a core reads or writes (other than the partial workspace) is given. */
+static int tensors_given(const void *query, const void *key_cache, const void *value_cache,
+                         const int32_t *block_table, const int32_t *cu_seqlens_q,
+                         const int32_t *seqlens_kv, const void *out) {
+    return query != NULL && key_cache != NULL && value_cache != NULL && block_table != NULL &&
+           cu_seqlens_q != NULL && seqlens_kv != NULL && out != NULL;
+}
+
 static const int32_t *core_record(const int32_t *tiling, int32_t core) {
     return tiling + AICPU_TILING_HDR_WORDS + (size_t)core * AICPU_TILING_CORE_WORDS;
 }
@@ -909,8 +938,7 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
     if (status != AICPU_TILING_OK) return status;
     rec = core_record(tiling, core);
     if (core_idle(rec)) return AICPU_TILING_OK;
-    if (query == NULL || key_cache == NULL || value_cache == NULL || block_table == NULL ||
-        cu_seqlens_q == NULL || seqlens_kv == NULL || out == NULL)
+    if (!tensors_given(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out))
         return AICPU_ATTENTION_E_ARGS;
     ctx_init(&c, params, flags, dtype, scale, query, key_cache, value_cache, num_blocks,
              block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
@@ -997,8 +1025,8 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
         slot_step = num_slots / heads;
     }
     fusable = fusable && siblings_match(params, tiling, first_core, q, slot_step) &&
-              query != NULL && key_cache != NULL && value_cache != NULL && block_table != NULL &&
-              cu_seqlens_q != NULL && seqlens_kv != NULL && out != NULL;
+              tensors_given(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
+                            out);
     if (fusable) {
         core_ctx c;
         walk_mode mode;
@@ -1049,35 +1077,27 @@ static int span_cuts_unit(const int32_t *tiling, int32_t first_core, int32_t las
 /*
  * The whole units of single-tile requests in the span's range [begin, end) that no core
  * boundary cuts, request by request: for request r the heads [lo, hi] whose unit lies inside
- * the range (as in walk_range's fusion, with the span's begin and end), less the cut ones, in
+ * the range (whole_heads with the span's begin and end), less the cut ones, in
  * runs of up to fuse_cap heads. These are exactly the units the cores' walks leave with
  * skip_whole; ranges and lengths were checked by those walks.
  */
 static void run_span_whole(const core_ctx *c, const int32_t *tiling, int32_t first_core,
                            int32_t last_live, const work_pos *begin, const work_pos *end,
                            int32_t batch) {
-    const aicpu_tiling_params *params = c->p;
     int32_t r;
     for (r = 0; r < batch; r++) {
         segment sg;
-        int32_t lo, hi, h, b, nblocks, cap, blocks_ok = 1;
-        int any_cut;
+        int32_t lo, hi, h, cap;
+        int any_cut, blocks_ok;
         if (!load_request(c, r, &sg.rl) || sg.rl.q_len == 0 || num_tiles(c, &sg.rl) != 1)
             continue;
-        lo = begin->r < r || (begin->r == r && begin->k == 0) ? begin->h : begin->h + 1;
-        hi = end->r > r ? end->h : end->h - 1;
-        if (hi > params->num_kv_heads - 1) hi = params->num_kv_heads - 1;
+        whole_heads(c, begin, end, r, &lo, &hi);
         if (lo > hi) continue;
-        nblocks = (int32_t)(((int64_t)sg.rl.kv_len + params->block_size - 1) /
-                            params->block_size);
-        for (b = 0; b < nblocks; b++) {
-            int32_t id = c->block_table[(size_t)r * params->max_blocks_per_req + b];
-            if (id < 0 || id >= c->num_blocks) blocks_ok = 0;
-        }
         sg.r = r;
         sg.t = 0;
         sg.kb = 0;
-        sg.ke = nblocks;
+        sg.ke = unit_blocks(c, &sg.rl, 0);
+        blocks_ok = blocks_valid(c, r, sg.kb, sg.ke);
         sg.slot = -1;
         sg.ntok = sg.rl.q_len;
         cap = fuse_cap(c, sg.ntok);
@@ -1113,8 +1133,7 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
         return AICPU_ATTENTION_E_ARGS;
     if (num_cores > 1 && tiling != NULL &&
         layer_check(params, tiling, flags, dtype, num_blocks) == AICPU_TILING_OK &&
-        query != NULL && key_cache != NULL && value_cache != NULL && block_table != NULL &&
-        cu_seqlens_q != NULL && seqlens_kv != NULL && out != NULL) {
+        tensors_given(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out)) {
         core_ctx c;
         walk_mode mode;
         const int32_t *live = NULL; /* the last non-idle record so far */
