@@ -31,6 +31,15 @@ def compile_c(out: Path, sources: list[Path], flags: list[str]) -> Path:
     return out
 
 
+def skip_without_sanitizers(tmp_path: Path) -> None:
+    """Skip the calling test when gcc cannot link an AddressSanitizer + UBSan program here."""
+    probe = tmp_path / "probe.c"
+    probe.write_text("int main(void) { return 0; }\n")
+    if subprocess.run(["gcc", *SANITIZE, str(probe), "-o", str(tmp_path / "probe")],
+                      capture_output=True, check=False).returncode != 0:
+        pytest.skip("this compiler cannot link AddressSanitizer/UBSan programs")
+
+
 @pytest.mark.parametrize("source", ["attention_ref.c", "attention_x86.c"])
 @pytest.mark.parametrize(
     "flags",
@@ -59,11 +68,7 @@ def test_every_variant_matches_the_portable_one(tmp_path):
 
 
 def test_variants_under_address_and_undefined_sanitizers(tmp_path):
-    probe = tmp_path / "probe.c"
-    probe.write_text("int main(void) { return 0; }\n")
-    if subprocess.run(["gcc", *SANITIZE, str(probe), "-o", str(tmp_path / "probe")],
-                      capture_output=True, check=False).returncode != 0:
-        pytest.skip("this compiler cannot link AddressSanitizer/UBSan programs")
+    skip_without_sanitizers(tmp_path)
     binary = compile_c(tmp_path / "variants_asan", SOURCES,
                        ["-std=c99", "-O1", "-g", *STRICT, *SANITIZE])
     names, problems = run_variants(binary)

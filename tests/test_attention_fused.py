@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_attention_c import KERNELS, SANITIZE, STRICT, compile_c
+from test_attention_c import KERNELS, SANITIZE, STRICT, compile_c, skip_without_sanitizers
 from test_reference_attention import Case, assert_close
 
 from pyruntime.kernels import reference_attention as ra
@@ -59,11 +59,7 @@ def test_fused_calls_match_per_core_runs(tmp_path):
 
 @needs_gcc
 def test_fused_calls_under_address_and_undefined_sanitizers(tmp_path):
-    probe = tmp_path / "probe.c"
-    probe.write_text("int main(void) { return 0; }\n")
-    if subprocess.run(["gcc", *SANITIZE, str(probe), "-o", str(tmp_path / "probe")],
-                      capture_output=True, check=False).returncode != 0:
-        pytest.skip("this compiler cannot link AddressSanitizer/UBSan programs")
+    skip_without_sanitizers(tmp_path)
     binary = compile_c(tmp_path / "fused_asan", SOURCES,
                        ["-std=c99", "-O1", "-g", *STRICT, *SANITIZE])
     run_program(binary, 300)
@@ -150,11 +146,16 @@ def test_sets_cover_every_core_once():
     assert ra.num_sibling_sets(odd.params) == 5
 
 
-def test_bad_block_id_status_and_rows_as_per_core():
-    case = Case(np.random.default_rng(3), hq=8, hkv=4, cores=8, q_lens=[1, 1, 1],
+@pytest.mark.parametrize(
+    "hkv, cores, spans",
+    [(4, 8, None), (8, 5, [(0, 2), (2, 3)])],
+    ids=["sibling-sets", "spans"],
+)
+def test_bad_block_id_status_and_rows_as_per_core(hkv, cores, spans):
+    case = Case(np.random.default_rng(3), hq=2 * hkv, hkv=hkv, cores=cores, q_lens=[1, 1, 1],
                 kv_lens=[100, 40, 70])
     case.block_table[1, 1] = 10_000
-    (ref, st_ref), (out, st) = run_both(case)
+    (ref, st_ref), (out, st) = run_both(case, spans)
     assert st == st_ref and ra.E_BLOCK_ID in st
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
     assert torch.equal(out[1], torch.zeros_like(out[1]))  # request 1 zeroed on every head
@@ -216,16 +217,6 @@ def test_spans_equal_per_core_and_reference(isa, dtype, hkv, cores, q_lens, kv_l
     assert_close(case, out)
     tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
     torch.testing.assert_close(out.double(), ref.double(), rtol=tol, atol=1e-6)
-
-
-def test_span_bad_block_id_status_and_rows_as_per_core():
-    case = Case(np.random.default_rng(3), hq=16, hkv=8, cores=5, q_lens=[1, 1, 1],
-                kv_lens=[100, 40, 70])
-    case.block_table[1, 1] = 10_000
-    (ref, st_ref), (out, st) = run_both(case, spans_from([0, 2, 5]))
-    assert st == st_ref and ra.E_BLOCK_ID in st
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
-    assert torch.equal(out[1], torch.zeros_like(out[1]))  # request 1 zeroed on every head
 
 
 def test_span_argument_errors():
