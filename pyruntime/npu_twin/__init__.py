@@ -1,0 +1,165 @@
+"""The NPU twin: a strict emulation of the parts of torch_npu and CANN that our NPU code uses,
+so that code runs, unmodified, on a machine without an NPU.
+
+``activate()`` makes ``device="npu"`` real in this process (torch's Python PrivateUse1 backend
+renamed ``npu``, tensors that wrap host memory and pass every aten op through one dispatch
+point), installs ``torch.npu`` and a ``torch_npu`` module with torch_npu 2.10.0.post4's
+signatures, the twin of our torch_npu extension (``plan_tiling`` with the checks of
+``plan_tiling_op.cpp`` and the AI-CPU binary loader's naming rule), Triton-Ascend's launch
+seam (kernels run under Triton's interpreter) and a stand-in FIA. Its rules and where they
+come from: `pyruntime.npu_twin.device`. After it, ``pyruntime.backends.get("npu")`` is the
+real NPU backend, on the twin.
+
+What the twin is not: a performance model (work runs when the host synchronises), a model
+of CANN's AI-CPU scheduler, or evidence about hardware. What it proves is that the NPU code
+path obeys the documented rules; what only hardware can answer (does a replay re-run a
+captured AI-CPU task?) stays a question, asked by ``aicpu-tiling selfcheck --backend npu``.
+
+Faults (``activate(fault=...)``), for proving that the self-check reports them: see `FAULTS`.
+Activation is once per process and cannot be undone (torch's PrivateUse1 backend is renamed
+once); tests run the twin in subprocesses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+#: fault name -> what it does
+FAULTS: dict[str, str] = {
+    "no-aicpu-replay": "graph replay does not re-run captured AI-CPU tasks (the self-check "
+                       "must choose placement pre-replay)",
+    "device-lost": "the device dies at the first AI Core kernel it runs and stays lost, for "
+                   "this process and every later one sharing the twin's state directory",
+    "capture-refused": "graph capture is refused as with TASK_QUEUE_ENABLE=2",
+    "kernel-missing": "the AI-CPU binary (libaicpu_tiling_runtime.so) is not installed "
+                      "beside its op-info JSON",
+}
+STATE_ENV = "AICPU_TILING_TWIN_STATE"
+REPO = Path(__file__).resolve().parents[2]
+OP_INFO_JSON = REPO / "aicpu_kernels" / "npu_ext" / "libaicpu_tiling_runtime.json"
+EXTENSION_NAME = "libaicpu_tiling_npu.so"
+
+_active: str | None = None
+_activated = False
+
+
+class TwinUnavailableError(RuntimeError):
+    """The twin cannot start here (says why and what to do)."""
+
+
+def is_active() -> bool:
+    return _activated
+
+
+def activate(fault: str | None = None) -> None:
+    """Install the twin into this process (idempotent for the same fault).
+
+    Args:
+        fault: one of `FAULTS`, or None.
+
+    Raises:
+        ValueError: unknown fault, or the twin is already active with another fault.
+        TwinUnavailableError: a real torch_npu is importable (the twin would shadow it), or
+            the AI-CPU binary cannot be built (no ziglang, or not a source checkout).
+    """
+    global _active, _activated
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"unknown twin fault {fault!r}; choose one of {', '.join(FAULTS)}")
+    if _activated:
+        if fault != _active:
+            raise ValueError(f"the NPU twin is active with fault {_active!r} in this process; "
+                             f"it cannot switch to {fault!r}")
+        return
+    if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None:
+        raise TwinUnavailableError("a real torch_npu is importable here: the NPU twin would "
+                                   "shadow it; use --backend npu on an NPU machine")
+    import torch
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    from . import device, extension, npu_module, torch_npu_module
+
+    state = Path(os.environ.get(STATE_ENV) or tempfile.mkdtemp(prefix="aicpu-tiling-twin-"))
+    state.mkdir(parents=True, exist_ok=True)
+    os.environ[STATE_ENV] = str(state)
+    kernel_dir, ext = prepare_kernels(state, missing_binary=fault == "kernel-missing")
+
+    device.install_device(device.Device(fault=fault, state_dir=state))
+    _setup_privateuseone_for_python_backend(rename="npu", backend_module=npu_module)
+    global _factories
+    _factories = torch.library.Library("aten", "IMPL")
+    device.register_factories(_factories)
+    torch_npu_module.install()
+    if importlib.util.find_spec("triton") is not None:
+        from . import triton_driver
+
+        triton_driver.install()
+    _patch_load_library(torch, ext, extension)
+    os.environ["AICPU_TILING_NPU_EXT"] = str(ext)
+    os.environ["AICPU_TILING_KERNEL_DIR"] = str(kernel_dir)
+    _active, _activated = fault, True
+
+
+_factories = None
+
+
+def _patch_load_library(torch, ext: Path, extension) -> None:
+    """``torch.ops.load_library`` of the twin's extension registers the twin's ops."""
+    original = torch.ops.load_library
+
+    def load_library(path):
+        candidate = Path(path)
+        if candidate.is_file() and candidate.read_bytes() == extension.EXTENSION_MARKER.encode():
+            extension.register()
+            return
+        return original(path)
+
+    torch.ops.load_library = load_library
+
+
+def prepare_kernels(state: Path, *, missing_binary: bool = False) -> tuple[Path, Path]:
+    """The twin's kernel files: ``<state>/kernels/`` with the real op-info JSON and the real
+    AArch64 ``libaicpu_tiling_runtime.so`` (ziglang build, cached by source hash), and the
+    twin's extension file. Returns (kernel dir, extension path).
+
+    Raises:
+        TwinUnavailableError: not a source checkout, or the cross-compile cannot run.
+    """
+    from pyruntime.aarch64 import toolchain
+
+    from .extension import EXTENSION_MARKER
+
+    kernel_dir, ext = state / "kernels", state / "ext" / EXTENSION_NAME
+    kernel_dir.mkdir(parents=True, exist_ok=True)
+    ext.parent.mkdir(parents=True, exist_ok=True)
+    ext.write_text(EXTENSION_MARKER)
+    source = OP_INFO_JSON if OP_INFO_JSON.is_file() else REPO / "aicpu_kernels" / "npu_ext" / \
+        "aicpu_tiling_runtime.json"
+    if not source.is_file():
+        raise TwinUnavailableError(f"the op-info JSON is not at {OP_INFO_JSON}: the NPU twin "
+                                   "runs from a clone of the repository (pip install -e .)")
+    shutil.copy(source, kernel_dir / source.name)
+    if missing_binary:
+        return kernel_dir, ext
+    unit = next(u for u in toolchain.cross_units() if u.name == "runtime-route .so")
+    digest = hashlib.sha256(repr(unit.argv).encode())
+    for folder in (toolchain.KERNELS, toolchain.AICPU, toolchain.DEVICE_HEADERS):
+        for path in sorted(folder.glob("*")):
+            if path.suffix in (".c", ".cc", ".cpp", ".h"):
+                digest.update(path.name.encode() + path.read_bytes())
+    cache = Path(os.environ.get("AICPU_TILING_BUILD_DIR", REPO / "build")) / "npu-twin"
+    cached = cache / f"libaicpu_tiling_runtime-{digest.hexdigest()[:16]}.so"
+    if not cached.is_file():
+        try:
+            built = toolchain.run_unit(unit, cache / f"tmp-{os.getpid()}")
+        except toolchain.ToolchainError as exc:
+            raise TwinUnavailableError(f"the NPU twin needs the AArch64 AI-CPU binary: {exc}") \
+                from exc
+        os.replace(built, cached)
+    shutil.copy(cached, kernel_dir / unit.output)
+    return kernel_dir, ext

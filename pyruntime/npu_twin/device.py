@@ -1,0 +1,746 @@
+"""The twin's device: memory, streams, events, graphs and the rules that torch_npu and CANN
+enforce on them, on the host.
+
+Where each rule comes from (the sources are the torch_npu 2.10.0.post4 wheel, read as a zip;
+CANN's runtime, hicann/runtime; both read for ``../shared/reviews/npu-preflight-2026-12.md``):
+
+* Device memory is not host memory. ``Tensor.numpy()`` on an ``npu`` tensor raises the
+  TypeError torch raises for any non-CPU tensor; ``.cpu()``, ``.tolist()`` and ``.item()`` are
+  synchronous device-to-host copies (torch_npu ``copy_between_host_and_device``): they wait
+  for the stream and are refused while any graph captures (capture mode ``global``, the
+  default of ``NPUGraph.capture_begin``, ``torch_npu/npu/graphs.py``).
+* Work is asynchronous. Every device operation is queued on the current stream and runs
+  later, in stream order, when the host synchronises (``torch.npu.synchronize``,
+  ``Stream.synchronize``, ``Event.synchronize``, a device-to-host read). So a
+  ``non_blocking=True`` host-to-device copy from pageable memory reads the host memory when
+  it runs, not when it was issued (torch_npu queues ``aclrtMemcpyAsync`` with the raw host
+  pointer and does not check that it is pinned); the twin flags such a copy whose source was
+  freed or rewritten before it ran (`PageableCopyRace`).
+* Capture (``aclmdlRICaptureBegin`` under ``NPUGraph.capture_begin``) records every device
+  operation issued on the capturing stream, ours and plain torch ops alike, and runs none of
+  them: memory allocated during a capture holds garbage until a replay runs the captured
+  ``zero_``/``fill_``. Replay re-runs every recorded task in order on the same storages, with
+  the host values (scalars, lists, argument blocks) frozen at capture. Inside a capture: no
+  synchronize, no stream or event query, no host read of device memory, no host-to-device
+  copy (it would freeze a host address); the default stream cannot capture; a stream that
+  waits on an event recorded in the capture joins it, and must be joined back (an event
+  recorded on it last and waited on by the origin stream) before ``capture_end``
+  (``docs/zh/dev_guide/04-02_cross_stream_capture.md`` of hicann/runtime); a normal event
+  recorded outside the capture cannot be waited on inside it (``ExternalEvent`` exists for
+  that, ``torch_npu/npu/streams.py``).
+* ``NPUGraph.reset()`` on a capturing graph does not end the capture: the stream keeps
+  capturing (``NPUGraph::reset`` in Ascend/pytorch calls no ``capture_end``).
+* Task groups (``graph_task_group_begin/end``) hold AI Core tasks; an AI-CPU task cannot
+  join one (no task update for them, DESIGN.md section 7). ``graph_task_update_begin/end``
+  run on a stream that is not capturing and must re-issue exactly the group's tasks; the
+  update lands when the update stream reaches it.
+* ``TASK_QUEUE_ENABLE=2`` makes ``capture_begin`` refuse (the text is in the wheel's
+  ``libtorch_npu.so``). The device context is created lazily: by ``set_device`` or by the
+  first allocation (torch_npu ``NpuSysCtrl::Initialize`` with lazy set-device).
+* A device kernel handed a host pointer (a CPU tensor) faults: Triton-Ascend's launcher
+  takes ``data_ptr()`` with no device check (``backends/ascend/driver.py``), so the AI Core
+  would read a host address; the twin raises `HostPointerError` instead of faulting.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import os
+import threading
+import traceback
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+#: the byte that fills fresh device memory (garbage until a kernel writes it)
+POISON = 0xA5
+TASK_QUEUE_REFUSAL = "Do not support TASK_QUEUE_ENABLE = 2 during NPU graph capture"
+DEVICE_NAME = "Ascend910B3 (npu-twin)"
+#: what ``get_device_properties`` reports: the 910B3's 20 AI Cores (cube) and 40 vector cores
+AI_CORES, VECTOR_CORES = 20, 40
+
+
+class TwinError(RuntimeError):
+    """Something the real torch_npu / CANN would refuse or fault on. Never raised directly."""
+
+
+class CaptureViolation(TwinError):
+    """An operation a graph capture forbids (sync, query, host read, host copy, ...)."""
+
+
+class DeviceLostError(TwinError):
+    """The device is lost (fault ``device-lost``): every later operation fails."""
+
+
+class HostPointerError(TwinError):
+    """A host (CPU) tensor handed to a device kernel."""
+
+
+class PageableCopyRace(TwinError):
+    """A ``non_blocking`` copy from pageable host memory whose source changed before it ran."""
+
+
+class DeviceHang(TwinError):
+    """The host waits for work that can never run (a stream waits on an event never
+    recorded): on hardware a hang, here an error that names the waiting stream."""
+
+
+class NoContextError(TwinError):
+    """A runtime call that needs a device context before any exists (CANN 107002)."""
+
+
+# ---- device work -----------------------------------------------------------------------------
+@dataclasses.dataclass
+class Work:
+    """One queued device operation. ``kind``: op (a plain torch op), copy, aicore, aicpu,
+    record, wait, ext_record, ext_wait, ext_reset, update."""
+
+    kind: str
+    label: str
+    run: Callable[[], None] | None = None
+    event: Any = None
+    token: int | None = None
+    #: node index in a graph, for replayed nodes (their body is looked up when they run,
+    #: so a task update that landed before is what runs)
+    node: int | None = None
+
+
+class StreamState:
+    _ids = itertools.count()
+
+    def __init__(self, name: str, *, default: bool = False) -> None:
+        self.id = next(self._ids)
+        self.name, self.default = name, default
+        self.queue: collections.deque[Work] = collections.deque()
+        self.capture: GraphState | None = None
+        self.open_group: list[int] | None = None
+        self.updating: tuple[GroupHandle, list[Work]] | None = None
+
+    def __repr__(self) -> str:
+        return f"<npu-twin stream {self.name}#{self.id}>"
+
+
+class EventState:
+    """A normal event: a wait blocks until the record issued before it has run."""
+
+    def __init__(self, *, external: bool, timing: bool = False) -> None:
+        self.external, self.timing = external, timing
+        self.tokens = itertools.count(1)
+        self.last_token: int | None = None  # the newest record issued
+        self.done: int = 0  # the newest record that ran
+        self.flag = False  # ExternalEvent: set by record, cleared by reset
+        self.captured_in: GraphState | None = None
+        self.snapshot: dict[int, int] = {}  # in a capture: what a wait on it is ordered after
+
+
+@dataclasses.dataclass
+class GroupHandle:
+    graph: GraphState
+    nodes: list[int]
+    generation: int
+
+
+class GraphState:
+    """One ``NPUGraph``: empty -> capturing -> captured; reset makes it empty again."""
+
+    def __init__(self) -> None:
+        self.status = "empty"
+        self.nodes: list[Work] = []
+        self.origin: StreamState | None = None
+        self.side: dict[int, StreamState] = {}
+        #: per stream: how many tasks it captured, and how far into each stream (itself
+        #: included) its next task is ordered after; capture_end needs the origin ordered
+        #: after every task of every stream that joined, directly or through another one
+        self.seq: dict[int, int] = collections.Counter()
+        self.frontier: dict[int, dict[int, int]] = collections.defaultdict(dict)
+        self.generation = 0
+
+    def ordered_after(self, stream_id: int, snapshot: dict[int, int]) -> None:
+        mine = self.frontier[stream_id]
+        for other, position in snapshot.items():
+            mine[other] = max(mine.get(other, 0), position)
+
+    def streams(self) -> list[StreamState]:
+        return [s for s in (self.origin, *self.side.values()) if s is not None]
+
+
+# ---- the device ------------------------------------------------------------------------------
+class Device:
+    """The one twin device (``npu:0``) of this process."""
+
+    def __init__(self, *, fault: str | None, state_dir: Path) -> None:
+        self.fault = fault
+        self.state_dir = state_dir
+        self.context = False
+        self.default_stream = StreamState("default", default=True)
+        self.streams: list[StreamState] = [self.default_stream]
+        self._local = threading.local()
+        self.capturing: list[GraphState] = []
+        self.aicore_body = os.environ.get("AICPU_TILING_TWIN_AICORE", "triton")
+        self.stats = collections.Counter()
+
+    # ---- context, loss ---------------------------------------------------------------------
+    @property
+    def lost_marker(self) -> Path:
+        return self.state_dir / "device-lost"
+
+    def lost_reason(self) -> str | None:
+        try:
+            return self.lost_marker.read_text()
+        except OSError:
+            return None
+
+    def lose(self, reason: str) -> DeviceLostError:
+        self.lost_marker.parent.mkdir(parents=True, exist_ok=True)
+        self.lost_marker.write_text(reason)
+        return DeviceLostError(reason)
+
+    def check_alive(self) -> None:
+        reason = self.lost_reason()
+        if reason is not None:
+            raise DeviceLostError(f"the NPU is lost ({reason}); every later call fails "
+                                  "(on hardware: error 507018, then 207001 on each call)")
+
+    def ensure_context(self) -> None:
+        self.check_alive()
+        self.context = True
+
+    def require_context(self, what: str) -> None:
+        if not self.context:
+            raise NoContextError(f"{what}: no device context on this thread (CANN 107002): "
+                                 "call torch.npu.set_device() or allocate an npu tensor first")
+
+    # ---- streams -----------------------------------------------------------------------------
+    def current_stream(self) -> StreamState:
+        return getattr(self._local, "stream", None) or self.default_stream
+
+    def set_current_stream(self, stream: StreamState) -> None:
+        self._local.stream = stream
+
+    def new_stream(self, name: str) -> StreamState:
+        stream = StreamState(name)
+        self.streams.append(stream)
+        return stream
+
+    # ---- queueing ----------------------------------------------------------------------------
+    def enqueue(self, work: Work, stream: StreamState | None = None) -> None:
+        """Queue `work` on `stream` (the current one by default): recorded into the graph
+        when the stream captures, collected when it updates a task group."""
+        self.check_alive()
+        stream = stream or self.current_stream()
+        self.stats[work.kind] += 1
+        if stream.updating is not None:
+            if work.kind not in ("aicore", "op"):
+                raise CaptureViolation(f"{work.label}: only kernel launches may be re-issued "
+                                       "between graph_task_update_begin and _end")
+            stream.updating[1].append(work)
+            return
+        graph = stream.capture
+        if graph is not None:
+            self._record(graph, stream, work)
+            return
+        stream.queue.append(work)
+
+    def _record(self, graph: GraphState, stream: StreamState, work: Work) -> None:
+        if graph.status != "capturing":
+            raise CaptureViolation(f"{work.label} issued on {stream}, which is still capturing "
+                                   "for a graph that was reset without capture_end: every "
+                                   "operation on it is lost")
+        if stream.open_group is not None:
+            if work.kind == "aicpu":
+                raise CaptureViolation(f"{work.label}: an AI-CPU task cannot join a task group "
+                                       "(CANN updates AI Core tasks only)")
+            stream.open_group.append(len(graph.nodes))
+        if work.kind != "record":
+            graph.seq[stream.id] += 1
+        graph.nodes.append(work)
+
+    def refuse_in_capture(self, what: str) -> None:
+        live = [g for g in self.capturing if g.status == "capturing"]
+        if live or any(s.capture is not None for s in self.streams):
+            raise CaptureViolation(f"{what} while a graph is capturing (capture mode global "
+                                   "refuses it in every thread); do it before capture_begin "
+                                   "or after capture_end")
+
+    # ---- running ---------------------------------------------------------------------------
+    def _runnable(self, work: Work) -> bool:
+        if work.kind == "wait":
+            return work.token is None or work.event.done >= work.token
+        if work.kind == "ext_wait":
+            return work.event.flag
+        return True
+
+    def _execute(self, work: Work) -> None:
+        kind, event = work.kind, work.event
+        if kind == "record":
+            event.done = max(event.done, work.token)
+        elif kind == "ext_record":
+            event.flag = True
+        elif kind == "ext_reset":
+            event.flag = False
+        elif work.run is not None:
+            if kind == "aicore" and self.fault == "device-lost":
+                raise self.lose(f"twin fault device-lost: the AI Core faulted running "
+                                f"{work.label}")
+            work.run()
+
+    def run_until(self, done: Callable[[], bool], waiting_for: str) -> None:
+        """Run queued work, stream by stream in turn, until `done()`; `DeviceHang` when no
+        stream can make progress first."""
+        while not done():
+            progressed = False
+            for stream in self.streams:
+                while stream.queue and self._runnable(stream.queue[0]):
+                    work = stream.queue.popleft()
+                    try:
+                        self._execute(work)
+                    except TwinError:
+                        raise
+                    progressed = True
+                    if done():
+                        return
+            if not progressed:
+                blocked = [f"{s} at {s.queue[0].label}" for s in self.streams if s.queue]
+                raise DeviceHang(f"waiting for {waiting_for}, but no stream can run: "
+                                 f"{'; '.join(blocked)} (an event that is never recorded)")
+
+    def synchronize_stream(self, stream: StreamState, what: str) -> None:
+        self.check_alive()
+        self.refuse_in_capture(what)
+        self.run_until(lambda: not stream.queue, f"{stream} to drain")
+
+    def synchronize(self, what: str = "torch.npu.synchronize()") -> None:
+        self.check_alive()
+        self.refuse_in_capture(what)
+        self.run_until(lambda: all(not s.queue for s in self.streams), "every stream to drain")
+
+    # ---- events ------------------------------------------------------------------------------
+    def record_event(self, event: EventState, stream: StreamState) -> None:
+        if event.external:
+            self.enqueue(Work("ext_record", "ExternalEvent.record", event=event), stream)
+            return
+        token = next(event.tokens)
+        event.last_token = token
+        graph = stream.capture
+        event.captured_in = graph
+        self.enqueue(Work("record", "Event.record", event=event, token=token), stream)
+        if graph is not None:
+            event.snapshot = {**graph.frontier[stream.id], stream.id: graph.seq[stream.id]}
+
+    def wait_event(self, event: EventState, stream: StreamState) -> None:
+        if event.external:
+            self.enqueue(Work("ext_wait", "ExternalEvent.wait", event=event), stream)
+            return
+        graph = event.captured_in
+        if graph is not None and graph.status == "capturing":
+            if stream.capture is None:  # a fork: the stream joins the capture
+                if stream.default:
+                    raise CaptureViolation("the default stream cannot join a capture")
+                stream.capture = graph
+                graph.side[stream.id] = stream
+            elif stream.capture is not graph:
+                raise CaptureViolation(f"{stream} waits on an event of another capturing graph")
+            graph.ordered_after(stream.id, event.snapshot)
+        elif stream.capture is not None and event.last_token is not None:
+            raise CaptureViolation(f"{stream} captures and waits on an Event recorded outside "
+                                   "the capture: use torch.npu.ExternalEvent for that")
+        if event.timing and stream.capture is not None:
+            raise CaptureViolation("an Event created with enable_timing=True cannot be waited "
+                                   "on in a capture (only ACL_EVENT_SYNC events can)")
+        self.enqueue(Work("wait", "Event.wait", event=event, token=event.last_token), stream)
+
+    def synchronize_event(self, event: EventState) -> None:
+        self.check_alive()
+        self.refuse_in_capture("Event.synchronize()")
+        if event.external or event.last_token is None:
+            return
+        token = event.last_token
+        self.run_until(lambda: event.done >= token, "an event")
+
+    # ---- graphs ------------------------------------------------------------------------------
+    def capture_begin(self, graph: GraphState) -> None:
+        self.check_alive()
+        if self.fault == "capture-refused" or os.environ.get("TASK_QUEUE_ENABLE") == "2":
+            raise RuntimeError(TASK_QUEUE_REFUSAL)
+        stream = self.current_stream()
+        if stream.default:
+            raise CaptureViolation("capture_begin on the default stream: CANN refuses to "
+                                   "capture it; capture under torch.npu.stream(side_stream)")
+        if stream.capture is not None:
+            raise CaptureViolation(f"capture_begin: {stream} is already capturing (a capture "
+                                   "that was never ended)")
+        if graph.status != "empty":
+            raise CaptureViolation(f"capture_begin on a graph that is {graph.status}")
+        graph.status, graph.origin = "capturing", stream
+        stream.capture = graph
+        self.capturing.append(graph)
+
+    def capture_end(self, graph: GraphState) -> None:
+        stream = self.current_stream()
+        if graph.status != "capturing" or stream is not graph.origin:
+            raise CaptureViolation("capture_end: this graph is not capturing on the current "
+                                   "stream")
+        problem = None
+        if any(s.open_group is not None for s in graph.streams()):
+            problem = "a task group was begun and never ended"
+        joined = graph.frontier[graph.origin.id]
+        for side in graph.side.values():
+            if joined.get(side.id, 0) < graph.seq[side.id]:
+                problem = (f"{side} joined the capture and was not joined back (record an "
+                           "event on it after its last task and wait on it from the capture "
+                           "stream, directly or through another joined stream)")
+        for s in graph.streams():
+            s.capture, s.open_group = None, None
+        self.capturing.remove(graph)
+        if problem:
+            graph.status, graph.nodes = "empty", []
+            raise CaptureViolation(f"capture_end: {problem}")
+        graph.status = "captured"
+
+    def replay(self, graph: GraphState) -> None:
+        self.check_alive()
+        if graph.status != "captured":
+            raise CaptureViolation(f"replay of a graph that is {graph.status}")
+        stream = self.current_stream()
+        if stream.capture is not None:
+            raise CaptureViolation("replay on a capturing stream")
+        for index, node in enumerate(graph.nodes):
+            if node.kind in ("record", "wait"):
+                continue  # edges inside the graph: replay runs its nodes in capture order
+            if node.kind == "aicpu" and self.fault == "no-aicpu-replay":
+                continue
+            self.enqueue(Work(node.kind, f"replay {node.label}", self._node_body(graph, index),
+                              event=node.event, node=index), stream)
+        self.stats["replays"] += 1
+
+    @staticmethod
+    def _node_body(graph: GraphState, index: int) -> Callable[[], None]:
+        generation = graph.generation
+
+        def run() -> None:
+            if graph.generation != generation:
+                raise CaptureViolation("a replayed task's graph was reset before it ran")
+            body = graph.nodes[index].run
+            if body is not None:
+                body()
+        return run
+
+    def reset(self, graph: GraphState) -> None:
+        graph.generation += 1
+        if graph.status == "capturing":
+            # NPUGraph::reset calls no capture_end: the streams stay capturing, into nothing
+            graph.status = "reset-while-capturing"
+            graph.nodes = []
+            return
+        graph.status, graph.nodes = "empty", []
+        graph.side, graph.origin = {}, None
+        graph.seq, graph.frontier = collections.Counter(), collections.defaultdict(dict)
+
+    # ---- task groups -------------------------------------------------------------------------
+    def group_begin(self, stream: StreamState) -> None:
+        if stream.capture is None:
+            raise CaptureViolation(f"graph_task_group_begin: {stream} is not capturing")
+        if stream.open_group is not None:
+            raise CaptureViolation("graph_task_group_begin: a task group is already open")
+        stream.open_group = []
+
+    def group_end(self, stream: StreamState) -> GroupHandle:
+        if stream.open_group is None:
+            raise CaptureViolation(f"graph_task_group_end: no task group is open on {stream}")
+        nodes, stream.open_group = stream.open_group, None
+        if not nodes:
+            raise CaptureViolation("graph_task_group_end: the group holds no task")
+        graph = stream.capture
+        return GroupHandle(graph, nodes, graph.generation)
+
+    def update_begin(self, stream: StreamState, handle: GroupHandle) -> None:
+        if stream.capture is not None:
+            raise CaptureViolation("graph_task_update_begin on a capturing stream")
+        if stream.updating is not None:
+            raise CaptureViolation("graph_task_update_begin: the stream is already updating")
+        if not isinstance(handle, GroupHandle) or handle.graph.generation != handle.generation \
+                or handle.graph.status != "captured":
+            raise CaptureViolation("graph_task_update_begin: the handle's graph was reset or "
+                                   "is not captured")
+        stream.updating = (handle, [])
+
+    def update_end(self, stream: StreamState) -> None:
+        if stream.updating is None:
+            raise CaptureViolation("graph_task_update_end: the stream is not updating")
+        (handle, works), stream.updating = stream.updating, None
+        want = [handle.graph.nodes[i].label for i in handle.nodes]
+        got = [w.label for w in works]
+        if want != got:
+            raise CaptureViolation(f"graph_task_update_end: the group holds {want}, the update "
+                                   f"issued {got}")
+
+        def apply() -> None:
+            for index, work in zip(handle.nodes, works):
+                handle.graph.nodes[index].run = work.run
+        self.enqueue(Work("update", "task update", apply), stream)
+        self.stats["task_updates"] += 1
+
+
+# ---- device tensors ------------------------------------------------------------------------
+_device: Device | None = None
+
+
+def device() -> Device:
+    if _device is None:
+        raise RuntimeError("the NPU twin is not active: call pyruntime.npu_twin.activate()")
+    return _device
+
+
+def install_device(dev: Device) -> None:
+    global _device
+    _device = dev
+
+
+def poisoned(inner: torch.Tensor) -> torch.Tensor:
+    inner.view(-1).view(torch.uint8).fill_(POISON) if inner.numel() else None
+    return inner
+
+
+class NpuTensor(torch.Tensor):
+    """A tensor on the twin's ``npu:0``: a wrapper around the CPU tensor that is its device
+    memory. Every aten op on it passes `__torch_dispatch__`, which queues it on the current
+    stream (or records it into the capturing graph)."""
+
+    _inner: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor):
+        out = torch.Tensor._make_wrapper_subclass(
+            cls, inner.size(), strides=inner.stride(), storage_offset=inner.storage_offset(),
+            dtype=inner.dtype, device=torch.device("npu", 0), requires_grad=False)
+        out._inner = inner
+        return out
+
+    def __repr__(self) -> str:
+        return f"NpuTensor(shape={tuple(self.shape)}, dtype={self.dtype}, device='npu:0')"
+
+    # host access: what torch does for a non-CPU tensor
+    def numpy(self, *args, **kwargs):
+        raise TypeError("can't convert npu:0 device type tensor to numpy. Use Tensor.cpu() to "
+                        "copy the tensor to host memory first.")
+
+    def __array__(self, *args, **kwargs):
+        return self.numpy()
+
+    def tolist(self):
+        return self.cpu().tolist()
+
+    def data_ptr(self) -> int:
+        return self._inner.data_ptr()
+
+    def untyped_storage(self):
+        return self._inner.untyped_storage()
+
+    def is_pinned(self, *args) -> bool:
+        return False
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _dispatch(func, args, kwargs or {})
+
+
+def inner(value: Any) -> Any:
+    return value._inner if isinstance(value, NpuTensor) else value
+
+
+def _is_host_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and not isinstance(value, NpuTensor) \
+        and value.device.type == "cpu" and value.dim() > 0
+
+
+def _meta(value: Any) -> Any:
+    if isinstance(value, NpuTensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0:
+        return value  # a host scalar tensor: allowed, frozen like a scalar
+    return value
+
+
+_METADATA_OPS = {"aten::detach", "aten::alias", "aten::lift_fresh", "aten::_unsafe_view"}
+_aten = torch.ops.aten
+_ALLOCATING_OPS = (_aten.empty_like.default, _aten.new_empty.default,
+                   _aten.new_empty_strided.default)
+
+
+def _dispatch(func, args, kwargs):
+    dev = device()
+    name = func._schema.name
+    if func.namespace != "aten":
+        # a custom op (ours): its PrivateUse1 kernel, as torch_npu dispatches it
+        dev.check_alive()
+        if dev.aicore_body == "reference" and str(func) in REFERENCE_BODIES:
+            return _queue_reference_body(dev, func, args, kwargs)
+        return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1),
+                               *args, **kwargs)
+    if func.is_view or name in _METADATA_OPS:
+        out = func(*pytree.tree_map(inner, args), **pytree.tree_map(inner, kwargs))
+        return pytree.tree_map(lambda t: NpuTensor(t) if isinstance(t, torch.Tensor) else t, out)
+    if func is _aten._to_copy.default and torch.device(kwargs.get("device") or "npu").type == "cpu":
+        return _device_to_host(args[0], kwargs)
+    if func is _aten._local_scalar_dense.default:
+        return _device_to_host(args[0], {}).item()
+    if func is _aten.copy_.default:
+        return _copy(args[0], args[1], bool(args[2]) if len(args) > 2 else
+                     bool(kwargs.get("non_blocking", False)))
+    if func in (_aten.is_pinned.default,):
+        return False
+    if func in _ALLOCATING_OPS:  # memory only: no device work, garbage until written
+        dev.ensure_context()
+        meta = func(*pytree.tree_map(_meta, args), **pytree.tree_map(_meta, kwargs))
+        return NpuTensor(poisoned(torch.empty_strided(meta.shape, meta.stride(),
+                                                      dtype=meta.dtype)))
+    return _queue_op(dev, func, args, kwargs)
+
+
+#: our AI Core ops whose CPU implementation (the C reference attention) may stand in for
+#: the Triton body (``AICPU_TILING_TWIN_AICORE=reference``: minutes instead of hours for the
+#: self-check's attention checks; the Triton bodies run under ``triton``)
+REFERENCE_BODIES = ("aicpu_tiling.paged_attention.default",
+                    "aicpu_tiling.attention_combine.default")
+
+
+def _queue_reference_body(dev: Device, func, args, kwargs) -> None:
+    for value in pytree.tree_leaves((args, kwargs)):
+        if _is_host_tensor(value):
+            raise HostPointerError(f"{func}: a host tensor handed to an AI Core kernel")
+    inner_args, inner_kwargs = pytree.tree_map(inner, args), pytree.tree_map(inner, kwargs)
+    dev.enqueue(Work("aicore", f"{func} (C reference body)",
+                     lambda: func(*inner_args, **inner_kwargs)))
+
+
+def _device_to_host(src: NpuTensor, kwargs) -> torch.Tensor:
+    dev = device()
+    dev.refuse_in_capture("a device-to-host copy (.cpu(), .item(), .tolist(), .numpy())")
+    dev.synchronize_stream(dev.current_stream(), "a device-to-host copy")
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
+    return _aten._to_copy.default(src._inner, **kwargs)
+
+
+def _copy(dst: Any, src: Any, non_blocking: bool):
+    dev = device()
+    if not isinstance(dst, NpuTensor):  # device to host into an existing host tensor
+        dst.copy_(_device_to_host(src, {}))
+        return dst
+    if isinstance(src, NpuTensor):
+        return _queue_op(dev, _aten.copy_.default, (dst, src, non_blocking), {})
+    if not isinstance(src, torch.Tensor):
+        raise TypeError(f"copy_ from {type(src).__name__}")
+    dev.refuse_in_capture("a host-to-device copy (it would freeze a host address in the "
+                          "graph)")
+    target = dst._inner
+    if not non_blocking:
+        def run(s=src.detach()):
+            target.copy_(s)
+        dev.enqueue(Work("copy", "H2D copy", run))
+        dev.synchronize_stream(dev.current_stream(), "a blocking host-to-device copy")
+        return dst
+    # asynchronous from pageable memory: the copy reads the host memory when it runs
+    snapshot = src.detach().clone()
+    alive = weakref.ref(src)
+    where = "".join(traceback.format_stack(limit=8)[:-3][-3:]).rstrip()
+
+    def run_async() -> None:
+        source = alive()
+        if source is None:
+            raise PageableCopyRace("a non_blocking host-to-device copy ran after its pageable "
+                                   f"source tensor was freed; issued at:\n{where}")
+        if not torch.equal(source, snapshot):
+            raise PageableCopyRace("a non_blocking host-to-device copy ran after its pageable "
+                                   f"source was rewritten; issued at:\n{where}")
+        target.copy_(source)
+    dev.enqueue(Work("copy", "H2D copy (non_blocking)", run_async))
+    return dst
+
+
+def _queue_op(dev: Device, func, args, kwargs):
+    """Queue a plain aten op: outputs are allocated now (shapes from the meta kernel), filled
+    when the op runs on its stream; an in-place or ``out=`` op returns its argument."""
+    for value in pytree.tree_leaves((args, kwargs)):
+        if _is_host_tensor(value):
+            raise HostPointerError(f"{func}: a host tensor of shape {tuple(value.shape)} among "
+                                   "npu tensors (Expected all tensors to be on the same device)")
+    dev.ensure_context()
+    meta_out = func(*pytree.tree_map(_meta, args), **pytree.tree_map(_meta, kwargs))
+    single = not isinstance(meta_out, (tuple, list))
+    metas = [meta_out] if single else list(meta_out)
+    aliased = _written_arguments(func, args, kwargs)
+    results, fresh = [], []  # fresh: (position, host buffer) of outputs the op allocates
+    for position, (meta, ret) in enumerate(zip(metas, func._schema.returns)):
+        alias = ret.alias_info
+        target = next((aliased[s] for s in (alias.before_set if alias else ()) if s in aliased),
+                      None)
+        if target is not None or not isinstance(meta, torch.Tensor):
+            results.append(target if target is not None else meta)
+            continue
+        buf = poisoned(torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype))
+        fresh.append((position, buf))
+        results.append(NpuTensor(buf))
+    inner_args, inner_kwargs = pytree.tree_map(inner, args), pytree.tree_map(inner, kwargs)
+
+    def run() -> None:
+        got = func(*inner_args, **inner_kwargs)
+        got = [got] if single else list(got)
+        for position, buf in fresh:
+            buf.copy_(got[position])
+
+    dev.enqueue(Work("op", str(func), run))
+    return results[0] if single else type(meta_out)(results)
+
+
+def _written_arguments(func, args, kwargs) -> dict[str, NpuTensor]:
+    """Alias set -> the argument an op writes (``Tensor(a!) self``, ``out``)."""
+    found = {}
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = kwargs.get(arg.name, args[i] if i < len(args) else None)
+            for alias_set in arg.alias_info.before_set:
+                found[alias_set] = value
+    return found
+
+
+# ---- allocation (PrivateUse1 kernels of the factory ops) ------------------------------------
+def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None,
+                        memory_format=None):
+    _allocating()
+    return NpuTensor(poisoned(torch.empty(size, dtype=dtype or torch.get_default_dtype())))
+
+
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+    _allocating()
+    return NpuTensor(poisoned(torch.empty_strided(size, stride,
+                                                  dtype=dtype or torch.get_default_dtype())))
+
+
+def _allocating() -> Device:
+    dev = device()
+    dev.ensure_context()  # torch_npu sets the device lazily at the first allocation
+    return dev
+
+
+def to_copy(src, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+            memory_format=None):
+    """``cpu_tensor.to("npu")``: allocate on the device, then a host-to-device copy."""
+    target = torch.device(device) if device is not None else torch.device("npu", 0)
+    if target.type == "cpu":
+        return _device_to_host(src, {"dtype": dtype})
+    host = src.to(dtype or src.dtype).contiguous()
+    out = empty_strided(host.shape, host.stride(), dtype=host.dtype)
+    _copy(out, host, non_blocking)
+    return out
+
+
+def register_factories(library: torch.library.Library) -> None:
+    library.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
+    library.impl("empty_strided", empty_strided, "PrivateUse1")
+    library.impl("_to_copy", to_copy, "PrivateUse1")

@@ -1,0 +1,226 @@
+"""The twin of our torch_npu extension (``aicpu_kernels/npu_ext``) and of CANN's loader for
+the AI-CPU binary it launches.
+
+``torch.ops.load_library(<twin extension>)`` registers what ``plan_tiling_op.cpp`` registers:
+the PrivateUse1 kernel of ``aicpu_tiling::plan_tiling``, with every ``TORCH_CHECK`` of that
+file as a check here (a test reads the C++ and matches them one by one), and
+``aicpu_tiling::npu_load_tiling_kernel(op_info_json)``, which loads the AI-CPU binary the way
+CANN's ``aclrtBinaryLoadFromFile`` does in CPU kernel mode 1 (hicann/runtime
+``binary_loader.cc``: the runtime reads ``<json stem>.so``; ``program.cc`` sends it to the
+device under its basename; the task names the JSON's ``kernelSo``, so the two must agree).
+
+A launch queues the launcher's fork/join (an ``ACL_EVENT_SYNC`` event recorded on the caller
+stream, waited on by the launcher's flag-0 stream, the AI-CPU task, an event back) and the
+AI-CPU task itself: the AArch64 build of the runtime entry ``aicpu_tiling_kernel(void
+*args)`` run in the emulator (`pyruntime.aarch64`) on the argument block's device memory.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import device as twin
+
+#: the file the twin's "extension" is; ``torch.ops.load_library`` of it registers the ops
+EXTENSION_MARKER = "aicpu-tiling npu-twin extension v1\n"
+PARAM_FIELDS = 12
+OP_TYPE = "AicpuTilingKernel"
+FUNCTION = "aicpu_tiling_kernel"
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+class AclError(RuntimeError):
+    """An ACL call failed; ``code`` is the ACL error code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{message} (ACL error {code})")
+        self.code = code
+
+
+class _Launcher:
+    """``RuntimeLauncher``'s state: the loaded binary, the AI-CPU stream, the two events."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.stream: twin.StreamState | None = None
+        self.events: tuple[twin.EventState, twin.EventState] | None = None
+        self.lock = threading.Lock()
+
+
+_launcher = _Launcher()
+_library: torch.library.Library | None = None
+
+
+def load_binary(op_info_json: str) -> None:
+    """``aclrtBinaryLoadFromFile(json, {CPU_KERNEL_MODE: 1})`` + ``aclrtBinaryGetFunction``."""
+    dev = twin.device()
+    dev.check_alive()
+    dev.require_context("npu_load_tiling_kernel (aclrtBinaryGetFunction)")
+    with _launcher.lock:
+        if _launcher.path is not None:
+            if _launcher.path == op_info_json:
+                return
+            raise RuntimeError(f"npu_load_tiling_kernel: already loaded from {_launcher.path}; "
+                               f"cannot load {op_info_json}")
+        path = Path(op_info_json)
+        if not path.is_file():
+            raise AclError(507014, f"npu_load_tiling_kernel: aclrtBinaryLoadFromFile({path}): "
+                                   "path cannot be accessed (EE1012)")
+        so = path.with_suffix(".so")  # mode 1: the runtime reads <json stem>.so
+        if not so.is_file():
+            raise AclError(507014, f"npu_load_tiling_kernel: aclrtBinaryLoadFromFile({path}): "
+                                   f"CPU kernel mode 1 loads {so.name} beside the JSON, which "
+                                   "is missing (EE1012)")
+        try:
+            info = json.loads(path.read_text())
+            entry = info[OP_TYPE]["opInfo"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AclError(507014, f"npu_load_tiling_kernel: {path} has no op {OP_TYPE!r} "
+                                   f"with opInfo ({exc})") from exc
+        if entry.get("kernelSo") != so.name:
+            raise AclError(507018, f"npu_load_tiling_kernel: the op-info JSON names kernelSo "
+                                   f"{entry.get('kernelSo')!r} but the runtime sends {so.name!r} "
+                                   "to the device: the AI-CPU dlopen would miss it")
+        if entry.get("functionName") != FUNCTION:
+            raise AclError(507018, f"npu_load_tiling_kernel: functionName is "
+                                   f"{entry.get('functionName')!r}, the .so exports {FUNCTION!r}")
+        _check_elf(so)
+        _launcher.stream = dev.new_stream("aicpu-launcher")
+        _launcher.events = (twin.EventState(external=False), twin.EventState(external=False))
+        _launcher.path = op_info_json
+
+
+def _check_elf(so: Path) -> None:
+    """The binary must be an AArch64 shared object exporting the entry (the AI-CPU is
+    AArch64; CANN dlopens it there)."""
+    from elftools.elf.elffile import ELFFile
+
+    with so.open("rb") as handle:
+        try:
+            elf = ELFFile(handle)
+        except Exception as exc:  # noqa: BLE001 - any parse failure means "not an ELF"
+            raise AclError(507018, f"{so} is not an ELF file ({exc})") from exc
+        if elf["e_machine"] != "EM_AARCH64" or elf["e_type"] != "ET_DYN":
+            raise AclError(507018, f"{so} is {elf['e_machine']} {elf['e_type']}, the AI-CPU "
+                                   "needs an AArch64 shared object")
+        symbols = elf.get_section_by_name(".dynsym")
+        names = {s.name for s in symbols.iter_symbols()} if symbols is not None else set()
+        if FUNCTION not in names:
+            raise AclError(507018, f"{so} exports no {FUNCTION}")
+
+
+def _check_int32_npu(t: Any, name: str, min_numel: int) -> None:
+    # CheckInt32Npu in plan_tiling_op.cpp
+    _check_npu(t, name)
+    if t.dtype != torch.int32:
+        raise RuntimeError(f"plan_tiling: {name} must be int32, got {t.dtype}")
+    _check_contiguous(t, name)
+    if t.numel() < min_numel:
+        raise RuntimeError(f"plan_tiling: {name} holds {t.numel()} values, needs at least "
+                           f"{min_numel}")
+
+
+def _check_npu(t: Any, name: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.device.type != "npu":
+        where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
+        raise RuntimeError(f"plan_tiling: {name} must be on the NPU, got {where}")
+
+
+def _check_contiguous(t: torch.Tensor, name: str) -> None:
+    if not t.is_contiguous():
+        raise RuntimeError(f"plan_tiling: {name} must be contiguous")
+
+
+def plan_tiling_npu(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, params,
+                    causal) -> None:
+    """The PrivateUse1 kernel of ``aicpu_tiling::plan_tiling`` (``PlanTilingNpu``)."""
+    from pyruntime import tiling
+
+    if len(params) != PARAM_FIELDS:
+        raise RuntimeError(f"plan_tiling: params has {len(params)} values, expected "
+                           f"{PARAM_FIELDS}")
+    for i, v in enumerate(params):
+        if not _INT32_MIN <= int(v) <= _INT32_MAX:
+            raise RuntimeError(f"plan_tiling: params[{i}] = {v} is outside int32")
+    try:
+        p = tiling.TilingParams(*[int(v) for v in params])
+    except (ValueError, tiling.TilingError) as exc:
+        raise RuntimeError("plan_tiling: invalid tiling params (see "
+                           f"pyruntime.tiling.TilingParams): {exc}") from exc
+    n = seqlens_kv.numel() if isinstance(seqlens_kv, torch.Tensor) else 0
+    _check_int32_npu(cu_seqlens_q, "cu_seqlens_q", n + 1)
+    _check_int32_npu(seqlens_kv, "seqlens_kv", p.max_batch)
+    _check_int32_npu(batch, "batch", 1)
+    _check_int32_npu(step_epoch, "step_epoch", 1)
+    _check_npu(tiling_out, "tiling_out")
+    _check_contiguous(tiling_out, "tiling_out")
+    nbytes = tiling_out.numel() * tiling_out.element_size()
+    if nbytes < p.tiling_bytes:
+        raise RuntimeError(f"plan_tiling: tiling_out holds {nbytes} bytes, needs at least "
+                           f"{p.tiling_bytes}")
+    # one twin device: the same-device check of the C++ always holds here
+    if _launcher.path is None:
+        raise RuntimeError("plan_tiling: the AI-CPU tiling kernel is not loaded; call "
+                           "torch.ops.aicpu_tiling.npu_load_tiling_kernel(<dir>/"
+                           "libaicpu_tiling_runtime.json) before capturing")
+    _enqueue_launch(p, cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, n, nbytes,
+                    bool(causal))
+
+
+def _enqueue_launch(p, cu, kv, batch, epoch, out, n: int, nbytes: int, causal: bool) -> None:
+    dev = twin.device()
+    caller, side = dev.current_stream(), _launcher.stream
+    ev_in, ev_out = _launcher.events
+    cu_i, kv_i, batch_i, epoch_i, out_i = (twin.inner(t) for t in (cu, kv, batch, epoch, out))
+
+    def run() -> None:  # what the AI-CPU does with the argument block's addresses
+        buffer = _run_entry(p, cu_i, kv_i, n, int(batch_i[0]), int(epoch_i[0]), causal, nbytes)
+        out_i.view(-1).view(torch.uint8)[:nbytes].copy_(torch.from_numpy(buffer.copy()))
+
+    dev.record_event(ev_in, caller)
+    dev.wait_event(ev_in, side)
+    dev.enqueue(twin.Work("aicpu", "aicpu_tiling_kernel", run), side)
+    dev.record_event(ev_out, side)
+    dev.wait_event(ev_out, caller)
+
+
+_emulated = None
+
+
+def _run_entry(p, cu, kv, n: int, live_batch: int, epoch: int, causal: bool,
+               nbytes: int) -> np.ndarray:
+    """The AI-CPU entry on device memory: the AArch64 build in the emulator."""
+    global _emulated
+    if _emulated is None:
+        from pyruntime.aarch64.kernel import EmulatedKernel
+
+        _emulated = EmulatedKernel()
+    run = _emulated.launch_entry(p, cu[: n + 1].tolist(), kv[:n].tolist(), n,
+                                 live_batch=live_batch, step_epoch=epoch, causal=causal,
+                                 buffer_bytes=nbytes)
+    if run.status != 0:
+        # the entry refused the block: the device reports an AI-CPU exception
+        raise twin.TwinError(f"the AI-CPU entry refused its argument block (status "
+                             f"{run.status}): error 507018")
+    return np.frombuffer(run.buffer, dtype=np.uint8)
+
+
+def register() -> None:
+    """What ``torch.ops.load_library(libaicpu_tiling_npu.so)`` registers (once)."""
+    global _library
+    if _library is not None:
+        return
+    from pyruntime.kernels import custom_ops
+
+    custom_ops.ops()  # the schema of plan_tiling comes from Python, as on the NPU
+    fragment = torch.library.Library("aicpu_tiling", "FRAGMENT")
+    fragment.define("npu_load_tiling_kernel(str op_info_json) -> ()")
+    fragment.impl("npu_load_tiling_kernel", load_binary, "CompositeExplicitAutograd")
+    fragment.impl("plan_tiling", plan_tiling_npu, "PrivateUse1")
+    _library = fragment

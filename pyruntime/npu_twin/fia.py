@@ -1,0 +1,138 @@
+"""A stand-in for torch_npu's FIA (``npu_fused_infer_attention_score`` and its ``.out``
+overload) with the wheel's schemas and real numerics, for the host_update baseline.
+
+The schemas are the ones torch_npu 2.10.0.post4 documents in ``torch_npu/_op_plugin_docs.py``
+(a test compares them with the wheel). The numerics cover what vLLM-Ascend's decode path
+passes (``input_layout="TND"``, paged KV ``[num_blocks, block_size, kv_heads * head_dim]``,
+``actual_seq_lengths`` the cumulative query ends, ``actual_seq_lengths_kv`` per request,
+``sparse_mode`` 0 with no mask, or 3: causal aligned to the end of each request's KV), in
+float64 (`pyruntime.workload.reference`); anything else raises `NotInTwinError`. The op runs
+as an AI Core task on the current stream: captured, task-group members and updatable like
+any kernel, with its host lists frozen when it is issued.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import device as twin
+from .npu_module import NotInTwinError
+
+#: torch_npu 2.10.0.post4, ``_op_plugin_docs.py`` (the prototypes, verbatim but for the name)
+SCHEMA = (
+    "npu_fused_infer_attention_score(Tensor query, Tensor key, Tensor value, *, Tensor? "
+    "pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, SymInt[]? "
+    "actual_seq_lengths_kv=None, Tensor? dequant_scale1=None, Tensor? quant_scale1=None, "
+    "Tensor? dequant_scale2=None, Tensor? quant_scale2=None, Tensor? quant_offset2=None, "
+    "Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, Tensor? block_table=None, "
+    "Tensor? query_padding_size=None, Tensor? kv_padding_size=None, Tensor? "
+    "key_antiquant_scale=None, Tensor? key_antiquant_offset=None, Tensor? "
+    "value_antiquant_scale=None, Tensor? value_antiquant_offset=None, Tensor? "
+    "key_shared_prefix=None, Tensor? value_shared_prefix=None, Tensor? "
+    "actual_shared_prefix_len=None,Tensor? query_rope=None, Tensor? key_rope=None, Tensor? "
+    "key_rope_antiquant_scale=None, int num_heads=1, float scale=1.0, int "
+    "pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int "
+    "num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, int "
+    "antiquant_mode=0, bool softmax_lse_flag=False, int key_antiquant_mode=0, int "
+    "value_antiquant_mode=0) -> (Tensor, Tensor)")
+OUT_SCHEMA = (
+    "npu_fused_infer_attention_score.out(Tensor query, Tensor key, Tensor value, *, Tensor? "
+    "pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, SymInt[]? "
+    "actual_seq_lengths_kv=None, Tensor? dequant_scale1=None, Tensor? quant_scale1=None, "
+    "Tensor? dequant_scale2=None, Tensor? quant_scale2=None, Tensor? quant_offset2=None, "
+    "Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, Tensor? "
+    "key_antiquant_scale=None, Tensor? key_antiquant_offset=None, Tensor? "
+    "value_antiquant_scale=None, Tensor? value_antiquant_offset=None, Tensor? "
+    "block_table=None, Tensor? query_padding_size=None, Tensor? kv_padding_size=None, "
+    "Tensor? key_shared_prefix=None, Tensor? value_shared_prefix=None, SymInt[]? "
+    "actual_shared_prefix_len=None, Tensor? query_rope=None, Tensor? key_rope=None, Tensor? "
+    "key_rope_antiquant_scale=None, int num_heads=1, float scale=1.0, int "
+    "pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int "
+    "num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, int "
+    "antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0, bool "
+    "softmax_lse_flag=False, Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) "
+    "softmax_lse) -> (Tensor(a!), Tensor(b!))")
+
+_UNSUPPORTED = ("pse_shift", "atten_mask", "dequant_scale1", "quant_scale1", "dequant_scale2",
+                "quant_scale2", "quant_offset2", "antiquant_scale", "antiquant_offset",
+                "query_padding_size", "kv_padding_size", "key_antiquant_scale",
+                "key_antiquant_offset", "value_antiquant_scale", "value_antiquant_offset",
+                "key_shared_prefix", "value_shared_prefix", "actual_shared_prefix_len",
+                "query_rope", "key_rope", "key_rope_antiquant_scale")
+
+
+def _reference(query, key, value, options: dict) -> tuple[np.ndarray, np.ndarray]:
+    """float64 attention: ``[T, num_heads, D]`` output and ``[T, num_heads, 1]`` lse."""
+    from pyruntime.workload.reference import reference_attention
+
+    for name in _UNSUPPORTED:
+        if options.get(name) is not None:
+            raise NotInTwinError(f"npu_fused_infer_attention_score: {name} is not modelled by "
+                                 "the NPU twin")
+    if options["input_layout"] != "TND" or options["block_table"] is None:
+        raise NotInTwinError("the twin's FIA models input_layout='TND' with a paged KV cache "
+                             "(block_table) only, as vLLM-Ascend's decode path calls it")
+    if options["sparse_mode"] not in (0, 3):
+        raise NotInTwinError(f"sparse_mode {options['sparse_mode']} is not modelled")
+    heads, kv_heads = options["num_heads"], options["num_key_value_heads"] or options["num_heads"]
+    block_size = options["block_size"]
+    cu = np.concatenate([[0], np.asarray(options["actual_seq_lengths"], np.int64)])
+    kv = np.asarray(options["actual_seq_lengths_kv"], np.int64)
+    if len(kv) != len(cu) - 1:
+        raise RuntimeError("npu_fused_infer_attention_score: actual_seq_lengths and "
+                           "actual_seq_lengths_kv must have one entry per request")
+    head_dim = query.shape[-1]
+    cache = (key.shape[0], block_size, kv_heads, head_dim)
+    table = options["block_table"].numpy()
+    out = reference_attention(query, key.reshape(cache), value.reshape(cache),
+                              table, cu, kv, scale=options["scale"],
+                              causal=options["sparse_mode"] == 3)
+    return out, np.zeros(out.shape[:2] + (1,))
+
+
+def _issue(query, key, value, options, attention_out, softmax_lse) -> None:
+    dev = twin.device()
+    for t in (query, key, value, options.get("block_table")):
+        if t is not None and not isinstance(t, twin.NpuTensor):
+            raise twin.HostPointerError("npu_fused_infer_attention_score: every tensor must "
+                                        "be on the NPU")
+    inner = {k: twin.inner(v) for k, v in options.items()}
+    frozen = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in inner.items()}
+    q, k, v = twin.inner(query), twin.inner(key), twin.inner(value)
+    out_i, lse_i = twin.inner(attention_out), twin.inner(softmax_lse)
+
+    def run() -> None:
+        out, lse = _reference(q, k, v, frozen)
+        out_i.copy_(torch.from_numpy(out).reshape(out_i.shape).to(out_i.dtype))
+        if lse_i.numel() == lse.size:
+            lse_i.copy_(torch.from_numpy(lse).reshape(lse_i.shape).to(lse_i.dtype))
+    dev.enqueue(twin.Work("aicore", "npu_fused_infer_attention_score", run))
+
+
+def fia(query, key, value, **options):
+    attention_out = torch.empty_like(query)
+    softmax_lse = torch.empty(query.shape[:2] + (1,), dtype=torch.float32, device=query.device)
+    _issue(query, key, value, options, attention_out, softmax_lse)
+    return attention_out, softmax_lse
+
+
+def fia_out(query, key, value, *, workspace=None, attention_out, softmax_lse, **options):
+    _issue(query, key, value, options, attention_out, softmax_lse)
+    return attention_out, softmax_lse
+
+
+_library: torch.library.Library | None = None
+
+
+def register() -> torch._ops.OpOverloadPacket:
+    """Define ``torch.ops.npu.npu_fused_infer_attention_score`` (once)."""
+    global _library
+    if _library is None:
+        lib = torch.library.Library("npu", "DEF")
+        lib.define(SCHEMA)
+        lib.define(OUT_SCHEMA)
+        lib.impl("npu_fused_infer_attention_score", fia, "PrivateUse1")
+        lib.impl("npu_fused_infer_attention_score.out", fia_out, "PrivateUse1")
+        _library = lib
+    return torch.ops.npu.npu_fused_infer_attention_score
