@@ -433,6 +433,7 @@ class Backend(abc.ABC):
     def _abort_capture(self, graph: Graph) -> None:
         if graph.state is GraphState.CAPTURING:
             self._leave_capture(graph)
+            self._end_native_capture(graph)
             self._release_graph(graph)
             graph.__init__(self, self._new_graph())
 
@@ -469,6 +470,8 @@ class Backend(abc.ABC):
         pass
     @abc.abstractmethod
     def _capture_end(self, graph: Graph) -> None: ...
+    def _end_native_capture(self, graph: Graph) -> None:
+        """Abort path: end the device's capture (before the graph is released)."""
     def _release_graph(self, graph: Graph) -> None:
         pass
     @abc.abstractmethod

@@ -62,8 +62,9 @@ def _load_npu() -> Any:
     try:
         importlib.import_module("torch_npu")
     except ImportError as exc:
-        raise BackendError("the npu backend needs torch_npu (and CANN) installed; "
-                           "use get('cpu') on machines without an Ascend NPU") from exc
+        raise BackendError("the npu backend needs torch_npu (and CANN) installed; on a "
+                           "machine without an Ascend NPU use the cpu backend, or the NPU "
+                           "twin (pyruntime.npu_twin.activate())") from exc
     return torch.npu
 
 
@@ -128,8 +129,13 @@ class NpuBackend(Backend):
         return torch.zeros(shape, dtype=dtype, device=self.device)
 
     def _copy_h2d(self, stream, dst, src):
+        # Blocking: `src` is the base class's staged temporary, pageable and freed on return.
+        # A non_blocking copy would read it when the stream reaches the copy, after it is
+        # freed (torch_npu queues aclrtMemcpyAsync with the raw host pointer). The cost is
+        # a host wait for `stream` at each copy; pinned, event-guarded staging is the
+        # optimisation for later.
         with self.npu.stream(stream.native):
-            dst.copy_(src, non_blocking=True)
+            dst.copy_(src, non_blocking=False)
 
     def _new_stream(self, name):
         return self.npu.Stream()
@@ -176,6 +182,19 @@ class NpuBackend(Backend):
             graph.native.capture_end()
         finally:
             self._capture_ctx.pop(graph.id).__exit__(None, None, None)
+
+    def _end_native_capture(self, graph: Graph):
+        # NPUGraph.reset() does not end a capture: without capture_end the stream keeps
+        # capturing and every later operation on it fails or is captured into nothing
+        # (torch.npu.graph.__exit__ also calls capture_end on an exception)
+        try:
+            graph.native.capture_end()
+        except Exception:  # noqa: BLE001 - the capture is being abandoned; its error is known
+            pass
+        finally:
+            ctx = self._capture_ctx.pop(graph.id, None)
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
 
     def _release_graph(self, graph: Graph):
         graph.native.reset()

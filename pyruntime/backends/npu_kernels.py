@@ -11,8 +11,11 @@ is registered before the library is loaded.
 
 Where they are looked for: ``$AICPU_TILING_NPU_EXT`` (the extension) and
 ``$AICPU_TILING_KERNEL_DIR`` (the directory of the runtime JSON), else what
-``tools/build_aicpu_kernel.sh runtime`` and ``... npu_ext`` install under ``build/aicpu/``.
-Nothing here has run on an NPU.
+``tools/build_aicpu_kernel.sh runtime`` and ``... npu_ext`` install under the build root
+(`build_root`: ``$AICPU_TILING_BUILD_DIR/aicpu``, else ``build/aicpu`` of the source checkout
+this package runs from, else the user cache). Building needs a source checkout: a regular
+install carries no C sources. Nothing here has run on an NPU; on the NPU twin
+(`pyruntime.npu_twin`) all of it runs in CI.
 """
 
 from __future__ import annotations
@@ -28,10 +31,33 @@ from .errors import BackendError
 EXT_ENV = "AICPU_TILING_NPU_EXT"
 KERNEL_DIR_ENV = "AICPU_TILING_KERNEL_DIR"
 EXT_NAME = "libaicpu_tiling_npu.so"
-RUNTIME_JSON = "aicpu_tiling_runtime.json"
-REPO = Path(__file__).resolve().parents[2]
-BUILD_ROOT = REPO / "build" / "aicpu"
-BUILD_SCRIPT = REPO / "tools" / "build_aicpu_kernel.sh"
+RUNTIME_JSON = "libaicpu_tiling_runtime.json"
+BUILD_DIR_ENV = "AICPU_TILING_BUILD_DIR"
+#: where a source checkout would be, if this package runs from one (editable install)
+CHECKOUT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT_NAME = "tools/build_aicpu_kernel.sh"
+
+
+def source_checkout() -> Path | None:
+    """The repository this package runs from, or None after a regular install (the wheel
+    carries no C sources and no build script)."""
+    if (CHECKOUT / BUILD_SCRIPT_NAME).is_file() and (CHECKOUT / "aicpu_kernels").is_dir():
+        return CHECKOUT
+    return None
+
+
+def build_root() -> Path:
+    """Where built kernels are looked for: ``$AICPU_TILING_BUILD_DIR/aicpu``, else the
+    checkout's ``build/aicpu``, else ``~/.cache/aicpu-tiling/build/aicpu`` (never
+    site-packages)."""
+    env = os.environ.get(BUILD_DIR_ENV, "").strip()
+    if env:
+        return Path(env) / "aicpu"
+    checkout = source_checkout()
+    if checkout is not None:
+        return checkout / "build" / "aicpu"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "aicpu-tiling" / "build" / "aicpu"
 
 
 class KernelsUnavailableError(BackendError):
@@ -54,25 +80,37 @@ def find() -> KernelFiles:
     Raises:
         KernelsUnavailableError: either is missing (names where it was looked for).
     """
+    root = build_root()
     env_ext = os.environ.get(EXT_ENV, "").strip()
-    ext_candidates = [Path(env_ext)] if env_ext else sorted(BUILD_ROOT.glob(f"**/{EXT_NAME}"))
+    ext_candidates = [Path(env_ext)] if env_ext else sorted(root.glob(f"**/{EXT_NAME}"))
     env_dir = os.environ.get(KERNEL_DIR_ENV, "").strip()
     json_candidates = ([Path(env_dir) / RUNTIME_JSON] if env_dir
-                       else sorted(BUILD_ROOT.glob(f"**/{RUNTIME_JSON}")))
+                       else sorted(root.glob(f"**/{RUNTIME_JSON}")))
     ext, js = _first(ext_candidates), _first(json_candidates)
     missing = []
     if ext is None:
-        missing.append(f"the torch_npu extension {EXT_NAME} (${EXT_ENV} or under {BUILD_ROOT})")
+        missing.append(f"the torch_npu extension {EXT_NAME} (${EXT_ENV} or under {root})")
     if js is None:
-        missing.append(f"the AI-CPU kernel {RUNTIME_JSON} (${KERNEL_DIR_ENV} or under "
-                       f"{BUILD_ROOT})")
+        missing.append(f"the AI-CPU kernel {RUNTIME_JSON} (${KERNEL_DIR_ENV} or under {root})")
+    elif not js.with_suffix(".so").is_file():
+        missing.append(f"the AI-CPU binary {js.with_suffix('.so').name} beside {js} (CANN "
+                       "loads <json stem>.so in CPU kernel mode 1)")
     if missing:
         raise KernelsUnavailableError(
-            f"our NPU kernels are not built: missing {' and '.join(missing)}; build them with "
-            f"`source <CANN>/set_env.sh && {BUILD_SCRIPT.relative_to(REPO)} runtime && "
-            f"{BUILD_SCRIPT.relative_to(REPO)} npu_ext` or `aicpu-tiling selfcheck --backend "
-            "npu --build`")
+            f"our NPU kernels are not built: missing {' and '.join(missing)}; build them "
+            f"with {build_command()}")
     return KernelFiles(ext, js)
+
+
+def build_command() -> str:
+    """The command that builds our NPU kernels here (or how to get a checkout first)."""
+    script = BUILD_SCRIPT_NAME
+    steps = (f"`source <CANN>/set_env.sh && bash {script} runtime && bash {script} npu_ext` "
+             "or `aicpu-tiling selfcheck --backend npu --build`")
+    if source_checkout() is None:
+        return ("a source checkout (this install has no C sources): `git clone <aicpu-tiling "
+                f"repository> && cd aicpu-tiling && pip install --no-deps -e .`, then {steps}")
+    return f"{steps} in {source_checkout()}"
 
 
 def build(*, timeout_s: float = 1800) -> str:
@@ -81,12 +119,14 @@ def build(*, timeout_s: float = 1800) -> str:
     Raises:
         KernelsUnavailableError: the script is missing or a build failed (its last lines).
     """
-    if not BUILD_SCRIPT.is_file():
-        raise KernelsUnavailableError(f"{BUILD_SCRIPT} is missing: this is not a source tree")
+    checkout = source_checkout()
+    if checkout is None:
+        raise KernelsUnavailableError(f"building our NPU kernels needs {build_command()}")
     out = []
     for target in ("runtime", "npu_ext"):
-        proc = subprocess.run(["bash", str(BUILD_SCRIPT), target], capture_output=True,
-                              text=True, timeout=timeout_s, check=False)
+        proc = subprocess.run(["bash", str(checkout / BUILD_SCRIPT_NAME), target,
+                               str(build_root())], capture_output=True, text=True,
+                              timeout=timeout_s, check=False, cwd=checkout)
         out.append(proc.stdout + proc.stderr)
         if proc.returncode != 0:
             tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
@@ -118,6 +158,9 @@ def load(ops: Any = None) -> KernelFiles:
     try:
         custom_ops.ops()  # the schemas first: the extension only adds PrivateUse1 kernels
         ops.load_library(str(files.extension))
+        # torch_npu sets the device lazily (NpuSysCtrl::Initialize): until then this thread
+        # has no runtime context, and the binary's function lookup needs one (CANN 107002)
+        torch.npu.set_device(torch.npu.current_device())
         ops.aicpu_tiling.npu_load_tiling_kernel(str(files.runtime_json))
     except Exception as exc:
         raise KernelsUnavailableError(f"loading {files.extension} / {files.runtime_json} "

@@ -63,9 +63,12 @@ _NO_LENGTHS = np.zeros(0, dtype=np.int32)
 
 
 def tiling_status(params: tiling.TilingParams, tiling_buf: torch.Tensor) -> tiling.Tiling:
-    """The decoded view of a tiling buffer (only its header is meaningful without lengths)."""
-    return tiling.Tiling(params, tiling_buf.numpy().view(np.uint8), _NO_LENGTHS, _NO_LENGTHS,
-                         True)
+    """The decoded view of a tiling buffer (only its header is meaningful without lengths).
+
+    A device buffer is copied to the host first (a synchronous read: never inside a capture).
+    """
+    host = tiling_buf.detach().cpu() if tiling_buf.device.type != "cpu" else tiling_buf
+    return tiling.Tiling(params, host.numpy().view(np.uint8), _NO_LENGTHS, _NO_LENGTHS, True)
 
 
 def _check(status: int, params: tiling.TilingParams, tiling_buf: torch.Tensor, what: str):

@@ -7,8 +7,9 @@ import torch
 
 
 def _f64(t: torch.Tensor) -> np.ndarray:
-    # via float32: exact for every storage dtype, and far faster than bf16 -> float64
-    return t.detach().float().numpy().astype(np.float64)
+    # via float32: exact for every storage dtype, and far faster than bf16 -> float64; a
+    # device tensor is read back first (.numpy() refuses device memory, as on torch_npu)
+    return t.detach().float().cpu().numpy().astype(np.float64)
 
 
 def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
