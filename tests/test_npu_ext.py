@@ -1,19 +1,21 @@
 """The torch_npu extension (aicpu_kernels/npu_ext/) without an NPU.
 
-- The op's C++ compiles (``-fsyntax-only``, -Wall -Wextra -Werror, torch's headers as system
-  headers) against the installed torch and the CANN / torch_npu declarations of
-  ``aicpu_kernels/cann_stub/npu/`` (NOT CANN, NOT torch_npu).
-- The launcher compiles against the real ACL headers shipped in the torch_npu wheel (from
-  ``tools/fetch_wheels.sh``). The whole op against the wheel's torch_npu headers is tried
-  only when the wheel was built for the installed torch's version: torch_npu 2.10's headers
-  use named-tensor types (at::Dimname) that torch 2.13 no longer has.
-- The launcher's call sequence (load once: JSON + .so, flag-0 stream, sync events; per
-  launch: record, wait, rtsLaunchCpuKernel, record, wait) and a capture/replay with fresh
-  lengths run on the host against a recording stand-in runtime (cann_stub/npu, NOT CANN)
-  whose launches run the host build of the entry point.
+- Compiled against REAL headers only (``g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror``,
+  the wheels' headers as system headers so -Werror applies to our code): the launcher against
+  the ACL headers shipped in the torch_npu 2.10.0.post4 wheel, and the op against torch
+  2.10's headers (from the downloaded, never installed, aarch64 CPU wheel: torch_npu
+  2.10.0.post4 pins torch 2.10) plus that torch_npu wheel's own headers (NPUStream.h,
+  NPUGuard.h, NPUFunctions.h, OpCommand.h). ``tools/fetch_wheels.sh`` fetches both wheels;
+  without them these checks skip, except under ``CI=true``, where they fail.
+- The launcher's call sequence (load once: JSON + .so in CPU kernel mode 1, flag-0 stream,
+  sync events; per launch: record, wait, aclrtLaunchKernelWithHostArgs, record, wait) and a
+  capture/replay with fresh lengths run on the host against a recording runtime
+  (cann_stub/npu, NOT CANN) that defines the ACL functions the real acl_rt.h declares; its
+  launches run the host build of the entry point.
 - The C++ kernel's parameters match the schema that pyruntime/kernels/custom_ops.py defines,
-  and the whole extension, linked with host stand-ins for torch_npu and the runtime, loads
-  into the installed (CPU) torch and registers its PrivateUse1 kernel against that schema.
+  and the whole extension, linked with host stand-ins for the few torch_npu functions it
+  calls and the recording runtime, loads into the installed (CPU) torch and registers its
+  PrivateUse1 kernel against that schema.
 """
 
 from __future__ import annotations
@@ -35,84 +37,124 @@ STUB = KERNELS / "cann_stub"
 WARN = ["-Wall", "-Wextra", "-Werror"]
 WHEEL_CACHE = Path(os.environ.get("AICPU_TILING_WHEEL_CACHE",
                                   Path.home() / ".cache" / "aicpu-tiling" / "wheels"))
+TORCH_NPU_WHEEL = "torch_npu-2.10.0.post4-*.whl"
+TORCH_WHEEL = "torch-2.10.0-*.whl"
+OP_INFO_JSON = "libaicpu_tiling_runtime.json"
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("gcc") is None,
                                 reason="gcc and g++ are needed to compile the extension's C++")
 
 
 def torch_includes() -> list[str]:
+    """The INSTALLED torch's headers (2.13): only for the link test below."""
     from torch.utils.cpp_extension import include_paths
 
     return [arg for path in include_paths() for arg in ("-isystem", path)]
 
 
-def syntax_check(source: Path, includes: list[str], std: str = "c++20") -> None:
-    cmd = ["g++", f"-std={std}", "-fsyntax-only", *WARN, "-D_GLIBCXX_USE_CXX11_ABI=1",
-           *includes, f"-I{KERNELS / 'aicpu'}", f"-I{EXT}", str(source)]
+def wheels_required() -> bool:
+    """True under CI (``CI=true``): a missing wheel is then a failure, not a skip."""
+    return os.environ.get("CI", "").strip().lower() == "true"
+
+
+def cached_wheel(glob: str) -> Path:
+    found = sorted(WHEEL_CACHE.glob(glob))
+    if not found:
+        subprocess.run(["bash", str(REPO / "tools" / "fetch_wheels.sh")], capture_output=True,
+                       check=False, timeout=900)  # fmt: skip
+        found = sorted(WHEEL_CACHE.glob(glob))
+    if not found:
+        message = f"wheel {glob} not in {WHEEL_CACHE} and could not be downloaded"
+        if wheels_required():
+            pytest.fail(f"{message}; CI=true requires it (run tools/fetch_wheels.sh)")
+        pytest.skip(message)
+    return found[-1]
+
+
+def extracted(wheel: Path, prefix: str) -> Path:
+    """The members of `wheel` under `prefix` (plus its METADATA), extracted once into the
+    wheel cache; a half-finished extraction is never reused (it is renamed into place)."""
+    root = WHEEL_CACHE / "extracted" / wheel.stem
+    if not (root / prefix).is_dir():
+        partial = root.with_name(f"{root.name}.partial.{os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(partial, [n for n in z.namelist() if n.startswith(prefix)
+                                   or n.endswith(".dist-info/METADATA")])
+        shutil.rmtree(root, ignore_errors=True)
+        partial.rename(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def torch_npu_include() -> Path:
+    """torch_npu/include of the torch_npu wheel: torch_npu/csrc/... and third_party/acl/inc."""
+    include = extracted(cached_wheel(TORCH_NPU_WHEEL), "torch_npu/include/") / "torch_npu" / "include"
+    assert (include / "third_party" / "acl" / "inc" / "acl" / "acl_rt.h").is_file()
+    assert (include / "torch_npu" / "csrc" / "core" / "npu" / "NPUStream.h").is_file()
+    return include
+
+
+@pytest.fixture(scope="module")
+def acl_include(torch_npu_include) -> Path:
+    return torch_npu_include / "third_party" / "acl" / "inc"
+
+
+@pytest.fixture(scope="module")
+def torch210_include(torch_npu_include) -> Path:
+    """torch/include of the torch wheel the torch_npu wheel pins (read, never installed)."""
+    meta = next(torch_npu_include.parents[1].glob("*.dist-info/METADATA")).read_text()
+    pin = re.search(r"Requires-Dist: torch ?==([\d.]+)", meta)
+    assert pin is not None and pin.group(1) == "2.10.0", "fetch_wheels.sh's torch must match"
+    include = extracted(cached_wheel(TORCH_WHEEL), "torch/include/") / "torch" / "include"
+    assert (include / "torch" / "library.h").is_file()
+    return include
+
+
+def syntax_check(source: Path, system_includes: list[Path]) -> None:
+    cmd = ["g++", "-std=c++17", "-fsyntax-only", *WARN,
+           *[arg for path in system_includes for arg in ("-isystem", str(path))],
+           f"-I{KERNELS / 'aicpu'}", f"-I{EXT}", str(source)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[:4000]}"
     assert r.stderr == "", r.stderr
 
 
-def test_op_compiles_against_torch_and_the_stub():
-    syntax_check(EXT / "plan_tiling_op.cpp", [*torch_includes(), f"-I{STUB / 'npu'}"])
+def test_launcher_compiles_against_the_wheels_acl_headers(acl_include):
+    syntax_check(EXT / "runtime_launcher.cpp", [acl_include])
 
 
-def test_launcher_compiles_against_the_stub_cxx14():
-    syntax_check(EXT / "runtime_launcher.cpp", [f"-I{STUB / 'npu'}"], std="c++14")
-
-
-@pytest.fixture(scope="module")
-def wheel_include(tmp_path_factory) -> Path:
-    wheels = sorted(WHEEL_CACHE.glob("torch_npu-*.whl"))
-    if not wheels:
-        pytest.skip(f"no torch_npu wheel in {WHEEL_CACHE} (run tools/fetch_wheels.sh)")
-    out = tmp_path_factory.mktemp("torch_npu_wheel")
-    with zipfile.ZipFile(wheels[-1]) as z:
-        names = [n for n in z.namelist() if n.startswith("torch_npu/include/")
-                 or n.endswith(".dist-info/METADATA")]
-        z.extractall(out, names)
-    return out
-
-
-def rts_only(tmp: Path, *extra: str) -> Path:
-    """An include root with only the stand-ins the wheel lacks (runtime/rt.h, ...)."""
-    root = tmp / "stub_subset"
-    for rel in ("runtime/rt.h", *extra):
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(STUB / "npu" / rel, root / rel)
-    return root
-
-
-def test_launcher_compiles_against_the_wheels_acl_headers(wheel_include, tmp_path):
-    acl = wheel_include / "torch_npu" / "include" / "third_party" / "acl" / "inc"
-    assert (acl / "acl" / "acl_rt.h").is_file()
-    syntax_check(EXT / "runtime_launcher.cpp",
-                 ["-isystem", str(acl), f"-I{rts_only(tmp_path)}"], std="c++14")
-
-
-def test_op_against_the_wheels_torch_npu_headers(wheel_include, tmp_path):
-    import torch
-
-    meta = next(wheel_include.glob("*.dist-info/METADATA")).read_text()
-    pin = re.search(r"Requires-Dist: torch ?==([\d.]+)", meta)
-    installed = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    if pin is None or not pin.group(1).startswith(installed + "."):
-        pytest.skip(f"the torch_npu wheel's headers need torch {pin.group(1) if pin else '?'}, "
-                    f"torch {torch.__version__} is installed (they use at::Dimname, gone in 2.13)")
-    include = wheel_include / "torch_npu" / "include"
+def test_op_compiles_against_torch_210_and_the_torch_npu_wheels_headers(torch_npu_include,
+                                                                         acl_include,
+                                                                         torch210_include):
+    # torch_npu's headers include "third_party/acl/inc/acl/acl.h", the launcher "acl/acl.h":
+    # the same files, from the same wheel.
     syntax_check(EXT / "plan_tiling_op.cpp",
-                 [*torch_includes(), "-isystem", str(include), "-isystem",
-                  str(include / "third_party" / "acl" / "inc"), f"-I{rts_only(tmp_path)}"])
+                 [torch210_include, torch210_include / "torch" / "csrc" / "api" / "include",
+                  torch_npu_include, acl_include])
 
 
-def test_launcher_sequence_and_capture_replay(tmp_path):
+def test_no_stand_in_for_a_real_header_is_left():
+    """The compile checks above see only real headers: no stand-in ACL or rts header exists."""
+    npu_stub = STUB / "npu"
+    assert not (npu_stub / "acl").exists() and not (npu_stub / "runtime").exists()
+    for source in (EXT / "runtime_launcher.h", EXT / "runtime_launcher.cpp"):
+        assert not re.search(r"\brts[A-Z]\w*\(|runtime/rt\.h", source.read_text()), source
+
+
+def test_launcher_sequence_and_capture_replay(tmp_path, acl_include):
+    """launcher_driver.cc checks, against the recording runtime: the load is
+    aclrtBinaryLoadFromFile(<dir>/libaicpu_tiling_runtime.json, CPU kernel mode 1),
+    aclrtBinaryGetFunction("AicpuTilingKernel"), a flag-0 stream and two ACL_EVENT_SYNC
+    events; each launch is record(caller), wait(AI-CPU stream), the launch, record(AI-CPU
+    stream), wait(caller); Unload releases in reverse and the destructor calls no ACL."""
     obj = tmp_path / "aicpu_tiling.o"
     subprocess.run(["gcc", "-std=c99", *WARN, "-c", str(KERNELS / "aicpu_tiling.c"), "-o",
                     str(obj)], check=True)  # fmt: skip
     exe = tmp_path / "launcher_driver"
-    cmd = ["g++", "-std=c++14", *WARN, "-g", f"-I{STUB}", f"-I{STUB / 'npu'}",
-           f"-I{KERNELS / 'aicpu'}", f"-I{EXT}", str(EXT / "tests" / "launcher_driver.cc"),
+    cmd = ["g++", "-std=c++17", *WARN, "-g", "-isystem", str(acl_include), f"-I{STUB}",
+           f"-I{STUB / 'npu'}", f"-I{KERNELS / 'aicpu'}", f"-I{EXT}",
+           str(EXT / "tests" / "launcher_driver.cc"),
            str(EXT / "runtime_launcher.cpp"), str(STUB / "npu" / "recording_runtime.cc"),
            str(KERNELS / "aicpu" / "tiling_ascendc_aicpu.cpp"), str(STUB / "cann_stub.cc"),
            str(obj), "-o", str(exe)]  # fmt: skip
@@ -122,23 +164,26 @@ def test_launcher_sequence_and_capture_replay(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert "FAIL" not in run.stdout
     for case in ("launch_before_load", "load", "launch", "bad_block", "capture_replay",
-                 "launch_failure", "load_failure"):
+                 "launch_failure", "unload", "destructor", "load_failure"):
         assert f"PASS {case}\n" in run.stdout
 
 
 def test_runtime_op_info_names_the_device_function_and_so():
     from pyruntime.aarch64 import toolchain
 
-    info = json.loads((EXT / "aicpu_tiling_runtime.json").read_text())
+    info = json.loads((EXT / OP_INFO_JSON).read_text())
     route = (EXT / "launch_route.h").read_text()
     op_type = re.search(r'#define AICPU_TILING_RUNTIME_OP_TYPE "(\w+)"', route).group(1)
+    # CPU kernel mode 1 loads "<JSON stem>.so" and the device stores it under that
+    # basename, which the task names by kernelSo: all three must agree.
+    assert re.search(r'#define AICPU_TILING_RUNTIME_JSON "([\w.]+)"', route).group(1) == OP_INFO_JSON
     assert list(info) == [op_type]
     op = info[op_type]["opInfo"]
     assert op["functionName"] == "aicpu_tiling_kernel"
     assert "aicpu_tiling_kernel(void *args)" in (KERNELS / "aicpu" /
                                                  "tiling_ascendc_aicpu.cpp").read_text()
     so = next(u.output for u in toolchain.cross_units() if u.output.endswith(".so"))
-    assert op["kernelSo"] == so
+    assert op["kernelSo"] == so == Path(OP_INFO_JSON).with_suffix(".so").name
 
 
 def test_cpp_kernel_matches_the_python_schema():
@@ -186,12 +231,13 @@ def test_cmake_runtime_target_with_a_ziglang_cann(tmp_path):
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lib = build / "install" / "lib"
     assert (lib / "libaicpu_tiling_runtime.so").stat().st_size > 0
-    assert json.loads((lib / "aicpu_tiling_runtime.json").read_text())
+    assert json.loads((lib / OP_INFO_JSON).read_text())
 
 
-def test_op_library_links_and_registers_in_cpu_torch(tmp_path):
-    """The whole extension, linked with host stand-ins for torch_npu and the runtime
-    (cann_stub/npu, NOT torch_npu, NOT CANN), loads into the installed torch after the Python
+def test_op_library_links_and_registers_in_cpu_torch(tmp_path, acl_include):
+    """The whole extension, linked with host stand-ins for torch_npu and the recording
+    runtime (cann_stub/npu, NOT torch_npu, NOT CANN; the ACL declarations are the real ones
+    from the torch_npu wheel), loads into the installed torch after the Python
     schema: the PrivateUse1 kernel registers against the SymInt[] schema, the load op works
     once and refuses a second path, and the NPU kernel refuses tensors not on the NPU."""
     import sys
@@ -204,7 +250,8 @@ def test_op_library_links_and_registers_in_cpu_torch(tmp_path):
                     "-o", str(obj)], check=True)  # fmt: skip
     lib = tmp_path / "libaicpu_tiling_npu_host.so"
     cmd = ["g++", "-std=c++20", "-O0", "-fPIC", "-shared", *WARN, "-D_GLIBCXX_USE_CXX11_ABI=1",
-           *torch_includes(), f"-I{STUB}", f"-I{STUB / 'npu'}", f"-I{KERNELS / 'aicpu'}",
+           *torch_includes(), "-isystem", str(acl_include), f"-I{STUB}", f"-I{STUB / 'npu'}",
+           f"-I{KERNELS / 'aicpu'}",
            f"-I{EXT}", str(EXT / "plan_tiling_op.cpp"), str(EXT / "runtime_launcher.cpp"),
            str(STUB / "npu" / "recording_runtime.cc"), str(STUB / "npu" / "torch_npu_stub.cc"),
            str(KERNELS / "aicpu" / "tiling_ascendc_aicpu.cpp"), str(STUB / "cann_stub.cc"),
@@ -220,13 +267,13 @@ from pyruntime.kernels import custom_ops
 ops = custom_ops.ops()  # the Python schema first, as in the package
 torch.ops.load_library({str(lib)!r})
 assert torch._C._dispatch_has_kernel_for_dispatch_key("aicpu_tiling::plan_tiling", "PrivateUse1")
-ops.npu_load_tiling_kernel("/opt/k/aicpu_tiling_runtime.json")
-ops.npu_load_tiling_kernel("/opt/k/aicpu_tiling_runtime.json")  # idempotent
+ops.npu_load_tiling_kernel("/opt/k/{OP_INFO_JSON}")
+ops.npu_load_tiling_kernel("/opt/k/{OP_INFO_JSON}")  # idempotent
 with pytest.raises(RuntimeError, match="already loaded"):
     ops.npu_load_tiling_kernel("/elsewhere.json")
 i32 = {{"dtype": torch.int32}}
 args = (torch.zeros(5, **i32), torch.zeros(4, **i32), torch.zeros(1, **i32),
-        torch.zeros(1, **i32), torch.zeros(4096, **i32),
+        torch.zeros(1, **i32), torch.zeros(16384, dtype=torch.uint8),  # bytes, as callers pass
         [32, 8, 128, 128, 4, 16, 64, 6, 16, 4, 1, 32], True)
 npu_only = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 with pytest.raises(RuntimeError, match="cu_seqlens_q must be on the NPU"):

@@ -7,7 +7,8 @@
 #   ascendc  the Ascend C entry aicpu_tiling_kernel -> libaicpu_tiling_ascendc.a
 #            (CANN >= 9.0, Atlas A2/A3)
 #   runtime  the Ascend C entry as a plain AArch64 .so -> libaicpu_tiling_runtime.so plus
-#            aicpu_tiling_runtime.json beside it: the device side of the torch_npu extension
+#            libaicpu_tiling_runtime.json beside it (same stem: the runtime loads <JSON stem>.so):
+#            the device side of the torch_npu extension
 #            (runtime launch route, aicpu_kernels/npu_ext/launch_route.h)
 #   npu_ext  the torch_npu extension libaicpu_tiling_npu.so (needs torch and torch_npu
 #            importable by ${PYTHON:-python3})
@@ -101,7 +102,7 @@ build_classic() {
 build_runtime() {
     cmake_aicpu_target runtime "install the CANN toolkit that includes the AI-CPU toolchain, or run '$0 cross' to check the build with ziglang."
     echo "== built ${build_root}/runtime/install/lib/libaicpu_tiling_runtime.so"
-    echo "   op info: ${build_root}/runtime/install/lib/aicpu_tiling_runtime.json"
+    echo "   op info: ${build_root}/runtime/install/lib/libaicpu_tiling_runtime.json"
 }
 
 build_npu_ext() {
@@ -121,7 +122,7 @@ build_npu_ext() {
     cmake --install "${build_root}/npu_ext"
     echo "== built ${build_root}/npu_ext/install/lib/libaicpu_tiling_npu.so; load it with"
     echo "   torch.ops.load_library(...) then, before capture,"
-    echo "   torch.ops.aicpu_tiling.npu_load_tiling_kernel('${build_root}/runtime/install/lib/aicpu_tiling_runtime.json')"
+    echo "   torch.ops.aicpu_tiling.npu_load_tiling_kernel('${build_root}/runtime/install/lib/libaicpu_tiling_runtime.json')"
 }
 
 build_ascendc() {

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Download the wheels the import-hook conformance tests read (never installed).
+# Download the wheels the tests read as zip files (never installed): vllm-ascend for the
+# import-hook conformance tests; torch_npu (its ACL and torch_npu headers) and torch 2.10
+# (its headers, which torch_npu 2.10's headers need) for the extension's compile checks.
 # Usage: tools/fetch_wheels.sh            (cache: ${AICPU_TILING_WHEEL_CACHE:-$HOME/.cache/aicpu-tiling/wheels})
 # Exit 0 when every wheel is present afterwards; 1 when a download failed (tests then skip).
 set -u
@@ -16,4 +18,8 @@ fetch 'vllm_ascend-0.23.0-*.whl' vllm-ascend==0.23.0
 fetch 'vllm_ascend-0.26.0rc1-*.whl' vllm-ascend==0.26.0rc1
 fetch 'torch_npu-2.10.0.post4-*.whl' torch_npu==2.10.0.post4 \
     --platform manylinux_2_28_x86_64 --python-version 3.11 --implementation cp
+# torch 2.10 for its headers only: the aarch64 wheel (CPU-only, 146 MB) is much smaller than
+# PyPI's x86_64 one (which depends on CUDA); torch/include is the same C++ headers.
+fetch 'torch-2.10.0-cp311-cp311-manylinux_2_28_aarch64.whl' torch==2.10.0 \
+    --platform manylinux_2_28_aarch64 --python-version 3.11 --implementation cp
 exit $status

@@ -14,12 +14,15 @@
  *   batch         int32 [1]     on the NPU: the live batch the kernel reads (n >= max_batch)
  *   step_epoch    int32 [1]     on the NPU: the epoch the host wrote beside the lengths; the
  *                               kernel echoes it in the tiling header (ABI v2)
- *   tiling_out    int32 [>= aicpu_tiling_bytes(params) / 4] on the NPU, written
+ *   tiling_out    any dtype, >= aicpu_tiling_bytes(params) bytes on the NPU, contiguous,
+ *                               written (every caller allocates it as uint8 bytes)
  *   params        the 12 aicpu_tiling_params fields in header order (reserved words 0)
  * and one more op, defined here, to load the AI-CPU binary once before capture:
  *     aicpu_tiling::npu_load_tiling_kernel(str op_info_json) -> ()
  * Errors are c10::Error (RuntimeError in Python) naming the offending argument.
- * Never run on an NPU; CI compiles it with -fsyntax-only (tests/test_npu_ext.py).
+ * Never run on an NPU. CI compiles it with -fsyntax-only against torch 2.10's headers
+ * (from the downloaded, never installed, wheel) and the torch_npu 2.10.0.post4 wheel's own
+ * headers (tests/test_npu_ext.py).
  */
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
@@ -27,6 +30,13 @@
 #include <mutex>
 #include <string>
 
+/* c10_npu::current_device(): torch_npu/csrc/core/npu/NPUFunctions.h:76 (its GetDevice sets
+ * device 0 when the thread has no context yet, NPUFunctions.h:30-40);
+ * c10_npu::NPUGuard(c10::DeviceIndex): torch_npu/csrc/core/npu/NPUGuard.h:25;
+ * c10_npu::getCurrentNPUStream: NPUStream.h:127; OpCommand::RunOpApiV2: OpCommand.h:129
+ * (all under torch_npu/include/ in the torch_npu 2.10.0.post4 wheel). */
+#include "torch_npu/csrc/core/npu/NPUFunctions.h"
+#include "torch_npu/csrc/core/npu/NPUGuard.h"
 #include "torch_npu/csrc/core/npu/NPUStream.h"
 #include "torch_npu/csrc/framework/OpCommand.h"
 
@@ -60,8 +70,23 @@ void CheckInt32Npu(const at::Tensor &t, const char *name, int64_t min_numel)
                 " values, needs at least ", min_numel);
 }
 
+/* The tiling buffer is raw bytes to the kernel, and every caller allocates it as uint8:
+ * any dtype, counted in bytes. */
+void CheckTilingBuffer(const at::Tensor &t, const char *name, int64_t min_bytes)
+{
+    TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "plan_tiling: ", name,
+                " must be on the NPU, got ", t.device());
+    TORCH_CHECK(t.is_contiguous(), "plan_tiling: ", name, " must be contiguous");
+    TORCH_CHECK(static_cast<int64_t>(t.nbytes()) >= min_bytes, "plan_tiling: ", name, " holds ",
+                t.nbytes(), " bytes, needs at least ", min_bytes);
+}
+
 void NpuLoadTilingKernel(c10::string_view op_info_json)
 {
+    /* The runtime looks the function up in the calling thread's current context and does
+     * no implicit set-device, while torch_npu may set the device lazily: make sure this
+     * thread has the current NPU device (device 0 if none was chosen) before loading. */
+    c10_npu::NPUGuard device_guard(c10_npu::current_device());
     std::lock_guard<std::mutex> lock(LauncherMutex());
     auto &launcher = Launcher();
     const int rc = launcher.Load(std::string(op_info_json.data(), op_info_json.size()));
@@ -90,7 +115,7 @@ void PlanTilingNpu(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
     CheckInt32Npu(batch, "batch", 1);
     CheckInt32Npu(step_epoch, "step_epoch", 1);
     const int64_t tiling_bytes = static_cast<int64_t>(aicpu_tiling_bytes(&p));
-    CheckInt32Npu(tiling_out, "tiling_out", tiling_bytes / 4);
+    CheckTilingBuffer(tiling_out, "tiling_out", tiling_bytes);
     TORCH_CHECK(cu_seqlens_q.device() == tiling_out.device() &&
                     seqlens_kv.device() == tiling_out.device() &&
                     batch.device() == tiling_out.device() &&
@@ -105,7 +130,7 @@ void PlanTilingNpu(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
     args.step_epoch = AICPU_TILING_ADDR(step_epoch.data_ptr());
     args.batch = static_cast<int32_t>(n);
     args.buffer = AICPU_TILING_ADDR(tiling_out.data_ptr());
-    args.buffer_bytes = static_cast<uint64_t>(tiling_out.numel()) * 4u;
+    args.buffer_bytes = static_cast<uint64_t>(tiling_out.nbytes());
     TORCH_CHECK(aicpu_tiling_kernel_check(&args) == AICPU_TILING_KERNEL_OK,
                 "plan_tiling: the argument block is invalid (arrays shorter than max_batch?)");
     TORCH_CHECK(Launcher().Loaded(), "plan_tiling: the AI-CPU tiling kernel is not loaded; "

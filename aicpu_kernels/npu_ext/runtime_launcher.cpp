@@ -1,8 +1,19 @@
 /*
- * runtime_launcher.cpp -- the runtime route (launch_route.h). Signatures from CANN's
- * runtime/rts/rts_kernel.h and acl/acl_rt.h; the sequence from hw-native-sys/simpler
- * (src/common/platform/onboard/host/load_aicpu_op.cpp: LoadAicpuOp::Init and
- * AicpuKernelLaunch; tests/st/a2a3/kernel_capture/native/driver.cpp: the event chain).
+ * runtime_launcher.cpp -- the runtime route (launch_route.h) through the public ACL API.
+ *
+ * Every signature, type and constant used here is declared in the ACL headers shipped in
+ * the torch_npu 2.10.0.post4 wheel, torch_npu/include/third_party/acl/inc/acl/acl_rt.h
+ * (cited below as acl_rt.h:<line>); tests/test_npu_ext.py compiles this file against that
+ * header with -Wall -Wextra -Werror. How ACL maps these calls for a CPU kernel, read in
+ * hicann/runtime 681ef761 (not run): src/acl/aclrt_impl/kernel.cpp forwards
+ * aclrtBinaryLoadFromFile to rtsBinaryLoadFromFile (the options struct reinterpreted as
+ * rtLoadBinaryConfig_t), aclrtBinaryGetFunction to rtsFuncGetByName, and
+ * aclrtLaunchKernelWithHostArgs to rtsLaunchKernelWithHostArgs, which
+ * (src/runtime/api/api_c_kernel.cc) builds the rtCpuKernelArgs_t of a CPU-registered kernel
+ * with isNoNeedH2DCopy = 0, i.e. the same CPU-kernel launch as rtsLaunchCpuKernel, with the
+ * host argument block copied to the device by the runtime. The fork/join around the
+ * launch follows the event chain of hw-native-sys/simpler's capture probe
+ * (tests/st/a2a3/kernel_capture/native/driver.cpp).
  */
 #include "runtime_launcher.h"
 
@@ -10,25 +21,39 @@
 
 namespace aicpu_tiling_npu {
 
-RuntimeLauncher::~RuntimeLauncher() { Release(); }
+/* The launcher in plan_tiling_op.cpp is a function-local static, destroyed by exit() after
+ * Python has finalized. torch_npu shuts ACL down from a Python atexit handler
+ * (torch_npu/_init/core/runtime_lifecycle.py:40, atexit.register(_npu_shutdown): reset the
+ * devices, aclFinalize), and Py_FinalizeEx runs those handlers before exit() runs any C++
+ * static destructor or std::atexit function, so even a std::atexit registered at the first
+ * Load would come too late. Calling aclrtDestroyStream & co. then would touch a finalized
+ * runtime. So the destructor only forgets the handles: they belong to the device context
+ * that torch_npu's shutdown has already reset, and the process is ending. Code that wants
+ * the handles back earlier calls Unload() while ACL is up. */
+RuntimeLauncher::~RuntimeLauncher() = default;
 
-int RuntimeLauncher::Fail(int code, const char *step)
+int RuntimeLauncher::Fail(aclError code, const std::string &step)
 {
-    error_ = std::string(step) + " failed with code " + std::to_string(code);
-    return code == 0 ? -1 : code;
+    /* aclGetRecentErrMsg: acl_rt.h:1050; the runtime's text for this thread's last error. */
+    const char *detail = aclGetRecentErrMsg();
+    error_ = step + " failed with code " + std::to_string(code);
+    if (detail != nullptr && detail[0] != '\0') error_ += ": " + std::string(detail);
+    return code == ACL_SUCCESS ? -1 : code;
 }
 
-void RuntimeLauncher::Release()
+void RuntimeLauncher::Unload()
 {
-    /* Best effort: teardown errors have nowhere to go. */
+    /* aclrtDestroyEvent: acl_rt.h:1637; aclrtDestroyStream: acl_rt.h:2583;
+     * aclrtBinaryUnLoad: acl_rt.h:3085. */
     if (ev_out_ != nullptr) (void)aclrtDestroyEvent(ev_out_);
     if (ev_in_ != nullptr) (void)aclrtDestroyEvent(ev_in_);
     if (stream_ != nullptr) (void)aclrtDestroyStream(stream_);
-    if (binary_ != nullptr) (void)rtsBinaryUnload(binary_);
+    if (binary_ != nullptr) (void)aclrtBinaryUnLoad(binary_);
     ev_out_ = ev_in_ = nullptr;
     stream_ = nullptr;
     binary_ = nullptr;
     func_ = nullptr;
+    path_.clear();
 }
 
 int RuntimeLauncher::Load(const std::string &op_info_json)
@@ -38,28 +63,41 @@ int RuntimeLauncher::Load(const std::string &op_info_json)
         error_ = "already loaded from " + path_ + "; cannot load " + op_info_json;
         return -1;
     }
-    rtLoadBinaryOption_t option;
+    /* aclrtBinaryLoadOption{type, value}: acl_rt.h:479-482; the option id
+     * ACL_RT_BINARY_LOAD_OPT_CPU_KERNEL_MODE = 3: acl_rt.h:469; value.cpuKernelMode
+     * (int32_t): acl_rt.h:475; aclrtBinaryLoadOptions{options, numOpt}: acl_rt.h:484-487. */
+    aclrtBinaryLoadOption option;
     std::memset(&option, 0, sizeof(option));
-    option.optionId = RT_LOAD_BINARY_OPT_CPU_KERNEL_MODE;
+    option.type = ACL_RT_BINARY_LOAD_OPT_CPU_KERNEL_MODE;
     option.value.cpuKernelMode = AICPU_TILING_RUNTIME_CPU_KERNEL_MODE;
-    rtLoadBinaryConfig_t config = {&option, 1};
-    int rc = rtsBinaryLoadFromFile(op_info_json.c_str(), &config, &binary_);
-    if (rc != RT_ERROR_NONE) {
+    aclrtBinaryLoadOptions options;
+    options.options = &option;
+    options.numOpt = 1;
+    /* aclrtBinaryLoadFromFile(const char *binPath, aclrtBinaryLoadOptions *options,
+     *                         aclrtBinHandle *binHandle): acl_rt.h:3290-3291. */
+    aclError rc = aclrtBinaryLoadFromFile(op_info_json.c_str(), &options, &binary_);
+    if (rc != ACL_SUCCESS) {
         binary_ = nullptr;
-        return Fail(rc, ("rtsBinaryLoadFromFile(" + op_info_json + ")").c_str());
+        return Fail(rc, "aclrtBinaryLoadFromFile(" + op_info_json + ")");
     }
-    rtFuncHandle func = nullptr;
-    rc = rtsFuncGetByName(binary_, AICPU_TILING_RUNTIME_OP_TYPE, &func);
-    if (rc != RT_ERROR_NONE) {
-        Release();
-        return Fail(rc, "rtsFuncGetByName(" AICPU_TILING_RUNTIME_OP_TYPE ")");
+    /* aclrtBinaryGetFunction(const aclrtBinHandle, const char *kernelName,
+     *                        aclrtFuncHandle *): acl_rt.h:3098-3099. For a CPU binary the
+     * kernel name is the op type, the JSON's top-level key. */
+    aclrtFuncHandle func = nullptr;
+    rc = aclrtBinaryGetFunction(binary_, AICPU_TILING_RUNTIME_OP_TYPE, &func);
+    if (rc != ACL_SUCCESS) {
+        Unload();
+        return Fail(rc, "aclrtBinaryGetFunction(" AICPU_TILING_RUNTIME_OP_TYPE ")");
     }
-    /* Flags 0: an ordinary stream. Captures refuse AI-CPU-flagged and default streams. */
+    /* aclrtCreateStreamWithConfig(aclrtStream *, uint32_t priority, uint32_t flag):
+     * acl_rt.h:2562. Flags 0: an ordinary stream; captures refuse AI-CPU-flagged and
+     * default streams. aclrtCreateEventExWithFlag(aclrtEvent *, uint32_t flag):
+     * acl_rt.h:1617, with ACL_EVENT_SYNC (acl_rt.h:28), which a captured stream may wait on. */
     rc = aclrtCreateStreamWithConfig(&stream_, 0, 0);
     if (rc == ACL_SUCCESS) rc = aclrtCreateEventExWithFlag(&ev_in_, ACL_EVENT_SYNC);
     if (rc == ACL_SUCCESS) rc = aclrtCreateEventExWithFlag(&ev_out_, ACL_EVENT_SYNC);
     if (rc != ACL_SUCCESS) {
-        Release();
+        Unload();
         return Fail(rc, "creating the AI-CPU stream and its events");
     }
     func_ = func;
@@ -77,24 +115,29 @@ int RuntimeLauncher::Launch(const aicpu_tiling_kernel_args &args, aclrtStream ca
         error_ = "the tiling kernel's argument block is invalid (aicpu_tiling_kernel_check)";
         return -1;
     }
-    int rc = aclrtRecordEvent(ev_in_, caller);
+    /* aclrtRecordEvent(aclrtEvent, aclrtStream): acl_rt.h:1649;
+     * aclrtStreamWaitEvent(aclrtStream, aclrtEvent): acl_rt.h:2675. */
+    aclError rc = aclrtRecordEvent(ev_in_, caller);
     if (rc != ACL_SUCCESS) return Fail(rc, "aclrtRecordEvent(caller)");
     rc = aclrtStreamWaitEvent(stream_, ev_in_);
     if (rc != ACL_SUCCESS) return Fail(rc, "aclrtStreamWaitEvent(AI-CPU stream)");
 
     /* The runtime copies `block` to device memory at launch (at capture time when
-     * captured): it may live on this stack frame. */
+     * captured): it may live on this stack frame. It holds only device addresses, so no
+     * placeholder entries are needed. */
     aicpu_tiling_kernel_args block = args;
-    rtCpuKernelArgs_t cpu_args;
-    std::memset(&cpu_args, 0, sizeof(cpu_args));
-    cpu_args.baseArgs.args = &block;
-    cpu_args.baseArgs.argsSize = static_cast<uint32_t>(sizeof(block));
-    /* The runtime wants attribute storage even with no attributes (simpler's note). */
-    rtLaunchKernelAttr_t attr;
+    /* aclrtLaunchKernelCfg{attrs, numAttrs}: acl_rt.h:536-539. Attribute storage is passed
+     * even with no attributes, as simpler does for the same CPU-kernel launch. */
+    aclrtLaunchKernelAttr attr;
     std::memset(&attr, 0, sizeof(attr));
-    rtKernelLaunchCfg_t cfg = {&attr, 0};
-    rc = rtsLaunchCpuKernel(func_, 1, stream_, &cfg, &cpu_args);
-    if (rc != RT_ERROR_NONE) return Fail(rc, "rtsLaunchCpuKernel");
+    aclrtLaunchKernelCfg cfg;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 0;
+    /* aclrtLaunchKernelWithHostArgs(aclrtFuncHandle, uint32_t numBlocks, aclrtStream,
+     *     aclrtLaunchKernelCfg *, void *hostArgs, size_t argsSize,
+     *     aclrtPlaceHolderInfo *placeHolderArray, size_t placeHolderNum): acl_rt.h:4906-4909. */
+    rc = aclrtLaunchKernelWithHostArgs(func_, 1, stream_, &cfg, &block, sizeof(block), nullptr, 0);
+    if (rc != ACL_SUCCESS) return Fail(rc, "aclrtLaunchKernelWithHostArgs");
 
     rc = aclrtRecordEvent(ev_out_, stream_);
     if (rc != ACL_SUCCESS) return Fail(rc, "aclrtRecordEvent(AI-CPU stream)");

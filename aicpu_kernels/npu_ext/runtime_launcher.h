@@ -1,23 +1,25 @@
 /*
  * runtime_launcher.h -- launches the AI-CPU tiling kernel on an NPU stream by the runtime
- * route of launch_route.h. Plain C++14 against CANN's ACL and runtime headers; no torch,
- * so the launch sequence can be tested on a host with a recording stand-in runtime.
+ * route of launch_route.h, through the public ACL runtime API only. Plain C++17 against the
+ * ACL headers that ship in the torch_npu wheel (torch_npu/include/third_party/acl/inc/acl/);
+ * no torch, so the launch sequence can be tested on a host with a recording stand-in that
+ * defines those same declared functions (cann_stub/npu/recording_runtime.cc).
  *
  * Usage (the torch op in plan_tiling_op.cpp does this):
  *     aicpu_tiling_npu::RuntimeLauncher launcher;
- *     int rc = launcher.Load("/opt/aicpu_tiling/aicpu_tiling_runtime.json");  // before capture
+ *     int rc = launcher.Load("/opt/aicpu_tiling/lib/libaicpu_tiling_runtime.json"); // before capture
  *     aicpu_tiling_kernel_args args;  ... device addresses ...
- *     rc = launcher.Launch(args, caller_stream);                             // eager or captured
- * Every call returns 0 or the failing ACL/runtime code; LastError() names the step.
- * Not thread-safe: one launcher per device, used from the thread that launches.
+ *     rc = launcher.Launch(args, caller_stream);                               // eager or captured
+ * Every call returns 0 or the failing ACL code; LastError() names the step.
+ * Not thread-safe: one launcher per process, used under the caller's lock.
  */
 #ifndef AICPU_TILING_NPU_EXT_RUNTIME_LAUNCHER_H
 #define AICPU_TILING_NPU_EXT_RUNTIME_LAUNCHER_H
 
 #include <string>
 
+/* acl/acl.h includes acl/acl_rt.h: every aclrt* name used here is declared there. */
 #include "acl/acl.h"
-#include "runtime/rt.h"
 
 #include "launch_route.h"
 #include "tiling_kernel_args.h"
@@ -29,13 +31,20 @@ public:
     RuntimeLauncher() = default;
     RuntimeLauncher(const RuntimeLauncher &) = delete;
     RuntimeLauncher &operator=(const RuntimeLauncher &) = delete;
+    /* Calls no ACL function, on purpose: see the comment at its definition. */
     ~RuntimeLauncher();
 
-    /* Load the op-info JSON and the .so beside it, look the function up, and create the
-     * flag-0 stream and the two sync events. Must run before any capture that launches;
-     * idempotent for the same path, an error for a different one. */
+    /* Load the op-info JSON and the .so of the same stem beside it, look the function up,
+     * and create the flag-0 stream and the two sync events. The calling thread must have a
+     * device context (plan_tiling_op.cpp sets it with an NPUGuard). Must run before any
+     * capture that launches; idempotent for the same path, an error for a different one. */
     int Load(const std::string &op_info_json);
     bool Loaded() const { return func_ != nullptr; }
+
+    /* Destroy the events and the stream and unload the binary while ACL is still up;
+     * afterwards Loaded() is false and Load() may run again. Teardown errors are ignored
+     * (they have nowhere to go). */
+    void Unload();
 
     /* Enqueue the kernel on the launcher's stream, ordered after everything already on
      * `caller` and before anything `caller` gets next. `args` is copied at launch.
@@ -46,15 +55,14 @@ public:
     const std::string &LastError() const { return error_; }
 
 private:
-    int Fail(int code, const char *step);
-    void Release();
+    int Fail(aclError code, const std::string &step);
 
     std::string path_;
     std::string error_;
-    rtBinHandle binary_ = nullptr;
-    rtFuncHandle func_ = nullptr;
-    aclrtStream stream_ = nullptr;
-    aclrtEvent ev_in_ = nullptr;
+    aclrtBinHandle binary_ = nullptr; /* acl_rt.h:387 */
+    aclrtFuncHandle func_ = nullptr;  /* acl_rt.h:388 */
+    aclrtStream stream_ = nullptr;    /* acl_base_rt.h:46 */
+    aclrtEvent ev_in_ = nullptr;      /* acl_base_rt.h:48 */
     aclrtEvent ev_out_ = nullptr;
 };
 

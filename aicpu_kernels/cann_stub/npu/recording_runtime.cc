@@ -1,5 +1,7 @@
 /*
- * NOT CANN. The recording stand-in runtime; see recording_runtime.h. No CANN code.
+ * NOT CANN. The recording stand-in runtime; see recording_runtime.h. No CANN code: only
+ * definitions of functions declared by the real acl/acl_rt.h (torch_npu wheel), which is
+ * on the include path instead of any stand-in header.
  */
 #include "recording_runtime.h"
 
@@ -9,7 +11,6 @@
 #include <sstream>
 
 #include "acl/acl.h"
-#include "runtime/rt.h"
 
 namespace stub_runtime {
 namespace {
@@ -99,23 +100,24 @@ aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event)
 }
 const char *aclGetRecentErrMsg() { return ""; }
 
-rtError_t rtsBinaryLoadFromFile(const char *const binPath, const rtLoadBinaryConfig_t *const cfg,
-                                rtBinHandle *handle)
+aclError aclrtBinaryLoadFromFile(const char *binPath, aclrtBinaryLoadOptions *options,
+                                 aclrtBinHandle *binHandle)
 {
     std::ostringstream line;
-    line << "rtsBinaryLoadFromFile " << binPath;
-    for (size_t i = 0; cfg != nullptr && i < cfg->numOpt; ++i) {
-        line << " opt" << static_cast<int>(cfg->options[i].optionId) << "="
-             << cfg->options[i].value.cpuKernelMode;
+    line << "aclrtBinaryLoadFromFile " << binPath;
+    for (size_t i = 0; options != nullptr && i < options->numOpt; ++i) {
+        line << " opt" << static_cast<int>(options->options[i].type) << "="
+             << options->options[i].value.cpuKernelMode;
     }
     const int rc = Log(line.str());
-    if (rc == 0) *handle = NewHandle("binary");
+    if (rc == 0) *binHandle = NewHandle("binary");
     return rc;
 }
-rtError_t rtsBinaryUnload(const rtBinHandle binHandle) { return Log("rtsBinaryUnload " + Name(binHandle)); }
-rtError_t rtsFuncGetByName(const rtBinHandle binHandle, const char *kernelName, rtFuncHandle *funcHandle)
+aclError aclrtBinaryUnLoad(aclrtBinHandle binHandle) { return Log("aclrtBinaryUnLoad " + Name(binHandle)); }
+aclError aclrtBinaryGetFunction(const aclrtBinHandle binHandle, const char *kernelName,
+                                aclrtFuncHandle *funcHandle)
 {
-    int rc = Log("rtsFuncGetByName " + Name(binHandle) + " " + kernelName);
+    int rc = Log("aclrtBinaryGetFunction " + Name(binHandle) + " " + kernelName);
     auto it = g_functions.find(kernelName);
     if (rc == 0 && it == g_functions.end()) rc = 107000; /* no such kernel */
     if (rc == 0) {
@@ -124,16 +126,22 @@ rtError_t rtsFuncGetByName(const rtBinHandle binHandle, const char *kernelName, 
     }
     return rc;
 }
-rtError_t rtsLaunchCpuKernel(const rtFuncHandle funcHandle, uint32_t blockDim, rtStream_t stm,
-                             const rtKernelLaunchCfg_t *cfg, rtCpuKernelArgs_t *argsInfo)
+aclError aclrtLaunchKernelWithHostArgs(aclrtFuncHandle funcHandle, uint32_t numBlocks,
+                                       aclrtStream stream, aclrtLaunchKernelCfg *cfg,
+                                       void *hostArgs, size_t argsSize,
+                                       aclrtPlaceHolderInfo *placeHolderArray,
+                                       size_t placeHolderNum)
 {
-    const int rc = Log("rtsLaunchCpuKernel " + Name(funcHandle) + " " + std::to_string(blockDim) +
-                       " " + Name(stm) + " cfg=" + (cfg != nullptr && cfg->attrs != nullptr ? "attrs" : "null") +
-                       " bytes=" + std::to_string(argsInfo->baseArgs.argsSize));
+    const int rc = Log("aclrtLaunchKernelWithHostArgs " + Name(funcHandle) + " " +
+                       std::to_string(numBlocks) + " " + Name(stream) + " cfg=" +
+                       (cfg != nullptr && cfg->attrs != nullptr ? "attrs" : "null") +
+                       " attrs=" + std::to_string(cfg != nullptr ? cfg->numAttrs : 0) +
+                       " bytes=" + std::to_string(argsSize) + " placeholders=" +
+                       (placeHolderArray == nullptr ? "null" : "set") + "/" +
+                       std::to_string(placeHolderNum));
     if (rc != 0) return rc;
-    const unsigned char *src = static_cast<const unsigned char *>(argsInfo->baseArgs.args);
-    Launch l{g_functions.at(Name(funcHandle)),
-             std::vector<unsigned char>(src, src + argsInfo->baseArgs.argsSize)};
+    const unsigned char *src = static_cast<const unsigned char *>(hostArgs);
+    Launch l{g_functions.at(Name(funcHandle)), std::vector<unsigned char>(src, src + argsSize)};
     if (g_capturing) {
         g_graph.push_back(l);
     } else {

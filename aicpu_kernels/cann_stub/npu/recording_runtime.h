@@ -1,15 +1,17 @@
 /*
- * NOT CANN. Test-only API of the recording stand-in runtime (recording_runtime.cc): the
- * ACL and rts functions of acl/acl.h and runtime/rt.h implemented on the host so the
- * launcher's call sequence can be checked and its launches run. No CANN counterpart.
+ * NOT CANN. Test-only API of the recording stand-in runtime (recording_runtime.cc): host
+ * definitions of the few ACL functions the launcher calls, compiled against the REAL
+ * declarations in the torch_npu wheel's acl/acl_rt.h (so a signature that drifts from the
+ * real header fails to compile), so the launcher's call sequence can be checked and its
+ * launches run. No CANN code, no CANN counterpart.
  *
  * What it models (and nothing more):
  *   - streams, events and binaries are opaque non-null handles; every call is logged as
  *     one line "name arg arg ..." with handles shown as stream#N / event#N / func#N;
- *   - rtsLaunchCpuKernel copies the argument block (as the runtime copies it to device
+ *   - aclrtLaunchKernelWithHostArgs copies the argument block (as the runtime copies it to device
  *     memory) and runs the host build of the function the JSON names, at once, or, while
  *     a capture is open on the stream the launch is ordered after, at each replay;
- *   - injected failures: StubFailNext("rtsFuncGetByName", code) makes that call fail once.
+ *   - injected failures: StubFailNext("aclrtBinaryGetFunction", code) makes that call fail once.
  * Capture is modelled per launcher stream, not per event graph: enough to show that a
  * captured launch re-runs its frozen block at every replay, reading fresh device data.
  */

@@ -1,7 +1,8 @@
 /*
  * NOT CANN. The definitions that let aicpu/tiling_ascendc_aicpu.cpp build as a plain
  * AArch64 shared object for the runtime launch route (npu_ext/launch_route.h): the AI-CPU
- * loads it from the op-info JSON (rtsBinaryLoadFromFile, cpuKernelMode 1) and calls
+ * loads it beside its op-info JSON of the same stem (aclrtBinaryLoadFromFile, CPU kernel
+ * mode 1: libaicpu_tiling_runtime.json + libaicpu_tiling_runtime.so) and calls
  *     uint32_t aicpu_tiling_kernel(void *args)
  * with `args` pointing at the device copy of the argument block, the same contract as the
  * Ascend C <<<>>> launch. The CANN Ascend C compiler uses its own aicpu_api.h instead; the

@@ -1,7 +1,8 @@
 /*
  * launcher_driver.cc -- host test of npu_ext/runtime_launcher.cpp against the recording
- * stand-in runtime (cann_stub/npu/recording_runtime.cc, NOT CANN). Launches run the host
- * build of the entry aicpu_tiling_kernel(void *args). Run by tests/test_npu_ext.py; prints
+ * stand-in runtime (cann_stub/npu/recording_runtime.cc, NOT CANN: host definitions of the
+ * ACL functions declared by the torch_npu wheel's real acl/acl_rt.h, which both files are
+ * compiled against). Launches run the host build of the entry aicpu_tiling_kernel(void *args). Run by tests/test_npu_ext.py; prints
  * "PASS <case>" per case and exits non-zero on the first failure.
  */
 #include <cstdio>
@@ -93,17 +94,23 @@ int main()
         Expect(l.LastError().find("not loaded") != std::string::npos, "launch_before_load_msg");
         std::printf("PASS launch_before_load\n");
 
-        Expect(l.Load("/opt/k/aicpu_tiling_runtime.json") == 0, "load", l.LastError());
+        Expect(l.Load("/opt/k/" AICPU_TILING_RUNTIME_JSON) == 0, "load", l.LastError());
+        /* Mode 1 (option 3 = ACL_RT_BINARY_LOAD_OPT_CPU_KERNEL_MODE, value 1) on the JSON
+         * whose stem is the .so's, the JSON's op type, a flag-0 stream, two ACL_EVENT_SYNC
+         * (flag 1) events. */
         const std::vector<std::string> load = {
-            "rtsBinaryLoadFromFile /opt/k/aicpu_tiling_runtime.json opt3=1",
-            "rtsFuncGetByName binary#2 AicpuTilingKernel",
+            "aclrtBinaryLoadFromFile /opt/k/libaicpu_tiling_runtime.json opt" +
+                std::to_string(ACL_RT_BINARY_LOAD_OPT_CPU_KERNEL_MODE) + "=1",
+            "aclrtBinaryGetFunction binary#2 AicpuTilingKernel",
             "aclrtCreateStreamWithConfig 0 0",
-            "aclrtCreateEventExWithFlag 1",
-            "aclrtCreateEventExWithFlag 1",
+            "aclrtCreateEventExWithFlag " + std::to_string(ACL_EVENT_SYNC),
+            "aclrtCreateEventExWithFlag " + std::to_string(ACL_EVENT_SYNC),
         };
+        Expect(ACL_RT_BINARY_LOAD_OPT_CPU_KERNEL_MODE == 3 && ACL_EVENT_SYNC == 1u,
+               "real_header_constants");
         Expect(CallLog() == load, "load_sequence", Joined(CallLog()));
         CallLog().clear();
-        Expect(l.Load("/opt/k/aicpu_tiling_runtime.json") == 0 && CallLog().empty(), "reload_same");
+        Expect(l.Load("/opt/k/" AICPU_TILING_RUNTIME_JSON) == 0 && CallLog().empty(), "reload_same");
         Expect(l.Load("/elsewhere.json") == -1 && CallLog().empty(), "reload_other");
         std::printf("PASS load\n");
 
@@ -111,8 +118,8 @@ int main()
         const std::vector<std::string> launch = {
             "aclrtRecordEvent event#5 stream#1",
             "aclrtStreamWaitEvent stream#4 event#5",
-            "rtsLaunchCpuKernel func#3 1 stream#4 cfg=attrs bytes=" +
-                std::to_string(sizeof(aicpu_tiling_kernel_args)),
+            "aclrtLaunchKernelWithHostArgs func#3 1 stream#4 cfg=attrs attrs=0 bytes=" +
+                std::to_string(sizeof(aicpu_tiling_kernel_args)) + " placeholders=null/0",
             "aclrtRecordEvent event#6 stream#4",
             "aclrtStreamWaitEvent stream#1 event#6",
         };
@@ -143,18 +150,41 @@ int main()
         }
         std::printf("PASS capture_replay\n");
 
-        stub_runtime::StubFailNext("rtsLaunchCpuKernel", 9);
+        stub_runtime::StubFailNext("aclrtLaunchKernelWithHostArgs", 9);
         Expect(l.Launch(args, caller) == 9, "launch_failure_code");
-        Expect(l.LastError().find("rtsLaunchCpuKernel") != std::string::npos, "launch_failure_msg");
+        Expect(l.LastError().find("aclrtLaunchKernelWithHostArgs") != std::string::npos,
+               "launch_failure_msg");
         std::printf("PASS launch_failure\n");
+
+        /* Unload gives every handle back, events and stream before the binary. */
+        CallLog().clear();
+        l.Unload();
+        const std::vector<std::string> unload = {
+            "aclrtDestroyEvent event#6", "aclrtDestroyEvent event#5",
+            "aclrtDestroyStream stream#4", "aclrtBinaryUnLoad binary#2",
+        };
+        Expect(CallLog() == unload && !l.Loaded(), "unload_sequence", Joined(CallLog()));
+        std::printf("PASS unload\n");
+    }
+    {
+        /* A launcher going out of scope calls no ACL function: the process's static one
+         * is destroyed after torch_npu has finalized ACL (runtime_launcher.cpp). */
+        CallLog().clear();
+        {
+            aicpu_tiling_npu::RuntimeLauncher l;
+            Expect(l.Load("/opt/k/" AICPU_TILING_RUNTIME_JSON) == 0, "load_again", l.LastError());
+            CallLog().clear();
+        }
+        Expect(CallLog().empty(), "destructor_calls_no_acl", Joined(CallLog()));
+        std::printf("PASS destructor\n");
     }
     {
         aicpu_tiling_npu::RuntimeLauncher l;
         CallLog().clear();
-        stub_runtime::StubFailNext("rtsFuncGetByName", 7);
-        Expect(l.Load("/opt/k/aicpu_tiling_runtime.json") == 7 && !l.Loaded(), "load_failure");
-        Expect(l.LastError().find("rtsFuncGetByName") != std::string::npos, "load_failure_msg");
-        Expect(CallLog().back().rfind("rtsBinaryUnload", 0) == 0, "load_failure_unloads",
+        stub_runtime::StubFailNext("aclrtBinaryGetFunction", 7);
+        Expect(l.Load("/opt/k/" AICPU_TILING_RUNTIME_JSON) == 7 && !l.Loaded(), "load_failure");
+        Expect(l.LastError().find("aclrtBinaryGetFunction") != std::string::npos, "load_failure_msg");
+        Expect(CallLog().back().rfind("aclrtBinaryUnLoad", 0) == 0, "load_failure_unloads",
                Joined(CallLog()));
         std::printf("PASS load_failure\n");
     }
