@@ -33,6 +33,10 @@ PARAM_FIELDS = 12
 OP_TYPE = "AicpuTilingKernel"
 FUNCTION = "aicpu_tiling_kernel"
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+#: NpuLoadTilingKernel takes a c10_npu::NPUGuard on the current device before loading, which
+#: creates the runtime context torch_npu's lazy set-device may not have made yet (a test
+#: checks the C++ still does; switching this off models the extension without it)
+HOLDS_DEVICE_GUARD = True
 
 
 class AclError(RuntimeError):
@@ -61,6 +65,8 @@ def load_binary(op_info_json: str) -> None:
     """``aclrtBinaryLoadFromFile(json, {CPU_KERNEL_MODE: 1})`` + ``aclrtBinaryGetFunction``."""
     dev = twin.device()
     dev.check_alive()
+    if HOLDS_DEVICE_GUARD:
+        dev.ensure_context()  # plan_tiling_op.cpp: c10_npu::NPUGuard before Load()
     dev.require_context("npu_load_tiling_kernel (aclrtBinaryGetFunction)")
     with _launcher.lock:
         if _launcher.path is not None:

@@ -54,7 +54,7 @@ OUT_SCHEMA = (
     "softmax_lse_flag=False, Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) "
     "softmax_lse) -> (Tensor(a!), Tensor(b!))")
 
-_UNSUPPORTED = ("pse_shift", "atten_mask", "dequant_scale1", "quant_scale1", "dequant_scale2",
+_UNSUPPORTED = ("pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2",
                 "quant_scale2", "quant_offset2", "antiquant_scale", "antiquant_offset",
                 "query_padding_size", "kv_padding_size", "key_antiquant_scale",
                 "key_antiquant_offset", "value_antiquant_scale", "value_antiquant_offset",
@@ -75,6 +75,12 @@ def _reference(query, key, value, options: dict) -> tuple[np.ndarray, np.ndarray
                              "(block_table) only, as vLLM-Ascend's decode path calls it")
     if options["sparse_mode"] not in (0, 3):
         raise NotInTwinError(f"sparse_mode {options['sparse_mode']} is not modelled")
+    mask = options["atten_mask"]
+    if options["sparse_mode"] == 3 and (mask is None or tuple(mask.shape) != (2048, 2048)):
+        raise RuntimeError("npu_fused_infer_attention_score: sparse_mode 3 needs the "
+                           "compressed causal atten_mask of shape (2048, 2048)")
+    if options["sparse_mode"] == 0 and mask is not None:
+        raise NotInTwinError("an explicit atten_mask with sparse_mode 0 is not modelled")
     heads, kv_heads = options["num_heads"], options["num_key_value_heads"] or options["num_heads"]
     block_size = options["block_size"]
     cu = np.concatenate([[0], np.asarray(options["actual_seq_lengths"], np.int64)])
@@ -91,8 +97,23 @@ def _reference(query, key, value, options: dict) -> tuple[np.ndarray, np.ndarray
     return out, np.zeros(out.shape[:2] + (1,))
 
 
+def _defaults(schema: str) -> dict:
+    """The keyword defaults of a schema (the dispatcher hands a Python kernel only the
+    keywords the caller passed)."""
+    import re
+
+    out = {}
+    for name, value in re.findall(r"(\w+)=([^,)]+)", schema):
+        value = value.strip()
+        out[name] = (None if value == "None" else value.strip('"') if value.startswith('"')
+                     else value == "True" if value in ("True", "False")
+                     else float(value) if "." in value else int(value))
+    return out
+
+
 def _issue(query, key, value, options, attention_out, softmax_lse) -> None:
     dev = twin.device()
+    options = {**_DEFAULTS, **options}
     for t in (query, key, value, options.get("block_table")):
         if t is not None and not isinstance(t, twin.NpuTensor):
             raise twin.HostPointerError("npu_fused_infer_attention_score: every tensor must "
@@ -123,6 +144,7 @@ def fia_out(query, key, value, *, workspace=None, attention_out, softmax_lse, **
 
 
 _library: torch.library.Library | None = None
+_DEFAULTS = {k: v for k, v in _defaults(SCHEMA).items() if k != "workspace"}
 
 
 def register() -> torch._ops.OpOverloadPacket:

@@ -23,6 +23,8 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
         block_table: int ``[max_batch, max_blocks_per_req]``; cu_seqlens_q int
             ``[batch + 1]``; seqlens_kv int ``[batch]``.
     """
+    # a float64 host reference: device tensors come to the host once, before any indexing
+    query, key_cache, value_cache = (t.detach().cpu() for t in (query, key_cache, value_cache))
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
     group = query.shape[1] // num_kv_heads
     out = np.zeros(tuple(query.shape), dtype=np.float64)

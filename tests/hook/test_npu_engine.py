@@ -98,7 +98,7 @@ def no_placement(monkeypatch, tmp_path):
     monkeypatch.setenv(placement.CACHE_ENV, str(tmp_path))
     monkeypatch.delenv(placement.PLACEMENT_ENV, raising=False)
     monkeypatch.delenv(npu_kernels.EXT_ENV, raising=False)
-    monkeypatch.setattr(npu_kernels, "BUILD_ROOT", tmp_path / "build")
+    monkeypatch.setenv(npu_kernels.BUILD_DIR_ENV, str(tmp_path / "build"))
     return tmp_path
 
 
