@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
         npu_twin.activate(request.get("twin_fault"))
     name = request["check"]
+    ctx: Context | None = None
     try:
         ctx = make_context(label, quick=request["quick"], build=request["build"],
                            twin_fault=request.get("twin_fault"))
@@ -110,7 +111,6 @@ def main(argv: list[str] | None = None) -> int:
         if result is None:
             result = call_check(name, resolve_check(request["function"]), ctx)
     except Exception as exc:  # noqa: BLE001 - e.g. the backend does not start: report it
-        ctx = None
         result = failed(name, f"the check could not start in its child process: "
                               f"{type(exc).__name__}: {exc}")
     outcome: dict[str, Any] = {"result": result.as_dict(),
