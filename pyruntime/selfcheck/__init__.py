@@ -100,7 +100,7 @@ def placement_to_save(report: Report) -> tuple[str | None, str]:
     test attention and host time on the placement, not the placement).
     """
     if report.backend != "npu":
-        return None, (f"a {report.backend} run never saves a placement (only a real NPU "
+        return None, (f"--backend {report.backend} never saves a placement (only a real NPU "
                       "answers the question for this machine)")
     status = {c.name: c.status for c in report.checks}
     missing = [n for n in PLACEMENT_CHECKS if n not in status]

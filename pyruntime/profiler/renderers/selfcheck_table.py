@@ -22,6 +22,8 @@ def _env_line(env: dict) -> str:
                      f"{dev.get('aicpu_cores') or '?'} AI-CPUs")
     else:
         parts.append("no NPU")
+    if env.get("twin"):  # what answered is the twin, not a device
+        parts.append(f"NPU twin, fault {env['twin'].get('fault') or 'none'}")
     return ", ".join(parts)
 
 
