@@ -61,8 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKEND_LABELS, default="cpu",
                    help="cpu: the emulation, checks in this process; npu: an Ascend NPU; "
                         "npu-twin: the NPU code path on the NPU twin (never saves a placement)")
+    standard_order = ", ".join(name for name, _ in CHECKS)
     p.add_argument("--checks", metavar="A,B,...", type=_names, default=None,
-                   help=f"run only these checks, in the standard order ({', '.join(n for n, _ in CHECKS)}); "
+                   help=f"run only these checks, in the standard order ({standard_order}); "
                         f"{FIRST_CHECK} always runs first, since it finds (or builds) the "
                         "kernels every later check loads; a check whose input was not produced "
                         "skips (e.g. the attention checks without aicpu_replay). The placement "
