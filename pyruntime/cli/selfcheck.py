@@ -73,8 +73,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="(the twin's faults, listed by _HelpFormatter)")
     p.add_argument("--check-timeout", metavar="SECONDS", type=_positive_seconds,
                    default=DEFAULT_CHECK_TIMEOUT_S,
-                   help="npu, npu-twin: kill a check's child process after this long and fail "
-                        "the check (cpu runs checks in process, without a timeout)")
+                   help="npu, npu-twin: kill a check's child process after this long (its "
+                        "start-up, torch_npu's import included) and fail the check (cpu runs "
+                        "the checks in process, without a timeout)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="also write the JSON report here, rewritten (atomically) after every "
                         "check")
