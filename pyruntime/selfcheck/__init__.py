@@ -19,22 +19,34 @@ Checks, in order (each passes, fails or skips with the reason):
   and 61.
 
 The verdict is ``pass`` when no check failed. On the NPU backend the placement found is
-saved for the vLLM-Ascend hook (`pyruntime.placement`).
+saved for the vLLM-Ascend hook (`pyruntime.placement`) when ``tiling_kernel`` and
+``aicpu_replay`` both passed in the run (`placement_to_save`); a run on the NPU twin never
+saves one.
+
+A run may name a subset of the checks (`plan`); they run in the order above, and
+``kernels`` always runs first, since it finds (or builds) the kernels that every later check
+loads. On ``npu`` and ``npu-twin`` every check runs in its own child process with a timeout
+(`child`), so a hang or a lost device fails that check and the run goes on; on ``cpu`` they
+run in this process unless asked otherwise (``isolate``).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .attention_checks import attention_correctness, attention_fia, attention_triton, host_time
-from .context import Context
+from .context import BACKEND_LABELS, TWIN_STATE_ENV, Context, make_context, twin_faults
 from .device_checks import aicpu_replay, tiling_kernel
 from .environment import environment
 from .kernels_check import kernels
-from .report import SCHEMA, SCHEMA_VERSION, CheckResult, Report, failed
+from .report import SCHEMA, SCHEMA_VERSION, CheckResult, Report
 
-__all__ = ["CHECKS", "SCHEMA", "SCHEMA_VERSION", "CheckResult", "Context", "Report", "run"]
+__all__ = ["BACKEND_LABELS", "CHECKS", "DEFAULT_CHECK_TIMEOUT_S", "SCHEMA", "SCHEMA_VERSION",
+           "CheckResult", "Context", "Report", "UnknownCheckError", "make_context", "plan",
+           "placement_to_save", "run", "twin_faults"]
 
 #: (name, function) in run order; later checks use what earlier ones found
 CHECKS: tuple[tuple[str, Callable[[Context], CheckResult]], ...] = (
@@ -46,25 +58,133 @@ CHECKS: tuple[tuple[str, Callable[[Context], CheckResult]], ...] = (
     ("attention_triton", attention_triton),
     ("host_time", host_time),
 )
+#: runs first whenever anything runs: it finds (or builds) the kernels later checks load
+FIRST_CHECK = "kernels"
+#: the two checks that decide the placement; it is saved only when both passed
+PLACEMENT_CHECKS = ("tiling_kernel", "aicpu_replay")
+#: per check on npu / npu-twin: the slowest check on a 910B (host_time, four A/B points
+#: with capture of up to 61 layers, plus torch_npu start-up in the child) takes a few
+#: minutes; ten leaves room without letting a hang eat the hour
+DEFAULT_CHECK_TIMEOUT_S = 600.0
+
+CheckTable = Sequence[tuple[str, Callable[[Context], CheckResult]]]
 
 
-def run(ctx: Context, *, on_check: Callable[[str], None] | None = None,
+class UnknownCheckError(ValueError):
+    """``--checks`` named a check that does not exist (the message lists the valid names)."""
+
+
+def plan(requested: Sequence[str] | None, table: CheckTable | None = None) -> list[str]:
+    """The checks a run runs: all of `table` (default `CHECKS`), or those `requested`, in
+    the table's order, with `FIRST_CHECK` always in front.
+
+    Raises:
+        UnknownCheckError: a requested name that is not in the table, or none at all.
+    """
+    names = [name for name, _ in (CHECKS if table is None else table)]
+    if requested is None:
+        return names
+    unknown = [r for r in requested if r not in names]
+    if unknown or not requested:
+        raise UnknownCheckError(f"unknown check {', '.join(unknown) or '(none given)'}; "
+                                f"choose from {', '.join(names)}")
+    return [n for n in names if n in requested or n == FIRST_CHECK]
+
+
+def placement_to_save(report: Report) -> tuple[str | None, str]:
+    """``(placement, why)`` to save for the vLLM-Ascend hook, or ``(None, why not)``.
+
+    Saved only from a real NPU (never the CPU emulation nor the NPU twin), and only when
+    both `PLACEMENT_CHECKS` ran and passed in this run: a placement from a probe that failed,
+    or whose tiling was wrong, must not reach the hook. Later checks do not decide it (they
+    test attention and host time on the placement, not the placement).
+    """
+    if report.backend != "npu":
+        return None, (f"--backend {report.backend} never saves a placement (only a real NPU "
+                      "answers the question for this machine)")
+    status = {c.name: c.status for c in report.checks}
+    missing = [n for n in PLACEMENT_CHECKS if n not in status]
+    if missing:
+        return None, f"not saved: {' and '.join(missing)} did not run"
+    not_passed = [f"{n} {status[n]}" for n in PLACEMENT_CHECKS if status[n] != "pass"]
+    if not_passed:
+        return None, f"not saved: {', '.join(not_passed)} (both must pass)"
+    if report.placement is None:
+        return None, "not saved: no placement was found"
+    return report.placement, f"{' and '.join(PLACEMENT_CHECKS)} passed"
+
+
+def run(ctx: Context, *, checks: Sequence[str] | None = None, table: CheckTable | None = None,
+        isolate: bool | None = None, timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
+        on_check: Callable[[str], None] | None = None,
+        on_update: Callable[[Report], None] | None = None,
         environment_info: dict | None = None) -> Report:
-    """Run every check on `ctx`; a check that raises is a ``fail`` naming the exception.
+    """Run the planned checks on `ctx`; a check that raises is a ``fail`` naming the exception.
 
     Args:
+        checks: names to run (see `plan`); None runs them all.
+        table: ``(name, function)`` pairs in run order (default `CHECKS`; tests pass theirs).
+        isolate: run each check in a child process with `timeout_s` (`child.run_in_child`);
+            default: on the NPU (``ctx.backend == "npu"``, the twin included), where a check
+            can hang or lose the device; on the CPU the checks run in this process.
         on_check: called with each check's name before it runs (progress).
+        on_update: called with the report so far before each check (the running check named
+            in it) and after each one, and at the end; the CLI writes its JSON file there.
     """
-    results = []
-    for name, check in CHECKS:
-        if on_check is not None:
-            on_check(name)
-        start = time.perf_counter()
-        try:
-            result = check(ctx)
-        except Exception as exc:  # noqa: BLE001 - one broken check must not hide the others
-            result = failed(name, f"the check raised {type(exc).__name__}: {exc}")
-        result.seconds = time.perf_counter() - start
-        results.append(result)
-    env = environment_info if environment_info is not None else environment(ctx.backend, ctx.npu)
-    return Report(ctx.backend, ctx.placement, env, results)
+    from .child import call_check, run_in_child  # not at import: `python -m ...child` runs it
+
+    table = CHECKS if table is None else table
+    functions = dict(table)
+    planned = plan(checks, table)
+    if isolate is None:
+        isolate = ctx.backend == "npu"
+    env = environment_info if environment_info is not None else environment(
+        ctx.report_backend, None if isolate else ctx.npu)
+    if ctx.twin:
+        faults = twin_faults() or {}
+        env["twin"] = {"fault": ctx.twin_fault,
+                       "fault_description": faults.get(ctx.twin_fault) if ctx.twin_fault
+                       else None}
+    report = Report(ctx.report_backend, None, env, [], checks_planned=planned, complete=False)
+
+    def update() -> None:
+        report.placement = ctx.placement
+        if on_update is not None:
+            on_update(report)
+
+    with tempfile.TemporaryDirectory(prefix="aicpu-tiling-selfcheck-") as workdir:
+        extra_env: dict[str, str] = {}
+        if ctx.twin and not os.environ.get(TWIN_STATE_ENV):
+            # one twin device for the whole run: a device lost in one child stays lost
+            state = os.path.join(workdir, "twin-state")
+            os.mkdir(state)
+            extra_env[TWIN_STATE_ENV] = state
+        for name in planned:
+            if on_check is not None:
+                on_check(name)
+            report.running = name
+            update()
+            if isolate:
+                want_env = env.get("device", {}).get("soc") is None
+                result, device_env = run_in_child(name, functions[name], ctx,
+                                                  timeout_s=timeout_s, workdir=workdir,
+                                                  want_environment=want_env,
+                                                  extra_env=extra_env)
+                if device_env is not None and want_env:
+                    _merge_device_environment(env, device_env)
+            else:
+                result = call_check(name, functions[name], ctx)
+            report.checks.append(result)
+            report.running = None
+            update()
+    report.complete = True
+    update()
+    return report
+
+
+def _merge_device_environment(env: dict[str, Any], device_env: dict[str, Any]) -> None:
+    """Take a child's device block (and its torch_npu version when the package has no
+    metadata, as on the twin) into the report's environment."""
+    env["device"] = device_env["device"]
+    if env.get("torch_npu") is None and device_env.get("torch_npu"):
+        env["torch_npu"] = device_env["torch_npu"]
