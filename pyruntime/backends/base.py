@@ -95,6 +95,10 @@ class Backend(abc.ABC):
     name = "abstract"
     #: the core count an attention kernel is captured with unless told otherwise
     default_num_cores = 8
+    #: what the host_update baseline runs per layer: ``"emulated"`` (a host tiling plus our
+    #: attention with the tiling and lengths by value, the CPU model of FIA) or ``"fia"``
+    #: (torch_npu's FIA with host length lists, as vLLM-Ascend calls it)
+    host_update_attention = "emulated"
 
     def __init__(self) -> None:
         self.counters = Counters()
@@ -387,6 +391,15 @@ class Backend(abc.ABC):
                 stream.open_group.append(task)
             self._note_side_task(stream)
         self._launch(stream, task)
+
+    def prepare_kernels(self) -> None:
+        """Load what our device kernels need (once), before a capture launches them: loading
+        the AI-CPU binary copies it to the device synchronously, which no capture allows.
+        Nothing to do on the CPU backend."""
+
+    def note_host_tiling(self) -> None:
+        """Count a tiling computed on the host inside an op (FIA plans at every launch)."""
+        self.counters.host_tiling_calls += 1
 
     def plan_on_host(self, params: Any, cu_seqlens_q: Any, seqlens_kv: Any, *,
                      causal: bool = True, epoch: int = 0) -> Any:

@@ -73,6 +73,7 @@ class NpuBackend(Backend):
 
     name = "npu"
     default_num_cores = 24
+    host_update_attention = "fia"
 
     def __init__(self, *, device: int = 0, npu: Any = None) -> None:
         super().__init__()
@@ -93,6 +94,11 @@ class NpuBackend(Backend):
         from . import npu_kernels
 
         return npu_kernels.load()
+
+    def prepare_kernels(self) -> None:
+        """`load_kernels` (without it ``plan_tiling`` has no NPU kernel: its composite CPU
+        body would run on device tensors)."""
+        self.load_kernels()
 
     def ai_core_count(self) -> int:
         """AI Core (cube) count of the device, else `default_num_cores`."""

@@ -59,7 +59,9 @@ class NpuTilingEngine:
         launch: how a captured op is enqueued (default: call it, which torch_npu's capture
             records; tests pass a fixture's recorder).
         host_to_device: copies a host int32 ``[1]`` tensor into a device one before the
-            replay (default ``dst.copy_(src, non_blocking=True)``).
+            replay (default ``dst.copy_(src)``, blocking: the host epoch tensor is pageable
+            and rewritten every step, so a queued ``non_blocking`` copy could read the next
+            step's value, torch_npu checks no pinning).
     """
 
     def __init__(self, placement: str, *, num_cores: int, ops: Any = None,
@@ -76,7 +78,7 @@ class NpuTilingEngine:
             ops = custom_ops.ops()
         self.ops = ops
         self.launch = launch or (lambda fn: fn())
-        self.host_to_device = host_to_device or (lambda d, s: d.copy_(s, non_blocking=True))
+        self.host_to_device = host_to_device or (lambda d, s: d.copy_(s))
         self.keys: dict[Hashable, _KeyBuffers] = {}
         self.epoch = 0
         self._host_epoch = torch.zeros(1, dtype=torch.int32)

@@ -74,6 +74,7 @@ class DeviceTilingPath:
                                  step_epoch=b.step_epoch, causal=self.causal)
 
     def capture(self) -> None:
+        self.backend.prepare_kernels()
         with self.backend.capture(self.graph, self.stream):
             self._launch_tiling()
             self._launch_layers()
@@ -113,6 +114,7 @@ class PreReplayTilingPath(DeviceTilingPath):
         self._fork, self._join = backend.event(), backend.event()  # reused every step
 
     def capture(self) -> None:
+        self.backend.prepare_kernels()
         with self.backend.capture(self.graph, self.stream):
             self._launch_layers()
 

@@ -7,6 +7,13 @@ then for EVERY layer on the update stream: ``graph_task_update_begin``, the host
 (what FIA computes at each launch), attention and combine re-issued with the host tiling
 and host length lists passed by value, ``graph_task_update_end``, ``ext.record``. The
 graph's layer waits on its external event until its update lands.
+
+The layer's kernels depend on the backend (`Backend.host_update_attention`): on an NPU the
+real baseline, torch_npu's FIA (``npu_fused_infer_attention_score.out``) with host length
+lists, one task per layer, which plans its tiling on the host inside the op; on the CPU
+backend its model, a host tiling and our attention and combine with the tiling and lengths
+passed by value. Never pass host arrays to an NPU kernel: Triton-Ascend hands their host
+addresses to the AI Core.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import torch
 
 from pyruntime.backends import Backend
 from pyruntime.kernels import step as kernels
@@ -33,21 +41,43 @@ class HostUpdatePath:
         self.events = [backend.external_event() for _ in buffers.queries]
         self.groups: list = []
         self._last_error: TilingError | None = None
+        self.fia = backend.host_update_attention == "fia"
+        if self.fia:  # FIA's own buffers, made before any capture
+            p = buffers.params
+            self.softmax_lse = backend.alloc((p.max_tokens, p.num_q_heads, 1), torch.float32)
+            self.atten_mask = backend.alloc((kernels.FIA_MASK_SIZE,) * 2, torch.uint8)
+            causal_mask = np.triu(np.ones((kernels.FIA_MASK_SIZE,) * 2, np.uint8), 1)
+            backend.copy_h2d(self.atten_mask, causal_mask, stream=self.stream)
+
+    def _launch_layer(self, layer: int, stream, cu: np.ndarray, kv: np.ndarray, epoch: int):
+        """One layer's tasks with host lengths; returns the host tiling (emulated path)."""
+        be, b = self.backend, self.buffers
+        if self.fia:
+            key_cache, value_cache = b.kv_caches[layer]
+            be.note_host_tiling()
+            be.launch(kernels.FIA_HOST_LISTS, {
+                "query": b.queries[layer], "key_cache": key_cache, "value_cache": value_cache,
+                "block_table": b.block_table, "out": b.outputs[layer],
+                "softmax_lse": self.softmax_lse, "atten_mask": self.atten_mask,
+                "cu_seqlens_q": cu, "seqlens_kv": kv,
+                "params": kernels.params_list(b.params), "scale": b.scale,
+                "causal": self.causal}, num_cores=b.params.num_cores, stream=stream)
+            return None
+        host_tiling = be.plan_on_host(b.params, cu, kv, causal=self.causal, epoch=epoch)
+        kernels.launch_layer(be, b, layer, stream=stream, tiling_in=host_tiling.buffer,
+                             cu_seqlens_q=cu, seqlens_kv=kv,
+                             step_epoch=np.array([epoch], np.int32), causal=self.causal)
+        return host_tiling
 
     def capture(self) -> None:
         be, main = self.backend, self.stream
         cu, kv = np.zeros(1, np.int32), np.zeros(0, np.int32)  # capture-time metadata
-        epoch = np.zeros(1, np.int32)
-        capture_tiling = be.plan_on_host(self.buffers.params, cu, kv, causal=self.causal,
-                                         epoch=0)
         with be.capture(self.graph, main):
             for layer, event in enumerate(self.events):
                 event.wait(main)
                 event.reset(main)
                 be.graph_task_group_begin(main)
-                kernels.launch_layer(be, self.buffers, layer, stream=main,
-                                     tiling_in=capture_tiling.buffer, cu_seqlens_q=cu,
-                                     seqlens_kv=kv, step_epoch=epoch, causal=self.causal)
+                self._launch_layer(layer, main, cu, kv, 0)
                 self.groups.append(be.graph_task_group_end(main))
 
     def step(self, inputs: StepInputs) -> float:
@@ -58,18 +88,15 @@ class HostUpdatePath:
         self.stream.synchronize()  # vllm-ascend's pre-replay sync (idle here: cheap)
         self.graph.replay(self.stream)
         cu, kv = inputs.cu_seqlens_q, inputs.seqlens_kv
-        epoch = np.array([inputs.epoch], np.int32)
+        host_tiling = None
         for layer, event in enumerate(self.events):
             be.graph_task_update_begin(upd, self.groups[layer])
-            host_tiling = be.plan_on_host(self.buffers.params, cu, kv, causal=self.causal,
-                                          epoch=inputs.epoch)
-            kernels.launch_layer(be, self.buffers, layer, stream=upd,
-                                 tiling_in=host_tiling.buffer, cu_seqlens_q=cu,
-                                 seqlens_kv=kv, step_epoch=epoch, causal=self.causal)
+            host_tiling = self._launch_layer(layer, upd, cu, kv, inputs.epoch)
             be.graph_task_update_end(upd)
             event.record(upd)
         elapsed = time.thread_time() - start
-        self._last_error = host_tiling.error  # every layer planned the same lengths
+        # every layer planned the same lengths; FIA reports bad lengths by raising
+        self._last_error = host_tiling.error if host_tiling is not None else None
         return elapsed
 
     def wait(self) -> None:

@@ -206,6 +206,44 @@ def combine_npu(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_l
         combine_status=status_buffer(out.device, "combine", params.num_cores))
 
 
+#: FIA's compressed causal mask (sparse_mode 3): one [2048, 2048] upper-triangle, whatever
+#: the sequence lengths (torch_npu's FIA documentation)
+FIA_MASK_SIZE = 2048
+
+
+def fia_host_lists_npu(*, query, key_cache, value_cache, block_table, out, softmax_lse,
+                       atten_mask, cu_seqlens_q, seqlens_kv, params, scale, causal) -> None:
+    """The host_update baseline's layer on an NPU: torch_npu's FIA (``.out``, into the
+    layer's fixed output) with the lengths as host lists, as vLLM-Ascend's decode path
+    calls it inside a task group (and re-issues it in the update every step).
+
+    Args:
+        query: ``[max_tokens, Hq, D]``; key_cache, value_cache ``[blocks, block_size, Hkv,
+            D]`` (passed as FIA's ``[blocks, block_size, Hkv * D]``); block_table int32
+            ``[max_batch, max_blocks_per_req]``; out like query; softmax_lse float32
+            ``[max_tokens, Hq, 1]``; atten_mask uint8 ``[2048, 2048]`` (upper triangle).
+        cu_seqlens_q, seqlens_kv: host int32 tensors (by value): FIA's
+            ``actual_seq_lengths`` (cumulative ends, TND) and ``actual_seq_lengths_kv``.
+    """
+    import torch_npu
+
+    p = params_from(tuple(params))
+    flat = (key_cache.shape[0], p.block_size, p.num_kv_heads * p.head_dim)
+    torch_npu.npu_fused_infer_attention_score.out(
+        query, key_cache.view(flat), value_cache.view(flat), block_table=block_table,
+        actual_seq_lengths=_tensor(cu_seqlens_q)[1:].tolist(),
+        actual_seq_lengths_kv=_tensor(seqlens_kv).tolist(), num_heads=p.num_q_heads,
+        num_key_value_heads=p.num_kv_heads, scale=scale, input_layout="TND",
+        block_size=p.block_size, sparse_mode=3 if causal else 0,
+        atten_mask=atten_mask if causal else None, workspace=None, attention_out=out,
+        softmax_lse=softmax_lse)
+
+
+def _fia_cpu(core, **args) -> None:
+    raise AttentionKernelError("FIA runs only on an NPU; the CPU backend's host_update "
+                               "emulates it with a host tiling and our attention")
+
+
 def _op(name: str):
     def call(**args):
         from . import custom_ops  # registers the ops on first use
@@ -237,6 +275,8 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
 
 
 TILING = Kernel("aicpu_tiling.plan", AICPU, tiling_body, _op("plan_tiling"))
+FIA_HOST_LISTS = Kernel("npu_fused_infer_attention_score", AICORE, _fia_cpu,
+                        lambda **args: fia_host_lists_npu(**args))
 ATTENTION = Kernel("aicpu_tiling.attention", AICORE, attention_body, _op("paged_attention"),
                    triton_impl=attention_triton)
 COMBINE = Kernel("aicpu_tiling.combine", AICORE, combine_body, _op("attention_combine"),

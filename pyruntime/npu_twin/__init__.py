@@ -41,6 +41,9 @@ FAULTS: dict[str, str] = {
                       "beside its op-info JSON",
 }
 STATE_ENV = "AICPU_TILING_TWIN_STATE"
+#: ``triton`` (default: our AI Core ops run their Triton bodies, interpreted) or
+#: ``reference`` (they run their CPU body, the C reference attention, as an AI Core task)
+AICORE_ENV = "AICPU_TILING_TWIN_AICORE"
 REPO = Path(__file__).resolve().parents[2]
 OP_INFO_JSON = REPO / "aicpu_kernels" / "npu_ext" / "libaicpu_tiling_runtime.json"
 EXTENSION_NAME = "libaicpu_tiling_npu.so"
@@ -90,6 +93,9 @@ def activate(fault: str | None = None) -> None:
     kernel_dir, ext = prepare_kernels(state, missing_binary=fault == "kernel-missing")
 
     device.install_device(device.Device(fault=fault, state_dir=state))
+    # device work runs on the host thread; torch's intra-op pool on a small shared machine
+    # makes each small op spin (15 ms instead of 25 us per logsumexp here on 2 loaded cores)
+    torch.set_num_threads(1)
     _setup_privateuseone_for_python_backend(rename="npu", backend_module=npu_module)
     global _factories
     _factories = torch.library.Library("aten", "IMPL")

@@ -183,6 +183,9 @@ class Device:
         self._local = threading.local()
         self.capturing: list[GraphState] = []
         self.aicore_body = os.environ.get("AICPU_TILING_TWIN_AICORE", "triton")
+        if self.aicore_body not in ("triton", "reference"):
+            raise ValueError(f"AICPU_TILING_TWIN_AICORE must be triton or reference, got "
+                             f"{self.aicore_body!r}")
         self.stats = collections.Counter()
 
     # ---- context, loss ---------------------------------------------------------------------
@@ -581,6 +584,10 @@ def _dispatch(func, args, kwargs):
         dev.check_alive()
         if dev.aicore_body == "reference" and str(func) in REFERENCE_BODIES:
             return _queue_reference_body(dev, func, args, kwargs)
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "PrivateUse1"):
+            # torch would fall back to the op's composite (CPU) body, on device memory
+            raise TwinError(f"{func.name()} has no NPU (PrivateUse1) kernel: the extension "
+                            "that registers it is not loaded (torch.ops.load_library)")
         return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1),
                                *args, **kwargs)
     if func.is_view or name in _METADATA_OPS:

@@ -6,7 +6,7 @@ The schemas are the ones torch_npu 2.10.0.post4 documents in ``torch_npu/_op_plu
 passes (``input_layout="TND"``, paged KV ``[num_blocks, block_size, kv_heads * head_dim]``,
 ``actual_seq_lengths`` the cumulative query ends, ``actual_seq_lengths_kv`` per request,
 ``sparse_mode`` 0 with no mask, or 3: causal aligned to the end of each request's KV), in
-float64 (`pyruntime.workload.reference`); anything else raises `NotInTwinError`. The op runs
+float32 (fp32 accumulation, like the AI Core); anything else raises `NotInTwinError`. The op runs
 as an AI Core task on the current stream: captured, task-group members and updatable like
 any kernel, with its host lists frozen when it is issued.
 """
@@ -62,10 +62,37 @@ _UNSUPPORTED = ("pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2",
                 "query_rope", "key_rope", "key_rope_antiquant_scale")
 
 
-def _reference(query, key, value, options: dict) -> tuple[np.ndarray, np.ndarray]:
-    """float64 attention: ``[T, num_heads, D]`` output and ``[T, num_heads, 1]`` lse."""
-    from pyruntime.workload.reference import reference_attention
+def _attention(query, key_cache, value_cache, table, cu, kv, *, scale: float,
+               causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paged GQA attention in float32, request by request: ``[T, Hq, D]`` output (rows of no
+    request zero) and ``[T, Hq, 1]`` log-sum-exp."""
+    _, block_size, kv_heads, head_dim = key_cache.shape
+    heads = query.shape[1]
+    group = heads // kv_heads
+    out = torch.zeros(query.shape, dtype=torch.float32)
+    lse = torch.zeros(query.shape[:2] + (1,), dtype=torch.float32)
+    for r in range(len(kv)):
+        q0, q1, kv_len = int(cu[r]), int(cu[r + 1]), int(kv[r])
+        if q1 == q0 or kv_len == 0:
+            continue
+        blocks = torch.from_numpy(np.ascontiguousarray(table[r, : -(-kv_len // block_size)]))
+        k = key_cache[blocks].reshape(-1, kv_heads, head_dim)[:kv_len].float()
+        v = value_cache[blocks].reshape(-1, kv_heads, head_dim)[:kv_len].float()
+        q = query[q0:q1].float().reshape(q1 - q0, kv_heads, group, head_dim)
+        s = torch.einsum("qhgd,khd->hgqk", q, k) * scale
+        if causal:
+            pos = torch.arange(kv_len)[None, :]
+            limit = (kv_len - (q1 - q0) + torch.arange(q1 - q0))[:, None]
+            s = s.masked_fill(pos > limit, float("-inf"))
+        m = s.logsumexp(-1, keepdim=True)
+        o = torch.einsum("hgqk,khd->qhgd", (s - m).exp(), v)
+        out[q0:q1] = o.reshape(q1 - q0, heads, head_dim)
+        lse[q0:q1] = m.permute(2, 0, 1, 3).reshape(q1 - q0, heads, 1)
+    return out, lse
 
+
+def _reference(query, key, value, options: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """FIA's result: ``[T, num_heads, D]`` output and ``[T, num_heads, 1]`` lse."""
     for name in _UNSUPPORTED:
         if options.get(name) is not None:
             raise NotInTwinError(f"npu_fused_infer_attention_score: {name} is not modelled by "
@@ -90,11 +117,15 @@ def _reference(query, key, value, options: dict) -> tuple[np.ndarray, np.ndarray
                            "actual_seq_lengths_kv must have one entry per request")
     head_dim = query.shape[-1]
     cache = (key.shape[0], block_size, kv_heads, head_dim)
-    table = options["block_table"].numpy()
-    out = reference_attention(query, key.reshape(cache), value.reshape(cache),
-                              table, cu, kv, scale=options["scale"],
-                              causal=options["sparse_mode"] == 3)
-    return out, np.zeros(out.shape[:2] + (1,))
+    if heads % kv_heads or query.shape[1] != heads:
+        raise RuntimeError(f"npu_fused_infer_attention_score: num_heads {heads} and "
+                           f"num_key_value_heads {kv_heads} do not fit the query {query.shape}")
+    if cu[-1] > query.shape[0]:
+        raise RuntimeError("npu_fused_infer_attention_score: actual_seq_lengths ends past the "
+                           "query's T rows")
+    return _attention(query, key.reshape(cache), value.reshape(cache),
+                      options["block_table"].numpy(), cu, kv, scale=options["scale"],
+                      causal=options["sparse_mode"] == 3)
 
 
 def _defaults(schema: str) -> dict:
@@ -125,9 +156,9 @@ def _issue(query, key, value, options, attention_out, softmax_lse) -> None:
 
     def run() -> None:
         out, lse = _reference(q, k, v, frozen)
-        out_i.copy_(torch.from_numpy(out).reshape(out_i.shape).to(out_i.dtype))
-        if lse_i.numel() == lse.size:
-            lse_i.copy_(torch.from_numpy(lse).reshape(lse_i.shape).to(lse_i.dtype))
+        out_i.copy_(out.reshape(out_i.shape))
+        if lse_i.numel() == lse.numel():
+            lse_i.copy_(lse.reshape(lse_i.shape))
     dev.enqueue(twin.Work("aicore", "npu_fused_infer_attention_score", run))
 
 

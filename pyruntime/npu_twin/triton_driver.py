@@ -53,6 +53,11 @@ def _launch(jit_fn, args: tuple, kwargs: dict, grid: Any) -> None:
                 "unchecked, a host address (AI Core exception on hardware)")
     inner_args = tuple(twin.inner(a) for a in args)
     inner_kwargs = {k: twin.inner(v) for k, v in kwargs.items()}
+    if "UPCAST_DOT" in inner_kwargs:
+        # Triton's interpreter computes a bf16 tl.dot inexactly; our kernels carry this
+        # switch for the interpreter (pyruntime/kernels/triton_launch.py sets it on CPU
+        # tensors); the compiled kernel on the NPU does not need it
+        inner_kwargs["UPCAST_DOT"] = True
     grid = tuple(grid) if not callable(grid) else grid
     name = jit_fn.__name__
 

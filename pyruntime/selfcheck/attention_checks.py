@@ -157,8 +157,10 @@ def host_time(ctx: Context) -> CheckResult:
                          "step_us": 1e6 * statistics.median(s.step_s for s in r.steps),
                          "counters_per_step": r.counters}
                 for r in runs}
-    except (SourceError, BackendError) as exc:
-        return skipped(name, f"could not run the workload: {exc}")
+    except SourceError as exc:
+        return skipped(name, f"could not load the workload: {exc}")
+    except BackendError as exc:
+        return failed(name, f"the workload failed on the {ctx.backend} backend: {exc}")
     a20, b20 = rows[20]["host_update"]["host_us"], rows[20][variant]["host_us"]
     a61, b61 = rows[61]["host_update"]["host_us"], rows[61][variant]["host_us"]
     growth = b61 / b20

@@ -90,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         # before anything touches torch.npu: the twin stands in for torch_npu in this process
         from pyruntime import npu_twin
 
+        # the twin's AI Core runs our Triton bodies under Triton's interpreter in the Triton
+        # check, and the C reference body of the same ops elsewhere (so that the run takes
+        # minutes: host_time alone launches 2 x 81 layers per step)
+        os.environ.setdefault(npu_twin.AICORE_ENV, "triton" if request["check"] ==
+                              "attention_triton" else "reference")
         npu_twin.activate(request.get("twin_fault"))
     name = request["check"]
     ctx: Context | None = None
