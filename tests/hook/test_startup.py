@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pyruntime import hook
-from pyruntime.hook import activation, vllm_plugin
+from pyruntime.hook import activation, registry, vllm_plugin
 from pyruntime.hook.pth import _WARNED, PTH_FILENAME, pth_content, unknown_value_warning
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,8 +78,9 @@ def test_plugin_on_values_install_the_hook(monkeypatch, value):
     assert not hook.is_installed()
     vllm_plugin.register()
     assert hook.is_installed() and hook.status().installed
+    hooks = registry.registered()
     vllm_plugin.register()  # vLLM may call it again in the same process: still one install
-    assert hook.status().state == "waiting"
+    assert registry.registered() == hooks and all(n == 1 for n in hooks.values())
 
 
 def test_plugin_unknown_value_warns_once_per_process(monkeypatch, capsys):
