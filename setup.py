@@ -20,7 +20,9 @@ def _load(path: Path):
 class build_py_with_pth(build_py):
     """Also write the import hook's one-line .pth file into the wheel root (site-packages).
 
-    It activates pyruntime.hook at interpreter start only when AICPU_TILING=1.
+    It activates pyruntime.hook at interpreter start only when AICPU_TILING=1. An editable
+    install never carries it (nothing is copied into site-packages); inside vLLM the
+    vllm.general_plugins entry point in pyproject.toml activates the hook either way.
     """
 
     def run(self):

@@ -8,6 +8,10 @@ graph replay does not re-run captured AI-CPU tasks).
 ``mode="host_update"``: the vLLM-Ascend baseline; after each replay the host re-plans
 and updates every layer's task group.
 
+Lifetime: `close()` (or leaving a ``with`` block) resets the graph, gives back the streams
+and frees the buffers; ``owns_backend=True`` also closes the backend. A dropped instance
+needs no `close()` for its buffers: garbage collection frees them.
+
 Example (runs on the CPU backend)::
 
     import torch
@@ -17,7 +21,7 @@ Example (runs on the CPU backend)::
     attn = StaticAttention(backends.get("cpu"), num_layers=2, num_q_heads=4, num_kv_heads=2,
                            head_dim=16, block_size=8, num_blocks=16, max_batch=4,
                            max_tokens=8, max_blocks_per_req=4, mode="device_tiling",
-                           dtype=torch.float32)
+                           dtype=torch.float32, owns_backend=True)
     for q, (k, v) in zip(attn.queries, attn.kv_caches):  # filled in place, as on a device
         q.normal_(); k.normal_(); v.normal_()
     attn.capture()
@@ -27,6 +31,7 @@ Example (runs on the CPU backend)::
                      seqlens_kv=torch.tensor([5, 20], dtype=torch.int32))
     attn.check()                 # raises e.g. KvShortError naming the request if lengths were bad
     outs[0].shape                # torch.Size([8, 4, 16]); rows 3..7 are padding, zero
+    attn.close()                 # releases what it made and the backend it owns; or use with
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ from typing import Any
 
 import torch
 
-from pyruntime.backends import Backend
+from pyruntime.backends import Backend, BackendError
 from pyruntime.graph_attention.buffers import StaticBuffers
 from pyruntime.graph_attention.device_tiling import PATHS as DEVICE_TILING_PATHS
 from pyruntime.graph_attention.device_tiling import PLACEMENTS
 from pyruntime.graph_attention.errors import (
+    AttentionClosedError,
     AttentionError,
     AttentionInputError,
     AttentionStateError,
@@ -49,8 +55,8 @@ from pyruntime.graph_attention.errors import (
 from pyruntime.graph_attention.host_update import HostUpdatePath
 from pyruntime.tiling import TilingParams
 
-__all__ = ["MODES", "PLACEMENTS", "AttentionError", "AttentionInputError", "AttentionStateError",
-           "FrozenSizeError", "StaticAttention"]
+__all__ = ["MODES", "PLACEMENTS", "AttentionClosedError", "AttentionError", "AttentionInputError",
+           "AttentionStateError", "FrozenSizeError", "StaticAttention"]
 
 MODES = ("device_tiling", "host_update")
 
@@ -58,8 +64,20 @@ MODES = ("device_tiling", "host_update")
 class StaticAttention:
     """Paged, causal (by default) GQA attention over `num_layers` layers, captured once.
 
+    Ownership: the caller owns `backend` unless ``owns_backend=True``. The attention owns
+    what it makes on the backend: its buffers (queries, KV caches, outputs, block table,
+    lengths, tiling, partials), its graph and its streams (2 or 3 worker threads on the CPU
+    backend). `close()` gives all of these back, so a long-lived backend can serve many
+    attentions; with ``owns_backend=True`` it also closes the backend (the CPU backend's
+    core pool and remaining threads). Dropping the attention without `close()` frees its
+    buffers at garbage collection, but its streams stay on a borrowed backend until that
+    backend is closed. Usable as a context manager: ``with StaticAttention(...) as attn:``
+    closes on exit.
+
     Args:
         backend: from ``pyruntime.backends.get``.
+        owns_backend: `close()` also closes `backend` (default False: the caller closes it,
+            after every attention made on it; a failed construction closes it too).
         num_layers: attention layers (each has its own query, KV cache and output).
         num_q_heads, num_kv_heads, head_dim: head geometry (num_q_heads a multiple of
             num_kv_heads).
@@ -92,43 +110,99 @@ class StaticAttention:
         ValueError: unknown mode or placement, or a placement given with host_update;
         AttentionInputError: bad dtype or counts;
         pyruntime.tiling.TilingParamsError: shapes out of the tiling kernel's range.
+        AttentionClosedError: (from every method and buffer attribute) used after `close()`.
     """
 
     def __init__(self, backend: Backend, *, num_layers: int, num_q_heads: int,
                  num_kv_heads: int, head_dim: int, block_size: int, num_blocks: int,
                  max_batch: int, max_tokens: int, max_blocks_per_req: int, mode: str,
                  dtype: torch.dtype, causal: bool = True, num_cores: int | None = None,
-                 q_tile: int | None = None, placement: str | None = None) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-        if mode == "host_update" and placement is not None:
-            raise ValueError(f"placement={placement!r} applies to mode='device_tiling' only: "
-                             "host_update has no tiling task (drop the placement argument)")
-        if mode == "device_tiling":
-            placement = "graph" if placement is None else placement
-            if placement not in PLACEMENTS:
-                raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got "
-                                 f"{placement!r}")
-        self.backend, self.mode, self.causal = backend, mode, causal
-        self.placement = placement
-        self.params = TilingParams(
-            num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-            block_size=block_size, max_batch=max_batch, max_tokens=max_tokens,
-            max_blocks_per_req=max_blocks_per_req,
-            num_cores=num_cores or backend.default_num_cores, q_tile=q_tile)
-        self._buffers = StaticBuffers(backend, self.params, num_layers=num_layers,
-                                      num_blocks=num_blocks, dtype=dtype)
-        path = HostUpdatePath if mode == "host_update" else DEVICE_TILING_PATHS[placement]
-        self._path = path(backend, self._buffers, causal=causal)
+                 q_tile: int | None = None, placement: str | None = None,
+                 owns_backend: bool = False) -> None:
+        self.backend, self.owns_backend = backend, bool(owns_backend)
+        self._closed = False
+        self._buffers = self._path = None
+        try:
+            if mode not in MODES:
+                raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+            if mode == "host_update" and placement is not None:
+                raise ValueError(f"placement={placement!r} applies to mode='device_tiling' "
+                                 "only: host_update has no tiling task (drop the placement "
+                                 "argument)")
+            if mode == "device_tiling":
+                placement = "graph" if placement is None else placement
+                if placement not in PLACEMENTS:
+                    raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got "
+                                     f"{placement!r}")
+            self.mode, self.causal, self.placement = mode, causal, placement
+            self.params = TilingParams(
+                num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                block_size=block_size, max_batch=max_batch, max_tokens=max_tokens,
+                max_blocks_per_req=max_blocks_per_req,
+                num_cores=num_cores or backend.default_num_cores, q_tile=q_tile)
+            self._buffers = StaticBuffers(backend, self.params, num_layers=num_layers,
+                                          num_blocks=num_blocks, dtype=dtype)
+            path = HostUpdatePath if mode == "host_update" else DEVICE_TILING_PATHS[placement]
+            self._path = path(backend, self._buffers, causal=causal)
+        except BaseException:
+            # give back what was made, and an owned backend: the caller never gets `self`
+            self.close()
+            raise
         self._captured = False
         self._stepped = False
         self.last_step_host_seconds = math.nan
 
-    queries = property(lambda self: self._buffers.queries)
-    kv_caches = property(lambda self: self._buffers.kv_caches)
-    outputs = property(lambda self: self._buffers.outputs)
-    block_table = property(lambda self: self._buffers.block_table,
+    queries = property(lambda self: self._live()[0].queries)
+    kv_caches = property(lambda self: self._live()[0].kv_caches)
+    outputs = property(lambda self: self._live()[0].outputs)
+    block_table = property(lambda self: self._live()[0].block_table,
                            doc="The static device block table the graph reads.")
+
+    def _live(self):
+        """(buffers, path), or AttentionClosedError after `close()`."""
+        if self._closed:
+            raise AttentionClosedError("this StaticAttention was closed (close() or the end of "
+                                       "its with block); construct and capture a new one")
+        return self._buffers, self._path
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` has run."""
+        return self._closed
+
+    def close(self) -> None:
+        """Release the graph, the streams (worker threads on the CPU backend) and every
+        buffer, KV caches included; with ``owns_backend=True`` close the backend too.
+
+        Idempotent. Waits for work already enqueued; a device error of a step that already
+        raised it is not raised again. Any later use raises `AttentionClosedError`.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        path, buffers = getattr(self, "_path", None), getattr(self, "_buffers", None)
+        self._path = self._buffers = None  # dropped first: a failure below must not pin them
+        try:
+            if path is not None:
+                try:
+                    path.wait()
+                except BackendError:
+                    pass  # the step that failed raised this already; releasing must go on
+                path.close()
+        finally:
+            try:
+                if buffers is not None:
+                    buffers.free()
+            finally:
+                if self.owns_backend:
+                    self.backend.close()
+
+    def __enter__(self) -> StaticAttention:
+        self._live()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def capture(self) -> None:
         """Capture the graph of this bucket (once).
@@ -136,9 +210,10 @@ class StaticAttention:
         Raises:
             AttentionStateError: already captured.
         """
+        _, path = self._live()
         if self._captured:
             raise AttentionStateError("capture() was already called for this StaticAttention")
-        self._path.capture()
+        path.capture()
         self._captured = True
 
     def step(self, block_table: Any, cu_seqlens_q: Any, seqlens_kv: Any) -> list[torch.Tensor]:
@@ -160,13 +235,14 @@ class StaticAttention:
             FrozenSizeError: a size beyond what the capture froze (names it).
             AttentionInputError: wrong type, dtype or rank.
         """
+        buffers, path = self._live()
         if not self._captured:
             raise AttentionStateError("step() before capture(): call capture() once first")
-        inputs = self._buffers.validate(block_table, cu_seqlens_q, seqlens_kv)
-        self.last_step_host_seconds = self._path.step(inputs)
+        inputs = buffers.validate(block_table, cu_seqlens_q, seqlens_kv)
+        self.last_step_host_seconds = path.step(inputs)
         self._stepped = True
-        self._path.wait()
-        return self._buffers.outputs
+        path.wait()
+        return buffers.outputs
 
     def check(self) -> None:
         """Raise the last step's tiling error, if any.
@@ -175,13 +251,14 @@ class StaticAttention:
             pyruntime.tiling.TilingInputError subclass (QueryOverflowError, KvShortError, ...)
             naming the first offending request, its value and the limit.
         """
+        _, path = self._live()
         if not self._stepped:
             return
-        error = self._path.error()
+        error = path.error()
         if error is not None:
             raise error
 
     @property
     def graph(self):
         """The captured backend graph (for profiling and tests)."""
-        return self._path.graph
+        return self._live()[1].graph

@@ -179,6 +179,25 @@ class Backend(abc.ABC):
             raise CaptureError("synchronize() while a graph is capturing")
         self._synchronize()
 
+    def release_stream(self, stream: Stream) -> None:
+        """Give back a stream made by `stream()` once its work is done (on the CPU backend,
+        its worker thread ends after running what was enqueued); it must not be used again.
+        Idempotent. The owner of the stream calls it (e.g. `StaticAttention.close`).
+
+        Raises:
+            CaptureError: the stream is capturing or updating.
+        """
+        stream = self._resolve(stream)
+        if stream.capturing is not None or stream.updating is not None:
+            raise CaptureError(f"release_stream: {stream} is capturing or updating")
+        self._release_stream(stream)
+
+    def close(self) -> None:
+        """Release the backend's own threads and resources; unusable after. Idempotent.
+
+        The base holds none; a backend that does overrides this.
+        """
+
     def stream_synchronize(self, stream: Stream) -> None:
         if stream.capturing is not None:
             raise CaptureError(f"synchronize of {stream} while it captures a graph")
@@ -486,6 +505,8 @@ class Backend(abc.ABC):
     def _end_native_capture(self, graph: Graph) -> None:
         """Abort path: end the device's capture (before the graph is released)."""
     def _release_graph(self, graph: Graph) -> None:
+        pass
+    def _release_stream(self, stream: Stream) -> None:
         pass
     @abc.abstractmethod
     def _replay(self, graph: Graph, stream: Stream) -> None: ...

@@ -116,15 +116,26 @@ class CpuBackend(Backend):
         self.wait_timeout_s = wait_timeout_s
         self.timings = Timings()
         self._cond = threading.Condition()
+        self._closed = False
         self._workers: list[Worker] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(self.num_threads, "cpu-aicore")
         self._node_ids = itertools.count(1)
 
     def close(self) -> None:
-        """Stop the worker threads and the core pool (the backend is unusable after)."""
+        """Stop the worker threads and the core pool and join them; unusable after.
+
+        Idempotent. Streams run what was enqueued first; a device-side wait still blocked
+        fails at once with `EventError` instead of after `wait_timeout_s`.
+        """
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()  # wake device-side waits so their workers can end
         for worker in self._workers:
-            worker.close()
-        self._pool.shutdown(wait=False)
+            worker.close(self.wait_timeout_s)
+        self._workers.clear()
+        # wait=True: the lanes are C kernel bodies that never block, and joined threads are
+        # what lets a caller count them gone (threading.active_count())
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- buffers ----------------------------------------------------------------------------
     def _alloc(self, shape, dtype):
@@ -135,6 +146,8 @@ class CpuBackend(Backend):
 
     # ---- streams and events -----------------------------------------------------------------
     def _new_stream(self, name):
+        if self._closed:
+            raise BackendError("the cpu backend was closed; make a new one with get('cpu')")
         worker = Worker(f"{name}-{len(self._workers)}", self.timings)
         self._workers.append(worker)
         return worker
@@ -154,8 +167,11 @@ class CpuBackend(Backend):
 
     def _wait_for(self, ready: Callable[[], bool], what: str) -> None:
         with self._cond:
-            if not self._cond.wait_for(ready, timeout=self.wait_timeout_s):
+            if not self._cond.wait_for(lambda: ready() or self._closed,
+                                       timeout=self.wait_timeout_s):
                 raise EventError(f"{what} did not happen within {self.wait_timeout_s} s")
+            if not ready():
+                raise EventError(f"{what} did not happen before the backend was closed")
 
     def _notify(self, change: Callable[[], None]) -> None:
         with self._cond:
@@ -254,7 +270,14 @@ class CpuBackend(Backend):
 
     def _release_graph(self, graph: Graph) -> None:
         for worker in graph.native.side_workers.values():
-            worker.close()
+            worker.close(self.wait_timeout_s)
+            self._workers.remove(worker)
+        graph.native.side_workers.clear()
+
+    def _release_stream(self, stream: Stream) -> None:
+        worker = stream.native
+        worker.close(self.wait_timeout_s)
+        if worker in self._workers:  # idempotent
             self._workers.remove(worker)
 
     def _replay(self, graph: Graph, stream: Stream) -> None:

@@ -3,7 +3,8 @@
 A `Worker` runs submitted items in order on its own thread, asynchronously to the host.
 The first failure is kept and reported (as `DeviceTaskError`) by the next
 `synchronize()`; after a failure the worker skips compute items but still runs event
-items, so that other streams waiting on its events are not deadlocked.
+items, so that other streams waiting on its events are not deadlocked. `close()` lets the
+items already submitted run, then ends the thread and joins it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .errors import DeviceTaskError
+from .errors import BackendError, DeviceTaskError
 
 #: item kinds that do work; the others ("event", "graph", "sync") only order streams
 COMPUTE_KINDS = frozenset({"aicpu", "aicore", "copy", "update"})
@@ -62,11 +63,14 @@ class Worker:
         self.timings = timings
         self.error: DeviceTaskError | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"cpu-stream-{name}",
                                         daemon=True)
         self._thread.start()
 
     def submit(self, kind: str, name: str, fn: Callable[[], None]) -> None:
+        if self._closed:  # nothing would ever run it: a later synchronize would hang
+            raise BackendError(f"stream {self.name} was released; its work cannot run")
         self._queue.put((kind, name, fn))
 
     def fail(self, name: str, exc: BaseException) -> None:
@@ -83,8 +87,19 @@ class Worker:
         if error is not None:
             raise error
 
-    def close(self) -> None:
-        self._queue.put(None)
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Run what was submitted, then end the thread; idempotent.
+
+        Joins the thread (at most `timeout_s` seconds; None: until it ends) unless called
+        from that thread. Returns whether the thread has ended. Later `submit` calls raise
+        `BackendError`.
+        """
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     def _run(self) -> None:
         while True:
@@ -92,12 +107,19 @@ class Worker:
             if item is None:
                 return
             kind, name, fn = item
+            # Drop this frame's references before blocking on the next get(): the last item
+            # run (a graph replay holds every captured task, their buffers included) would
+            # otherwise stay reachable from this live thread and keep a dropped
+            # StaticAttention's KV caches alive for as long as the stream exists.
+            del item
             if self.error is not None and kind in COMPUTE_KINDS:
+                del fn
                 continue
             start = time.perf_counter()
             try:
                 fn()
             except BaseException as exc:  # noqa: BLE001 - reported at synchronize
                 self.fail(name, exc)
+            del fn
             if kind in COMPUTE_KINDS:
                 self.timings.add(kind, name, self.name, start, time.perf_counter())

@@ -77,7 +77,14 @@ class StaticBuffers:
         if num_layers < 1 or num_blocks < 1:
             raise AttentionInputError(f"num_layers ({num_layers}) and num_blocks "
                                       f"({num_blocks}) must be at least 1")
-        p, alloc = params, backend.alloc
+        self._allocated: list[torch.Tensor] = []
+
+        def alloc(shape, dtype):
+            buf = backend.alloc(shape, dtype)
+            self._allocated.append(buf)  # what `free` gives back (views excluded)
+            return buf
+
+        p, self._backend = params, backend
         self.params, self.num_blocks, self.dtype = p, num_blocks, dtype
         self.scale = 1.0 / math.sqrt(p.head_dim)
         row = (p.max_tokens, p.num_q_heads, p.head_dim)
@@ -97,6 +104,21 @@ class StaticBuffers:
         self.partial_lse = alloc((slots, p.q_tile, p.group), torch.float32)
         self._staging = np.zeros(2 * p.max_batch + 3, dtype=np.int32)
         self._epoch = 0  # the device buffers start zeroed: epoch 0 is "no step yet"
+
+    def free(self) -> None:
+        """Free every buffer on the backend and drop this object's references to them.
+
+        Idempotent. Tensors a caller still holds stay valid host memory on the CPU backend,
+        but are no longer live device buffers (a graph using them cannot be replayed).
+        """
+        for buf in self._allocated:
+            if self._backend.is_live(buf):  # the caller may have freed one already
+                self._backend.free(buf)
+        self._allocated.clear()
+        self.queries, self.kv_caches, self.outputs = [], [], []
+        self.block_table = self.lengths = self.tiling = None
+        self.step_epoch = self.batch = self.cu_seqlens_q = self.seqlens_kv = None
+        self.partial_out = self.partial_lse = None
 
     def validate(self, block_table: Any, cu_seqlens_q: Any, seqlens_kv: Any) -> StepInputs:
         """Check types, dtypes and frozen sizes; values are the tiling's business.

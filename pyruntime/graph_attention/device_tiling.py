@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 
 from pyruntime.backends import Backend
+from pyruntime.backends.handles import GraphState
 from pyruntime.kernels import step as kernels
 from pyruntime.tiling import StaleTilingError, TilingError
 
@@ -94,6 +95,14 @@ class DeviceTilingPath:
 
     def wait(self) -> None:
         self.stream.synchronize()
+
+    def close(self) -> None:
+        """Reset the graph (the CPU backend's graph-owned side workers end with it) and give
+        back this path's streams. Call after `wait()`; the path is unusable after."""
+        if self.graph.state is GraphState.CAPTURED:
+            self.graph.reset()
+        for stream in (self.stream, self.aicpu_stream):
+            self.backend.release_stream(stream)
 
     def error(self) -> TilingError | None:
         """The typed error of the last step's tiling (read back from the device buffer):

@@ -34,3 +34,7 @@ class AttentionInputError(AttentionError, ValueError):
 
 class AttentionStateError(AttentionError, RuntimeError):
     """The API was called out of order (a step before capture, a second capture)."""
+
+
+class AttentionClosedError(AttentionStateError):
+    """A `StaticAttention` was used after `close()` (or after its ``with`` block ended)."""

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from pyruntime.backends import Backend
+from pyruntime.backends.handles import GraphState
 from pyruntime.kernels import step as kernels
 from pyruntime.tiling import TilingError
 
@@ -102,6 +103,15 @@ class HostUpdatePath:
     def wait(self) -> None:
         self.stream.synchronize()
         self.update_stream.synchronize()
+
+    def close(self) -> None:
+        """Reset the graph (its task groups become invalid) and give back this path's
+        streams. Call after `wait()`; the path is unusable after."""
+        if self.graph.state is GraphState.CAPTURED:
+            self.graph.reset()
+        self.groups.clear()
+        for stream in (self.stream, self.update_stream):
+            self.backend.release_stream(stream)
 
     def error(self) -> TilingError | None:
         """The typed error of the last step's host tiling, if any."""

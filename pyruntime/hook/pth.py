@@ -1,7 +1,8 @@
 """Activation at interpreter start through a ``.pth`` file and ``AICPU_TILING``.
 
-setuptools installs :data:`PTH_FILENAME` into site-packages with the content of
-:func:`pth_content`. Python's ``site`` module executes its single ``import`` line at
+A regular install puts :data:`PTH_FILENAME` into site-packages with the content of
+:func:`pth_content` (setup.py's ``build_py_with_pth``); an editable install does not, which is
+why vLLM processes are covered by the plugin entry point instead (:mod:`.vllm_plugin`). Python's ``site`` module executes its single ``import`` line at
 every interpreter start. The line itself only reads ``os.environ``:
 
 * ``1``, ``true``, ``yes``, ``on`` (any case): it imports :mod:`pyruntime.hook.autostart`,
