@@ -153,10 +153,15 @@ def _with_tail(detail: str, tail: list[str]) -> str:
     return detail + "; last output: " + " | ".join(tail[-DETAIL_TAIL_LINES:])
 
 
-def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_environment(extra: Mapping[str, str] | None = None, *,
+                      device: bool = False) -> dict[str, str]:
     """The child's environment: this one, the parent's ``sys.path`` on ``PYTHONPATH`` (so it
-    imports the same pyruntime and the same check functions), plus `extra`."""
+    imports the same pyruntime and the same check functions), plus `extra`. For a device
+    backend (`device`), without ``TRITON_INTERPRET``: device tensors need Triton compiled
+    (Triton-Ascend), and the variable decides that when triton is first imported."""
     env = dict(os.environ)
+    if device:
+        env.pop("TRITON_INTERPRET", None)
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
@@ -199,7 +204,8 @@ def run_in_child(name: str, check: Callable[[Context], CheckResult], ctx: Contex
                 [sys.executable, "-m", "pyruntime.selfcheck.child", str(request_path),
                  str(result_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=child_environment(extra_env), start_new_session=True)
+                env=child_environment(extra_env, device=ctx.report_backend != "cpu"),
+                start_new_session=True)
             try:
                 proc.wait(timeout=timeout_s)
                 timed_out = False
