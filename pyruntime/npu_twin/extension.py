@@ -170,7 +170,10 @@ def plan_tiling_npu(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, par
     if nbytes < p.tiling_bytes:
         raise RuntimeError(f"plan_tiling: tiling_out holds {nbytes} bytes, needs at least "
                            f"{p.tiling_bytes}")
-    # one twin device: the same-device check of the C++ always holds here
+    # one twin device: the C++'s same-device check always holds here
+    if n > p.max_batch:  # aicpu_tiling_kernel_check(): the block's batch fits max_batch
+        raise RuntimeError("plan_tiling: the argument block is invalid (arrays shorter than "
+                           "max_batch?)")
     if _launcher.path is None:
         raise RuntimeError("plan_tiling: the AI-CPU tiling kernel is not loaded; call "
                            "torch.ops.aicpu_tiling.npu_load_tiling_kernel(<dir>/"
