@@ -95,16 +95,19 @@ class NpuTilingEngine:
             num_cores=self.num_cores)
         slots = max(1, params.max_partial_slots)
 
-        def zeros(shape, dtype):
-            return torch.zeros(shape, dtype=dtype, device=device)
+        # Allocation only: this runs inside vLLM's capture, where a zeros()/fill_() would be
+        # a captured task re-run at every replay (wiping the tiling under pre-replay,
+        # resetting the epoch under graph). Every buffer is written before it is read: the
+        # epoch by before_replay, the batch and tiling by the tiling task; until then the
+        # attention sees a header that fails validation and writes zeros.
+        def empty(shape, dtype):
+            return torch.empty(shape, dtype=dtype, device=device)
 
-        batch = zeros((1,), torch.int32)
-        epoch = zeros((1,), torch.int32)
-        epoch.fill_(self.epoch)
-        return _KeyBuffers(params, c, zeros((params.tiling_bytes,), torch.uint8), epoch, batch,
-                           zeros((slots, params.q_tile, params.group, params.head_dim),
+        return _KeyBuffers(params, c, empty((params.tiling_bytes,), torch.uint8),
+                           empty((1,), torch.int32), empty((1,), torch.int32),
+                           empty((slots, params.q_tile, params.group, params.head_dim),
                                  torch.float32),
-                           zeros((slots, params.q_tile, params.group), torch.float32))
+                           empty((slots, params.q_tile, params.group), torch.float32))
 
     def _plan(self, key: _KeyBuffers) -> None:
         c = key.capture

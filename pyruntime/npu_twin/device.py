@@ -187,6 +187,7 @@ class Device:
             raise ValueError(f"AICPU_TILING_TWIN_AICORE must be triton or reference, got "
                              f"{self.aicore_body!r}")
         self.stats = collections.Counter()
+        self.aicore_statuses: list[str] = []  # statuses the reference body would have raised
 
     # ---- context, loss ---------------------------------------------------------------------
     @property
@@ -259,6 +260,10 @@ class Device:
             if work.kind == "aicpu":
                 raise CaptureViolation(f"{work.label}: an AI-CPU task cannot join a task group "
                                        "(CANN updates AI Core tasks only)")
+            if work.kind in ("record", "wait", "ext_record", "ext_wait", "ext_reset"):
+                raise CaptureViolation(f"{work.label} inside a task group: a group holds the "
+                                       "kernel tasks an update re-issues, not event tasks (an "
+                                       "AI-CPU launch forks through events)")
             stream.open_group.append(len(graph.nodes))
         if work.kind != "record":
             graph.seq[stream.id] += 1
@@ -341,6 +346,10 @@ class Device:
             self.enqueue(Work("ext_wait", "ExternalEvent.wait", event=event), stream)
             return
         graph = event.captured_in
+        if event.timing and (stream.capture is not None or (
+                graph is not None and graph.status == "capturing")):
+            raise CaptureViolation("an Event created with enable_timing=True cannot be waited "
+                                   "on in a capture (only ACL_EVENT_SYNC events can)")
         if graph is not None and graph.status == "capturing":
             if stream.capture is None:  # a fork: the stream joins the capture
                 if stream.default:
@@ -353,9 +362,6 @@ class Device:
         elif stream.capture is not None and event.last_token is not None:
             raise CaptureViolation(f"{stream} captures and waits on an Event recorded outside "
                                    "the capture: use torch.npu.ExternalEvent for that")
-        if event.timing and stream.capture is not None:
-            raise CaptureViolation("an Event created with enable_timing=True cannot be waited "
-                                   "on in a capture (only ACL_EVENT_SYNC events can)")
         self.enqueue(Work("wait", "Event.wait", event=event, token=event.last_token), stream)
 
     def synchronize_event(self, event: EventState) -> None:
@@ -587,7 +593,8 @@ def _dispatch(func, args, kwargs):
         if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "PrivateUse1"):
             # torch would fall back to the op's composite (CPU) body, on device memory
             raise TwinError(f"{func.name()} has no NPU (PrivateUse1) kernel: the extension "
-                            "that registers it is not loaded (torch.ops.load_library)")
+                            "that registers it is not loaded (torch.ops.load_library of "
+                            "libaicpu_tiling_npu.so)")
         return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1),
                                *args, **kwargs)
     if func.is_view or name in _METADATA_OPS:
@@ -622,8 +629,18 @@ def _queue_reference_body(dev: Device, func, args, kwargs) -> None:
         if _is_host_tensor(value):
             raise HostPointerError(f"{func}: a host tensor handed to an AI Core kernel")
     inner_args, inner_kwargs = pytree.tree_map(inner, args), pytree.tree_map(inner, kwargs)
-    dev.enqueue(Work("aicore", f"{func} (C reference body)",
-                     lambda: func(*inner_args, **inner_kwargs)))
+
+    def run() -> None:
+        from pyruntime.kernels.step import AttentionKernelError
+
+        try:
+            func(*inner_args, **inner_kwargs)
+        except AttentionKernelError as exc:
+            # the CPU body raises on a status the device kernel only writes to its status
+            # buffer (the Triton body never raises): keep it as the task's status
+            dev.stats["aicore_status_errors"] += 1
+            dev.aicore_statuses.append(f"{func}: {exc}")
+    dev.enqueue(Work("aicore", f"{func} (C reference body)", run))
 
 
 def _device_to_host(src: NpuTensor, kwargs) -> torch.Tensor:
@@ -693,7 +710,17 @@ def _queue_op(dev: Device, func, args, kwargs):
         buf = poisoned(torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype))
         fresh.append((position, buf))
         results.append(NpuTensor(buf))
-    inner_args, inner_kwargs = pytree.tree_map(inner, args), pytree.tree_map(inner, kwargs)
+    for alias_set, target in aliased.items():
+        meta_arg = _meta(target)
+        for meta, ret in zip(metas, func._schema.returns):
+            if ret.alias_info and alias_set in ret.alias_info.before_set and \
+                    isinstance(meta, torch.Tensor) and meta.shape != meta_arg.shape:
+                raise TwinError(f"{func} resizes its out= argument from {tuple(meta_arg.shape)} "
+                                f"to {tuple(meta.shape)}: not modelled by the NPU twin (allocate "
+                                "the output at its size)")
+    # host values are taken when the op is issued (a CPU scalar tensor included), and a
+    # captured op keeps them: replay runs with what capture saw
+    inner_args, inner_kwargs = pytree.tree_map(_issued, args), pytree.tree_map(_issued, kwargs)
 
     def run() -> None:
         got = func(*inner_args, **inner_kwargs)
@@ -703,6 +730,14 @@ def _queue_op(dev: Device, func, args, kwargs):
 
     dev.enqueue(Work("op", str(func), run))
     return results[0] if single else type(meta_out)(results)
+
+
+def _issued(value: Any) -> Any:
+    if isinstance(value, NpuTensor):
+        return value._inner
+    if isinstance(value, torch.Tensor):  # a 0-dim host tensor (others are refused)
+        return value.detach().clone()
+    return value
 
 
 def _written_arguments(func, args, kwargs) -> dict[str, NpuTensor]:

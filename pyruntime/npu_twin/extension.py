@@ -185,6 +185,9 @@ def plan_tiling_npu(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, par
 def _enqueue_launch(p, cu, kv, batch, epoch, out, n: int, nbytes: int, causal: bool) -> None:
     dev = twin.device()
     caller, side = dev.current_stream(), _launcher.stream
+    if caller.open_group is not None:
+        raise twin.CaptureViolation("aicpu_tiling_kernel: an AI-CPU task cannot join a task "
+                                    "group (CANN updates AI Core tasks only)")
     ev_in, ev_out = _launcher.events
     cu_i, kv_i, batch_i, epoch_i, out_i = (twin.inner(t) for t in (cu, kv, batch, epoch, out))
 
