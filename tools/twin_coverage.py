@@ -122,6 +122,32 @@ def scenarios() -> dict[str, str]:
         finally:
             os.environ.pop(npu_kernels.BUILD_DIR_ENV)
             os.environ.update({k: v for k, v in saved.items() if v is not None})
+        # building without CANN: the script says what is missing
+        os.environ.pop("ASCEND_HOME_PATH", None)
+        os.environ.pop("ASCEND_TOOLKIT_HOME", None)
+        try:
+            npu_kernels.build(timeout_s=60)
+        except npu_kernels.KernelsUnavailableError as exc:
+            assert "building runtime failed" in str(exc) and "CANN" in str(exc), exc
+        else:
+            raise AssertionError("a build without CANN succeeded")
+        # a JSON whose binary is missing, and a load that fails
+        empty = Path(tempfile.mkdtemp())
+        (empty / npu_kernels.RUNTIME_JSON).write_text("{}")
+        os.environ[npu_kernels.KERNEL_DIR_ENV] = str(empty)
+        try:
+            npu_kernels.find()
+        except npu_kernels.KernelsUnavailableError as exc:
+            assert "beside" in str(exc), exc
+        (empty / npu_kernels.RUNTIME_JSON).with_suffix(".so").write_bytes(b"not an ELF")
+        loaded, npu_kernels._loaded = npu_kernels._loaded, None
+        try:
+            npu_kernels.load()
+        except npu_kernels.KernelsUnavailableError as exc:
+            assert "failed" in str(exc), exc
+        finally:
+            npu_kernels._loaded = loaded
+            os.environ.update({k: v for k, v in saved.items() if v is not None})
         assert npu_kernels.attention_reason() is None
         assert be.ai_core_count() == 20
         os.environ["AICPU_TILING_PLACEMENT"] = "graph"

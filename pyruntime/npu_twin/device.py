@@ -2,7 +2,8 @@
 enforce on them, on the host.
 
 Where each rule comes from (the sources are the torch_npu 2.10.0.post4 wheel, read as a zip;
-CANN's runtime, hicann/runtime; both read for ``../shared/reviews/npu-preflight-2026-12.md``):
+CANN's runtime, hicann/runtime; both read for the pre-flight review summarised in
+docs/npu-twin.md):
 
 * Device memory is not host memory. ``Tensor.numpy()`` on an ``npu`` tensor raises the
   TypeError torch raises for any non-CPU tensor; ``.cpu()``, ``.tolist()`` and ``.item()`` are
@@ -31,7 +32,7 @@ CANN's runtime, hicann/runtime; both read for ``../shared/reviews/npu-preflight-
 * ``NPUGraph.reset()`` on a capturing graph does not end the capture: the stream keeps
   capturing (``NPUGraph::reset`` in Ascend/pytorch calls no ``capture_end``).
 * Task groups (``graph_task_group_begin/end``) hold AI Core tasks; an AI-CPU task cannot
-  join one (no task update for them, DESIGN.md section 7). ``graph_task_update_begin/end``
+  join one (no task update for them, docs/design.md section 7). ``graph_task_update_begin/end``
   run on a stream that is not capturing and must re-issue exactly the group's tasks; the
   update lands when the update stream reaches it.
 * ``TASK_QUEUE_ENABLE=2`` makes ``capture_begin`` refuse (the text is in the wheel's

@@ -151,8 +151,11 @@ def test_a_nested_function_cannot_be_sent_to_a_child():
 
 def test_child_activates_the_twin_before_anything_and_keeps_the_npu_code_path(
         tmp_path, monkeypatch):
-    """In process, with a stand-in for `pyruntime.npu_twin` (its own tests are the twin's)."""
+    """In process, with a stand-in for `pyruntime.npu_twin`: the plumbing only (the real twin
+    runs the same child in tests/twin/test_selfcheck_twin.py)."""
     import torch
+
+    monkeypatch.delenv("AICPU_TILING_TWIN_AICORE", raising=False)  # the child sets it
 
     calls = []
     fake_npu = types.SimpleNamespace(
@@ -167,7 +170,11 @@ def test_child_activates_the_twin_before_anything_and_keeps_the_npu_code_path(
 
     twin = types.ModuleType("pyruntime.npu_twin")
     twin.FAULTS, twin.activate = FAULTS, activate
+    twin.AICORE_ENV = "AICPU_TILING_TWIN_AICORE"
     monkeypatch.setitem(sys.modules, "pyruntime.npu_twin", twin)
+    import pyruntime  # `from pyruntime import npu_twin` reads the package attribute first
+
+    monkeypatch.setattr(pyruntime, "npu_twin", twin, raising=False)
     request = {"check": "second", "function": child.check_reference(probes.second),
                "backend": "npu-twin", "twin_fault": "device-lost", "quick": True,
                "build": False, "carried": {"placement": "graph", "kernels_ready": False},

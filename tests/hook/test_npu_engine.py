@@ -11,6 +11,8 @@ are checked against a stand-in torch.npu.
 
 import importlib
 
+import types
+
 import pytest
 import torch
 
@@ -128,13 +130,21 @@ def test_saved_placement_reaches_the_engine(no_placement, monkeypatch):
         _npu_backend().vllm_tiling_engine()
 
 
-def test_load_registers_schemas_then_loads_library_and_binary(no_placement, monkeypatch):
-    ext, js = no_placement / "libaicpu_tiling_npu.so", no_placement / "aicpu_tiling_runtime.json"
-    ext.write_bytes(b""), js.write_text("{}")
+def test_load_registers_schemas_then_loads_library_sets_the_device_and_loads_binary(
+        no_placement, monkeypatch):
+    """The order only (the NPU twin runs the real load: tests/twin/test_preflight.py)."""
+    import torch
+
+    ext = no_placement / "libaicpu_tiling_npu.so"
+    js = no_placement / npu_kernels.RUNTIME_JSON
+    ext.write_bytes(b""), js.write_text("{}"), js.with_suffix(".so").write_bytes(b"")
     monkeypatch.setenv(npu_kernels.EXT_ENV, str(ext))
     monkeypatch.setenv(npu_kernels.KERNEL_DIR_ENV, str(no_placement))
     monkeypatch.setattr(npu_kernels, "_loaded", None)
     calls = []
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(
+        current_device=lambda: 0, set_device=lambda i: calls.append(("set_device", i))),
+        raising=False)
 
     class Ops:
         def load_library(self, path):
@@ -146,6 +156,7 @@ def test_load_registers_schemas_then_loads_library_and_binary(no_placement, monk
                 calls.append(("npu_load_tiling_kernel", path))
 
     files = npu_kernels.load(Ops())
-    assert calls == [("load_library", str(ext)), ("npu_load_tiling_kernel", str(js))]
+    assert calls == [("load_library", str(ext)), ("set_device", 0),
+                     ("npu_load_tiling_kernel", str(js))]
     assert files.extension == ext
     monkeypatch.setattr(npu_kernels, "_loaded", None)

@@ -1,4 +1,4 @@
-"""The pre-flight review's findings (../shared/reviews/npu-preflight-2026-12.md, issue 16), each
+"""The pre-flight review's findings (issue 16; summarised in docs/npu-twin.md), each
 run on the NPU twin: the fixed code passes, and a mutation that restores the old behaviour
 fails the way the review predicted for real hardware.
 
