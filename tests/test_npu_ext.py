@@ -30,15 +30,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.wheels import TORCH_NPU_WHEEL, TORCH_WHEEL, WHEEL_CACHE, cached_wheel
+
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = REPO / "aicpu_kernels"
 EXT = KERNELS / "npu_ext"
 STUB = KERNELS / "cann_stub"
 WARN = ["-Wall", "-Wextra", "-Werror"]
-WHEEL_CACHE = Path(os.environ.get("AICPU_TILING_WHEEL_CACHE",
-                                  Path.home() / ".cache" / "aicpu-tiling" / "wheels"))
-TORCH_NPU_WHEEL = "torch_npu-2.10.0.post4-*.whl"
-TORCH_WHEEL = "torch-2.10.0-*.whl"
 OP_INFO_JSON = "libaicpu_tiling_runtime.json"
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("gcc") is None,
@@ -50,25 +48,6 @@ def torch_includes() -> list[str]:
     from torch.utils.cpp_extension import include_paths
 
     return [arg for path in include_paths() for arg in ("-isystem", path)]
-
-
-def wheels_required() -> bool:
-    """True under CI (``CI=true``): a missing wheel is then a failure, not a skip."""
-    return os.environ.get("CI", "").strip().lower() == "true"
-
-
-def cached_wheel(glob: str) -> Path:
-    found = sorted(WHEEL_CACHE.glob(glob))
-    if not found:
-        subprocess.run(["bash", str(REPO / "tools" / "fetch_wheels.sh")], capture_output=True,
-                       check=False, timeout=900)  # fmt: skip
-        found = sorted(WHEEL_CACHE.glob(glob))
-    if not found:
-        message = f"wheel {glob} not in {WHEEL_CACHE} and could not be downloaded"
-        if wheels_required():
-            pytest.fail(f"{message}; CI=true requires it (run tools/fetch_wheels.sh)")
-        pytest.skip(message)
-    return found[-1]
 
 
 def extracted(wheel: Path, prefix: str) -> Path:

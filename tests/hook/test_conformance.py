@@ -8,7 +8,6 @@ wheels.
 """
 
 import ast
-import os
 import re
 import subprocess
 import sys
@@ -18,30 +17,14 @@ from pathlib import Path
 import pytest
 
 from pyruntime.hook import vllm_ascend_targets as t
+from tests.wheels import cached_wheel
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("AICPU_TILING_WHEEL_CACHE",
-                            Path.home() / ".cache" / "aicpu-tiling" / "wheels"))
 FIXTURES = REPO / "tests" / "fixtures"
 
 
-def wheels_required() -> bool:
-    """True under CI (``CI=true``, as CI services set it): a missing wheel is then a failure."""
-    return os.environ.get("CI", "").strip().lower() == "true"
-
-
 def _wheel(glob):
-    found = sorted(CACHE.glob(glob))
-    if not found:
-        subprocess.run(["bash", str(REPO / "tools" / "fetch_wheels.sh")], capture_output=True, check=False,
-                       timeout=900)
-        found = sorted(CACHE.glob(glob))
-    if not found:
-        message = f"wheel {glob} not in {CACHE} and could not be downloaded"
-        if wheels_required():
-            pytest.fail(f"{message}; CI=true requires it (run tools/fetch_wheels.sh)")
-        pytest.skip(message)
-    return zipfile.ZipFile(found[-1])
+    return zipfile.ZipFile(cached_wheel(glob))
 
 
 class Source:
@@ -253,7 +236,9 @@ def test_fia_out_keywords(npu_wheel):
                                          ("", pytest.skip.Exception)])
 def test_a_missing_wheel_fails_under_ci_and_skips_elsewhere(monkeypatch, tmp_path, ci, outcome):
     calls = []
-    monkeypatch.setattr(sys.modules[__name__], "CACHE", tmp_path)  # empty cache
+    import tests.wheels
+
+    monkeypatch.setattr(tests.wheels, "WHEEL_CACHE", tmp_path)  # empty cache
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a))  # download fails
     monkeypatch.setenv("CI", ci)
     with pytest.raises(outcome, match="could not be downloaded"):

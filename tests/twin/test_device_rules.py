@@ -989,7 +989,8 @@ def test_stream_and_event_rules(outcomes, rule):
 @pytest.mark.parametrize("rule", _params("groups"))
 def test_task_group_rules(outcomes, rule):
     """Task groups and task updates (graph_task_group_begin/end, graph_task_update_begin/end
-    as vLLM-Ascend drives them) and the AI-CPU tiling task under capture (docs/design.md section 7)."""
+    as vLLM-Ascend drives them) and the AI-CPU tiling task under capture (docs/design.md
+    section 7)."""
     _check(outcomes, "groups", rule)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from pyruntime.backends.npu import TORCH_NPU_API
 from pyruntime.npu_twin import fia, npu_module
-from tests.test_npu_ext import TORCH_NPU_WHEEL, cached_wheel
+from tests.wheels import TORCH_NPU_WHEEL, cached_wheel
 
 
 @pytest.fixture(scope="module")
