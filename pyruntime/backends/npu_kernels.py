@@ -5,7 +5,8 @@ PrivateUse1 kernel of ``torch.ops.aicpu_tiling.plan_tiling``, which launches the
 tiling kernel by the runtime route (``npu_ext/launch_route.h``: binary loaded once before
 capture, a flag-0 AI-CPU stream, ``ACL_EVENT_SYNC`` events recorded and waited around the
 launch, so the same call works captured or eager), and ``npu_load_tiling_kernel(json)``,
-which loads the AI-CPU binary (``aicpu_tiling_runtime.json`` and the ``.so`` it names).
+which loads the AI-CPU binary (``libaicpu_tiling_runtime.json`` and the ``.so`` of the same
+stem, which CANN loads in CPU kernel mode 1).
 The schema of ``plan_tiling`` is defined in Python (`pyruntime.kernels.custom_ops`), so it
 is registered before the library is loaded.
 
