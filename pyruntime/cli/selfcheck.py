@@ -1,8 +1,8 @@
 """``aicpu-tiling selfcheck``: check this machine end to end and give a verdict.
 
-Runs the checks of `pyruntime.selfcheck` on the chosen backend (``cpu``: the emulation here,
-every check that can run, in this process; ``npu``: an Ascend device through torch_npu;
-``npu-twin``: the NPU backend's code path on the NPU twin, a strict CPU stand-in for
+Runs the checks of `pyruntime.selfcheck` on the chosen backend (cpu: the emulation here,
+every check that can run, in this process; npu: an Ascend device through torch_npu;
+npu-twin: the NPU backend's code path on the NPU twin, a strict CPU stand-in for
 torch_npu and CANN, with an optional injected fault). On npu and npu-twin every check runs
 in its own child process with a timeout, so a hang or a lost device fails that check and
 the run goes on. Prints a table (or JSON with --json); with -o FILE the JSON is rewritten
