@@ -87,8 +87,13 @@ def activate(fault: str | None = None) -> None:
 
     from . import device, extension, npu_module, torch_npu_module
 
-    state = Path(os.environ.get(STATE_ENV) or tempfile.mkdtemp(prefix="aicpu-tiling-twin-"))
+    given = os.environ.get(STATE_ENV)
+    state = Path(given or tempfile.mkdtemp(prefix="aicpu-tiling-twin-"))
     state.mkdir(parents=True, exist_ok=True)
+    if not given:  # ours: child processes inherit it through the variable while we run
+        import atexit
+
+        atexit.register(shutil.rmtree, state, ignore_errors=True)
     os.environ[STATE_ENV] = str(state)
     kernel_dir, ext = prepare_kernels(state, missing_binary=fault == "kernel-missing")
 
