@@ -1,7 +1,8 @@
-"""The real wheels some tests read (as zips, never installed): where they are cached and how
-a test gets one. ``tools/fetch_wheels.sh`` downloads them into ``$AICPU_TILING_WHEEL_CACHE``
-(default ``~/.cache/aicpu-tiling/wheels``). Without them a test skips, except under
-``CI=true``, where a missing wheel fails it: a green CI run has always read the real wheels."""
+"""The real wheels (and sdists) some tests read (as archives, never installed): where they are
+cached and how a test gets one. ``tools/fetch_wheels.sh`` downloads them into
+``$AICPU_TILING_WHEEL_CACHE`` (default ``~/.cache/aicpu-tiling/wheels``). Without them a test
+skips, except under ``CI=true``, where a missing one fails it: a green CI run has always read
+the real wheels."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ WHEEL_CACHE = Path(os.environ.get("AICPU_TILING_WHEEL_CACHE",
                                   Path.home() / ".cache" / "aicpu-tiling" / "wheels"))
 TORCH_NPU_WHEEL = "torch_npu-2.10.0.post4-*.whl"
 TORCH_WHEEL = "torch-2.10.0-*.whl"
+#: Every vllm-ascend release on the index from 0.23.0 to 0.30.0rc2 and what is cached of it:
+#: its x86_64 cp311 wheel where the release has one, else its sdist (0.23.0.post1, and every
+#: release since 0.27.1rc1, ships only an sdist). ``tools/fetch_wheels.sh`` fetches the same.
+VLLM_ASCEND_RELEASES = {
+    "0.23.0": "whl", "0.23.0.post1": "sdist", "0.24.0rc1": "whl", "0.25.1rc1": "whl",
+    "0.26.0rc1": "whl", "0.27.1rc1": "sdist", "0.28.0rc1": "sdist", "0.29.0rc1": "sdist",
+    "0.30.0rc1": "sdist", "0.30.0rc2": "sdist",
+}  # fmt: skip
 
 
 def wheels_required() -> bool:
@@ -36,3 +45,11 @@ def cached_wheel(glob: str) -> Path:
             pytest.fail(f"{message}; CI=true requires it (run tools/fetch_wheels.sh)")
         pytest.skip(message)
     return found[-1]
+
+
+def cached_release(version: str) -> Path:
+    """The cached wheel or sdist of vllm-ascend `version` (one of VLLM_ASCEND_RELEASES), with
+    :func:`cached_wheel`'s rule: downloaded once if missing, else a skip (a failure under CI)."""
+    kind = VLLM_ASCEND_RELEASES[version]
+    return cached_wheel(f"vllm_ascend-{version}-*.whl" if kind == "whl"
+                        else f"vllm_ascend-{version}.tar.gz")  # fmt: skip

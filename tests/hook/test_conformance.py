@@ -17,67 +17,20 @@ from pathlib import Path
 import pytest
 
 from pyruntime.hook import vllm_ascend_targets as t
+from tests.hook.vllm_ascend_source import (
+    find_def,
+    fixture_source,
+    importers_by_name,
+    param_names,
+    wheel_source,
+)
 from tests.wheels import cached_wheel
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "tests" / "fixtures"
 
 
 def _wheel(glob):
     return zipfile.ZipFile(cached_wheel(glob))
-
-
-class Source:
-    """Python sources of one tree (a wheel or the fixture folder), parsed on demand."""
-
-    def __init__(self, read):
-        self._read = read
-        self._trees = {}
-
-    def tree(self, module):
-        if module not in self._trees:
-            self._trees[module] = self._read(module)
-        return self._trees[module]
-
-
-def wheel_source(zf):
-    names = set(zf.namelist())
-
-    def read(module):
-        base = module.replace(".", "/")
-        for path in (f"{base}.py", f"{base}/__init__.py"):
-            if path in names:
-                return ast.parse(zf.read(path))
-        return None
-
-    return Source(read), names
-
-
-def fixture_source():
-    def read(module):
-        base = FIXTURES / module.replace(".", "/")
-        for path in (base.with_suffix(".py"), base / "__init__.py"):
-            if path.exists():
-                return ast.parse(path.read_text())
-        return None
-
-    return Source(read)
-
-
-def find_def(tree, qualname):
-    node = tree
-    for part in qualname.split("."):
-        body = getattr(node, "body", [])
-        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-                     and n.name == part), None)
-        if node is None:
-            return None
-    return node
-
-
-def param_names(fn):
-    a = fn.args
-    return tuple(p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs])
 
 
 LINES = {"0.23": "vllm_ascend-0.23.0-*.whl", "0.26": "vllm_ascend-0.26.0rc1-*.whl"}
@@ -121,23 +74,9 @@ def test_staticmethods_attributes_and_fields(wheel):
             assert re.search(rf"\b{name}\b", text), f"{line}: {module} lacks {name}"
 
 
-def _importers_by_name(names, src):
-    found = set()
-    for path in names:
-        if not (path.startswith("vllm_ascend/") and path.endswith(".py")):
-            continue
-        module = path[:-3].replace("/", ".").removesuffix(".__init__")
-        for node in ast.walk(src.tree(module)):
-            if isinstance(node, ast.ImportFrom) and any(
-                a.name == "update_full_graph_params" for a in node.names
-            ):
-                found.add(module)
-    return found
-
-
 def test_every_importer_by_name_is_hooked(wheel):
     line, src, names = wheel
-    found = _importers_by_name(names, src)
+    found = importers_by_name(names, src)
     assert found, "no importer found: the scan is broken"
     assert found <= set(t.IMPORTERS), f"{line}: unhooked importers {found - set(t.IMPORTERS)}"
 
