@@ -112,7 +112,9 @@ _COMMON_FUNCTIONS = {
     ),
 }
 
-#: (module, qualified name) -> parameter names in order, per release line ("0.23", "0.26").
+#: (module, qualified name) -> parameter names in order, per release line: "0.23" (0.23.x,
+#: 0.24.x) and "0.25" (from 0.25.1rc1 on: no ``num_dcp_pcp_tokens``, no ``positions``; the
+#: sources of every release are checked in tests/hook/test_release_conformance.py).
 FUNCTIONS: dict[str, dict[tuple[str, str], tuple[str, ...]]] = {
     "0.23": {
         **_COMMON_FUNCTIONS,
@@ -128,7 +130,7 @@ FUNCTIONS: dict[str, dict[tuple[str, str], tuple[str, ...]]] = {
             "positions",
         ),
     },
-    "0.26": {
+    "0.25": {
         **_COMMON_FUNCTIONS,
         (ATTENTION, f"{IMPL}.update_graph_params"): _UPDATE_026,
         (ACL_GRAPH, "update_full_graph_params"): ("attn_backend", *_UPDATE_026),

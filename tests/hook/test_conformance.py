@@ -33,7 +33,7 @@ def _wheel(glob):
     return zipfile.ZipFile(cached_wheel(glob))
 
 
-LINES = {"0.23": "vllm_ascend-0.23.0-*.whl", "0.26": "vllm_ascend-0.26.0rc1-*.whl"}
+LINES = {"0.23": "vllm_ascend-0.23.0-*.whl", "0.25": "vllm_ascend-0.26.0rc1-*.whl"}
 
 
 @pytest.fixture(scope="module", params=sorted(LINES))

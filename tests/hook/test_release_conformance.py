@@ -93,11 +93,7 @@ def expected_hook_targets(version):
 
 #: Where the issue's statement does not hold (found by this module), with the reason; the
 #: test is a strict xfail, so it fails as soon as the hook's data is fixed (then drop it).
-KNOWN_GAPS = {
-    "0.25.1rc1": "the 0.26 signatures (no num_dcp_pcp_tokens in update_graph_params / "
-                 "update_full_graph_params; _update_full_graph_params_if_needed without "
-                 "positions), but vllm_ascend_targets.release_line maps 0.25 to the 0.23 line",
-}  # fmt: skip
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def _missing(items):
