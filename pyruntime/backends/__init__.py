@@ -35,8 +35,8 @@ from .handles import AICORE, AICPU, Event, ExternalEvent, Graph, Kernel, Stream,
 
 __all__ = ["AICORE", "AICPU", "Backend", "BackendError", "CaptureError", "Counters",
            "DeviceBufferError", "DeviceTaskError", "Event", "EventError", "ExternalEvent",
-           "Graph", "Kernel", "LaunchError", "Stream", "Task", "TaskGroup", "TaskUpdateError", "get",
-           "names"]
+           "Graph", "Kernel", "LaunchError", "Stream", "Task", "TaskGroup", "TaskUpdateError",
+           "backend_class", "get", "names"]
 
 _FACTORIES = {"cpu": ("pyruntime.backends.cpu", "CpuBackend"),
               "npu": ("pyruntime.backends.npu", "NpuBackend")}
@@ -47,12 +47,11 @@ def names() -> tuple[str, ...]:
     return tuple(_FACTORIES)
 
 
-def get(name: str, **options) -> Backend:
-    """A new backend by name (``"cpu"`` or ``"npu"``); `options` go to its constructor.
+def backend_class(name: str) -> type[Backend]:
+    """The class `get(name)` makes (imports its module, starts nothing).
 
     Raises:
         ValueError: unknown name.
-        BackendError: the backend cannot start here (e.g. torch_npu is not installed).
     """
     import importlib
 
@@ -60,4 +59,14 @@ def get(name: str, **options) -> Backend:
         module, cls = _FACTORIES[name]
     except KeyError:
         raise ValueError(f"unknown backend {name!r}; choose one of {names()}") from None
-    return getattr(importlib.import_module(module), cls)(**options)
+    return getattr(importlib.import_module(module), cls)
+
+
+def get(name: str, **options) -> Backend:
+    """A new backend by name (``"cpu"`` or ``"npu"``); `options` go to its constructor.
+
+    Raises:
+        ValueError: unknown name.
+        BackendError: the backend cannot start here (e.g. torch_npu is not installed).
+    """
+    return backend_class(name)(**options)

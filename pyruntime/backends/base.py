@@ -99,6 +99,11 @@ class Backend(abc.ABC):
     #: attention with the tiling and lengths by value, the CPU model of FIA) or ``"fia"``
     #: (torch_npu's FIA with host length lists, as vLLM-Ascend calls it)
     host_update_attention = "emulated"
+    #: True where the device's work shares the host's CPU cores while the host measures its
+    #: own time (the CPU backend's emulated AI Cores): host time then varies with the layer
+    #: count for reasons that are not host work, so checks report its growth in L without
+    #: judging it (the task counters judge per-layer host work)
+    device_shares_host_cores = False
 
     def __init__(self) -> None:
         self.counters = Counters()

@@ -96,6 +96,7 @@ class CpuBackend(Backend):
 
     name = "cpu"
     default_num_cores = 8
+    device_shares_host_cores = True  # its streams are threads on the host's cores
     AICORE_BODIES = ("c", "triton")
 
     def __init__(self, *, num_threads: int | None = None, wait_timeout_s: float = 60.0,

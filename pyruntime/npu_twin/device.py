@@ -100,7 +100,8 @@ class NoContextError(TwinError):
 @dataclasses.dataclass
 class Work:
     """One queued device operation. ``kind``: op (a plain torch op), copy, aicore, aicpu,
-    record, wait, ext_record, ext_wait, ext_reset, update."""
+    record, wait, ext_record, ext_wait, ext_reset, update, replay (a graph, expanded into its
+    tasks when the stream reaches it)."""
 
     kind: str
     label: str
@@ -188,6 +189,8 @@ class Device:
             raise ValueError(f"AICPU_TILING_TWIN_AICORE must be triton or reference, got "
                              f"{self.aicore_body!r}")
         self.stats = collections.Counter()
+        self._executor = None  # the device thread, started at the first synchronisation
+        self._device_thread: threading.Thread | None = None
         self.aicore_statuses: list[str] = []  # statuses the reference body would have raised
 
     # ---- context, loss ---------------------------------------------------------------------
@@ -301,17 +304,30 @@ class Device:
 
     def run_until(self, done: Callable[[], bool], waiting_for: str) -> None:
         """Run queued work, stream by stream in turn, until `done()`; `DeviceHang` when no
-        stream can make progress first."""
+        stream can make progress first. The work runs on the device's own thread while the
+        host thread waits, so the host's CPU time (``time.thread_time``) counts only the
+        host's own work, as on an NPU."""
+        if threading.current_thread() is self._device_thread:
+            return self._run_until(done, waiting_for)
+        if self._executor is None:
+            import concurrent.futures
+
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="npu-twin-device",
+                initializer=lambda: setattr(self, "_device_thread", threading.current_thread()))
+        return self._executor.submit(self._run_until, done, waiting_for).result()
+
+    def _run_until(self, done: Callable[[], bool], waiting_for: str) -> None:
         while not done():
             progressed = False
             for stream in self.streams:
                 while stream.queue and self._runnable(stream.queue[0]):
                     work = stream.queue.popleft()
-                    try:
-                        self._execute(work)
-                    except TwinError:
-                        raise
                     progressed = True
+                    if work.kind == "replay":  # the graph's tasks take its place, in order
+                        stream.queue.extendleft(reversed(self._replayed(work.event)))
+                        continue
+                    self._execute(work)
                     if done():
                         return
             if not progressed:
@@ -420,14 +436,23 @@ class Device:
         stream = self.current_stream()
         if stream.capture is not None:
             raise CaptureViolation("replay on a capturing stream")
+        # one launch for the host (aclmdlRIExecuteAsync); the device expands it into the
+        # graph's tasks when the stream reaches it
+        self.enqueue(Work("replay", "graph replay", event=graph), stream)
+        self.stats["replays"] += 1
+
+    def _replayed(self, graph: GraphState) -> list[Work]:
+        if graph.status != "captured":
+            raise CaptureViolation("a queued replay's graph was reset before it ran")
+        works = []
         for index, node in enumerate(graph.nodes):
             if node.kind in ("record", "wait"):
                 continue  # edges inside the graph: replay runs its nodes in capture order
             if node.kind == "aicpu" and self.fault == "no-aicpu-replay":
                 continue
-            self.enqueue(Work(node.kind, f"replay {node.label}", self._node_body(graph, index),
-                              event=node.event, node=index), stream)
-        self.stats["replays"] += 1
+            works.append(Work(node.kind, f"replay {node.label}", self._node_body(graph, index),
+                              event=node.event, node=index))
+        return works
 
     @staticmethod
     def _node_body(graph: GraphState, index: int) -> Callable[[], None]:
