@@ -195,7 +195,7 @@ class NpuBackend(Backend):
         # (torch.npu.graph.__exit__ also calls capture_end on an exception)
         try:
             graph.native.capture_end()
-        except Exception:  # noqa: BLE001 - the capture is being abandoned; its error is known
+        except Exception:  # noqa: BLE001, S110 - the capture is abandoned; its error is known
             pass
         finally:
             ctx = self._capture_ctx.pop(graph.id, None)

@@ -690,9 +690,8 @@ def _copy(dst: Any, src: Any, non_blocking: bool):
                           "graph)")
     target = dst._inner
     if not non_blocking:
-        def run(s=src.detach()):
-            target.copy_(s)
-        dev.enqueue(Work("copy", "H2D copy", run))
+        source = src.detach()
+        dev.enqueue(Work("copy", "H2D copy", lambda: target.copy_(source)))
         dev.synchronize_stream(dev.current_stream(), "a blocking host-to-device copy")
         return dst
     # asynchronous from pageable memory: the copy reads the host memory when it runs

@@ -110,7 +110,7 @@ def _check_elf(so: Path) -> None:
     with so.open("rb") as handle:
         try:
             elf = ELFFile(handle)
-        except Exception as exc:  # noqa: BLE001 - any parse failure means "not an ELF"
+        except Exception as exc:
             raise AclError(507018, f"{so} is not an ELF file ({exc})") from exc
         if elf["e_machine"] != "EM_AARCH64" or elf["e_type"] != "ET_DYN":
             raise AclError(507018, f"{so} is {elf['e_machine']} {elf['e_type']}, the AI-CPU "

@@ -16,8 +16,15 @@ import torch
 
 from . import device as twin
 
-__all__ = ["NPUGraph", "Event", "ExternalEvent", "Stream", "current_stream", "graph",
-           "synchronize"]
+__all__ = [
+    "Event",
+    "ExternalEvent",
+    "NPUGraph",
+    "Stream",
+    "current_stream",
+    "graph",
+    "synchronize",
+]
 
 
 class NotInTwinError(NotImplementedError):
@@ -169,7 +176,7 @@ class graph:
         self.stream_ctx.__enter__()
         self.npu_graph.capture_begin(capture_error_mode=self.mode)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
             self.npu_graph.capture_end()
         finally:
@@ -198,7 +205,7 @@ def stream_context(stream: Stream | None):
         dev.set_current_stream(previous)
 
 
-def stream(stream: Stream | None):  # noqa: D401 - torch.npu.stream
+def stream(stream: Stream | None):
     """``with torch.npu.stream(s):`` makes `s` the current stream."""
     return stream_context(stream)
 

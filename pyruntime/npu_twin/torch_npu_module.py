@@ -9,8 +9,7 @@ import sys
 import types
 
 from . import device as twin
-from . import fia
-from . import npu_module
+from . import fia, npu_module
 from .npu_module import placeholder
 
 VERSION = "2.10.0.post4+npu-twin"

@@ -44,9 +44,22 @@ from .environment import environment
 from .kernels_check import kernels
 from .report import SCHEMA, SCHEMA_VERSION, CheckResult, Report
 
-__all__ = ["BACKEND_LABELS", "CHECKS", "DEFAULT_CHECK_TIMEOUT_S", "SCHEMA", "SCHEMA_VERSION",
-           "CheckResult", "Context", "Report", "UnknownCheckError", "make_context", "plan",
-           "placement_to_save", "run", "twin_faults"]
+__all__ = [
+    "BACKEND_LABELS",
+    "CHECKS",
+    "DEFAULT_CHECK_TIMEOUT_S",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "CheckResult",
+    "Context",
+    "Report",
+    "UnknownCheckError",
+    "make_context",
+    "placement_to_save",
+    "plan",
+    "run",
+    "twin_faults",
+]
 
 #: (name, function) in run order; later checks use what earlier ones found
 CHECKS: tuple[tuple[str, Callable[[Context], CheckResult]], ...] = (

@@ -112,7 +112,7 @@ def _signature_ok(src, key, want):
     return isinstance(fn, ast.FunctionDef) and param_names(fn)[: len(want)] == want
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def release_facts(version):
     """Group -> (found, what is missing or found), for `version`'s real source."""
     src, names = archive_source(cached_release(version))
@@ -252,7 +252,7 @@ def conformance_table(releases=RELEASES):
 def test_the_table_has_a_row_per_release():
     table = conformance_table()
     for version in RELEASES:
-        assert re.search(rf"^{re.escape(version)}\s", table, re.M), version
+        assert re.search(rf"^{re.escape(version)}\s", table, re.MULTILINE), version
 
 
 @pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception),

@@ -76,7 +76,7 @@ def sdist_files(path):
     return files
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def archive_source(path):
     """(Source, names) of a wheel or an sdist, cached per path for the session."""
     path = Path(path)

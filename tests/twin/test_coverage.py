@@ -25,7 +25,8 @@ def test_npu_modules_run_on_the_twin(tmp_path, capsys):
     env = {**os.environ, "PYTHONPATH": str(REPO), "AICPU_TILING_TWIN_STATE": str(tmp_path)}
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run([sys.executable, str(REPO / "tools" / "twin_coverage.py"), "--json"],
-                          capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
+                          check=False)
     report = json.loads(proc.stdout.splitlines()[-1])
     failed = {k: v for k, v in report["scenarios"].items() if v != "ok"}
     assert not failed and proc.returncode == 0, failed or proc.stderr
