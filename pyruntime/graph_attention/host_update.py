@@ -110,6 +110,9 @@ class HostUpdatePath:
         if self.graph.state is GraphState.CAPTURED:
             self.graph.reset()
         self.groups.clear()
+        if self.fia:  # FIA's own buffers (the layers' are StaticBuffers')
+            for buf in (self.softmax_lse, self.atten_mask):
+                self.backend.free(buf)
         for stream in (self.stream, self.update_stream):
             self.backend.release_stream(stream)
 

@@ -67,7 +67,7 @@ def tiling_status(params: tiling.TilingParams, tiling_buf: torch.Tensor) -> tili
 
     A device buffer is copied to the host first (a synchronous read: never inside a capture).
     """
-    host = tiling_buf.detach().cpu() if tiling_buf.device.type != "cpu" else tiling_buf
+    host = tiling_buf.detach().cpu()  # no copy for a host tensor
     return tiling.Tiling(params, host.numpy().view(np.uint8), _NO_LENGTHS, _NO_LENGTHS, True)
 
 
@@ -276,7 +276,7 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
 
 TILING = Kernel("aicpu_tiling.plan", AICPU, tiling_body, _op("plan_tiling"))
 FIA_HOST_LISTS = Kernel("npu_fused_infer_attention_score", AICORE, _fia_cpu,
-                        lambda **args: fia_host_lists_npu(**args))
+                        fia_host_lists_npu)
 ATTENTION = Kernel("aicpu_tiling.attention", AICORE, attention_body, _op("paged_attention"),
                    triton_impl=attention_triton)
 COMBINE = Kernel("aicpu_tiling.combine", AICORE, combine_body, _op("attention_combine"),

@@ -22,7 +22,6 @@ once); tests run the twin in subprocesses.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -158,13 +157,8 @@ def prepare_kernels(state: Path, *, missing_binary: bool = False) -> tuple[Path,
     if missing_binary:
         return kernel_dir, ext
     unit = next(u for u in toolchain.cross_units() if u.name == "runtime-route .so")
-    digest = hashlib.sha256(repr(unit.argv).encode())
-    for folder in (toolchain.KERNELS, toolchain.AICPU, toolchain.DEVICE_HEADERS):
-        for path in sorted(folder.glob("*")):
-            if path.suffix in (".c", ".cc", ".cpp", ".h"):
-                digest.update(path.name.encode() + path.read_bytes())
     cache = Path(os.environ.get("AICPU_TILING_BUILD_DIR", REPO / "build")) / "npu-twin"
-    cached = cache / f"libaicpu_tiling_runtime-{digest.hexdigest()[:16]}.so"
+    cached = cache / f"libaicpu_tiling_runtime-{toolchain._sources_digest(unit)}.so"
     if not cached.is_file():
         try:
             built = toolchain.run_unit(unit, cache / f"tmp-{os.getpid()}")

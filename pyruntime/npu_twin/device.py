@@ -108,9 +108,6 @@ class Work:
     run: Callable[[], None] | None = None
     event: Any = None
     token: int | None = None
-    #: node index in a graph, for replayed nodes (their body is looked up when they run,
-    #: so a task update that landed before is what runs)
-    node: int | None = None
 
 
 class StreamState:
@@ -183,7 +180,6 @@ class Device:
         self.default_stream = StreamState("default", default=True)
         self.streams: list[StreamState] = [self.default_stream]
         self._local = threading.local()
-        self.capturing: list[GraphState] = []
         self.aicore_body = os.environ.get("AICPU_TILING_TWIN_AICORE", "triton")
         if self.aicore_body not in ("triton", "reference"):
             raise ValueError(f"AICPU_TILING_TWIN_AICORE must be triton or reference, got "
@@ -191,7 +187,9 @@ class Device:
         self.stats = collections.Counter()
         self._executor = None  # the device thread, started at the first synchronisation
         self._device_thread: threading.Thread | None = None
-        self.aicore_statuses: list[str] = []  # statuses the reference body would have raised
+        #: the last status the reference body would have raised (the device kernel only
+        #: writes it to its status buffer); the count is in stats["aicore_status_errors"]
+        self.last_aicore_status: str | None = None
 
     # ---- context, loss ---------------------------------------------------------------------
     @property
@@ -274,8 +272,8 @@ class Device:
         graph.nodes.append(work)
 
     def refuse_in_capture(self, what: str) -> None:
-        live = [g for g in self.capturing if g.status == "capturing"]
-        if live or any(s.capture is not None for s in self.streams):
+        # a stream stays capturing after a reset without capture_end, so streams decide
+        if any(s.capture is not None for s in self.streams):
             raise CaptureViolation(f"{what} while a graph is capturing (capture mode global "
                                    "refuses it in every thread); do it before capture_begin "
                                    "or after capture_end")
@@ -405,7 +403,6 @@ class Device:
             raise CaptureViolation(f"capture_begin on a graph that is {graph.status}")
         graph.status, graph.origin = "capturing", stream
         stream.capture = graph
-        self.capturing.append(graph)
 
     def capture_end(self, graph: GraphState) -> None:
         stream = self.current_stream()
@@ -423,7 +420,6 @@ class Device:
                            "stream, directly or through another joined stream)")
         for s in graph.streams():
             s.capture, s.open_group = None, None
-        self.capturing.remove(graph)
         if problem:
             graph.status, graph.nodes = "empty", []
             raise CaptureViolation(f"capture_end: {problem}")
@@ -451,7 +447,7 @@ class Device:
             if node.kind == "aicpu" and self.fault == "no-aicpu-replay":
                 continue
             works.append(Work(node.kind, f"replay {node.label}", self._node_body(graph, index),
-                              event=node.event, node=index))
+                              event=node.event))
         return works
 
     @staticmethod
@@ -665,7 +661,7 @@ def _queue_reference_body(dev: Device, func, args, kwargs) -> None:
             # the CPU body raises on a status the device kernel only writes to its status
             # buffer (the Triton body never raises): keep it as the task's status
             dev.stats["aicore_status_errors"] += 1
-            dev.aicore_statuses.append(f"{func}: {exc}")
+            dev.last_aicore_status = f"{func}: {exc}"
     dev.enqueue(Work("aicore", f"{func} (C reference body)", run))
 
 
