@@ -925,6 +925,11 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
         return write_input_error(p, buf, AICPU_TILING_E_BATCH, -1, batch, p->max_batch, batch,
                                  flags, epoch);
     if (cu_seqlens_q == NULL || (batch > 0 && seqlens_kv == NULL)) return AICPU_TILING_E_BUFFER;
+    /* Trailing padding (ABI v4): slots after the last request with kv_len != 0 are padding
+     * whatever their query offsets. vLLM-Ascend pads FULL_DECODE_ONLY batches with slots of
+     * q_len = the uniform decode length and kv_len 0, and its FIA dummy request has kv_len 0
+     * in the device buffer; none of their offsets is read from here on. */
+    while (batch > 0 && seqlens_kv[batch - 1] == 0) --batch;
 
     c.p = p;
     c.cu = cu_seqlens_q;

@@ -109,7 +109,8 @@
  *   0 <= batch <= max_batch; it writes only inside the buffer.
  *   Order: E_BATCH first (request -1, value batch, limit max_batch; nothing is read), then
  *   E_QUERY_START (request 0, value cu_seqlens_q[0], limit 0; checked even when batch is 0),
- *   then each request r in turn, its checks in status-code order, where q_len is
+ *   then each live request r in turn (see TRAILING PADDING), its checks in status-code
+ *   order, where q_len is
  *   cu_seqlens_q[r+1] - cu_seqlens_q[r]:
  *       E_QUERY_DECREASING  value cu_seqlens_q[r+1], limit cu_seqlens_q[r]
  *       E_QUERY_OVERFLOW    value cu_seqlens_q[r+1], limit max_tokens
@@ -120,6 +121,18 @@
  *   A request with q_len == 0 is valid with any kv length in [0, capacity], and gets no
  *   work. On an input error every core is idle at (0, 0, 0, 0) with slots -1, and the
  *   combine table is zero.
+ *
+ * TRAILING PADDING (ABI v4)
+ *   Before anything else is read, the slots after the last request whose seqlens_kv is not
+ *   0 are dropped: the live batch is batch less its trailing kv_len == 0 slots, and only
+ *   cu_seqlens_q[0..live] and seqlens_kv[0..batch-1] are read. Those slots are padding
+ *   whatever their query offsets (vLLM-Ascend's FULL_DECODE_ONLY batches pad with slots of
+ *   q_len = the uniform decode length and kv_len 0, and its FIA dummy request, which takes
+ *   the padding tokens, has kv_len 0 in the device buffer): they are not validated, their
+ *   query rows lie past cu_seqlens_q[live] and are written as zeros like every padding row.
+ *   The header's BATCH is the live batch and NUM_TOKENS is cu_seqlens_q[live]. A real
+ *   request always has kv_len >= 1 (causal: kv_len >= q_len; not causal: E_KV_EMPTY), so no
+ *   live request is lost. A kv_len == 0 slot before a live request is validated as before.
  *
  * FREESTANDING BUILDS
  *   The kernel calls no library function. Build with -std=c99 -pedantic -ffreestanding.
@@ -135,8 +148,8 @@ extern "C" {
 #endif
 
 #define AICPU_TILING_MAGIC 0x4C495441 /* "ATIL" read as little-endian int32 */
-#define AICPU_TILING_VERSION 3 /* 2: the epoch word, a 24-word header; 3: head-major order,
-                                  * no split prefix */
+#define AICPU_TILING_VERSION 4 /* 2: the epoch word, a 24-word header; 3: head-major order,
+                                  * no split prefix; 4: trailing kv_len == 0 slots are padding */
 
 /* Status codes. 0 is success; every other value is one class of failure. */
 #define AICPU_TILING_OK 0
@@ -162,7 +175,7 @@ extern "C" {
 #define AICPU_TILING_HDR_BAD_REQUEST 3  /* first offending request, -1 if none or global */
 #define AICPU_TILING_HDR_BAD_VALUE 4    /* the offending value */
 #define AICPU_TILING_HDR_BAD_LIMIT 5    /* the limit it broke (see aicpu_tiling_strerror) */
-#define AICPU_TILING_HDR_BATCH 6        /* live batch as given */
+#define AICPU_TILING_HDR_BATCH 6        /* live batch: as given, less trailing padding */
 #define AICPU_TILING_HDR_NUM_TOKENS 7   /* cu_seqlens_q[batch]: real query tokens */
 #define AICPU_TILING_HDR_NUM_CORES 8    /* P */
 #define AICPU_TILING_HDR_NUM_UNITS 9    /* (request, kv head, query tile) units */
@@ -264,8 +277,9 @@ size_t aicpu_tiling_workspace_bytes(const aicpu_tiling_params *params);
  *   params        static parameters (checked on every call; cheap)
  *   cu_seqlens_q  [batch + 1] int32 query offsets (query_start_loc), cu_seqlens_q[0] == 0
  *   seqlens_kv    [batch] int32 kv lengths including this step's tokens
- *   batch         live requests, 0 <= batch <= max_batch; slots with q_len == 0 and
- *                 kv_len == 0 are padding and get no work
+ *   batch         requests in the arrays, 0 <= batch <= max_batch; slots with q_len == 0
+ *                 are padding and get no work, and so are the trailing slots with
+ *                 kv_len == 0 whatever their q_len (see TRAILING PADDING)
  *   epoch         any value; written to the header's epoch word on every written header
  *                 (see THE BUFFER), never interpreted
  *   flags         AICPU_TILING_CAUSAL or 0

@@ -1,6 +1,6 @@
 """Slow, literal pure-Python oracle of the tiling kernel in ``aicpu_kernels/aicpu_tiling.h``.
 
-The header is the specification (ABI version 3); this module re-implements it independently
+The header is the specification (ABI version 4); this module re-implements it independently
 of the C code so that the two can be compared byte for byte. It is deliberately naive: it
 enumerates every unit (request, kv head, query tile) in head-major work order, lays the units
 out on the position axis, finds the min-max budget by plain bisection over brute-force greedy
@@ -13,6 +13,7 @@ Public API:
     oracle_tiling_bytes(params) -> int           buffer size in bytes, 0 for invalid params
     oracle_max_slots(params) -> int              2 * (num_cores - 1), 0 for invalid params
     oracle_workspace_bytes(params) -> int        partials workspace bytes
+    oracle_live_batch(seqlens_kv, batch) -> int   batch less its trailing kv_len == 0 slots
     oracle_units(params, cu_seqlens_q, seqlens_kv, batch, causal) -> list[Unit]
     oracle_cuts(params, units) -> list[tuple[int, int]]   per-core position ranges
     oracle_plan(params, cu_seqlens_q, seqlens_kv, batch, causal, epoch=0) -> np.ndarray (int32)
@@ -76,6 +77,10 @@ Input error buffer. Header: MAGIC, VERSION, status, the three bad fields, BATCH 
     record is begin = end = (0, 0, 0, 0), first_slot = last_slot = -1, 0 segments, cost 0.
     Combine table and padding all 0.
 
+Trailing padding (ABI v4). Once E_BATCH has passed, batch becomes the live batch: batch less
+    its trailing slots with kv_len == 0 (``oracle_live_batch``), whose query offsets are never
+    read. Everything below, the header's BATCH included, uses the live batch.
+
 Success buffer. BAD_REQUEST = -1, BAD_VALUE = BAD_LIMIT = 0; NUM_TOKENS = cu[batch].
     A position is written as (r, h, t, k) and compared as (h, r, t, k). A legal cut at a unit
     boundary names the next unit in work order with k = 0, and the end of the work (also
@@ -103,7 +108,7 @@ from typing import NamedTuple
 import numpy as np
 
 AICPU_TILING_MAGIC = 0x4C495441
-AICPU_TILING_VERSION = 3
+AICPU_TILING_VERSION = 4
 
 AICPU_TILING_OK = 0
 AICPU_TILING_E_PARAMS = 1
@@ -328,6 +333,7 @@ def oracle_validate(
     p = _fields(params)
     if batch < 0 or batch > p["max_batch"]:
         return AICPU_TILING_E_BATCH, -1, batch, p["max_batch"]
+    batch = oracle_live_batch(seqlens_kv, batch)
     capacity = p["max_blocks_per_req"] * p["block_size"]
     cu0 = int(cu_seqlens_q[0])
     if cu0 != 0:
@@ -349,6 +355,14 @@ def oracle_validate(
         if not causal and q_len > 0 and kv == 0:
             return AICPU_TILING_E_KV_EMPTY, r, 0, 1
     return AICPU_TILING_OK, -1, 0, 0
+
+
+def oracle_live_batch(seqlens_kv: Sequence[int], batch: int) -> int:
+    """``batch`` less its trailing slots with kv_len == 0 (ABI v4, TRAILING PADDING in
+    aicpu_tiling.h): those are padding whatever their query offsets, which are not read."""
+    while batch > 0 and int(seqlens_kv[batch - 1]) == 0:
+        batch -= 1
+    return batch
 
 
 # --------------------------------------------------------------------------------------------
@@ -549,7 +563,7 @@ def oracle_plan(
         params: object with the int attributes of aicpu_tiling_params (``reserved`` optional).
         cu_seqlens_q: query offsets; only [0..batch] is read, only if 0 <= batch <= max_batch.
         seqlens_kv: kv lengths; only [0..batch-1] is read, under the same condition.
-        batch: live requests.
+        batch: requests in the arrays; trailing kv_len == 0 slots are padding.
         causal: the AICPU_TILING_CAUSAL flag.
         epoch: echoed in the header's EPOCH word.
 
@@ -569,6 +583,8 @@ def oracle_plan(
     cores, heads, seg = layout.num_cores, int(params.num_kv_heads), int(params.cost_segment)
     buf = [0] * layout.words
     status, *bad = oracle_validate(params, cu_seqlens_q, seqlens_kv, batch, causal)
+    if status != AICPU_TILING_E_BATCH:
+        batch = oracle_live_batch(seqlens_kv, batch)
     buf[:AICPU_TILING_HDR_WORDS] = _header(status, tuple(bad), batch, cores, flags, epoch)
     if status != AICPU_TILING_OK:
         for c in range(cores):
@@ -808,7 +824,7 @@ def check_coverage(
 ) -> None:
     """Assert that a successful tiling buffer covers the attention exactly once.
 
-    Checks: status OK and the header's batch; for every request, kv head and query row, the
+    Checks: status OK and the header's batch (the live batch); for every request, kv head and query row, the
     kv ranges of the segments covering the row are disjoint, lie in [0, kv_len) and cover
     the causally visible range [0, kv_len - q_len + row + 1) ([0, kv_len) when not causal);
     no segment is empty or entirely masked; padded slots (q_len == 0) get none; the cores'
@@ -822,7 +838,8 @@ def check_coverage(
     """
     buffer = np.asarray(buffer)
     assert int(buffer[AICPU_TILING_HDR_STATUS]) == AICPU_TILING_OK, "status is not OK"
-    assert int(buffer[AICPU_TILING_HDR_BATCH]) == batch, "header batch differs"
+    batch = oracle_live_batch(seqlens_kv, batch)
+    assert int(buffer[AICPU_TILING_HDR_BATCH]) == batch, "header batch is not the live batch"
     cores, seg_cost = int(params.num_cores), int(params.cost_segment)
     shape = _Shape(params, cu_seqlens_q, seqlens_kv, batch, causal)
     by_head: dict[tuple[int, int], list[Segment]] = {}

@@ -133,6 +133,13 @@ def test_each_class_is_caught_on_the_decode_fast_path(case, position):
         cu, kv, params, expected, causal = case(*decode_batch(block_size), position)
         error_class, request, value, limit = expected
         result = plan(params, cu, kv, causal=causal)
+        if value == 0 and request == BATCH - 1:  # an empty kv planted on the last request:
+            # ABI v4 makes it trailing padding, planned without it
+            assert result.status == tiling.OK and result.batch == BATCH - 1
+            assert result.words.tolist() == reference_plan(params, cu, kv,
+                                                           causal=causal).words.tolist()
+            results.append((None, request))
+            continue
         error = result.error
         assert type(error) is error_class, (block_size, result.status)
         assert (error.request, error.value, error.limit) == (request, value, limit)

@@ -88,6 +88,18 @@ static void random_inputs(const aicpu_tiling_params *p, int causal, int32_t batc
         default: cu[r + 1] = INT32_MIN + pick(0, 10); break;
         }
     }
+    if (batch > 0 && rng() % 4 == 0) { /* vLLM-Ascend's trailing padding (kv_len 0) */
+        int32_t first = pick(0, batch - 1);
+        for (r = first; r < batch; ++r) {
+            kv[r] = 0;
+            switch (rng() % 4) {
+            case 0: cu[r + 1] = cu[r] + 1; break;                /* uniform decode padding */
+            case 1: cu[r + 1] = -1; break;                       /* the unused tail */
+            case 2: cu[r + 1] = p->max_tokens + pick(0, 3); break; /* FIA's dummy, or past T */
+            default: break;                                      /* as drawn */
+            }
+        }
+    }
 }
 
 static int check_case(uint64_t iteration, const aicpu_tiling_params *p, int causal, int32_t batch,

@@ -7,12 +7,20 @@
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+int32_t tiling_live_batch(const int32_t *kv, int32_t batch) {
+    int32_t live = 0, r;
+    for (r = 0; r < batch; ++r)
+        if (kv[r] != 0) live = r + 1;
+    return live;
+}
+
 int tiling_expected_status(const aicpu_tiling_params *p, const int32_t *cu, const int32_t *kv,
                            int32_t batch, int causal, int32_t *bad_request) {
     int32_t r;
     int64_t cap = (int64_t)p->max_blocks_per_req * p->block_size;
     *bad_request = -1;
     if (batch < 0 || batch > p->max_batch) return AICPU_TILING_E_BATCH;
+    batch = tiling_live_batch(kv, batch);
     *bad_request = 0;
     if (cu[0] != 0) return AICPU_TILING_E_QUERY_START;
     for (r = 0; r < batch; ++r) {
@@ -149,6 +157,8 @@ const char *tiling_check(const aicpu_tiling_params *p, const int32_t *cu, const 
     if (W(AICPU_TILING_HDR_MAGIC) != AICPU_TILING_MAGIC) FAIL("bad magic");
     if (W(AICPU_TILING_HDR_VERSION) != AICPU_TILING_VERSION) FAIL("bad version");
     if (W(AICPU_TILING_HDR_STATUS) != AICPU_TILING_OK) FAIL("status not OK");
+    batch = tiling_live_batch(kv, batch);
+    if (W(AICPU_TILING_HDR_BATCH) != batch) FAIL("batch is not the live batch");
     if (W(AICPU_TILING_HDR_NUM_TOKENS) != cu[batch]) FAIL("num_tokens");
 
     w.p = p, w.cu = cu, w.kv = kv, w.batch = batch, w.causal = causal;

@@ -12,6 +12,10 @@
 #include "aicpu_tiling.h"
 
 /* The status the contract demands for these inputs (request order, then status order). */
+/* The batch less its trailing kv_len == 0 slots (aicpu_tiling.h, TRAILING PADDING), counted
+ * forwards: an independent derivation of what the kernel computes backwards. */
+int32_t tiling_live_batch(const int32_t *kv, int32_t batch);
+
 int tiling_expected_status(const aicpu_tiling_params *p, const int32_t *cu, const int32_t *kv,
                            int32_t batch, int causal, int32_t *bad_request);
 

@@ -272,7 +272,8 @@ class CpuBackend(Backend):
     def _release_graph(self, graph: Graph) -> None:
         for worker in graph.native.side_workers.values():
             worker.close(self.wait_timeout_s)
-            self._workers.remove(worker)
+            if worker in self._workers:  # a closed backend has already joined and dropped it
+                self._workers.remove(worker)
         graph.native.side_workers.clear()
 
     def _release_stream(self, stream: Stream) -> None:
