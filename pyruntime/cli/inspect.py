@@ -191,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
     ideal = None
     if tiling.status == 0:
         try:
-            ideal = Workload(model, cu, kv).ideal()
+            live = tiling.batch  # trailing kv_len 0 slots are padding (tiling ABI v4)
+            ideal = Workload(model, cu[: live + 1], kv[:live]).ideal()
         except WorkloadError:
             ideal = None
     view = describe(tiling, ideal)

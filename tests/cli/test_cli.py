@@ -132,8 +132,15 @@ def test_inspect_json_from_file_and_trace(cli, tmp_path):
 
 @needs_tiling
 def test_inspect_bad_lengths_show_status(cli):
-    code, out, _ = cli("inspect", "--kv", "700,0", "--q", "1,3")
+    code, out, _ = cli("inspect", "--kv", "700,0,9", "--q", "1,3,1")
     assert code == 1 and "status 8" in out
+
+
+@needs_tiling
+def test_inspect_trailing_padding_is_planned_without_it(cli):
+    """vLLM-Ascend's padded slots (kv_len 0 at the end) are padding (tiling ABI v4)."""
+    code, out, _ = cli("inspect", "--kv", "700,0,0", "--q", "1,1,6")
+    assert code == 0 and "batch 1 · tokens 1" in out
 
 
 @needs_tiling
