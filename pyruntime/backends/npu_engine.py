@@ -15,12 +15,11 @@ refuses a tiling not planned for this step (zeros, never a wrong answer) under e
 placement; `errors()` reads the tiling headers back on demand (a device-to-host copy, for
 diagnosis only: nothing reads them per step).
 
-A graph call that captures a new key under ``pre-replay`` replays it before any tiling of
-that key exists; `replan_after_capture` tells the hook to plan and call the graph again
-(once per key, at capture time).
-
-Assumptions (never run on an NPU): padded request slots carry q_len = kv_len = 0 or a valid dummy request (vLLM-Ascend's FIA
-padding); the live batch is computed on the device before each tiling (see `_plan`).
+The AI-CPU task reads only what the host wrote: the length buffers the model runner fills
+(host-to-device copies), the batch constant the hook made outside the capture and the
+epoch `before_replay` copies in. Padded slots (vLLM-Ascend's uniform padding and FIA dummy
+request, kv_len 0 in the device buffer) are trailing padding under tiling ABI v4, so no
+AI Core op computes anything the AI-CPU task reads. Never run on an NPU.
 """
 
 from __future__ import annotations
@@ -44,7 +43,6 @@ class _KeyBuffers:
     capture: AttentionCapture  # the key's first layer: its length buffers are the key's
     tiling: torch.Tensor
     epoch: torch.Tensor
-    batch: torch.Tensor
     partial_out: torch.Tensor
     partial_lse: torch.Tensor
 
@@ -83,14 +81,13 @@ class NpuTilingEngine:
         self.epoch = 0
         self._host_epoch = torch.zeros(1, dtype=torch.int32)
         self.tiling_launches = 0
-        self._unplanned: set[Hashable] = set()  # pre-replay keys captured since before_replay
 
     # ---- capture ----------------------------------------------------------------------------
     def _buffers(self, c: AttentionCapture) -> _KeyBuffers:
         device = c.query.device
         params = tiling.TilingParams(
             num_q_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_size,
-            block_size=c.block_size, max_batch=int(c.block_table.shape[0]),
+            block_size=c.block_size, max_batch=int(c.seq_lens.numel()),
             max_tokens=int(c.query.shape[0]), max_blocks_per_req=int(c.block_table.shape[1]),
             num_cores=self.num_cores)
         slots = max(1, params.max_partial_slots)
@@ -98,26 +95,21 @@ class NpuTilingEngine:
         # Allocation only: this runs inside vLLM's capture, where a zeros()/fill_() would be
         # a captured task re-run at every replay (wiping the tiling under pre-replay,
         # resetting the epoch under graph). Every buffer is written before it is read: the
-        # epoch by before_replay, the batch and tiling by the tiling task; until then the
-        # attention sees a header that fails validation and writes zeros.
+        # epoch by before_replay, the tiling by the tiling task; until then the attention
+        # sees a header that fails validation and writes zeros.
         def empty(shape, dtype):
             return torch.empty(shape, dtype=dtype, device=device)
 
         return _KeyBuffers(params, c, empty((params.tiling_bytes,), torch.uint8),
-                           empty((1,), torch.int32), empty((1,), torch.int32),
+                           empty((1,), torch.int32),
                            empty((slots, params.q_tile, params.group, params.head_dim),
                                  torch.float32),
                            empty((slots, params.q_tile, params.group), torch.float32))
 
     def _plan(self, key: _KeyBuffers) -> None:
         c = key.capture
-        # the live batch, on the device: the longest prefix of requests whose query offsets
-        # do not decrease (vLLM pads query_start_loc with its last offset, which keeps
-        # padded slots at q_len 0; a buffer zeroed past the live requests stops there)
-        cu = c.query_start_loc[: c.seq_lens.numel() + 1]
-        key.batch.copy_((cu[1:] >= cu[:-1]).to(torch.int32).cumprod(0).sum().view(1))
         self.ops.plan_tiling(cu_seqlens_q=c.query_start_loc, seqlens_kv=c.seq_lens,
-                             batch=key.batch, step_epoch=key.epoch, tiling_out=key.tiling,
+                             batch=c.batch, step_epoch=key.epoch, tiling_out=key.tiling,
                              params=kernels.params_list(key.params), causal=c.causal)
         self.tiling_launches += 1
 
@@ -129,8 +121,6 @@ class NpuTilingEngine:
             key = self.keys[c.graph_key] = self._buffers(c)
             if self.placement == "graph":
                 self.launch(lambda k=key: self._plan(k))
-            else:
-                self._unplanned.add(c.graph_key)
         elif (c.num_heads, c.num_kv_heads, c.head_size) != (
                 key.params.num_q_heads, key.params.num_kv_heads, key.params.head_dim):
             raise BackendError(f"layer {c.layer_name}: head geometry differs from the first "
@@ -157,20 +147,11 @@ class NpuTilingEngine:
         the keys of `num_tokens` (every key when None)."""
         self.epoch = self.epoch % (2**31 - 1) + 1
         self._host_epoch[0] = self.epoch
-        self._unplanned.clear()
         for graph_key, key in self.keys.items():
             self.host_to_device(key.epoch, self._host_epoch)
             if self.placement == "pre-replay" and (
                     num_tokens is None or _tokens_of(graph_key) == num_tokens):
                 self._plan(key)
-
-    def replan_after_capture(self) -> bool:
-        """True (once) when the last graph call captured a key under ``pre-replay``: the
-        replay inside that call ran before any tiling of the new key, so the caller must
-        call `before_replay` and the graph again (the hook does)."""
-        pending = bool(self._unplanned)
-        self._unplanned.clear()
-        return pending
 
     def errors(self) -> dict[Hashable, tiling.TilingError]:
         """The tiling errors of the last step per key (reads every tiling header back)."""

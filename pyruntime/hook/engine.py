@@ -39,9 +39,11 @@ class AttentionCapture:
 
     Shapes follow vLLM-Ascend's TND decode path: ``query`` ``[T, num_heads, head_size]``;
     ``key_cache``/``value_cache`` ``[num_blocks, block_size, num_kv_heads * head_size]``;
-    ``block_table`` int32 ``[max_batch, max_blocks_per_req]``; ``query_start_loc`` int32
-    ``[batch + 1]`` and ``seq_lens`` int32 ``[batch]`` (device-resident, refreshed in
-    place before each replay); ``output`` ``[T, num_heads * head_size]`` or
+    ``block_table`` int32 ``[n, max_blocks_per_req]``; ``query_start_loc`` int32
+    ``[n + 1]`` and ``seq_lens`` int32 ``[n]`` (the model runner's persistent device
+    buffers, refilled in place before each replay; padded slots have kv_len 0, trailing
+    padding under tiling ABI v4); ``batch`` int32 ``[1]`` holding ``n`` (written once,
+    outside the capture); ``output`` ``[T, num_heads * head_size]`` or
     ``[T, num_heads, head_size]``.
     """
 
@@ -53,6 +55,7 @@ class AttentionCapture:
     block_table: Any
     query_start_loc: Any
     seq_lens: Any
+    batch: Any
     output: Any
     num_heads: int
     num_kv_heads: int
@@ -71,9 +74,10 @@ class TilingEngine(Protocol):
     def capture_attention(self, capture: AttentionCapture) -> None:
         """Enqueue (tiling once per step and graph key, then) this layer's attention."""
 
-    # Optional: ``before_replay(num_tokens: int | None) -> None``, called by the patched
-    # ``ACLGraphWrapper.__call__`` before every graph call (a new step epoch; the tiling
-    # task itself under the pre-replay placement). num_tokens is None when unknown.
+    # Optional: ``before_replay(num_tokens: int | None) -> None``, called before every
+    # replay of a graph that holds device-tiled layers (after ACLGraphWrapper's own
+    # synchronize): a new step epoch; the tiling task itself under the pre-replay
+    # placement. num_tokens is the graph's token bucket, None when unknown.
 
 
 def _from_env(spec: str) -> TilingEngine:

@@ -3,12 +3,20 @@
 What changes, for supported layers only (plain GQA/MHA decoder attention on the FIA
 full-graph path, main model):
 
+* ``AscendAttentionMetadataBuilder.build`` hands each ``AscendMetadata`` the persistent
+  device buffers its ``common_attn_metadata`` views (``query_start_loc``, ``seq_lens``,
+  ``block_table_tensor``: the model runner refills them in place every step) as
+  :class:`DeviceLengths`. The metadata's own ``query_start_loc`` is a fresh host-to-device
+  copy each step and its ``seq_lens`` a CPU tensor (vllm-ascend 0.23.0-0.30.0rc2
+  ``attention_v1.py``, ``build``), so neither may be captured.
 * ``AscendAttentionBackendImpl.full_graph_fia`` captures the engine's tiling task (once
-  per step and graph) and attention reading that device tiling, instead of an
-  ``ExternalEvent`` wait plus a task group holding FIA with frozen host lists.
-* ``ACLGraphWrapper.__call__`` first calls the engine's ``before_replay(num_tokens)`` when
-  the engine has one (a new step epoch in device memory; under the ``pre-replay``
-  placement, the tiling task itself), then the original (capture or replay).
+  per step and graph) and attention reading that device tiling over those buffers, instead
+  of an ``ExternalEvent`` wait plus a task group holding FIA with frozen host lists.
+* ``ACLGraphWrapper.__call__``: each graph it captures with device-tiled layers gets its
+  ``replay`` wrapped to call the engine's ``before_replay(num_tokens)`` first (a new step
+  epoch; under the ``pre-replay`` placement, the tiling task itself). The wrapper's own
+  ``synchronize()`` has run by then, so the host never waits for the tiling task, and eager
+  calls (which replay nothing) never launch it.
 * ``AscendAttentionBackendImpl.update_graph_params`` and ``update_full_graph_params``
   (in ``acl_graph`` and in every module that imported it by name) skip graphs in which
   every FIA layer was captured this way; in a mixed graph the original update runs for
@@ -58,6 +66,8 @@ class PatchState:
     impl_cls: type | None = None
     graph_params_fn: Any = None
     patched_modules: list[str] = field(default_factory=list)
+    #: (device, n) -> int32 [1] device tensor holding n (DeviceLengths.batch)
+    batch_constants: dict = field(default_factory=dict)
 
     def whole_graph_device_tiled(self, num_tokens: int) -> bool:
         """True when graph ``num_tokens`` has device-tiled layers and no host-path FIA."""
@@ -76,7 +86,66 @@ def layer_name(impl: Any) -> str:
     )
 
 
-def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata: Any) -> str | None:
+@dataclass(frozen=True)
+class DeviceLengths:
+    """The persistent device buffers one step's attention metadata was built from.
+
+    ``query_start_loc`` int32 ``[n + 1]`` and ``seq_lens`` int32 ``[n]`` view the model
+    runner's buffers (``n`` = the padded request count of the graph's batch), refilled in
+    place each step; padded slots carry kv_len 0 (tiling ABI v4: trailing padding).
+    ``block_table`` int32 ``[n, max_blocks_per_req]`` views the block table's device buffer.
+    ``batch`` int32 ``[1]`` holds ``n``, made once per ``(device, n)`` outside any capture.
+    """
+
+    query_start_loc: Any
+    seq_lens: Any
+    block_table: Any
+    batch: Any
+
+
+#: The attribute of ``AscendMetadata`` the patched ``build`` sets.
+LENGTHS_ATTR = "_aicpu_tiling_lengths"
+
+
+def device_lengths(common: Any, batch_constants: dict) -> DeviceLengths | None:
+    """:class:`DeviceLengths` of ``common_attn_metadata``, or None when its buffers are not
+    all tensors of one device (then the layer keeps the host path). Where they must live is
+    checked at capture: on the query's device."""
+    import torch
+
+    qsl = getattr(common, "query_start_loc", None)
+    seq_lens = getattr(common, "seq_lens", None)
+    table = getattr(common, "block_table_tensor", None)
+    tensors = (qsl, seq_lens, table)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    device = qsl.device
+    if any(t.device != device for t in tensors):
+        return None
+    n = min(int(seq_lens.numel()), int(qsl.numel()) - 1, int(table.shape[0]))
+    key = (str(device), n)
+    if key not in batch_constants:  # build() runs outside the graph capture
+        batch_constants[key] = torch.full((1,), n, dtype=torch.int32, device=device)
+    return DeviceLengths(qsl[: n + 1], seq_lens[:n], table[:n], batch_constants[key])
+
+
+def make_build(original: Any, state: "PatchState") -> Any:
+    """Wrap ``AscendAttentionMetadataBuilder.build``: the metadata it returns carries the
+    persistent buffers (:func:`device_lengths`) as ``LENGTHS_ATTR``."""
+    sig = inspect.signature(original)
+
+    @functools.wraps(original)
+    def build(*args, **kwargs):
+        metadata = original(*args, **kwargs)
+        common = sig.bind(*args, **kwargs).arguments["common_attn_metadata"]
+        setattr(metadata, LENGTHS_ATTR, device_lengths(common, state.batch_constants))
+        return metadata
+
+    return build
+
+
+def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata: Any,
+                       query_device: Any = None) -> str | None:
     """Why this layer must keep the host-update path, or ``None`` if we handle it."""
     if type(impl) is not impl_cls:
         return f"subclass {type(impl).__name__} (context parallel / C8) is not supported"
@@ -96,6 +165,13 @@ def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata:
         return f"attention type {impl.attn_type!r} is not supported"
     if not getattr(attn_metadata, "causal", True):
         return "non-causal attention is not supported"
+    lengths = getattr(attn_metadata, LENGTHS_ATTR, None)
+    if lengths is None:
+        return ("no persistent device length buffers (metadata not built by "
+                "AscendAttentionMetadataBuilder.build, or its buffers are not on one device)")
+    if query_device is not None and lengths.seq_lens.device != query_device:
+        return (f"the length buffers are on {lengths.seq_lens.device}, the query on "
+                f"{query_device}")
     return None
 
 
@@ -141,13 +217,14 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
 
     @functools.wraps(orig_fia)
     def full_graph_fia(self, query, key, value, attn_metadata, output, layer=None):
-        reason = unsupported_reason(self, impl_cls, extra_ctx, attn_metadata)
+        reason = unsupported_reason(self, impl_cls, extra_ctx, attn_metadata, query.device)
         if reason is not None:
             _note_host_path(state, self, reason)
             return orig_fia(self, query, key, value, attn_metadata, output, layer)
-        key_cache, value_cache, block_size, block_table, _ = self._get_fia_params(
+        key_cache, value_cache, block_size, _, _ = self._get_fia_params(
             key, value, attn_metadata
         )
+        lengths: DeviceLengths = getattr(attn_metadata, LENGTHS_ATTR)
         num_tokens = int(attn_metadata.actual_seq_lengths_q[-1])
         graph_key = _graph_key(_graph_params(acl_graph, extra_ctx), num_tokens)
         state.engine.capture_attention(
@@ -157,9 +234,10 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
                 query=query,
                 key_cache=key_cache,
                 value_cache=value_cache,
-                block_table=block_table,
-                query_start_loc=attn_metadata.query_start_loc,
-                seq_lens=attn_metadata.seq_lens,
+                block_table=lengths.block_table,
+                query_start_loc=lengths.query_start_loc,
+                seq_lens=lengths.seq_lens,
+                batch=lengths.batch,
                 output=output,
                 num_heads=self.num_heads,
                 num_kv_heads=self.num_kv_heads,
@@ -195,6 +273,9 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
         bound.arguments["forward_context"] = _HostLayersView(forward_context, device)
         return orig_update(*bound.args, **bound.kwargs)
 
+    builder_cls = getattr(module, targets.BUILDER)
+    _, _, orig_build = ledger.resolve(module, f"{targets.BUILDER}.build")
+    ledger.replace(builder_cls, "build", make_build(orig_build, state))
     state.impl_cls = impl_cls
     state.graph_params_fn = functools.partial(_graph_params, acl_graph, extra_ctx)
     ledger.replace(impl_cls, "forward", forward)
@@ -242,33 +323,36 @@ def make_update_full_graph_params(original: Any, state: PatchState) -> Any:
     return update_full_graph_params
 
 
-def _current_num_tokens() -> int | None:
-    """The token bucket vLLM is about to run (its forward context), or None if unknown."""
-    try:
-        from vllm.forward_context import get_forward_context
+def _wrap_replay(graph: Any, before: Any, num_tokens: int | None) -> None:
+    """Make ``graph.replay()`` call ``before(num_tokens)`` first (an instance attribute, so
+    only this graph changes)."""
+    replay = graph.replay
 
-        return int(get_forward_context().batch_descriptor.num_tokens)
-    except Exception:  # noqa: BLE001 - no vLLM (tests), no context, or another layout
-        return None
+    @functools.wraps(replay)
+    def replay_after_planning(*args, **kwargs):
+        before(num_tokens)
+        return replay(*args, **kwargs)
+
+    graph.replay = replay_after_planning
 
 
 def make_graph_call(original: Any, state: PatchState) -> Any:
-    """Wrap ``ACLGraphWrapper.__call__``: the engine's ``before_replay`` runs first."""
+    """Wrap ``ACLGraphWrapper.__call__``: a graph it captures with device-tiled layers gets
+    its ``replay`` wrapped (:func:`_wrap_replay`) to run the engine's ``before_replay``."""
 
     @functools.wraps(original)
     def __call__(self, *args, **kwargs):
-        before = getattr(state.engine, "before_replay", None)
-        if before is None:
-            return original(self, *args, **kwargs)
-        num_tokens = _current_num_tokens()
-        before(num_tokens)
+        keys_before = set(state.device_layers)
         result = original(self, *args, **kwargs)
-        replan = getattr(state.engine, "replan_after_capture", None)
-        if replan is not None and replan():
-            # this call captured a graph whose tiling runs before replays (pre-replay): its
-            # replay ran untiled (zeros); plan it and replay once more
-            before(num_tokens)
-            result = original(self, *args, **kwargs)
+        captured = set(state.device_layers) - keys_before
+        for entry in getattr(self, "concrete_aclgraph_entries", {}).values():
+            graph = getattr(entry, "aclgraph", None)
+            if graph is None or getattr(graph, "_aicpu_tiling_seen", False):
+                continue
+            graph._aicpu_tiling_seen = True
+            tokens = getattr(getattr(entry, "batch_descriptor", None), "num_tokens", None)
+            if captured and any(key[1] == tokens for key in captured):
+                _wrap_replay(graph, state.engine.before_replay, tokens)
         return result
 
     return __call__
@@ -276,7 +360,7 @@ def make_graph_call(original: Any, state: PatchState) -> Any:
 
 def patch_acl_graph(module: ModuleType, state: PatchState) -> None:
     """Replace ``acl_graph.update_full_graph_params`` with the skipping wrapper, and
-    ``ACLGraphWrapper.__call__`` with one that calls the engine's ``before_replay`` first."""
+    ``ACLGraphWrapper.__call__`` with one that wraps the replay of the graphs it captures."""
     original = module.update_full_graph_params
     wrapper = make_update_full_graph_params(original, state)
     state.update_original, state.update_wrapper = original, wrapper

@@ -10,19 +10,21 @@ from __future__ import annotations
 DISTRIBUTION = "vllm-ascend"
 #: Supported release lines: the inclusive minimum and the exclusive upper bound.
 MINIMUM = "0.23.0"
-BELOW = "0.27.0"
+BELOW = "0.31.0"
 
 ATTENTION = "vllm_ascend.attention.attention_v1"
 ACL_GRAPH = "vllm_ascend.compilation.acl_graph"
 FORWARD_CONTEXT = "vllm_ascend.ascend_forward_context"
 IMPL = "AscendAttentionBackendImpl"
+BUILDER = "AscendAttentionMetadataBuilder"
 
 #: Modules that bind ``update_full_graph_params`` by name (``from ... import``) in some
 #: supported release. Each is rebound when imported; a missing one is simply never hooked.
 IMPORTERS = (
     "vllm_ascend.worker.model_runner_v1",
     "vllm_ascend.worker.v2.aclgraph_utils",
-    "vllm_ascend.worker.v2.spec_decode.eagle.aclgraph",
+    "vllm_ascend.worker.v2.spec_decode.eagle.aclgraph",  # up to 0.26
+    "vllm_ascend.worker.v2.spec_decode.autoregressive.aclgraph",  # from 0.27.1rc1
     "vllm_ascend.worker.v2.spec_decode.dflash.aclgraph",
     "vllm_ascend.spec_decode.llm_base_proposer",
 )
@@ -45,6 +47,13 @@ _UPDATE_026 = (
     "draft_attn_metadatas",
 )
 _COMMON_FUNCTIONS = {
+    # wrapped: the metadata carries the persistent device buffers of common_attn_metadata
+    (ATTENTION, f"{BUILDER}.build"): (
+        "self",
+        "common_prefix_len",
+        "common_attn_metadata",
+        "fast_build",
+    ),
     (ATTENTION, f"{IMPL}.full_graph_fia"): (
         "self",
         "query",
@@ -97,7 +106,7 @@ _COMMON_FUNCTIONS = {
         "sinks",
     ),
     (ACL_GRAPH, "get_graph_params"): (),
-    # patched to call the engine's before_replay (a new step epoch; pre-replay tiling)
+    # patched to wrap the replay of each graph it captures (the engine's before_replay)
     (ACL_GRAPH, "ACLGraphWrapper.__call__"): ("self",),
     (ACL_GRAPH, "get_draft_graph_params"): (),
     (ACL_GRAPH, "get_draft_graph_prefill_params"): (),
@@ -168,19 +177,20 @@ IMPL_ATTRIBUTES = (
 #: ``enable_hamming_sparse``; the conformance test found this).
 OPTIONAL_IMPL_ATTRIBUTES = ("enable_hamming_sparse",)
 
-#: Fields of ``AscendMetadata`` the patch set reads.
+#: Fields of ``AscendMetadata`` the patch set reads (never its per-step ``query_start_loc``
+#: copy or its CPU ``seq_lens``: the lengths come from ``common_attn_metadata``).
 METADATA_FIELDS = (
-    "query_start_loc",
-    "seq_lens",
-    "block_tables",
     "actual_seq_lengths_q",
     "causal",
     "attn_state",
 )
+#: Fields of the ``common_attn_metadata`` handed to ``build`` that the patch set reads: the
+#: model runner's persistent device buffers (vLLM's ``CommonAttentionMetadata``).
+COMMON_METADATA_FIELDS = ("query_start_loc", "seq_lens", "block_table_tensor")
 
 #: Module-level names the patch set looks up in each module.
 MODULE_GLOBALS = {
-    ATTENTION: ("_EXTRA_CTX", "AscendAttentionBackend", "AscendMetadata", IMPL),
+    ATTENTION: ("_EXTRA_CTX", "AscendAttentionBackend", "AscendMetadata", IMPL, BUILDER),
     ACL_GRAPH: ("GraphParams",),
 }
 

@@ -27,7 +27,7 @@ class CpuTilingEngine:
     """Captures into the fixture device with the project's own kernels, as on the CPU backend.
 
     Per graph key, one AI-CPU tiling task: ``pyruntime.tiling.plan_into`` reads the static
-    ``query_start_loc`` / ``seq_lens`` tensors at replay time and writes a fixed tiling
+    ``query_start_loc`` / ``seq_lens`` / ``batch`` tensors at replay time and writes a fixed tiling
     buffer (no host lists). Per layer, one AI Core task: the C reference attention runs
     every core's range of that buffer, then the combine step.
     """
@@ -60,10 +60,10 @@ class CpuTilingEngine:
 
             def tiling_task():
                 self.tiling_runs += 1
-                cu, kv = c.query_start_loc, c.seq_lens
-                batch = int((cu[1:] > cu[:-1]).int().cumprod(0).sum())  # live prefix
-                status = plan_into(params, cu, kv, batch, buffer, causal=c.causal)
-                assert status == 0, status
+                # the static batch the hook wrote; trailing kv_len 0 slots are padding
+                status = plan_into(params, c.query_start_loc, c.seq_lens, int(c.batch[0]),
+                                   buffer, causal=c.causal)
+                assert status == 0, f"tiling status {status}"
 
             self.launch(tiling_task)
         params, buffer, (partial_out, partial_lse) = self.tilings[c.graph_key]

@@ -143,14 +143,14 @@ def test_double_install_and_double_uninstall_are_no_ops(fixture_pkg):
 
 
 def test_version_mismatch_skips_with_one_log_line(fixture_pkg, tmp_path, monkeypatch, caplog):
-    dist = tmp_path / "vllm_ascend-0.30.0.dist-info"
+    dist = tmp_path / "vllm_ascend-0.31.0.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-ascend\nVersion: 0.30.0\n")
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-ascend\nVersion: 0.31.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     before = _originals()
     with caplog.at_level(logging.INFO, logger="pyruntime.hook"):
         report = hook.install(engine_factory=_engine)
-    assert report.state == "skipped" and "0.30.0 is outside" in report.reason
+    assert report.state == "skipped" and "0.31.0 is outside" in report.reason
     assert [r for r in caplog.records if "left untouched" in r.getMessage()].__len__() == 1
     assert _current() == before
 

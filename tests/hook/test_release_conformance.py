@@ -84,11 +84,10 @@ def expected_code_shape(version):
 
 
 def expected_hook_targets(version):
-    if _at_least(version, "0.29.0rc1"):
-        return {}  # not stated: the table reports them
-    facts = {g: True for g in HOOK_GROUPS}
-    facts["importers"] = not _at_least(version, "0.27.1rc1")
-    return facts
+    """Every release in the supported range has the hook's whole target set (0.27+ with the
+    moved importer, which IMPORTERS lists; 0.29+ because our layers never register_task, so
+    the UpdatableGraph path has nothing of ours to update)."""
+    return {g: True for g in HOOK_GROUPS}
 
 
 #: Where the issue's statement does not hold (found by this module), with the reason; the
@@ -202,10 +201,37 @@ def test_the_code_shape_the_issue_states(version):
 @pytest.mark.parametrize("version", [
     pytest.param(v, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[v]))
     if v in KNOWN_GAPS else v for v in RELEASES if expected_hook_targets(v)])  # fmt: skip
-def test_the_hook_target_set_on_the_old_update_path(version):
-    """0.23-0.28 keep the old update path: the hook's target set, for the line
-    ``release_line`` picks, is all there (on 0.27/0.28 but for the moved importer)."""
+def test_the_hook_target_set_on_every_release(version):
+    """The hook's target set, for the line ``release_line`` picks, is all there."""
     _check(version, expected_hook_targets(version))
+
+
+def test_the_supported_range_covers_every_release():
+    from pyruntime.hook.versions import VersionRange
+
+    supported = VersionRange(t.DISTRIBUTION, t.MINIMUM, t.BELOW)
+    assert all(supported.check(v) is None for v in RELEASES), supported
+    assert supported.check("0.31.0") is not None and supported.check("0.22.1") is not None
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_model_runner_hands_build_the_persistent_buffers(version):
+    """Item 1's seam: the model runner builds ``AscendCommonAttentionMetadata`` with the
+    fields the build wrapper reads (``COMMON_METADATA_FIELDS``) sliced from its persistent
+    buffers (``self.<buffer>...``), not from per-step temporaries."""
+    src, _ = archive_source(cached_release(version))
+    tree = src.tree("vllm_ascend.worker.model_runner_v1")
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", None) == "AscendCommonAttentionMetadata"]
+    assert calls, version
+    for field in t.COMMON_METADATA_FIELDS:
+        values = [k.value for c in calls for k in c.keywords if k.arg == field]
+        assert values, (version, field)
+        # query_start_loc / seq_lens: slices of self.<buffer>; the block table: a local
+        # holding self.input_batch.block_table[...]'s device tensor slice
+        text = [ast.unparse(v) for v in values]
+        if field != "block_table_tensor":
+            assert all(x.startswith("self.") for x in text), (version, field, text)
 
 
 def test_each_old_path_release_matches_one_known_line():
