@@ -17,6 +17,7 @@ import numpy as np
 from pyruntime._native import lib
 
 from pyruntime import tiling
+from pyruntime.tiling_oracle import oracle_live_batch
 
 _INT32_MAX = 2**31 - 1
 
@@ -110,13 +111,14 @@ def handmade_tiling(params, cu: Sequence[int], kv: Sequence[int], bounds: Sequen
         at = comb_at + i * lib.AICPU_TILING_COMB_WORDS
         words[at : at + 5] = rec
     total = sum(seg_cost + u[3] * u[4] for u in units)
+    live = oracle_live_batch(kv, len(kv))
     header = {
         lib.AICPU_TILING_HDR_MAGIC: lib.AICPU_TILING_MAGIC,
         lib.AICPU_TILING_HDR_VERSION: lib.AICPU_TILING_VERSION,
         lib.AICPU_TILING_HDR_STATUS: lib.AICPU_TILING_OK,
         lib.AICPU_TILING_HDR_BAD_REQUEST: -1,
-        lib.AICPU_TILING_HDR_BATCH: len(kv),
-        lib.AICPU_TILING_HDR_NUM_TOKENS: cu[len(kv)],
+        lib.AICPU_TILING_HDR_BATCH: live,  # trailing kv_len 0 slots are padding (ABI v4)
+        lib.AICPU_TILING_HDR_NUM_TOKENS: cu[live],
         lib.AICPU_TILING_HDR_NUM_CORES: params.num_cores,
         lib.AICPU_TILING_HDR_NUM_UNITS: len(units),
         lib.AICPU_TILING_HDR_NUM_SEGMENTS: sum(len(p) for p in pieces.values()),
