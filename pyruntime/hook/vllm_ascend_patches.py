@@ -46,7 +46,11 @@ from .patching import PatchLedger
 
 log = logging.getLogger("pyruntime.hook")
 
-SUPPORTED_KV_DTYPES = ("auto", "float16", "bfloat16", "half", "float32")
+#: ``impl.kv_cache_dtype`` values of an unquantized cache: the string vLLM passes (0.23-0.28)
+#: or, from 0.29.0rc1, the torch dtype ``__init__`` resolves it to
+#: (``kv_cache_dtype_str_to_dtype``; found by running 0.30.0rc2's own class on the twin)
+SUPPORTED_KV_DTYPES = ("auto", "float16", "bfloat16", "half", "float32",
+                       "torch.float16", "torch.bfloat16", "torch.float32")
 
 
 @dataclass
@@ -71,8 +75,8 @@ class PatchState:
 
     def whole_graph_device_tiled(self, num_tokens: int) -> bool:
         """True when graph ``num_tokens`` has device-tiled layers and no host-path FIA."""
-        if self.graph_params_fn is None:
-            return False
+        if not self.device_layers or self.graph_params_fn is None:
+            return False  # nothing of ours captured: no need to read vLLM's forward context
         graph_params = self.graph_params_fn()
         if not self.device_layers.get(_graph_key(graph_params, num_tokens)):
             return False
@@ -155,7 +159,8 @@ def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata:
         return f"sliding window ({impl.sliding_window}) is not supported"
     if impl.sinks is not None:
         return "attention sinks are not supported"
-    if getattr(impl, "enable_c8_quant", False) or impl.kv_cache_dtype not in SUPPORTED_KV_DTYPES:
+    if (getattr(impl, "enable_c8_quant", False)
+            or str(impl.kv_cache_dtype) not in SUPPORTED_KV_DTYPES):
         return f"KV-cache quantization (kv_cache_dtype={impl.kv_cache_dtype!r}) is not supported"
     if impl.alibi_slopes is not None:
         return "ALiBi is not supported"
@@ -182,12 +187,14 @@ def _note_host_path(state: PatchState, impl: Any, reason: str) -> None:
         log.info("aicpu-tiling: layer %s keeps the host-update path: %s", key[0], reason)
 
 
-def _graph_params(acl_graph: ModuleType, extra_ctx: Any) -> Any:
+def _graph_params(source: ModuleType, extra_ctx: Any) -> Any:
+    """The ``GraphParams`` vLLM-Ascend's own code would use now, through ``source``'s
+    bindings (attention_v1 imports the getters by name in 0.23-0.28; acl_graph otherwise)."""
     if getattr(extra_ctx, "is_draft_model", False):
         if getattr(extra_ctx, "is_draft_model_prefill", False):
-            return acl_graph.get_draft_graph_prefill_params()
-        return acl_graph.get_draft_graph_params()
-    return acl_graph.get_graph_params()
+            return source.get_draft_graph_prefill_params()
+        return source.get_draft_graph_params()
+    return source.get_graph_params()
 
 
 def _graph_key(graph_params: Any, num_tokens: int) -> Hashable:
@@ -198,7 +205,15 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
     """Patch ``AscendAttentionBackendImpl`` in ``attention_v1`` (see module docstring)."""
     impl_cls = getattr(module, targets.IMPL)
     ledger = state.ledger
-    extra_ctx = module._EXTRA_CTX
+
+    # Read at call time, as the original methods do (module globals that vLLM-Ascend's own
+    # unit tests replace: _EXTRA_CTX and the graph-params getters)
+    def extra_ctx() -> Any:
+        return module._EXTRA_CTX
+
+    def graph_params() -> Any:
+        source = module if hasattr(module, "get_graph_params") else acl_graph
+        return _graph_params(source, module._EXTRA_CTX)
 
     _, _, orig_fia = ledger.resolve(module, f"{targets.IMPL}.full_graph_fia")
     _, _, orig_fia_v2 = ledger.resolve(module, f"{targets.IMPL}.full_graph_fia_v2")
@@ -217,7 +232,7 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
 
     @functools.wraps(orig_fia)
     def full_graph_fia(self, query, key, value, attn_metadata, output, layer=None):
-        reason = unsupported_reason(self, impl_cls, extra_ctx, attn_metadata, query.device)
+        reason = unsupported_reason(self, impl_cls, extra_ctx(), attn_metadata, query.device)
         if reason is not None:
             _note_host_path(state, self, reason)
             return orig_fia(self, query, key, value, attn_metadata, output, layer)
@@ -226,7 +241,7 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
         )
         lengths: DeviceLengths = getattr(attn_metadata, LENGTHS_ATTR)
         num_tokens = int(attn_metadata.actual_seq_lengths_q[-1])
-        graph_key = _graph_key(_graph_params(acl_graph, extra_ctx), num_tokens)
+        graph_key = _graph_key(graph_params(), num_tokens)
         state.engine.capture_attention(
             AttentionCapture(
                 graph_key=graph_key,
@@ -248,7 +263,7 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
             )
         )
         state.device_layers[graph_key].add(layer_name(self))
-        return output.view(output.shape[0], self.num_heads, self.head_size), num_tokens
+        return output, num_tokens  # as every release 0.23-0.30 returns it
 
     def passthrough(original, reason):
         @functools.wraps(original)
@@ -266,8 +281,8 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
         if state.whole_graph_device_tiled(num_tokens):
             state.updates_skipped += 1
             return None
-        graph_params = _graph_params(acl_graph, extra_ctx)
-        device = state.device_layers.get(_graph_key(graph_params, num_tokens))
+        device = state.device_layers and state.device_layers.get(
+            _graph_key(graph_params(), num_tokens))
         if not device:
             return orig_update(*args, **kwargs)
         bound.arguments["forward_context"] = _HostLayersView(forward_context, device)
@@ -277,7 +292,7 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
     _, _, orig_build = ledger.resolve(module, f"{targets.BUILDER}.build")
     ledger.replace(builder_cls, "build", make_build(orig_build, state))
     state.impl_cls = impl_cls
-    state.graph_params_fn = functools.partial(_graph_params, acl_graph, extra_ctx)
+    state.graph_params_fn = graph_params
     ledger.replace(impl_cls, "forward", forward)
     ledger.replace(impl_cls, "full_graph_fia", full_graph_fia)
     ledger.replace(
