@@ -97,6 +97,7 @@ def activate(fault: str | None = None) -> None:
     kernel_dir, ext = prepare_kernels(state, missing_binary=fault == "kernel-missing")
 
     device.install_device(device.Device(fault=fault, state_dir=state))
+    device.install_pinned_memory()
     # device work runs on the host thread; torch's intra-op pool on a small shared machine
     # makes each small op spin (15 ms instead of 25 us per logsumexp here on 2 loaded cores)
     torch.set_num_threads(1)

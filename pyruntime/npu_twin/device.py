@@ -673,6 +673,45 @@ def _device_to_host(src: NpuTensor, kwargs) -> torch.Tensor:
     return _aten._to_copy.default(src._inner, **kwargs)
 
 
+#: data pointers of the host storages made by ``pin_memory()`` (page-locked on torch_npu)
+_pinned: set[int] = set()
+
+
+def _is_pinned(tensor: torch.Tensor) -> bool:
+    return (tensor.device.type == "cpu" and tensor.numel() > 0
+            and tensor.untyped_storage().data_ptr() in _pinned)
+
+
+def install_pinned_memory() -> None:
+    """``Tensor.pin_memory()`` / ``is_pinned()`` for host tensors, as torch_npu provides them
+    (its ``CachingHostAllocator``, registered as the PrivateUse1 pinned-memory allocator,
+    which torch's Python PrivateUse1 hooks cannot register): a page-locked copy. A
+    ``non_blocking`` copy from it is ordered on the stream and the allocator keeps the block
+    alive until the copy has run (it records an event on the block,
+    ``torch_npu/csrc/core/npu/CachingHostAllocator.cpp``), so only a rewrite before the copy
+    runs is a race."""
+    original_pin, original_is_pinned = torch.Tensor.pin_memory, torch.Tensor.is_pinned
+
+    def pin_memory(self, device=None):
+        if self.device.type != "cpu":
+            return original_pin(self, device) if device is not None else original_pin(self)
+        if _is_pinned(self):
+            return self
+        pinned = self.detach().clone()
+        storage = pinned.untyped_storage()
+        _pinned.add(storage.data_ptr())
+        weakref.finalize(pinned, _pinned.discard, storage.data_ptr())
+        return pinned
+
+    def is_pinned(self, device=None):
+        if self.device.type == "cpu":
+            return _is_pinned(self)
+        return original_is_pinned(self) if device is None else original_is_pinned(self, device)
+
+    torch.Tensor.pin_memory = pin_memory
+    torch.Tensor.is_pinned = is_pinned
+
+
 def _copy(dst: Any, src: Any, non_blocking: bool):
     dev = device()
     if not isinstance(dst, NpuTensor):  # device to host into an existing host tensor
@@ -690,9 +729,12 @@ def _copy(dst: Any, src: Any, non_blocking: bool):
         dev.enqueue(Work("copy", "H2D copy", lambda: target.copy_(source)))
         dev.synchronize_stream(dev.current_stream(), "a blocking host-to-device copy")
         return dst
-    # asynchronous from pageable memory: the copy reads the host memory when it runs
+    # asynchronous: the copy reads the host memory when it runs; a pinned block is kept
+    # alive until then by the host allocator, a pageable tensor is not
     snapshot = src.detach().clone()
-    alive = weakref.ref(src)
+    pinned = _is_pinned(src)
+    alive = (lambda kept=src: kept) if pinned else weakref.ref(src)
+    kind = "pinned" if pinned else "pageable"
     where = "".join(traceback.format_stack(limit=8)[:-3][-3:]).rstrip()
 
     def run_async() -> None:
@@ -701,7 +743,7 @@ def _copy(dst: Any, src: Any, non_blocking: bool):
             raise PageableCopyRace("a non_blocking host-to-device copy ran after its pageable "
                                    f"source tensor was freed; issued at:\n{where}")
         if not torch.equal(source, snapshot):
-            raise PageableCopyRace("a non_blocking host-to-device copy ran after its pageable "
+            raise PageableCopyRace(f"a non_blocking host-to-device copy ran after its {kind} "
                                    f"source was rewritten; issued at:\n{where}")
         target.copy_(source)
     dev.enqueue(Work("copy", "H2D copy (non_blocking)", run_async))

@@ -5,6 +5,7 @@ and raises `NotInTwinError` when called, never accepting anything."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import sys
 import types
 
@@ -22,18 +23,38 @@ class _PlaceholderModule(types.ModuleType):
         return placeholder(f"{self.__name__}.{name}")
 
 
+def _module(name: str) -> _PlaceholderModule:
+    """A placeholder module with a spec, as an imported package has (``importlib.util
+    .find_spec("torch_npu")`` returns it; transformers and vLLM probe for torch_npu so)."""
+    module = _PlaceholderModule(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    module.__path__ = []
+    return module
+
+
 def build() -> types.ModuleType:
     """The stand-in module (not yet in ``sys.modules``)."""
-    module = _PlaceholderModule("torch_npu")
+    module = _module("torch_npu")
     module.__version__ = VERSION
     module.__file__ = __file__
     module.npu = npu_module
-    c = _PlaceholderModule("torch_npu._C")
+    c = _module("torch_npu._C")
 
     def current_raw_stream(device: int = 0) -> int:
         return twin.device().current_stream().id
 
     c._npu_getCurrentRawStream = current_raw_stream
+
+    def weak_ref_tensor(tensor):
+        """torch_npu's ``_weak_ref_tensor``: a tensor over the same device memory that does
+        not own it (vLLM-Ascend keeps captured outputs and workspaces so). The twin's alias
+        keeps the memory alive, which is more forgiving than the real one: using it after the
+        owner is freed goes unflagged here."""
+        if not isinstance(tensor, twin.NpuTensor):
+            raise TypeError("_weak_ref_tensor expects an npu tensor")
+        return tensor.detach()
+
+    c._weak_ref_tensor = weak_ref_tensor
     module._C = c
     op = fia.register()
     module.npu_fused_infer_attention_score = op

@@ -197,6 +197,47 @@ check("non_blocking_copy_of_freed_pageable_races", freed)
 check("non_blocking_to_npu_of_rewritten_pageable_races", to_rewritten)
 check("blocking_copy_of_pageable_is_safe", blocking_then_rewritten)
 check("non_blocking_copy_of_untouched_pageable_is_fine", non_blocking_untouched)
+
+
+def pinned_freed():
+    src = (torch.arange(4.0) * 5).pin_memory()
+    eq((src.is_pinned(), torch.arange(2.0).is_pinned()), (True, False))
+    d.copy_(src, non_blocking=True)
+    del src
+    gc.collect()
+    torch.npu.synchronize()
+    eq(values(d), [0.0, 5.0, 10.0, 15.0])
+
+
+def pinned_rewritten():
+    src = torch.arange(4.0).pin_memory()
+    out = src.to("npu", non_blocking=True)
+    src.add_(1)
+    expect(twin.PageableCopyRace, "ran after its pinned source was rewritten",
+           torch.npu.synchronize)
+    del out
+
+
+def weak_ref_aliases():
+    import torch_npu
+
+    owner = torch.arange(3.0).to("npu")
+    alias = torch_npu._C._weak_ref_tensor(owner)
+    owner.add_(1)
+    eq(values(alias), [1.0, 2.0, 3.0])
+    expect(TypeError, "expects an npu tensor", lambda: torch_npu._C._weak_ref_tensor(host))
+
+
+def torch_npu_has_a_spec():
+    import importlib.util
+
+    eq(importlib.util.find_spec("torch_npu").name, "torch_npu")
+
+
+check("pinned_source_outlives_its_queued_copy", pinned_freed)
+check("non_blocking_copy_of_rewritten_pinned_races", pinned_rewritten)
+check("weak_ref_tensor_aliases_device_memory", weak_ref_aliases)
+check("torch_npu_is_found_by_find_spec", torch_npu_has_a_spec)
 """
 
 STREAMS = COMMON + """
@@ -805,6 +846,15 @@ RULES: dict[str, dict[str, str | tuple[str, str]]] = {
             "a blocking H2D copy finishes before the host goes on",
         "non_blocking_copy_of_untouched_pageable_is_fine":
             "a queued copy whose source is left alone is correct",
+        "pinned_source_outlives_its_queued_copy":
+            "torch_npu's CachingHostAllocator records an event on a pinned block used by a "
+            "queued copy and reuses it only after the copy ran",
+        "non_blocking_copy_of_rewritten_pinned_races":
+            "the queued copy reads the pinned block when it runs: rewriting it races",
+        "weak_ref_tensor_aliases_device_memory":
+            "torch_npu._C._weak_ref_tensor: the same device memory (vLLM-Ascend's weak refs)",
+        "torch_npu_is_found_by_find_spec":
+            "an installed torch_npu has a module spec (transformers and vLLM probe for it)",
     },
     "streams": {
         "capture_begin_on_default_stream_refused":
