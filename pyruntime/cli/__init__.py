@@ -9,6 +9,7 @@ Subcommands (one module each):
 * ``inspect``: the tiling of given lengths, per-core load bars.
 * ``selfcheck``: kernels, AI-CPU replay (the tiling placement), attention correctness and
   host time on this machine, with a verdict.
+* ``hook-dryrun``: the vLLM-Ascend hook inside the installed vLLM-Ascend's own classes.
 
 ``main(argv)`` returns the exit code: 0 success, 1 a check failed, 2 a user error (one
 line on stderr, never a traceback), 130 interrupted.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from . import balance, bench, inspect, profile, selfcheck, tiling_bench
+from . import balance, bench, hook_dryrun, inspect, profile, selfcheck, tiling_bench
 from ._common import PROG, ArgumentParser, CliError
 
 __all__ = ["CliError", "build_parser", "main"]
@@ -39,6 +40,7 @@ def build_parser() -> ArgumentParser:
     profile.add_parser(sub)
     inspect.add_parser(sub)
     selfcheck.add_parser(sub)
+    hook_dryrun.add_parser(sub)
     return parser
 
 

@@ -174,6 +174,32 @@ def fia_out(query, key, value, *, workspace=None, attention_out, softmax_lse, **
     return attention_out, softmax_lse
 
 
+#: bytes of the workspace the twin hands out (it models no workspace size: FIA's twin needs
+#: none, and ``.out`` accepts any)
+WORKSPACE_BYTES = 1024
+
+
+def get_max_workspace(query, key, value, **options):
+    """``torch_npu._npu_fused_infer_attention_score_get_max_workspace`` (schema in the
+    wheel's ``_op_plugin_docs.py``): a device workspace for FIA's ``.out`` under graph
+    capture. The options are checked as FIA checks them (what the twin does not model
+    raises ``NotInTwinError``), on the host, since the real op sizes the workspace from
+    them when it is called."""
+    options = {**_DEFAULTS, **options}
+    for t in (query, key, value, options.get("block_table")):
+        if t is not None and not isinstance(t, twin.NpuTensor):
+            raise twin.HostPointerError("_npu_fused_infer_attention_score_get_max_workspace: "
+                                        "every tensor must be on the NPU")
+    for name in _UNSUPPORTED:
+        if options.get(name) is not None:
+            raise NotInTwinError(f"npu_fused_infer_attention_score: {name} is not modelled by "
+                                 "the NPU twin")
+    if options["input_layout"] != "TND" or options["block_table"] is None:
+        raise NotInTwinError("the twin's FIA models input_layout='TND' with a paged KV cache "
+                             "(block_table) only, as vLLM-Ascend's decode path calls it")
+    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=query.device)
+
+
 _library: torch.library.Library | None = None
 _DEFAULTS = {k: v for k, v in _defaults(SCHEMA).items() if k != "workspace"}
 

@@ -23,6 +23,31 @@ class _PlaceholderModule(types.ModuleType):
         return placeholder(f"{self.__name__}.{name}")
 
 
+class _FiaPacket:
+    """``torch_npu.npu_fused_infer_attention_score``: the op packet, whose ``.out`` also takes
+    its two outputs as ``out=[attention_out, softmax_lse]``, the way torch_npu's own graph
+    handler (``torch_npu/npu/_npugraph_handlers/ifa_handler.py``) and vLLM-Ascend 0.29+
+    (``attention_v1.py``, ``register_task``) call it."""
+
+    def __init__(self, packet) -> None:
+        self._packet = packet
+        overload = packet.out
+
+        def out(*args, **kwargs):
+            if "out" in kwargs:
+                attention_out, softmax_lse = kwargs.pop("out")
+                kwargs.update(attention_out=attention_out, softmax_lse=softmax_lse)
+            return overload(*args, **kwargs)
+
+        self.out = out
+
+    def __call__(self, *args, **kwargs):
+        return self._packet(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._packet, name)
+
+
 def _module(name: str) -> _PlaceholderModule:
     """A placeholder module with a spec, as an imported package has (``importlib.util
     .find_spec("torch_npu")`` returns it; transformers and vLLM probe for torch_npu so)."""
@@ -56,8 +81,8 @@ def build() -> types.ModuleType:
 
     c._weak_ref_tensor = weak_ref_tensor
     module._C = c
-    op = fia.register()
-    module.npu_fused_infer_attention_score = op
+    module.npu_fused_infer_attention_score = _FiaPacket(fia.register())
+    module._npu_fused_infer_attention_score_get_max_workspace = fia.get_max_workspace
     return module
 
 

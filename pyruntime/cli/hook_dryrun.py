@@ -1,0 +1,62 @@
+"""``aicpu-tiling hook-dryrun``: the hook inside the installed vLLM-Ascend's own classes.
+
+Runs vLLM-Ascend's own metadata builder, attention implementation and ACL graph wrapper over a
+small decoder under FULL_DECODE_ONLY twice, each in a fresh process: without the hook (vLLM-
+Ascend's host-update path) and with it (the real engine), on the NPU twin where there is no
+NPU. It reports which layers took the device path, the graph task updates per step before
+and after, and the largest error against a float64 reference. Exit 0 only when at least one
+layer moved, no layer of ours was updated and the error is within tolerance; 1 otherwise; 2
+when it cannot run here (no vLLM or vLLM-Ascend, or the test fixture package instead of the
+real one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ._common import CliError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``hook-dryrun``."""
+    p = sub.add_parser(
+        "hook-dryrun",
+        help="run the vLLM-Ascend hook inside vLLM-Ascend's own classes",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    p.add_argument("--placement", choices=("graph", "pre-replay"), default="graph",
+                   help="where the tiling task runs (default: graph)")
+    p.add_argument("--steps", type=int, default=6,
+                   help="decode steps replayed after capture (default: 6)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from pyruntime.hook import dryrun
+
+    if args.steps < 1:
+        raise CliError("--steps must be at least 1")
+    try:
+        dryrun.check_real_vllm_ascend()
+        before = dryrun.run_in_child(hooked=False, placement=args.placement, steps=args.steps)
+        after = dryrun.run_in_child(hooked=True, placement=args.placement, steps=args.steps)
+    except dryrun.DryRunError as exc:
+        raise CliError(str(exc)) from exc
+    report = dryrun.report(before, after)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"vLLM-Ascend {report['vllm_ascend']} on {report['device']}, placement "
+              f"{report['placement']}, {report['steps']} decode steps after capture")
+        for layer in report["layers"]:
+            reason = f" ({layer['reason']})" if layer["reason"] else ""
+            print(f"  {layer['name']}: {layer['path']}{reason}")
+        print(f"graph task updates per step: {report['updates_per_step_before']:g} without the "
+              f"hook, {report['updates_per_step_after']:g} with it")
+        print(f"max relative error against float64: {report['max_rel_err']:.2e} (tolerance "
+              f"{report['tolerance']:g}; without the hook {report['max_rel_err_before']:.2e})")
+        print("verdict: " + ("pass" if report["ok"] else "fail"))
+    return 0 if report["ok"] else 1

@@ -1,0 +1,393 @@
+"""The hook inside vLLM-Ascend's own classes: capture, replay, compare (``aicpu-tiling
+hook-dryrun``).
+
+With vLLM and vLLM-Ascend importable, this installs the hook with the real engine (on the
+NPU twin where no NPU is present: ``pyruntime.npu_twin``), then drives vLLM-Ascend's own
+``AscendAttentionMetadataBuilder``, ``AscendAttentionBackendImpl`` and ``ACLGraphWrapper``
+the way its model runner does under FULL_DECODE_ONLY: persistent length and block-table
+buffers refilled each step, metadata built by the builder, one graph captured per token
+bucket with ``forward_context.capturing`` set, then replayed with decode batches from the
+bundled trace, uniform padding included, and vLLM-Ascend's own update call after each replay
+(``update_full_graph_params`` up to 0.28; the ``UpdatableGraph`` update inside the replay
+from 0.29). Every layer's output is compared with a float64 reference, and the twin counts
+the graph task updates (``torch.npu.graph_task_update_begin``).
+
+What stands in for vLLM's engine here: the model config (a namespace with the fields these
+classes read: no model is loaded), the layers (namespaces with ``layer_name`` and unit KV
+scales), the queries and the KV cache (random, written outside the graph, so
+``reshape_and_cache`` is not called: key and value are None, as in vLLM-Ascend's decode-only
+forward). The classes, the hook and the engine are the real ones.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "aicpu-tiling/hook-dryrun"
+#: float32 attention against a float64 reference
+TOLERANCE = 1e-4
+REPO = Path(__file__).resolve().parents[2]
+
+
+class DryRunError(RuntimeError):
+    """The dry run cannot start here (says why)."""
+
+
+@dataclass
+class Shape:
+    """A small decoder: ``num_layers`` GQA layers in float32."""
+
+    num_layers: int = 3
+    num_heads: int = 8
+    num_kv_heads: int = 2
+    head_size: int = 32
+    block_size: int = 16
+    num_blocks: int = 96
+    max_reqs: int = 8
+    max_blocks_per_req: int = 8
+    buckets: tuple[int, ...] = (4, 8)
+
+
+@dataclass
+class Run:
+    """One run in one process: with the hook (``hooked``) or vLLM-Ascend's own path."""
+
+    hooked: bool
+    vllm_ascend: str
+    device: str
+    placement: str
+    layers: list[dict] = field(default_factory=list)
+    steps: int = 0
+    updates_per_step: float = 0.0
+    max_rel_err: float = float("nan")
+    seconds: float = 0.0
+
+
+def report(before: Run, after: Run) -> dict:
+    """What ``hook-dryrun --json`` prints: the run without the hook against the run with it.
+
+    ``ok`` holds when at least one layer moved to the device path, no layer of ours was
+    host-updated, and the hooked outputs match the float64 reference within `TOLERANCE`.
+    """
+    device_layers = sum(1 for layer in after.layers if layer["path"] == "device")
+    out = {"schema": SCHEMA, "vllm_ascend": after.vllm_ascend, "device": after.device,
+           "placement": after.placement, "layers": after.layers,
+           "device_layers": device_layers, "steps": after.steps,
+           "updates_per_step_before": before.updates_per_step,
+           "updates_per_step_after": after.updates_per_step,
+           "max_rel_err": after.max_rel_err, "max_rel_err_before": before.max_rel_err,
+           "tolerance": TOLERANCE, "seconds": round(before.seconds + after.seconds, 1)}
+    out["ok"] = bool(device_layers > 0 and after.updates_per_step == 0
+                     and after.max_rel_err <= TOLERANCE)
+    return out
+
+
+def check_real_vllm_ascend() -> Path:
+    """The real vLLM-Ascend's ``vllm_ascend/__init__.py``; raises `DryRunError` otherwise."""
+    spec = importlib.util.find_spec("vllm_ascend")
+    if spec is None or spec.origin is None:
+        raise DryRunError("vllm_ascend is not importable: run it where vLLM-Ascend is "
+                          "installed (or tools/vllm_env.sh RELEASE makes such an environment)")
+    origin = Path(spec.origin).resolve()
+    if (REPO / "tests" / "fixtures") in origin.parents:
+        raise DryRunError(f"vllm_ascend resolves to the test fixture package ({origin}); the "
+                          "dry run needs the real vLLM-Ascend")
+    if importlib.util.find_spec("vllm") is None:
+        raise DryRunError("vllm is not importable")
+    return origin
+
+
+def _start_device(placement: str) -> str:
+    """The device the run uses: an NPU when torch_npu is installed, else the twin."""
+    os.environ.setdefault("AICPU_TILING_PLACEMENT", placement)
+    if importlib.util.find_spec("torch_npu") is not None:
+        return "npu"
+    from pyruntime import npu_twin
+
+    # the C reference body of our AI Core ops: the Triton bodies are checked elsewhere
+    os.environ.setdefault(npu_twin.AICORE_ENV, "reference")
+    npu_twin.activate()
+    return "npu-twin"
+
+
+class _UpdateCounter:
+    """Counts ``torch.npu.graph_task_update_begin`` calls (one per host-updated layer)."""
+
+    def __init__(self, torch: Any) -> None:
+        self.count = 0
+        original = torch.npu.graph_task_update_begin
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            return original(*args, **kwargs)
+
+        torch.npu.graph_task_update_begin = counted
+        import torch_npu
+
+        if getattr(torch_npu.npu, "graph_task_update_begin", None) is original:
+            torch_npu.npu.graph_task_update_begin = counted
+
+
+class _Runner:
+    """vLLM-Ascend's model runner, reduced to what FULL_DECODE_ONLY attention needs."""
+
+    def __init__(self, shape: Shape, hooked: bool, seed: int) -> None:
+        import torch
+        from vllm.config import CUDAGraphMode, VllmConfig, set_current_vllm_config
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+        import vllm_ascend.attention.attention_v1 as attention
+        import vllm_ascend.compilation.acl_graph as acl_graph
+        from vllm_ascend.ascend_config import init_ascend_config
+
+        self.torch, self.attention, self.acl_graph = torch, attention, acl_graph
+        self.shape, self.hooked = shape, hooked
+        self.mode = CUDAGraphMode
+        self.set_current_vllm_config = set_current_vllm_config
+        s = shape
+        self.device = torch.device("npu", 0)
+        cfg = VllmConfig()
+        cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        cfg.model_config = types.SimpleNamespace(
+            max_model_len=s.max_blocks_per_req * s.block_size, runner_type="generate",
+            dtype=torch.float32, use_mla=False, hf_text_config=None, is_hybrid=False,
+            enforce_eager=False, quantization=None, is_deepseek_mla=False,
+            hf_config=types.SimpleNamespace(model_type="llama",
+                                            architectures=["LlamaForCausalLM"]))
+        self.cfg = cfg
+        init_ascend_config(cfg)
+        self.names = [f"model.layers.{i}.self_attn.attn" for i in range(s.num_layers)]
+        spec = FullAttentionSpec(block_size=s.block_size, num_kv_heads=s.num_kv_heads,
+                                 head_size=s.head_size, dtype=torch.float32)
+        with set_current_vllm_config(cfg):
+            self.builder = attention.AscendAttentionMetadataBuilder(spec, self.names, cfg,
+                                                                    self.device)
+            self.impls = [attention.AscendAttentionBackendImpl(
+                s.num_heads, s.head_size, s.head_size ** -0.5, s.num_kv_heads, None, None,
+                "auto", None, "decoder", None) for _ in self.names]
+        gen = torch.Generator().manual_seed(seed)
+        self.gen = gen
+        cache = (s.num_blocks, s.block_size, s.num_kv_heads, s.head_size)
+        dev = self.device
+        self.kv = [(torch.randn(cache, generator=gen).to(dev),
+                    torch.randn(cache, generator=gen).to(dev)) for _ in self.names]
+        t = max(s.buckets)
+        self.queries = [torch.zeros(t, s.num_heads, s.head_size, device=dev)
+                        for _ in self.names]
+        # vLLM's Attention layer hands the implementation [T, num_heads, head_size] views
+        self.outputs = [torch.zeros(t, s.num_heads, s.head_size, device=dev)
+                        for _ in self.names]
+        i32 = torch.int32
+        self.qsl_cpu = torch.zeros(s.max_reqs + 2, dtype=i32)
+        self.qsl = torch.zeros(s.max_reqs + 2, dtype=i32, device=dev)
+        self.seq_lens_cpu = torch.zeros(s.max_reqs, dtype=i32)
+        self.seq_lens = torch.zeros(s.max_reqs, dtype=i32, device=dev)
+        self.table_cpu = torch.zeros(s.max_reqs, s.max_blocks_per_req, dtype=i32)
+        self.table = torch.zeros(s.max_reqs, s.max_blocks_per_req, dtype=i32, device=dev)
+        self.slots = torch.zeros(t, dtype=torch.int64, device=dev)
+        self.layers = [types.SimpleNamespace(layer_name=n, _k_scale_float=1.0,
+                                             _v_scale_float=1.0) for n in self.names]
+        acl_graph.set_graph_params(list(s.buckets))
+        self.update_stream = torch.npu.Stream()
+        self.updatable = hasattr(acl_graph.ACLGraphWrapper, "_updatable_graph_replay")
+        options = {"update_stream": self.update_stream} if self.updatable else {}
+        self.wrapper = acl_graph.ACLGraphWrapper(self._forward, cfg, CUDAGraphMode.FULL,
+                                                 **options)
+        if self.updatable:
+            self.wrapper.set_attn_backend(attention.AscendAttentionBackend)
+
+    def _forward(self, metas: dict, num_tokens: int):
+        for i, impl in enumerate(self.impls):
+            impl.forward(self.layers[i], self.queries[i][:num_tokens], None, None, self.kv[i],
+                         metas[self.names[i]], self.outputs[i][:num_tokens])
+        return self.outputs[0]
+
+    def _common(self, q_lens: list[int], kv_lens: list[int], table, bucket: int):
+        """Fill the persistent buffers as the model runner does (uniform decode padding:
+        q_len 1, kv_len 0, a -1 tail) and make ``common_attn_metadata``."""
+        from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
+
+        torch, n, padded = self.torch, len(q_lens), bucket
+        cu = self.qsl_cpu
+        cu.fill_(-1)
+        cu[0] = 0
+        cu[1: n + 1] = torch.tensor(q_lens).cumsum(0)
+        cu[n + 1: padded + 1] = cu[n] + torch.arange(1, padded - n + 1)
+        self.seq_lens_cpu.zero_()
+        self.seq_lens_cpu[:n] = torch.tensor(kv_lens)
+        self.table_cpu.zero_()
+        self.table_cpu[:n, : table.shape[1]] = table
+        for device_buffer, host in ((self.qsl, cu), (self.seq_lens, self.seq_lens_cpu),
+                                    (self.table, self.table_cpu)):
+            device_buffer.copy_(host.pin_memory(), non_blocking=True)
+        fields = dict(
+            query_start_loc=self.qsl[: padded + 1], query_start_loc_cpu=cu[: padded + 1],
+            seq_lens=self.seq_lens[:padded], num_reqs=padded, num_actual_tokens=sum(q_lens),
+            max_query_len=1, max_seq_len=max(kv_lens), block_table_tensor=self.table[:padded],
+            slot_mapping=self.slots[:bucket], seq_lens_cpu=self.seq_lens_cpu[:padded],
+            attn_state=self.attention.AscendAttentionState.DecodeOnly,
+            actual_seq_lengths_q=cu[1: padded + 1].tolist(), num_input_tokens=bucket)
+        if "_seq_lens_cpu" in AscendCommonAttentionMetadata.__dataclass_fields__:
+            fields["_seq_lens_cpu"] = self.seq_lens_cpu[:padded]
+        return AscendCommonAttentionMetadata(**fields)
+
+    def step(self, q_lens: list[int], kv_lens: list[int], table) -> list:
+        """One decode step in the bucket that holds it; returns each layer's output rows."""
+        from vllm.forward_context import BatchDescriptor, get_forward_context, set_forward_context
+
+        bucket = next(b for b in self.shape.buckets if b >= len(q_lens))
+        metas = dict.fromkeys(self.names, self.builder.build(0, self._common(
+            q_lens, kv_lens, table, bucket)))
+        descriptor = BatchDescriptor(num_tokens=bucket, num_reqs=bucket, uniform=True)
+        with self.set_current_vllm_config(self.cfg), set_forward_context(
+                metas, self.cfg, num_tokens=bucket, cudagraph_runtime_mode=self.mode.FULL,
+                batch_descriptor=descriptor):
+            context = get_forward_context()
+            # the fields vLLM-Ascend's set_ascend_forward_context sets that attention reads
+            # (the rest of it sets up MoE communication, which needs a distributed group)
+            for name, value in (("capturing", False), ("is_draft_model", False),
+                                ("is_draft_model_prefill", False), ("sinks", False),
+                                ("in_profile_run", False), ("num_tokens", bucket)):
+                setattr(context, name, value)
+            self.wrapper(metas, bucket)
+            # the model runner's update after the replay, never after a capture (its
+            # _update_full_graph_params_if_needed checks forward_context.capturing: an update
+            # then would record the ExternalEvent that the next replay's wait consumes early)
+            if not self.updatable and not context.capturing:
+                self.acl_graph.update_full_graph_params(
+                    self.attention.AscendAttentionBackend, self.update_stream, context, bucket,
+                    self.cfg, None)
+        self.torch.npu.synchronize()
+        return [o.cpu() for o in self.outputs]
+
+    def capture(self) -> None:
+        """One capture per bucket with a dummy uniform batch, as capture_model does."""
+        torch = self.torch
+        for bucket in self.shape.buckets:
+            self.step([1] * bucket, [1] * bucket, torch.zeros(bucket, 1, dtype=torch.int32))
+
+
+def _trace_steps(shape: Shape, steps: int, seed: int):
+    """Decode batches (q_len 1) of random size whose kv lengths are the bundled trace's
+    context lengths folded into the dry run's small cache (1 + (context - 1) mod capacity)."""
+    import numpy as np
+
+    from pyruntime.workload.trace import load_trace
+
+    rng = np.random.default_rng(seed)
+    cap = shape.max_blocks_per_req * shape.block_size
+    lengths = [1 + (max(r.context_tokens, 1) - 1) % cap for r in load_trace(limit=500)]
+    for _ in range(steps):
+        n = int(rng.integers(1, shape.max_reqs + 1))
+        yield [1] * n, [int(x) for x in rng.choice(lengths, n)]
+
+
+def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
+        shape: Shape | None = None, hooked: bool = True) -> Run:
+    """One run in this process (once per process: the twin and the hook stay installed).
+
+    Raises:
+        DryRunError: vLLM or the real vLLM-Ascend is not importable, or (``hooked``) the hook
+            did not become active (its reason).
+    """
+    started = time.perf_counter()
+    check_real_vllm_ascend()
+    device = _start_device(placement)
+    import numpy as np
+    import torch
+
+    from pyruntime import hook
+    from pyruntime.workload.reference import reference_attention
+
+    if hooked:
+        installed = hook.install()
+        if installed.state not in ("waiting", "active"):
+            raise DryRunError(f"the hook did not install: {installed.reason}")
+    shape = shape or Shape()
+    counter = _UpdateCounter(torch)
+    # vLLM-Ascend's custom ops first, as its worker loads them before any model module (in
+    # 0.23 importing attention_v1 first is a circular import through device_op)
+    import vllm_ascend.ops  # noqa: F401
+    import vllm_ascend.attention.attention_v1  # noqa: F401 - the hook patches on import
+    import vllm_ascend.compilation.acl_graph  # noqa: F401
+
+    status = hook.status()
+    if hooked and status.state != "active":
+        raise DryRunError(f"the hook is not active: {status.reason}")
+    from importlib import metadata
+
+    version = metadata.version("vllm-ascend")
+    runner = _Runner(shape, hooked=hooked, seed=seed)
+    runner.capture()
+    counter.count = 0
+    max_err, done = 0.0, 0
+    for q_lens, kv_lens in _trace_steps(shape, steps, seed):
+        for q in runner.queries:
+            q.copy_(torch.randn(q.shape, generator=runner.gen))
+        blocks = -(-max(kv_lens) // shape.block_size)
+        table = torch.randperm(shape.num_blocks, generator=runner.gen)[
+            : len(q_lens) * blocks].view(len(q_lens), blocks).int()
+        outs = runner.step(q_lens, kv_lens, table)
+        cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        rows = int(cu[-1])
+        for i, out in enumerate(outs):
+            k, v = runner.kv[i]
+            want = reference_attention(runner.queries[i].cpu(), k.cpu(), v.cpu(),
+                                       table.numpy(), cu, np.array(kv_lens, np.int32),
+                                       scale=shape.head_size ** -0.5)[:rows]
+            got = out.view(-1, shape.num_heads, shape.head_size).double().numpy()[:rows]
+            scale = max(float(np.abs(want).max()), 1e-30)
+            max_err = max(max_err, float(np.abs(got - want).max()) / scale)
+        done += 1
+    status = hook.status()
+    host = dict(status.host_path_layers)
+    layers = [{"name": n, "path": "host", "reason": "the hook is not installed"}
+              if not hooked else
+              {"name": n, "path": "host" if n in host else "device", "reason": host.get(n)}
+              for n in runner.names]
+    return Run(hooked=hooked, vllm_ascend=version, device=device, placement=placement,
+               layers=layers, steps=done, updates_per_step=counter.count / max(done, 1),
+               max_rel_err=max_err, seconds=round(time.perf_counter() - started, 1))
+
+
+def run_in_child(*, hooked: bool, placement: str, steps: int, timeout_s: float = 600) -> Run:
+    """`run` in a fresh interpreter (the twin and the hook are once per process)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "AICPU_TILING"}  # no autostart hook
+    cmd = [sys.executable, "-m", "pyruntime.hook.dryrun", "--placement", placement,
+           "--steps", str(steps), *([] if hooked else ["--no-hook"])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
+                          check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DryRunError(f"the {'hooked' if hooked else 'unhooked'} run failed: {tail}")
+    return Run(**json.loads(lines[-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child process: one `run`, its `Run` as one JSON line on stdout."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m pyruntime.hook.dryrun")
+    parser.add_argument("--placement", default="graph", choices=("graph", "pre-replay"))
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--no-hook", action="store_true")
+    args = parser.parse_args(argv)
+    result = run(placement=args.placement, steps=args.steps, hooked=not args.no_hook)
+    print(json.dumps(result.__dict__))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
