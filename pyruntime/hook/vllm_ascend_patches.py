@@ -150,11 +150,31 @@ def make_build(original: Any, state: "PatchState") -> Any:
 
 def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata: Any,
                        query_device: Any = None) -> str | None:
-    """Why this layer must keep the host-update path, or ``None`` if we handle it."""
+    """Why this layer must keep the host-update path, or ``None`` if we handle it.
+
+    The metadata is checked first: without the builder's persistent buffers nothing else
+    matters (and an implementation that ``__init__`` did not build, as vLLM-Ascend's own unit
+    tests make, is then never inspected). An attribute the checks need but the implementation
+    lacks keeps the host path too, naming it.
+    """
+    lengths = getattr(attn_metadata, LENGTHS_ATTR, None)
+    if lengths is None:
+        return ("no persistent device length buffers (metadata not built by "
+                "AscendAttentionMetadataBuilder.build, or its buffers are not on one device)")
+    if query_device is not None and lengths.seq_lens.device != query_device:
+        return (f"the length buffers are on {lengths.seq_lens.device}, the query on "
+                f"{query_device}")
     if type(impl) is not impl_cls:
         return f"subclass {type(impl).__name__} (context parallel / C8) is not supported"
     if getattr(extra_ctx, "is_draft_model", False):
         return "speculative draft-model graphs are not supported"
+    try:
+        return _impl_reason(impl, attn_metadata)
+    except AttributeError as exc:
+        return f"the implementation has no attribute {exc.name!r} (not built by its __init__)"
+
+
+def _impl_reason(impl: Any, attn_metadata: Any) -> str | None:
     if impl.sliding_window is not None:
         return f"sliding window ({impl.sliding_window}) is not supported"
     if impl.sinks is not None:
@@ -170,13 +190,6 @@ def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata:
         return f"attention type {impl.attn_type!r} is not supported"
     if not getattr(attn_metadata, "causal", True):
         return "non-causal attention is not supported"
-    lengths = getattr(attn_metadata, LENGTHS_ATTR, None)
-    if lengths is None:
-        return ("no persistent device length buffers (metadata not built by "
-                "AscendAttentionMetadataBuilder.build, or its buffers are not on one device)")
-    if query_device is not None and lengths.seq_lens.device != query_device:
-        return (f"the length buffers are on {lengths.seq_lens.device}, the query on "
-                f"{query_device}")
     return None
 
 
