@@ -1,0 +1,86 @@
+"""The hook inside vLLM-Ascend's own code, oldest and newest supported release (issue 17).
+
+Each release runs in its own environment made by ``tools/vllm_env.sh`` (vLLM built from its
+sdist with ``VLLM_TARGET_DEVICE=empty``, the release's real source tree; ``.ci/run`` builds
+both, cached under ``~/.cache/aicpu-tiling/vllm-envs``). There:
+
+* ``aicpu-tiling hook-dryrun --json``: vLLM-Ascend's own ``AscendAttentionMetadataBuilder``,
+  ``AscendAttentionBackendImpl`` and ``ACLGraphWrapper`` capture and replay a small decoder
+  on the NPU twin, without and with the hook (the real engine, the AI-CPU tiling kernel in
+  the AArch64 emulator): every layer moves, the graph task updates go from one per layer and
+  step to none, and the outputs match float64.
+* ``tools/run_vllm_ascend_ut.py --both``: vLLM-Ascend's own unit tests of the classes we
+  patch, without and with the hook applied: no outcome differs.
+
+Without an environment the tests skip, except under ``CI=true``, where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.wheels import wheels_required
+
+REPO = Path(__file__).resolve().parents[2]
+ENVS = Path(os.environ.get("AICPU_TILING_VLLM_ENVS",
+                           Path.home() / ".cache" / "aicpu-tiling" / "vllm-envs"))
+#: the oldest and the newest supported release
+RELEASES = ("0.23.0.post1", "0.30.0rc2")
+
+
+def _env(release: str) -> Path:
+    env = ENVS / release
+    if not (env / "READY.json").is_file():
+        message = f"no vLLM environment for {release} in {ENVS} (tools/vllm_env.sh {release})"
+        if wheels_required():
+            pytest.fail(f"{message}; CI=true requires it")
+        pytest.skip(message)
+    return env
+
+
+def _clean_env(tree: Path) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AICPU_TILING", "AICPU_TILING_ENGINE", "PYTHONHOME")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(tree)])
+    return env
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_hook_dryrun_in_vllm_ascends_own_classes(release):
+    env = _env(release)
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    proc = subprocess.run([str(python), "-m", "pyruntime.cli", "hook-dryrun", "--json"],
+                          capture_output=True, text=True, env=_clean_env(tree), cwd=REPO,
+                          timeout=600, check=False)
+    start = proc.stdout.find("{")
+    assert start >= 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout[start:])
+    assert report["schema"] == "aicpu-tiling/hook-dryrun"
+    assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
+    assert [layer["path"] for layer in report["layers"]] == ["device"] * 3, report["layers"]
+    assert report["updates_per_step_before"] == 3  # vLLM-Ascend updates every FIA layer
+    assert report["updates_per_step_after"] == 0
+    assert report["max_rel_err"] <= report["tolerance"] == 1e-4
+    assert report["max_rel_err_before"] <= 1e-4  # its own path is right on the twin too
+    assert report["ok"] and proc.returncode == 0
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_vllm_ascends_own_unit_tests_pass_alike_with_the_hook(release, tmp_path):
+    _env(release)
+    out = tmp_path / "ut.json"
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "run_vllm_ascend_ut.py"),
+                           "--release", release, "--both", "--no-build", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert out.is_file(), proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    hooked = report["with_hook"]
+    assert hooked["hook"]["state"] == "active", hooked["hook"]
+    assert report["without_hook"]["counts"]["passed"] > 0
+    assert report["differences"] == [], report["differences"]
