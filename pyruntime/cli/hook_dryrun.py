@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
             reason = f" ({layer['reason']})" if layer["reason"] else ""
             print(f"  {layer['name']}: {layer['path']}{reason}")
         print(f"graph task updates per step: {report['updates_per_step_before']:g} without the "
-              f"hook, {report['updates_per_step_after']:g} with it")
+              f"hook; with it {report['updates_per_step_after']:g} on the device-path layers "
+              f"and {report['updates_per_step_host_layers']:g} on the host-path ones")
         print(f"max relative error against float64: {report['max_rel_err']:.2e} (tolerance "
               f"{report['tolerance']:g}; without the hook {report['max_rel_err_before']:.2e})")
         print("verdict: " + ("pass" if report["ok"] else "fail"))

@@ -63,9 +63,13 @@ _UNSUPPORTED = ("pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2",
 
 
 def _attention(query, key_cache, value_cache, table, cu, kv, *, scale: float,
-               causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+               causal: bool, band: tuple[int, int] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged GQA attention in float32, request by request: ``[T, Hq, D]`` output (rows of no
-    request zero) and ``[T, Hq, 1]`` log-sum-exp."""
+    request zero) and ``[T, Hq, 1]`` log-sum-exp. ``band = (pre_tokens, next_tokens)``:
+    sparse_mode 4, the query at kv position p sees the keys p - pre_tokens .. p + next_tokens
+    (torch_npu's ``_op_plugin_docs.py``: the band between pre_tokens and next_tokens, counted
+    from the bottom-right corner)."""
     _, block_size, kv_heads, head_dim = key_cache.shape
     heads = query.shape[1]
     group = heads // kv_heads
@@ -80,10 +84,12 @@ def _attention(query, key_cache, value_cache, table, cu, kv, *, scale: float,
         v = value_cache[blocks].reshape(-1, kv_heads, head_dim)[:kv_len].float()
         q = query[q0:q1].float().reshape(q1 - q0, kv_heads, group, head_dim)
         s = torch.einsum("qhgd,khd->hgqk", q, k) * scale
+        pos = torch.arange(kv_len)[None, :]
+        at = (kv_len - (q1 - q0) + torch.arange(q1 - q0))[:, None]  # each query's position
         if causal:
-            pos = torch.arange(kv_len)[None, :]
-            limit = (kv_len - (q1 - q0) + torch.arange(q1 - q0))[:, None]
-            s = s.masked_fill(pos > limit, float("-inf"))
+            s = s.masked_fill(pos > at, float("-inf"))
+        if band is not None:
+            s = s.masked_fill((pos < at - band[0]) | (pos > at + band[1]), float("-inf"))
         m = s.logsumexp(-1, keepdim=True)
         o = torch.einsum("hgqk,khd->qhgd", (s - m).exp(), v)
         out[q0:q1] = o.reshape(q1 - q0, heads, head_dim)
@@ -100,12 +106,19 @@ def _reference(query, key, value, options: dict) -> tuple[torch.Tensor, torch.Te
     if options["input_layout"] != "TND" or options["block_table"] is None:
         raise NotInTwinError("the twin's FIA models input_layout='TND' with a paged KV cache "
                              "(block_table) only, as vLLM-Ascend's decode path calls it")
-    if options["sparse_mode"] not in (0, 3):
-        raise NotInTwinError(f"sparse_mode {options['sparse_mode']} is not modelled")
+    mode = options["sparse_mode"]
+    if mode not in (0, 3, 4):
+        raise NotInTwinError(f"sparse_mode {mode} is not modelled")
     mask = options["atten_mask"]
-    if options["sparse_mode"] == 3 and (mask is None or tuple(mask.shape) != (2048, 2048)):
-        raise RuntimeError("npu_fused_infer_attention_score: sparse_mode 3 needs the "
+    if mode in (3, 4) and (mask is None or tuple(mask.shape) != (2048, 2048)):
+        raise RuntimeError(f"npu_fused_infer_attention_score: sparse_mode {mode} needs the "
                            "compressed causal atten_mask of shape (2048, 2048)")
+    band = None
+    if mode == 4:
+        band = (int(options["pre_tokens"]), int(options["next_tokens"]))
+        if band[0] + band[1] < 0:
+            raise RuntimeError("npu_fused_infer_attention_score: sparse_mode 4 needs "
+                               "pre_tokens and next_tokens to intersect")
     if options["sparse_mode"] == 0 and mask is not None:
         raise NotInTwinError("an explicit atten_mask with sparse_mode 0 is not modelled")
     heads, kv_heads = options["num_heads"], options["num_key_value_heads"] or options["num_heads"]
@@ -125,7 +138,7 @@ def _reference(query, key, value, options: dict) -> tuple[torch.Tensor, torch.Te
                            "query's T rows")
     return _attention(query, key.reshape(cache), value.reshape(cache),
                       options["block_table"].numpy(), cu, kv, scale=options["scale"],
-                      causal=options["sparse_mode"] == 3)
+                      causal=mode == 3, band=band)
 
 
 def _defaults(schema: str) -> dict:

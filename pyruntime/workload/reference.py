@@ -14,14 +14,16 @@ def _f64(t: torch.Tensor) -> np.ndarray:
 
 def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                         block_table: np.ndarray, cu_seqlens_q: np.ndarray,
-                        seqlens_kv: np.ndarray, *, scale: float, causal: bool = True
-                        ) -> np.ndarray:
+                        seqlens_kv: np.ndarray, *, scale: float, causal: bool = True,
+                        band: tuple[int, int] | None = None) -> np.ndarray:
     """float64 ``[max_tokens, num_q_heads, head_dim]``; rows of no request are zero.
 
     Args:
         query: ``[max_tokens, Hq, D]``; key_cache, value_cache: ``[blocks, bs, Hkv, D]``.
         block_table: int ``[max_batch, max_blocks_per_req]``; cu_seqlens_q int
             ``[batch + 1]``; seqlens_kv int ``[batch]``.
+        band: ``(before, after)``: the query at kv position p sees only the keys
+            p - before .. p + after (FIA's sparse_mode 4 with pre_tokens, next_tokens).
     """
     # a float64 host reference: device tensors come to the host once, before any indexing
     query, key_cache, value_cache = (t.detach().cpu() for t in (query, key_cache, value_cache))
@@ -39,9 +41,11 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
         k = np.repeat(k, group, axis=1)  # [kv_len, Hq, D]
         v = np.repeat(v, group, axis=1)
         s = np.einsum("qhd,khd->hqk", _f64(query[q0:q1]), k) * scale
+        pos, at = np.arange(kv_len)[None, :], (kv_len - q_len + np.arange(q_len))[:, None]
         if causal:
-            visible = np.arange(kv_len)[None, :] <= (kv_len - q_len + np.arange(q_len))[:, None]
-            s = np.where(visible[None], s, -np.inf)
+            s = np.where((pos <= at)[None], s, -np.inf)
+        if band is not None:
+            s = np.where(((pos >= at - band[0]) & (pos <= at + band[1]))[None], s, -np.inf)
         s -= s.max(axis=-1, keepdims=True)
         p = np.exp(s)
         p /= p.sum(axis=-1, keepdims=True)

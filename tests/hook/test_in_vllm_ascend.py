@@ -7,8 +7,9 @@ both, cached under ``~/.cache/aicpu-tiling/vllm-envs``). There:
 * ``aicpu-tiling hook-dryrun --json``: vLLM-Ascend's own ``AscendAttentionMetadataBuilder``,
   ``AscendAttentionBackendImpl`` and ``ACLGraphWrapper`` capture and replay a small decoder
   on the NPU twin, without and with the hook (the real engine, the AI-CPU tiling kernel in
-  the AArch64 emulator): every layer moves, the graph task updates go from one per layer and
-  step to none, and the outputs match float64.
+  the AArch64 emulator): every plain layer moves and is no longer updated, the sliding-window
+  layer keeps vLLM-Ascend's path and its update in the same graph, and every output matches
+  float64.
 * ``tools/run_vllm_ascend_ut.py --both``: vLLM-Ascend's own unit tests of the classes we
   patch, without and with the hook applied: no outcome differs.
 
@@ -63,9 +64,14 @@ def test_hook_dryrun_in_vllm_ascends_own_classes(release):
     report = json.loads(proc.stdout[start:])
     assert report["schema"] == "aicpu-tiling/hook-dryrun"
     assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
-    assert [layer["path"] for layer in report["layers"]] == ["device"] * 3, report["layers"]
-    assert report["updates_per_step_before"] == 3  # vLLM-Ascend updates every FIA layer
-    assert report["updates_per_step_after"] == 0
+    # layer 1 has a sliding window: it stays on vLLM-Ascend's path, in the same graph
+    assert [layer["path"] for layer in report["layers"]] == ["device", "host", "device",
+                                                             "device"], report["layers"]
+    assert "sliding window" in report["layers"][1]["reason"]
+    assert report["updates_per_step_before"] == 4  # vLLM-Ascend updates every FIA layer
+    assert report["updates_per_step_after"] == 0  # none of the device-path layers
+    assert [layer["updates_per_step"] for layer in report["layers"]] == [0, 1, 0, 0]
+    assert report["updates_per_step_host_layers"] == 1
     assert report["max_rel_err"] <= report["tolerance"] == 1e-4
     assert report["max_rel_err_before"] <= 1e-4  # its own path is right on the twin too
     assert report["ok"] and proc.returncode == 0

@@ -35,3 +35,34 @@ def test_every_torch_npu_name_the_backend_uses_is_implemented_by_the_twin():
         if name not in defined or (member and not hasattr(defined[name], member[0])):
             missing.append(path)
     assert not missing, f"the twin only has placeholders for {missing}"
+
+
+def test_fia_band_is_pre_tokens_before_and_next_tokens_after_each_query():
+    """sparse_mode 4 (torch_npu's _op_plugin_docs.py: the band between pre_tokens and
+    next_tokens from the bottom-right corner), as vLLM-Ascend's sliding-window layers call
+    FIA (pre_tokens=W, next_tokens=0: W + 1 keys), against the float64 reference's band."""
+    import numpy as np
+    import torch
+
+    from pyruntime.workload.reference import reference_attention
+
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(5, 4, 8, generator=gen)
+    key, value = (torch.randn(6, 4, 2, 8, generator=gen) for _ in range(2))
+    table = np.arange(6, dtype=np.int32).reshape(2, 3)
+    cu, kv = np.array([0, 1, 5]), np.array([11, 9])
+    for band in ((3, 0), (0, 0), (20, 0)):
+        out, _ = fia._attention(query, key, value, table, cu, kv, scale=0.3, causal=False,
+                                band=band)
+        want = reference_attention(query, key, value, table, cu, kv, scale=0.3, causal=False,
+                                   band=band)
+        np.testing.assert_allclose(out.double().numpy(), want, rtol=1e-5, atol=1e-6)
+    one, _ = fia._attention(query, key, value, table, cu, kv, scale=0.3, causal=True,
+                            band=(0, 0))  # only the key at the query's own position
+    # request 0: position 10 = block 2 (table row 0), slot 2
+    np.testing.assert_allclose(one[0].numpy(), value[2, 2].repeat_interleave(2, 0).numpy(),
+                               rtol=1e-6)
+
+
+def test_the_fia_workspace_query_is_the_wheels(plugin_docs):
+    assert "torch_npu._npu_fused_infer_attention_score_get_max_workspace(" in plugin_docs
