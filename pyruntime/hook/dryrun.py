@@ -114,7 +114,7 @@ def check_real_vllm_ascend() -> Path:
 
 def _start_device(placement: str) -> str:
     """The device the run uses: an NPU when torch_npu is installed, else the twin."""
-    os.environ.setdefault("AICPU_TILING_PLACEMENT", placement)
+    os.environ["AICPU_TILING_PLACEMENT"] = placement  # the engine reads it (pyruntime.placement)
     if importlib.util.find_spec("torch_npu") is not None:
         return "npu"
     from pyruntime import npu_twin
@@ -390,6 +390,8 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
             max_err = max(max_err, float(np.abs(got - want).max()) / scale)
         done += 1
     status = hook.status()
+    if hooked and status.engine != f"npu-{placement}":
+        raise DryRunError(f"the hook captured into engine {status.engine}, not npu-{placement}")
     host = dict(status.host_path_layers)
     layers = [{"name": n, "path": "host", "reason": "the hook is not installed"}
               if not hooked else

@@ -52,11 +52,14 @@ def _clean_env(tree: Path) -> dict:
     return env
 
 
-@pytest.mark.parametrize("release", RELEASES)
-def test_hook_dryrun_in_vllm_ascends_own_classes(release):
+@pytest.mark.parametrize("release, placement", [(RELEASES[0], "graph"),
+                                                (RELEASES[1], "graph"),
+                                                (RELEASES[1], "pre-replay")])
+def test_hook_dryrun_in_vllm_ascends_own_classes(release, placement):
     env = _env(release)
     python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
-    proc = subprocess.run([str(python), "-m", "pyruntime.cli", "hook-dryrun", "--json"],
+    proc = subprocess.run([str(python), "-m", "pyruntime.cli", "hook-dryrun", "--json",
+                           "--placement", placement],
                           capture_output=True, text=True, env=_clean_env(tree), cwd=REPO,
                           timeout=600, check=False)
     start = proc.stdout.find("{")
@@ -64,6 +67,7 @@ def test_hook_dryrun_in_vllm_ascends_own_classes(release):
     report = json.loads(proc.stdout[start:])
     assert report["schema"] == "aicpu-tiling/hook-dryrun"
     assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
+    assert report["placement"] == placement
     # layer 1 has a sliding window: it stays on vLLM-Ascend's path, in the same graph
     assert [layer["path"] for layer in report["layers"]] == ["device", "host", "device",
                                                              "device"], report["layers"]
