@@ -29,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="where the tiling task runs (default: graph)")
     p.add_argument("--steps", type=int, default=6,
                    help="decode steps replayed after capture (default: 6)")
+    p.add_argument("--spec-tokens", type=int, default=0,
+                   help="speculative decode: each request verifies 1 + N tokens (default: 0)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=run)
     return p
@@ -39,18 +41,23 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise CliError("--steps must be at least 1")
+    if not 0 <= args.spec_tokens <= 3:
+        raise CliError("--spec-tokens must be 0 to 3 (the dry run's buckets hold 8 tokens)")
     try:
         dryrun.check_real_vllm_ascend()
-        before = dryrun.run_in_child(hooked=False, placement=args.placement, steps=args.steps)
-        after = dryrun.run_in_child(hooked=True, placement=args.placement, steps=args.steps)
+        options = {"placement": args.placement, "steps": args.steps,
+                   "spec_tokens": args.spec_tokens}
+        before = dryrun.run_in_child(hooked=False, **options)
+        after = dryrun.run_in_child(hooked=True, **options)
     except dryrun.DryRunError as exc:
         raise CliError(str(exc)) from exc
     report = dryrun.report(before, after)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
+        spec = f", {report['spec_tokens']} speculative tokens" if report["spec_tokens"] else ""
         print(f"vLLM-Ascend {report['vllm_ascend']} on {report['device']}, placement "
-              f"{report['placement']}, {report['steps']} decode steps after capture")
+              f"{report['placement']}{spec}, {report['steps']} decode steps after capture")
         for layer in report["layers"]:
             reason = f" ({layer['reason']})" if layer["reason"] else ""
             print(f"  {layer['name']}: {layer['path']}{reason}")

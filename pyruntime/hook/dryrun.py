@@ -56,6 +56,12 @@ class Shape:
     max_reqs: int = 8
     max_blocks_per_req: int = 8
     buckets: tuple[int, ...] = (4, 8)
+    #: speculative decode (MTP): every request verifies 1 + spec_tokens query tokens
+    spec_tokens: int = 0
+
+    @property
+    def q_len(self) -> int:
+        return 1 + self.spec_tokens
 
 
 @dataclass
@@ -66,6 +72,7 @@ class Run:
     vllm_ascend: str
     device: str
     placement: str
+    spec_tokens: int = 0
     layers: list[dict] = field(default_factory=list)
     steps: int = 0
     updates_per_step: float = 0.0
@@ -86,7 +93,8 @@ def report(before: Run, after: Run) -> dict:
     on_ours = sum(layer["updates_per_step"] for layer in after.layers
                   if layer["path"] == "device")
     out = {"schema": SCHEMA, "vllm_ascend": after.vllm_ascend, "device": after.device,
-           "placement": after.placement, "layers": after.layers,
+           "placement": after.placement, "spec_tokens": after.spec_tokens,
+           "layers": after.layers,
            "device_layers": device_layers, "steps": after.steps,
            "updates_per_step_before": before.updates_per_step,
            "updates_per_step_after": on_ours,
@@ -193,6 +201,10 @@ class _Runner:
         self.device = torch.device("npu", 0)
         cfg = VllmConfig()
         cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+        if s.spec_tokens:  # the fields of vLLM's SpeculativeConfig these classes read
+            cfg.speculative_config = types.SimpleNamespace(
+                method="mtp", num_speculative_tokens=s.spec_tokens, parallel_drafting=False,
+                num_speculative_tokens_per_batch_size=None, draft_model_config=None)
         cfg.model_config = types.SimpleNamespace(
             max_model_len=s.max_blocks_per_req * s.block_size, runner_type="generate",
             dtype=torch.float32, use_mla=False, hf_text_config=None, is_hybrid=False,
@@ -254,12 +266,13 @@ class _Runner:
         q_len 1, kv_len 0, a -1 tail) and make ``common_attn_metadata``."""
         from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
 
-        torch, n, padded = self.torch, len(q_lens), bucket
+        q = self.shape.q_len
+        torch, n, padded = self.torch, len(q_lens), bucket // q
         cu = self.qsl_cpu
         cu.fill_(-1)
         cu[0] = 0
         cu[1: n + 1] = torch.tensor(q_lens).cumsum(0)
-        cu[n + 1: padded + 1] = cu[n] + torch.arange(1, padded - n + 1)
+        cu[n + 1: padded + 1] = cu[n] + torch.arange(1, padded - n + 1) * q
         self.seq_lens_cpu.zero_()
         self.seq_lens_cpu[:n] = torch.tensor(kv_lens)
         self.table_cpu.zero_()
@@ -270,7 +283,7 @@ class _Runner:
         fields = dict(
             query_start_loc=self.qsl[: padded + 1], query_start_loc_cpu=cu[: padded + 1],
             seq_lens=self.seq_lens[:padded], num_reqs=padded, num_actual_tokens=sum(q_lens),
-            max_query_len=1, max_seq_len=max(kv_lens), block_table_tensor=self.table[:padded],
+            max_query_len=q, max_seq_len=max(kv_lens), block_table_tensor=self.table[:padded],
             slot_mapping=self.slots[:bucket], seq_lens_cpu=self.seq_lens_cpu[:padded],
             attn_state=self.attention.AscendAttentionState.DecodeOnly,
             actual_seq_lengths_q=cu[1: padded + 1].tolist(), num_input_tokens=bucket)
@@ -282,10 +295,11 @@ class _Runner:
         """One decode step in the bucket that holds it; returns each layer's output rows."""
         from vllm.forward_context import BatchDescriptor, get_forward_context, set_forward_context
 
-        bucket = next(b for b in self.shape.buckets if b >= len(q_lens))
+        bucket = next(b for b in self.shape.buckets if b >= sum(q_lens))
         metas = dict.fromkeys(self.names, self.builder.build(0, self._common(
             q_lens, kv_lens, table, bucket)))
-        descriptor = BatchDescriptor(num_tokens=bucket, num_reqs=bucket, uniform=True)
+        descriptor = BatchDescriptor(num_tokens=bucket, num_reqs=bucket // self.shape.q_len,
+                                     uniform=True)
         with self.set_current_vllm_config(self.cfg), set_forward_context(
                 metas, self.cfg, num_tokens=bucket, cudagraph_runtime_mode=self.mode.FULL,
                 batch_descriptor=descriptor):
@@ -303,15 +317,16 @@ class _Runner:
             if not self.updatable and not context.capturing:
                 self.acl_graph.update_full_graph_params(
                     self.attention.AscendAttentionBackend, self.update_stream, context, bucket,
-                    self.cfg, None)
+                    self.cfg, self.cfg.speculative_config)
         self.torch.npu.synchronize()
         return [o.cpu() for o in self.outputs]
 
     def capture(self) -> None:
         """One capture per bucket with a dummy uniform batch, as capture_model does."""
-        torch = self.torch
+        torch, q = self.torch, self.shape.q_len
         for bucket in self.shape.buckets:
-            self.step([1] * bucket, [1] * bucket, torch.zeros(bucket, 1, dtype=torch.int32))
+            n = bucket // q
+            self.step([q] * n, [q] * n, torch.zeros(n, 1, dtype=torch.int32))
 
 
 def _trace_steps(shape: Shape, steps: int, seed: int):
@@ -322,11 +337,12 @@ def _trace_steps(shape: Shape, steps: int, seed: int):
     from pyruntime.workload.trace import load_trace
 
     rng = np.random.default_rng(seed)
-    cap = shape.max_blocks_per_req * shape.block_size
-    lengths = [1 + (max(r.context_tokens, 1) - 1) % cap for r in load_trace(limit=500)]
+    cap, q = shape.max_blocks_per_req * shape.block_size, shape.q_len
+    lengths = [max(q, 1 + (max(r.context_tokens, 1) - 1) % cap) for r in load_trace(limit=500)]
+    most = min(shape.max_reqs, max(shape.buckets) // q)
     for _ in range(steps):
-        n = int(rng.integers(1, shape.max_reqs + 1))
-        yield [1] * n, [int(x) for x in rng.choice(lengths, n)]
+        n = int(rng.integers(1, most + 1))
+        yield [q] * n, [int(x) for x in rng.choice(lengths, n)]
 
 
 def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
@@ -406,11 +422,12 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
     for layer in layers:
         layer["updates_per_step"] = per_layer[layer["name"]] / max(done, 1)
     return Run(hooked=hooked, vllm_ascend=version, device=device, placement=placement,
-               layers=layers, steps=done, updates_per_step=counter.count / max(done, 1),
+               spec_tokens=shape.spec_tokens, layers=layers, steps=done, updates_per_step=counter.count / max(done, 1),
                max_rel_err=max_err, seconds=round(time.perf_counter() - started, 1))
 
 
-def run_in_child(*, hooked: bool, placement: str, steps: int, timeout_s: float = 600) -> Run:
+def run_in_child(*, hooked: bool, placement: str, steps: int, spec_tokens: int = 0,
+                 timeout_s: float = 600) -> Run:
     """`run` in a fresh interpreter (the twin and the hook are once per process)."""
     import json
     import subprocess
@@ -418,7 +435,8 @@ def run_in_child(*, hooked: bool, placement: str, steps: int, timeout_s: float =
 
     env = {k: v for k, v in os.environ.items() if k != "AICPU_TILING"}  # no autostart hook
     cmd = [sys.executable, "-m", "pyruntime.hook.dryrun", "--placement", placement,
-           "--steps", str(steps), *([] if hooked else ["--no-hook"])]
+           "--steps", str(steps), "--spec-tokens", str(spec_tokens),
+           *([] if hooked else ["--no-hook"])]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
                           check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -436,9 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pyruntime.hook.dryrun")
     parser.add_argument("--placement", default="graph", choices=("graph", "pre-replay"))
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--spec-tokens", type=int, default=0)
     parser.add_argument("--no-hook", action="store_true")
     args = parser.parse_args(argv)
-    result = run(placement=args.placement, steps=args.steps, hooked=not args.no_hook)
+    result = run(placement=args.placement, steps=args.steps, hooked=not args.no_hook,
+                 shape=Shape(spec_tokens=args.spec_tokens))
     print(json.dumps(result.__dict__))
     return 0
 

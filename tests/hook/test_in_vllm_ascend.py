@@ -52,14 +52,18 @@ def _clean_env(tree: Path) -> dict:
     return env
 
 
-@pytest.mark.parametrize("release, placement", [(RELEASES[0], "graph"),
-                                                (RELEASES[1], "graph"),
-                                                (RELEASES[1], "pre-replay")])
-def test_hook_dryrun_in_vllm_ascends_own_classes(release, placement):
+#: (release, placement, speculative tokens): each release under both placements, decode
+#: (q_len 1) and MTP verification (q_len 2)
+DRYRUNS = [(RELEASES[0], "graph", 0), (RELEASES[0], "pre-replay", 1),
+           (RELEASES[1], "graph", 1), (RELEASES[1], "pre-replay", 0)]
+
+
+@pytest.mark.parametrize("release, placement, spec_tokens", DRYRUNS)
+def test_hook_dryrun_in_vllm_ascends_own_classes(release, placement, spec_tokens):
     env = _env(release)
     python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
     proc = subprocess.run([str(python), "-m", "pyruntime.cli", "hook-dryrun", "--json",
-                           "--placement", placement],
+                           "--placement", placement, "--spec-tokens", str(spec_tokens)],
                           capture_output=True, text=True, env=_clean_env(tree), cwd=REPO,
                           timeout=600, check=False)
     start = proc.stdout.find("{")
@@ -67,7 +71,7 @@ def test_hook_dryrun_in_vllm_ascends_own_classes(release, placement):
     report = json.loads(proc.stdout[start:])
     assert report["schema"] == "aicpu-tiling/hook-dryrun"
     assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
-    assert report["placement"] == placement
+    assert report["placement"] == placement and report["spec_tokens"] == spec_tokens
     # layer 1 has a sliding window: it stays on vLLM-Ascend's path, in the same graph
     assert [layer["path"] for layer in report["layers"]] == ["device", "host", "device",
                                                              "device"], report["layers"]
