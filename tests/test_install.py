@@ -35,10 +35,10 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 PACKAGE = REPO / "pyruntime"
 
 #: import name -> distribution name, where they differ
-DISTRIBUTIONS = {"elftools": "pyelftools", "_cffi_backend": "cffi"}
-#: imported only where the NPU machine or vLLM provides them: never declared, since a
-#: requirement on torch_npu or vllm would let pip replace the NPU machine's torch
-PROVIDED_BY_HOST = {"torch_npu", "vllm"}
+DISTRIBUTIONS = {"elftools": "pyelftools", "_cffi_backend": "cffi", "vllm_ascend": "vllm-ascend"}
+#: imported only where the NPU machine or vLLM(-Ascend) provides them: never declared, since
+#: a requirement on torch_npu, vllm or vllm-ascend would let pip replace the NPU machine's torch
+PROVIDED_BY_HOST = {"torch_npu", "vllm", "vllm-ascend"}
 #: modules that import an optional extra at module level (the rest import with the required
 #: dependencies alone); module -> the extra's distribution
 OPTIONAL_MODULES = {"pyruntime.kernels.triton_attention": "triton"}
