@@ -97,8 +97,8 @@ def _attention(query, key_cache, value_cache, table, cu, kv, *, scale: float,
     return out, lse
 
 
-def _reference(query, key, value, options: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """FIA's result: ``[T, num_heads, D]`` output and ``[T, num_heads, 1]`` lse."""
+def _check_modelled(options: dict) -> None:
+    """Raise `NotInTwinError` for FIA options the twin does not model."""
     for name in _UNSUPPORTED:
         if options.get(name) is not None:
             raise NotInTwinError(f"npu_fused_infer_attention_score: {name} is not modelled by "
@@ -106,6 +106,17 @@ def _reference(query, key, value, options: dict) -> tuple[torch.Tensor, torch.Te
     if options["input_layout"] != "TND" or options["block_table"] is None:
         raise NotInTwinError("the twin's FIA models input_layout='TND' with a paged KV cache "
                              "(block_table) only, as vLLM-Ascend's decode path calls it")
+
+
+def _check_on_device(op: str, query, key, value, options: dict) -> None:
+    for t in (query, key, value, options.get("block_table")):
+        if t is not None and not isinstance(t, twin.NpuTensor):
+            raise twin.HostPointerError(f"{op}: every tensor must be on the NPU")
+
+
+def _reference(query, key, value, options: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """FIA's result: ``[T, num_heads, D]`` output and ``[T, num_heads, 1]`` lse."""
+    _check_modelled(options)
     mode = options["sparse_mode"]
     if mode not in (0, 3, 4):
         raise NotInTwinError(f"sparse_mode {mode} is not modelled")
@@ -158,10 +169,7 @@ def _defaults(schema: str) -> dict:
 def _issue(query, key, value, options, attention_out, softmax_lse) -> None:
     dev = twin.device()
     options = {**_DEFAULTS, **options}
-    for t in (query, key, value, options.get("block_table")):
-        if t is not None and not isinstance(t, twin.NpuTensor):
-            raise twin.HostPointerError("npu_fused_infer_attention_score: every tensor must "
-                                        "be on the NPU")
+    _check_on_device("npu_fused_infer_attention_score", query, key, value, options)
     inner = {k: twin.inner(v) for k, v in options.items()}
     frozen = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in inner.items()}
     q, k, v = twin.inner(query), twin.inner(key), twin.inner(value)
@@ -199,17 +207,9 @@ def get_max_workspace(query, key, value, **options):
     raises ``NotInTwinError``), on the host, since the real op sizes the workspace from
     them when it is called."""
     options = {**_DEFAULTS, **options}
-    for t in (query, key, value, options.get("block_table")):
-        if t is not None and not isinstance(t, twin.NpuTensor):
-            raise twin.HostPointerError("_npu_fused_infer_attention_score_get_max_workspace: "
-                                        "every tensor must be on the NPU")
-    for name in _UNSUPPORTED:
-        if options.get(name) is not None:
-            raise NotInTwinError(f"npu_fused_infer_attention_score: {name} is not modelled by "
-                                 "the NPU twin")
-    if options["input_layout"] != "TND" or options["block_table"] is None:
-        raise NotInTwinError("the twin's FIA models input_layout='TND' with a paged KV cache "
-                             "(block_table) only, as vLLM-Ascend's decode path calls it")
+    _check_on_device("_npu_fused_infer_attention_score_get_max_workspace", query, key, value,
+                     options)
+    _check_modelled(options)
     return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=query.device)
 
 
