@@ -373,13 +373,17 @@ def make_graph_call(original: Any, state: PatchState) -> Any:
         keys_before = set(state.device_layers)
         result = original(self, *args, **kwargs)
         captured = set(state.device_layers) - keys_before
+        new_graphs = []
         for entry in getattr(self, "concrete_aclgraph_entries", {}).values():
             graph = getattr(entry, "aclgraph", None)
-            if graph is None or getattr(graph, "_aicpu_tiling_seen", False):
-                continue
-            graph._aicpu_tiling_seen = True
-            tokens = getattr(getattr(entry, "batch_descriptor", None), "num_tokens", None)
-            if captured and any(key[1] == tokens for key in captured):
+            if graph is not None and not getattr(graph, "_aicpu_tiling_seen", False):
+                graph._aicpu_tiling_seen = True
+                new_graphs.append(graph)
+        if captured:
+            # the keys this call captured name the graph's token bucket (None: plan them all)
+            buckets = {key[1] for key in captured}
+            tokens = buckets.pop() if len(buckets) == 1 else None
+            for graph in new_graphs:
                 _wrap_replay(graph, state.engine.before_replay, tokens)
         return result
 
