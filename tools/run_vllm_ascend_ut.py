@@ -134,7 +134,8 @@ def _ensure_env(release: str, env_dir: Path, build: bool) -> dict:
             raise RuntimeError(f"no env at {env_dir}: run tools/vllm_env.sh {release}")
         print(f"run_vllm_ascend_ut: building the {release} env (minutes)", file=sys.stderr)
         env = dict(os.environ, AICPU_TILING_VLLM_ENVS=str(env_dir.parent))
-        rc = subprocess.run(["bash", str(TOOLS / "vllm_env.sh"), release], env=env).returncode
+        rc = subprocess.run(["bash", str(TOOLS / "vllm_env.sh"), release], env=env,
+                            check=False).returncode
         if rc != 0 or not stamp.exists():
             raise RuntimeError(f"tools/vllm_env.sh {release} failed (exit {rc})")
     return json.loads(stamp.read_text())
@@ -194,7 +195,8 @@ def _git_state() -> dict:
     """HEAD and the uncommitted paths under pyruntime/ (read-only git commands)."""
 
     def git(*a: str) -> str:
-        r = subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True)
+        r = subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True,
+                           check=False)
         return r.stdout.rstrip() if r.returncode == 0 else ""
 
     dirty = [line[3:] for line in git("status", "--porcelain", "--", "pyruntime").splitlines()]
@@ -211,7 +213,8 @@ def env_drift(python: str, env_dir: Path) -> dict | None:
     if not freeze.exists():
         return {"unknown": "no freeze.txt (env built before drift checks)"}
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    now = subprocess.run([python, "-c", FREEZE_CODE], capture_output=True, text=True, env=env)
+    now = subprocess.run([python, "-c", FREEZE_CODE], capture_output=True, text=True, env=env,
+                         check=False)
     if now.returncode != 0:
         return {"unknown": now.stderr.strip().splitlines()[-1:]}
 
@@ -223,7 +226,7 @@ def env_drift(python: str, env_dir: Path) -> dict | None:
         "added": sorted(f"{k}=={v}" for k, v in current.items() if k not in built),
         "removed": sorted(f"{k}=={v}" for k, v in built.items() if k not in current),
         "changed": sorted(f"{k} {built[k]} -> {v}" for k, v in current.items()
-                          if k in built and built[k] != v),  # fmt: skip
+                          if k in built and built[k] != v),
     }
     return drift if any(drift.values()) else None
 
@@ -266,7 +269,7 @@ def run_once(args, stamp: dict, env_dir: Path, with_hook: bool) -> dict:
     with open(log, "w") as out:
         try:
             rc = subprocess.run(cmd, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                timeout=args.timeout).returncode  # fmt: skip
+                                timeout=args.timeout, check=False).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     duration = time.monotonic() - start

@@ -184,17 +184,16 @@ class _UpdateCounter:
 class _Runner:
     """vLLM-Ascend's model runner, reduced to what FULL_DECODE_ONLY attention needs."""
 
-    def __init__(self, shape: Shape, hooked: bool, seed: int) -> None:
+    def __init__(self, shape: Shape, seed: int) -> None:
         import torch
+        import vllm_ascend.attention.attention_v1 as attention
         from vllm.config import CUDAGraphMode, VllmConfig, set_current_vllm_config
         from vllm.v1.kv_cache_interface import FullAttentionSpec
-
-        import vllm_ascend.attention.attention_v1 as attention
-        import vllm_ascend.compilation.acl_graph as acl_graph
         from vllm_ascend.ascend_config import init_ascend_config
+        from vllm_ascend.compilation import acl_graph
 
         self.torch, self.attention, self.acl_graph = torch, attention, acl_graph
-        self.shape, self.hooked = shape, hooked
+        self.shape = shape
         self.mode = CUDAGraphMode
         self.set_current_vllm_config = set_current_vllm_config
         s = shape
@@ -280,13 +279,14 @@ class _Runner:
         for device_buffer, host in ((self.qsl, cu), (self.seq_lens, self.seq_lens_cpu),
                                     (self.table, self.table_cpu)):
             device_buffer.copy_(host.pin_memory(), non_blocking=True)
-        fields = dict(
-            query_start_loc=self.qsl[: padded + 1], query_start_loc_cpu=cu[: padded + 1],
-            seq_lens=self.seq_lens[:padded], num_reqs=padded, num_actual_tokens=sum(q_lens),
-            max_query_len=q, max_seq_len=max(kv_lens), block_table_tensor=self.table[:padded],
-            slot_mapping=self.slots[:bucket], seq_lens_cpu=self.seq_lens_cpu[:padded],
-            attn_state=self.attention.AscendAttentionState.DecodeOnly,
-            actual_seq_lengths_q=cu[1: padded + 1].tolist(), num_input_tokens=bucket)
+        fields = {
+            "query_start_loc": self.qsl[: padded + 1], "query_start_loc_cpu": cu[: padded + 1],
+            "seq_lens": self.seq_lens[:padded], "num_reqs": padded,
+            "num_actual_tokens": sum(q_lens), "max_query_len": q, "max_seq_len": max(kv_lens),
+            "block_table_tensor": self.table[:padded], "slot_mapping": self.slots[:bucket],
+            "seq_lens_cpu": self.seq_lens_cpu[:padded],
+            "attn_state": self.attention.AscendAttentionState.DecodeOnly,
+            "actual_seq_lengths_q": cu[1: padded + 1].tolist(), "num_input_tokens": bucket}
         if "_seq_lens_cpu" in AscendCommonAttentionMetadata.__dataclass_fields__:
             fields["_seq_lens_cpu"] = self.seq_lens_cpu[:padded]
         return AscendCommonAttentionMetadata(**fields)
@@ -368,11 +368,12 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
             raise DryRunError(f"the hook did not install: {installed.reason}")
     shape = shape or Shape()
     counter = _UpdateCounter(torch)
-    # vLLM-Ascend's custom ops first, as its worker loads them before any model module (in
-    # 0.23 importing attention_v1 first is a circular import through device_op)
-    import vllm_ascend.ops  # noqa: F401
-    import vllm_ascend.attention.attention_v1  # noqa: F401 - the hook patches on import
-    import vllm_ascend.compilation.acl_graph  # noqa: F401
+    # in this order: vLLM-Ascend's custom ops first, as its worker loads them before any
+    # model module (in 0.23 importing attention_v1 first is a circular import through
+    # device_op); the hook patches attention_v1 and acl_graph as they import
+    for module in ("vllm_ascend.ops", "vllm_ascend.attention.attention_v1",
+                   "vllm_ascend.compilation.acl_graph"):
+        importlib.import_module(module)
 
     status = hook.status()
     if hooked and status.state != "active":
@@ -380,7 +381,7 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
     from importlib import metadata
 
     version = metadata.version("vllm-ascend")
-    runner = _Runner(shape, hooked=hooked, seed=seed)
+    runner = _Runner(shape, seed=seed)
     runner.capture()
     counter.reset()
     max_err, done = 0.0, 0

@@ -133,7 +133,7 @@ def device_lengths(common: Any, batch_constants: dict) -> DeviceLengths | None:
     return DeviceLengths(qsl[: n + 1], seq_lens[:n], table[:n], batch_constants[key])
 
 
-def make_build(original: Any, state: "PatchState") -> Any:
+def make_build(original: Any, state: PatchState) -> Any:
     """Wrap ``AscendAttentionMetadataBuilder.build``: the metadata it returns carries the
     persistent buffers (:func:`device_lengths`) as ``LENGTHS_ATTR``."""
     sig = inspect.signature(original)
