@@ -20,11 +20,38 @@ class CliError(Exception):
     """A user error: printed as one line, exit code 2, never a traceback."""
 
 
+class DefaultsShownFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help unless it says its default already (or
+    has none worth saying: None, False, a suppressed one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or default is False
+                or default == argparse.SUPPRESS or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose usage errors raise :class:`CliError` instead of exiting."""
+    """argparse whose usage errors raise :class:`CliError` instead of exiting; its help
+    shows defaults and plain text."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", DefaultsShownFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise CliError(f"{self.prog}: {message}")
+
+    def format_help(self) -> str:
+        # an option with no help text still shows its default (argparse prints nothing for it)
+        for action in self._actions:
+            if (action.option_strings and not action.help and action.default is not None
+                    and action.default is not False and action.default != argparse.SUPPRESS):
+                action.help = "(default: %(default)s)"
+        # module docstrings serve as descriptions: their reST ``literals`` read as plain text
+        return super().format_help().replace("``", "")
 
 
 def comma_choices(choices: tuple[str, ...], what: str):

@@ -176,6 +176,11 @@ def run(args: argparse.Namespace) -> int:
     """Run the grid and report."""
     if args.bench_command is not None:  # pragma: no cover - argparse dispatches those
         return 2
+    if args.png and not args.no_save:  # say it before the grid runs, not after
+        from ..profiler.renderers import plots
+
+        if not plots.available():
+            raise CliError("--png needs matplotlib: pip install 'aicpu-tiling[plot]'")
     points = grid(args)
     steps = args.steps or (QUICK_STEPS if args.quick else DEFAULT_STEPS)
     warmup = args.warmup if args.warmup is not None else (

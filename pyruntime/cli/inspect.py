@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,9 @@ def _nonneg_list(text: str) -> list[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
 
+
+#: --trace-step prints a progress line to stderr every this many steps it skips
+TRACE_PROGRESS_STEPS = 100_000
 
 _FILE_FORMAT = "JSON {\"cu_seqlens_q\": [...], \"seqlens_kv\": [...]} or CSV lines q_len,kv_len"
 _HEADER_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_ ]*")
@@ -126,7 +130,10 @@ def lengths(args: argparse.Namespace) -> tuple[list[int], list[int]]:
         raise CliError(f"--trace-step must be >= 0, got {args.trace_step}")
     try:
         gen = ContinuousBatch("trace", args.batch, seed=args.seed)
-        for _ in range(args.trace_step):
+        for done in range(args.trace_step):
+            if done and done % TRACE_PROGRESS_STEPS == 0:  # about 2 s apart here: not silent
+                print(f"inspect: batching the trace, step {done:,} of {args.trace_step:,}",
+                      file=sys.stderr)
             next(gen)
         step = next(gen)
     except SourceError as exc:

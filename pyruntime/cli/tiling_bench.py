@@ -65,7 +65,9 @@ def build(quick: bool, compiler: str = "gcc", build_dir: Path | None = None) -> 
     srcs = [REPO / s for s in SOURCES_C]
     missing = [str(s) for s in srcs if not s.is_file()]
     if missing:
-        raise CliError(f"missing benchmark source {missing[0]}")
+        raise CliError(f"missing benchmark source {missing[0]}: bench tiling compiles the C "
+                       "kernel's sources, which only a source checkout has; run it from a clone "
+                       "of the repository (pip install -e .)")
     if shutil.which(compiler) is None:
         raise CliError(f"{compiler} not found: bench tiling compiles C with it (set CC)")
     flags = ["-std=c99", "-O3", f"-I{REPO / 'aicpu_kernels'}"]  # as the cffi build

@@ -254,3 +254,63 @@ def test_profile_quick_trace_and_reload(cli, tmp_path):
     assert "host" in lanes and any(name.startswith("device: ") for name in lanes)
     code, again, _ = cli("profile", "--load", str(session), "--no-progress")
     assert code == 0 and again.split("\n")[0] == out.split("\n")[0]
+
+
+# ---- help, early checks, progress (issue 18, part 3) -----------------------------------------
+
+
+def _parsers():
+    import argparse
+
+    from pyruntime.cli import build_parser
+
+    todo, found = [("aicpu-tiling", build_parser())], []
+    while todo:
+        name, parser = todo.pop()
+        found.append((name, parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo += [(f"{name} {sub}", p) for sub, p in action.choices.items()]
+    return found
+
+
+@pytest.mark.parametrize("name, parser", _parsers(), ids=lambda v: v if isinstance(v, str) else "")
+def test_help_is_plain_text_and_shows_every_default(name, parser):
+    assert "``" not in parser.format_help(), name
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        default = action.default
+        if (not action.option_strings or default is None or default is False
+                or default == "==SUPPRESS=="):
+            continue
+        entry = " ".join(formatter._format_action(action).split())
+        assert "default" in entry, (name, entry)
+
+
+def test_bench_png_without_matplotlib_fails_before_the_grid(cli, monkeypatch):
+    from pyruntime.cli import bench
+    from pyruntime.profiler.renderers import plots
+
+    monkeypatch.setattr(plots, "available", lambda: False)
+    monkeypatch.setattr(bench, "grid", lambda args: pytest.fail("the grid ran"))
+    code, _, err = cli("bench", "--quick", "--png", "x.png")
+    assert code == 2 and "--png needs matplotlib" in err and "aicpu-tiling[plot]" in err
+
+
+def test_bench_tiling_outside_a_checkout_says_it_needs_one(monkeypatch, tmp_path):
+    from pyruntime.cli._common import CliError
+
+    monkeypatch.setattr(tiling_bench, "REPO", tmp_path)  # an install: no C sources beside it
+    with pytest.raises(CliError, match="only a source checkout has"):
+        tiling_bench.build(quick=True)
+
+
+@needs_tiling
+def test_inspect_trace_step_reports_progress_while_it_skips(cli, monkeypatch):
+    from pyruntime.cli import inspect
+
+    monkeypatch.setattr(inspect, "TRACE_PROGRESS_STEPS", 2)
+    code, _, err = cli("inspect", "--trace-step", "5", "--batch", "4")
+    assert code == 0
+    assert err.splitlines() == ["inspect: batching the trace, step 2 of 5",
+                                "inspect: batching the trace, step 4 of 5"]
