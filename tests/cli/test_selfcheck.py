@@ -128,3 +128,12 @@ def test_rendered_report_golden(golden):
            "device": {"soc": "Ascend910B3", "ai_cores": 20, "aicpu_cores": None}}
     data = Report("npu", "pre-replay", env, checks).as_dict()
     golden("selfcheck.txt", render_text(selfcheck_tables(data)))
+
+
+def test_a_detail_with_brackets_is_printed_intact():
+    """A skip's install hint names the extra in brackets; the table prints it as written."""
+    hint = "triton is not installed; pip install 'aicpu-tiling[test]'"
+    data = Report("cpu", None, {"python": "3.11"}, [CheckResult("attention_triton", "skip",
+                                                                hint)]).as_dict()
+    text = " ".join(render_text(selfcheck_tables(data), width=200).split())
+    assert "pip install 'aicpu-tiling[test]'" in text

@@ -36,7 +36,8 @@ def selfcheck_tables(report: dict) -> list:
     table.add_column("status", no_wrap=True)
     table.add_column("detail")
     for c in report["checks"]:
-        table.add_row(c["name"], Text(c["status"], style=_STYLE[c["status"]]), c["detail"])
+        # Text, not a str: rich would read "pip install 'aicpu-tiling[test]'" as markup
+        table.add_row(c["name"], Text(c["status"], style=_STYLE[c["status"]]), Text(c["detail"]))
     verdict = report["verdict"]
     line = Text(f"verdict: {verdict}", style="bold green" if verdict == "pass" else "bold red")
     line.append(f"; placement: {report['placement'] or 'none found'}", style="bold")
