@@ -20,15 +20,20 @@ class CliError(Exception):
     """A user error: printed as one line, exit code 2, never a traceback."""
 
 
+def _shows_default(action: argparse.Action) -> bool:
+    """An option whose default is worth saying (not None, False or suppressed)."""
+    default = action.default
+    return (bool(action.option_strings) and default is not None and default is not False
+            and default != argparse.SUPPRESS)
+
+
 class DefaultsShownFormatter(argparse.HelpFormatter):
     """Appends ``(default: X)`` to an option's help unless it says its default already (or
-    has none worth saying: None, False, a suppressed one)."""
+    has none worth saying)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        default = action.default
-        if ("default" in text or default is None or default is False
-                or default == argparse.SUPPRESS or not action.option_strings):
+        if "default" in text or not _shows_default(action):
             return text
         return f"{text} (default: %(default)s)"
 
@@ -47,8 +52,7 @@ class ArgumentParser(argparse.ArgumentParser):
     def format_help(self) -> str:
         # an option with no help text still shows its default (argparse prints nothing for it)
         for action in self._actions:
-            if (action.option_strings and not action.help and action.default is not None
-                    and action.default is not False and action.default != argparse.SUPPRESS):
+            if not action.help and _shows_default(action):
                 action.help = "(default: %(default)s)"
         # module docstrings serve as descriptions: their reST ``literals`` read as plain text
         return super().format_help().replace("``", "")
