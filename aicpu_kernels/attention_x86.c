@@ -16,7 +16,7 @@
  * the chunk's tokens, so each V vector loaded feeds four FMAs and 16 or 8 independent FMA
  * chains hide the FMA latency. The exp is the portable one's Cody-Waite reduction and degree-7
  * Taylor polynomial, evaluated with FMA. Measured with tools/bench_attention.py --isa all and
- * aicpu_kernels/tests/attention_bench.c (figures in the README, "Reference attention").
+ * aicpu_kernels/tests/attention_bench.c (figures in docs/reference-attention.md).
  */
 #include "attention_kernels.h"
 #include "attention_ref.h"
@@ -561,7 +561,7 @@ AVX512_INLINE void avx512_store4(float *at, int32_t count, __m128 u) {
  * Each widened K vector feeds four FMAs and each query vector four, and the sixteen dot
  * products of a pass share one reduction tree whose result is four 128-bit stores. (The
  * generic body's two K rows per pass spend about a third of its time on the reductions and
- * scalar stores; tools/bench_attention.py and the README, "Reference attention".) Missing rows
+ * scalar stores; tools/bench_attention.py and docs/reference-attention.md.) Missing rows
  * repeat the block's last row and missing tokens the last token; neither is stored.
  */
 AVX512_INLINE void avx512_scores_bf16(float *s, ptrdiff_t sn, const float *q, int32_t nr,

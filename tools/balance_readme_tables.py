@@ -1,4 +1,4 @@
-"""Print README's balance tables from a `bench balance --json` file.
+"""Print the balance tables of docs/tiling.md from a `bench balance --json` file.
 
     aicpu-tiling bench balance --reference --json -o balance.json
     python tools/balance_readme_tables.py balance.json
@@ -6,7 +6,7 @@
 Mean busiest core / ideal per (heads, batch): one table per (batch source, cost model) with
 the main anchors, then the FlashMLA sweep with the exact min-max references (decode, cost
 model ours; only when the file was made with --reference). Nothing is computed here: every
-number is read from the file, so the README tables are the command's output.
+number is read from the file, so the tables in docs/tiling.md are the command's output.
 """
 
 from __future__ import annotations

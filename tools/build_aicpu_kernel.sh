@@ -19,7 +19,7 @@
 #
 # Needs: CANN's environment (source <CANN>/set_env.sh, which sets ASCEND_HOME_PATH or
 # ASCEND_TOOLKIT_HOME), cmake >= 3.16. Nothing here has run on a machine with CANN yet;
-# see the README section "AI-CPU kernel".
+# see docs/aicpu-kernel.md.
 #
 # Without CANN, test the wrappers on the host instead:
 #   python -m pytest tests/test_aicpu_entry.py
