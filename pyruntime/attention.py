@@ -103,8 +103,10 @@ class StaticAttention:
         params: the `pyruntime.tiling.TilingParams` frozen at construction.
         last_step_host_seconds: host time of the last step (copies, replay launch,
             updates), excluding the wait for device results: the CPU time of the calling
-            thread (``time.thread_time``), i.e. host busy time, so that the CPU backend's
-            emulated device threads running concurrently do not inflate it.
+            thread (``time.thread_time``), i.e. host busy time. The step's host part runs
+            inside `Backend.hold_device`, so on the CPU backend the emulated device, whose
+            threads share the host's cores, does not run during it (it starts when the
+            host part ends, or while the host blocks in a synchronize).
 
     Raises:
         ValueError: unknown mode or placement, or a placement given with host_update;
@@ -216,7 +218,8 @@ class StaticAttention:
         path.capture()
         self._captured = True
 
-    def step(self, block_table: Any, cu_seqlens_q: Any, seqlens_kv: Any) -> list[torch.Tensor]:
+    def step(self, block_table: Any, cu_seqlens_q: Any, seqlens_kv: Any, *,
+             wait: bool = True) -> list[torch.Tensor]:
         """Run one step of every layer on the current queries and KV caches.
 
         Args:
@@ -224,11 +227,15 @@ class StaticAttention:
             cu_seqlens_q: int32 ``[live_batch + 1]`` query offsets; rows past the last are
                 padding. Zero-length slots (q_len = kv_len = 0) are allowed.
             seqlens_kv: int32 ``[live_batch]`` KV lengths including this step's tokens.
+            wait: wait for the device before returning (default). With False the step is
+                only enqueued, as a serving loop does: the outputs are ready after `wait()`
+                (steps enqueued back to back run in order; the inputs are staged at the
+                call, so the caller may reuse its arrays at once).
 
         Returns:
             The `outputs` list: per layer ``[max_tokens, num_q_heads, head_dim]``, padding
-            rows zero. Ready when this returns. Bad lengths do not raise here: outputs are
-            all zero and `check()` raises.
+            rows zero. Ready when this returns (``wait=True``). Bad lengths do not raise
+            here: outputs are all zero and `check()` raises.
 
         Raises:
             AttentionStateError: before `capture()`.
@@ -239,13 +246,24 @@ class StaticAttention:
         if not self._captured:
             raise AttentionStateError("step() before capture(): call capture() once first")
         inputs = buffers.validate(block_table, cu_seqlens_q, seqlens_kv)
-        self.last_step_host_seconds = path.step(inputs)
+        with self.backend.hold_device():  # the device starts once the host part is done
+            self.last_step_host_seconds = path.step(inputs)
         self._stepped = True
-        path.wait()
+        if wait:
+            path.wait()
         return buffers.outputs
 
+    def wait(self) -> None:
+        """Block until every step enqueued so far has run on the device.
+
+        Raises:
+            pyruntime.backends.DeviceTaskError: a device task of those steps failed.
+        """
+        self._live()[1].wait()
+
     def check(self) -> None:
-        """Raise the last step's tiling error, if any.
+        """Raise the last step's tiling error, if any (after waiting for the device, so
+        a step enqueued with ``wait=False`` is checked once it has run).
 
         Raises:
             pyruntime.tiling.TilingInputError subclass (QueryOverflowError, KvShortError, ...)
@@ -254,6 +272,7 @@ class StaticAttention:
         _, path = self._live()
         if not self._stepped:
             return
+        path.wait()
         error = path.error()
         if error is not None:
             raise error

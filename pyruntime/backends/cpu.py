@@ -15,6 +15,8 @@
   parallel). With ``aicore="triton"`` an AI Core kernel that has a Triton body runs it
   instead, once per task: one interpreted launch of the whole grid, the code an NPU runs
   (slow: for tests).
+- ``hold_device()`` keeps the streams from starting work while the host measures its
+  own (`DeviceGate`): they share the host's cores, which an NPU never does.
 - ``replay_aicpu=False`` models what one CANN design note says can happen (docs/design.md
   section 7): a captured AI-CPU task runs with the graph's first replay and is never re-run
   by later replays, so whatever it wrote stays frozen. AI-CPU tasks launched outside a
@@ -35,7 +37,7 @@ from collections.abc import Callable
 import torch
 
 from .base import Backend
-from .cpu_worker import COMPUTE_KINDS, Timings, Worker
+from .cpu_worker import COMPUTE_KINDS, DeviceGate, Timings, Worker
 from .errors import BackendError, EventError, TaskUpdateError
 from .handles import AICPU, Event, Graph, Stream, Task, TaskGroup
 
@@ -96,7 +98,6 @@ class CpuBackend(Backend):
 
     name = "cpu"
     default_num_cores = 8
-    device_shares_host_cores = True  # its streams are threads on the host's cores
     AICORE_BODIES = ("c", "triton")
 
     def __init__(self, *, num_threads: int | None = None, wait_timeout_s: float = 60.0,
@@ -116,6 +117,7 @@ class CpuBackend(Backend):
         self.num_threads = num_threads or min(os.cpu_count() or 1, 8)
         self.wait_timeout_s = wait_timeout_s
         self.timings = Timings()
+        self.gate = DeviceGate()
         self._cond = threading.Condition()
         self._closed = False
         self._workers: list[Worker] = []
@@ -149,7 +151,7 @@ class CpuBackend(Backend):
     def _new_stream(self, name):
         if self._closed:
             raise BackendError("the cpu backend was closed; make a new one with get('cpu')")
-        worker = Worker(f"{name}-{len(self._workers)}", self.timings)
+        worker = Worker(f"{name}-{len(self._workers)}", self.timings, self.gate)
         self._workers.append(worker)
         return worker
 
@@ -248,11 +250,17 @@ class CpuBackend(Backend):
 
     def _event_synchronize(self, event: Event) -> None:
         state = event.native
-        if state.external:
-            self._wait_for(lambda: state.recorded, "ExternalEvent record")
-        else:
-            target = state.pending
-            self._wait_for(lambda: state.done >= target, "event record")
+        with self.gate.host_blocked():
+            if state.external:
+                self._wait_for(lambda: state.recorded, "ExternalEvent record")
+            else:
+                target = state.pending
+                self._wait_for(lambda: state.done >= target, "event record")
+
+    def hold_device(self):
+        """See `Backend.hold_device`: here the streams' threads start no work while held
+        (`DeviceGate`), except while the host blocks in a synchronize."""
+        return self.gate.hold()
 
     # ---- graphs -----------------------------------------------------------------------------
     def _new_graph(self):

@@ -1,19 +1,25 @@
-"""The CPU backend's stream engine: one worker thread per stream, plus task timings.
+"""The CPU backend's stream engine: one worker thread per stream, a gate that can hold
+them, plus task timings.
 
 A `Worker` runs submitted items in order on its own thread, asynchronously to the host.
 The first failure is kept and reported (as `DeviceTaskError`) by the next
 `synchronize()`; after a failure the worker skips compute items but still runs event
 items, so that other streams waiting on its events are not deadlocked. `close()` lets the
 items already submitted run, then ends the thread and joins it.
+
+A `DeviceGate` lets the host measure its own work: while the host holds it, workers start
+no item (what was submitted waits in their queues), except while the host itself blocks
+on the device (a synchronize), when it would be idle anyway.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .errors import BackendError, DeviceTaskError
 
@@ -55,12 +61,66 @@ class Timings:
                 self.records = []
 
 
-class Worker:
-    """An in-order executor on its own daemon thread."""
+class DeviceGate:
+    """Keeps the emulated device off the host's cores while the host does measured work.
 
-    def __init__(self, name: str, timings: Timings) -> None:
+    On an NPU the device never takes the host's CPU. Here every stream is a thread on the
+    same cores (two on the CI machine), so host time measured while the device runs counts
+    the device's interference (GIL hand-offs, cache and core sharing), which grows with the
+    work a step enqueues, that is with the layer count. While `hold()` is active, workers
+    finish the item they are running and start no other; inside a hold, `host_blocked()`
+    (every host-side synchronize) opens the gate for as long as the host waits, so a step
+    that waits for the device inside its measured part (host_update's pre-replay
+    synchronize) cannot deadlock. Holds nest (a counter).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._holds = 0
+        self._host_waits = 0
+
+    def _open(self) -> bool:
+        return self._holds == 0 or self._host_waits > 0
+
+    def pass_through(self) -> None:
+        """Called by a worker before each item: return at once unless held."""
+        if self._holds == 0:  # unlocked read: a hold starts with the device idle anyway
+            return
+        with self._cond:
+            self._cond.wait_for(self._open)
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Workers start no new item until the outermost hold ends."""
+        with self._cond:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._holds -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def host_blocked(self) -> Iterator[None]:
+        """Open the gate while the host blocks on the device."""
+        with self._cond:
+            self._host_waits += 1
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._host_waits -= 1
+
+
+class Worker:
+    """An in-order executor on its own daemon thread (held by `gate` when given)."""
+
+    def __init__(self, name: str, timings: Timings, gate: DeviceGate | None = None) -> None:
         self.name = name
         self.timings = timings
+        self.gate = gate or DeviceGate()
         self.error: DeviceTaskError | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
@@ -82,7 +142,8 @@ class Worker:
         """Block until every item submitted so far has run; raise a kept failure."""
         done = threading.Event()
         self.submit("sync", "synchronize", done.set)
-        done.wait()
+        with self.gate.host_blocked():
+            done.wait()
         error, self.error = self.error, None
         if error is not None:
             raise error
@@ -112,6 +173,7 @@ class Worker:
             # otherwise stay reachable from this live thread and keep a dropped
             # StaticAttention's KV caches alive for as long as the stream exists.
             del item
+            self.gate.pass_through()
             if self.error is not None and kind in COMPUTE_KINDS:
                 del fn
                 continue

@@ -170,6 +170,7 @@ class Graph:
         self.stream: Stream | None = None
         self.task_count = 0
         self.buffers: dict[int, str] = {}
+        self.buffers_checked_at = -1  # the backend's free count when replay last checked them
         self.side_streams: dict[int, Stream] = {}
         self.last_side_record: dict[int, Event | None] = {}
         self.joined_events: set[int] = set()

@@ -80,6 +80,9 @@ class NpuBackend(Backend):
         self.npu = npu if npu is not None else _load_npu()
         self.device = f"npu:{device}"
         self._capture_ctx: dict[int, Any] = {}
+        #: per destination buffer: its pinned staging block and the event recorded behind the
+        #: last copy from it (`_copy_h2d`)
+        self._staging: dict[int, tuple[torch.Tensor, Any]] = {}
 
     # ---- our kernels and the vLLM engine ------------------------------------------------------
     def load_kernels(self) -> Any:
@@ -135,13 +138,36 @@ class NpuBackend(Backend):
         return torch.zeros(shape, dtype=dtype, device=self.device)
 
     def _copy_h2d(self, stream, dst, src):
-        # Blocking: `src` is the base class's staged temporary, pageable and freed on return.
-        # A non_blocking copy would read it when the stream reaches the copy, after it is
-        # freed (torch_npu queues aclrtMemcpyAsync with the raw host pointer). The cost is
-        # a host wait for `stream` at each copy; pinned, event-guarded staging is the
-        # optimisation for later.
+        # Asynchronous, from a pinned staging block kept per destination, as vLLM-Ascend copies
+        # its step inputs: the host does not wait for the stream's earlier work (a blocking
+        # copy would wait for the previous step's replay at every step). torch_npu queues
+        # aclrtMemcpyAsync with the raw host pointer and reads it when the stream gets there
+        # (the twin checks it: `PageableCopyRace`), so the block is rewritten only once the
+        # event recorded behind its previous copy has completed: normally long before, the
+        # previous step's copy.
+        key = self._storage(dst)
+        staged = self._staging.get(key)
+        if staged is None or staged[0].shape != src.shape or staged[0].dtype != src.dtype:
+            if staged is not None:
+                staged[1].synchronize()
+            staged = (self._pinned_empty(src.shape, src.dtype), self.npu.Event())
+            self._staging[key] = staged
+        block, copied = staged
+        copied.synchronize()  # the previous copy from the block has run (a no-op the first time)
+        block.copy_(src)
         with self.npu.stream(stream.native):
-            dst.copy_(src, non_blocking=False)
+            dst.copy_(block, non_blocking=True)
+            copied.record(stream.native)
+
+    @staticmethod
+    def _pinned_empty(shape, dtype) -> torch.Tensor:
+        """A page-locked host tensor (torch_npu's CachingHostAllocator)."""
+        return torch.empty(shape, dtype=dtype).pin_memory()
+
+    def _free(self, buf):
+        staged = self._staging.pop(self._storage(buf), None)
+        if staged is not None:
+            staged[1].synchronize()  # the copy into `buf` has run: its block may go
 
     def _new_stream(self, name):
         return self.npu.Stream()

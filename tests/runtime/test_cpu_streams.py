@@ -153,3 +153,44 @@ def test_aicore_task_runs_every_core_once_in_parallel(cpu):
     assert seen.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
     assert cpu.counters.launches_aicore == 1
     assert cpu.timings.by_kind["aicore"].count == 1
+
+
+# ---- hold_device: the emulated device off the host's cores while the host measures ----------
+
+def test_hold_device_starts_no_work_until_the_hold_ends(cpu):
+    log = []
+    s = cpu.stream()
+    with cpu.hold_device():
+        with cpu.hold_device():  # holds nest: only the outermost release lets work start
+            cpu.launch(append_kernel(log, "a"), {}, stream=s)
+        cpu.launch(append_kernel(log, "b"), {}, stream=s)
+        threading.Event().wait(0.05)  # time enough for an unheld worker to have run both
+        assert log == []
+    s.synchronize()
+    assert log == ["a", "b"]
+
+
+def test_a_synchronize_inside_a_hold_lets_the_device_run(cpu):
+    # host_update's step waits for the device inside its measured part: no deadlock
+    log = []
+    a, b = cpu.stream("a"), cpu.stream("b")
+    with cpu.hold_device():
+        cpu.launch(append_kernel(log, "a"), {}, stream=a)
+        a.synchronize()
+        assert log == ["a"]
+        ev = a.record_event()
+        b.wait_event(ev)
+        cpu.launch(append_kernel(log, "b"), {}, stream=b)
+        ev.synchronize()
+        cpu.launch(append_kernel(log, "c"), {}, stream=a)  # held again after the waits
+        threading.Event().wait(0.05)
+        assert "c" not in log
+    cpu.synchronize()
+    assert log[0] == "a" and sorted(log[1:]) == ["b", "c"]
+
+
+def test_the_base_backend_hold_is_a_no_op():
+    from pyruntime.backends.base import Backend
+
+    # an NPU's device does not run on the host's CPU: nothing to hold
+    assert Backend.hold_device(object()).__class__.__name__ == "nullcontext"
