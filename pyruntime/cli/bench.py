@@ -6,8 +6,11 @@ with its tiling task captured in the graph (placement ``graph``) and ``pre_repla
 (placement ``pre-replay``: the same task launched once per step before the replay).
 Reports per-step host time and end-to-end step time as medians with bootstrap 95%
 intervals, the host_update over each placement's ratio with a paired bootstrap interval,
-per-step backend counters, and how host time grows with L. Writes JSON (schema in
-docs/bench_schema.md) and, with the ``plot`` extra, a PNG.
+per-step backend counters, host time by layer count, and the host-time flatness figure
+(device path host time at L=61 over L=1, both measured side by side). Host time is the
+host thread's CPU time in a step's host part, measured warm with the emulated device held
+(see ``abrun.run_interleaved``). Writes JSON (schema in docs/bench_schema.md) and, with the
+``plot`` extra, a PNG.
 """
 
 from __future__ import annotations
@@ -29,12 +32,25 @@ from ._common import (
     progress,
     write_json,
 )
-from .abrun import BENCH_MODES, DTYPES, VARIANTS, Geometry, Point, run_point
+from .abrun import (
+    BENCH_MODES,
+    DTYPES,
+    FLATNESS_BATCH,
+    FLATNESS_DEFINITION,
+    FLATNESS_LAYERS,
+    FLATNESS_SOURCE,
+    FLATNESS_TARGET,
+    VARIANTS,
+    Geometry,
+    Point,
+    measure_flatness,
+    run_point,
+)
 from .balance import _int_list
 from .sources import SOURCES, SourceError
 
 SCHEMA = "aicpu-tiling/bench"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 HEADLINE = Point(61, 64, "trace")
 #: the default grid: the headline, its neighbours in layers and batch, two other sources
 DEFAULT_POINTS = (
@@ -48,6 +64,9 @@ DEFAULT_POINTS = (
 QUICK_POINTS = (HEADLINE, Point(4, 8, "spec-decode"))
 DEFAULT_STEPS, DEFAULT_WARMUP = 30, 3
 QUICK_STEPS, QUICK_WARMUP = 6, 1
+#: the flatness figure is a ratio of two medians of a few microseconds each: fewer steps
+#: than this leave its interval too wide to judge against the target (about 10 s here)
+FLATNESS_MIN_STEPS = 20
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -70,6 +89,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--quick", action="store_true", help="a small grid in under a minute")
+    p.add_argument("--flatness", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"measure the host-time flatness figure (device path, L={FLATNESS_LAYERS[1]} "
+                        f"over L={FLATNESS_LAYERS[0]}, side by side); default: with the default "
+                        "or quick grid, not with a grid given by flags")
     p.add_argument("-o", "--output", default="aicpu-tiling-bench.json", help="JSON file")
     p.add_argument(
         "--png",
@@ -138,24 +161,45 @@ def summarize_point(point: Point, runs: list, *, seed: int, resamples: int) -> d
 
 
 def placements_summary(points: list[dict]) -> dict | None:
-    """Host time per step against L for each run mode, at the headline's batch and source.
-
-    ``growth`` is the median host time at the largest L over that at the smallest (1.0 =
-    flat in L); ``counters_per_step`` are the backend counters at the largest L.
+    """Host time per step against L for each run mode, at the headline's batch and source,
+    and the backend counters at the largest L. (How host time grows with L is the
+    flatness figure, `flatness_summary`, measured side by side rather than across points.)
     """
     rows = sorted((p for p in points if (p["batch"], p["source"]) ==
                    (HEADLINE.batch, HEADLINE.source)), key=lambda p: p["layers"])
     if len(rows) < 2:
         return None
     modes = list(rows[0]["modes"])
-    host = {m: [p["modes"][m]["host_us"]["median"] for p in rows] for m in modes}
     return {
         "batch": HEADLINE.batch, "source": HEADLINE.source,
         "layers": [p["layers"] for p in rows],
-        "host_us": host,
-        "growth": {m: (v[-1] / v[0] if v[0] else None) for m, v in host.items()},
+        "host_us": {m: [p["modes"][m]["host_us"]["median"] for p in rows] for m in modes},
         "counters_per_step": {m: rows[-1]["modes"][m]["counters_per_step"] for m in modes},
     }  # fmt: skip
+
+
+def flatness_summary(runs: dict, *, steps: int, warmup: int, seed: int,
+                     resamples: int) -> dict:
+    """The flatness figure per device-path mode from `measure_flatness`'s runs."""
+    low, high = FLATNESS_LAYERS
+    modes = {}
+    for mode, (run_low, run_high) in runs.items():
+        ratio = proc.ratio_of_medians([s.host_s for s in run_high.steps],
+                                      [s.host_s for s in run_low.steps], seed=seed,
+                                      resamples=resamples)  # fmt: skip
+        modes[mode] = {
+            f"host_us_L{low}": proc.summarize([s.host_s for s in run_low.steps], scale=1e6,
+                                              seed=seed, resamples=resamples),
+            f"host_us_L{high}": proc.summarize([s.host_s for s in run_high.steps], scale=1e6,
+                                               seed=seed, resamples=resamples),
+            "ratio": ratio,
+            "within_target": ratio["value"] <= FLATNESS_TARGET,
+            "counters_per_step": {f"L{low}": run_low.counters, f"L{high}": run_high.counters},
+        }  # fmt: skip
+    return {"definition": FLATNESS_DEFINITION, "target": FLATNESS_TARGET,
+            "layers": list(FLATNESS_LAYERS), "batch": FLATNESS_BATCH,
+            "source": FLATNESS_SOURCE, "steps": steps, "warmup": warmup,
+            "modes": modes}  # fmt: skip
 
 
 def _environment() -> dict:
@@ -190,10 +234,14 @@ def run(args: argparse.Namespace) -> int:
     geom = Geometry(num_q_heads=args.q_heads, num_kv_heads=args.kv_heads,
                     head_dim=args.head_dim, block_size=args.block_size, num_cores=args.cores,
                     dtype=args.dtype, max_kv=args.max_kv)  # fmt: skip
+    explicit_grid = bool(args.layers or args.batch_sizes or args.sources)
+    flatness = (not explicit_grid) if args.flatness is None else args.flatness
+    flat_steps = max(steps, FLATNESS_MIN_STEPS)
     started = time.time()
     results = []
     with progress(not (args.json or args.no_progress)) as bar:
-        task = bar.add_task("bench", total=len(points) * (steps + warmup))
+        task = bar.add_task("bench", total=len(points) * (steps + warmup)
+                            + flatness * (flat_steps + warmup))
         for point in points:
             bar.update(task, description=f"bench {point.name}")
             try:
@@ -206,6 +254,17 @@ def run(args: argparse.Namespace) -> int:
                 raise CliError(f"{point.name}: {exc}") from exc
             results.append(summarize_point(point, runs, seed=args.seed,
                                            resamples=args.resamples))  # fmt: skip
+        flat = None
+        if flatness:
+            bar.update(task, description="bench flatness")
+            try:
+                flat_runs = measure_flatness(geom, steps=flat_steps, warmup=warmup,
+                                             seed=args.seed,
+                                             on_step=lambda: bar.advance(task))  # fmt: skip
+            except (SourceError, ValueError) as exc:
+                raise CliError(f"flatness: {exc}") from exc
+            flat = flatness_summary(flat_runs, steps=flat_steps, warmup=warmup, seed=args.seed,
+                                    resamples=args.resamples)  # fmt: skip
     result = {
         "schema": SCHEMA,
         "version": SCHEMA_VERSION,
@@ -219,6 +278,7 @@ def run(args: argparse.Namespace) -> int:
                    "placements": {m: VARIANTS[m][1] for m in BENCH_MODES if VARIANTS[m][1]}},
         "points": results,
         "placements": placements_summary(results),
+        "host_flatness": flat,
         "headline": None,
     }  # fmt: skip
     for p in results:
@@ -232,6 +292,9 @@ def run(args: argparse.Namespace) -> int:
                 "host_ratio_pre_replay": p["host_ratio_pre_replay"]["value"],
                 "host_ratio_pre_replay_ci": p["host_ratio_pre_replay"]["ci"],
             }  # fmt: skip
+            if flat is not None:
+                result["headline"]["host_flatness"] = {
+                    m: v["ratio"]["value"] for m, v in flat["modes"].items()}
     written = _save(args, result)
     if args.json:
         emit_json(result)

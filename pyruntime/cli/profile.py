@@ -80,6 +80,7 @@ def record(args: argparse.Namespace) -> Session:
         try:
             runs = run_point(point, geom, steps=steps, warmup=warmup, seed=args.seed,
                              modes=modes, phases=True, device_tasks=True,
+                             warm_host=False,  # one step per record: device tasks per step
                              on_step=lambda: bar.advance(task))  # fmt: skip
         except SourceError as exc:
             raise CliError(str(exc)) from exc

@@ -15,8 +15,9 @@ Checks, in order (each passes, fails or skips with the reason):
   on trace batches (decode, spec decode, chunked prefill, padded buckets), fp32 and bf16.
 * ``attention_fia``: the same against torch_npu's FIA run eagerly (NPU only).
 * ``attention_triton``: the Triton AI Core kernels (interpreted on CPU, compiled on NPU).
-* ``host_time``: host and step time per step, host_update against device tiling, L = 20
-  and 61.
+* ``host_time``: host and step time per step, host_update against device tiling at
+  L = 61, and the flatness figure: device tiling's host time at L = 61 over L = 1, side by
+  side, at most 1.3 (`pyruntime.cli.abrun.FLATNESS_TARGET`).
 
 The verdict is ``pass`` when no check failed. On the NPU backend the placement found is
 saved for the vLLM-Ascend hook (`pyruntime.placement`) when ``tiling_kernel`` and
@@ -75,9 +76,9 @@ CHECKS: tuple[tuple[str, Callable[[Context], CheckResult]], ...] = (
 FIRST_CHECK = "kernels"
 #: the two checks that decide the placement; it is saved only when both passed
 PLACEMENT_CHECKS = ("tiling_kernel", "aicpu_replay")
-#: per check on npu / npu-twin: the slowest check on a 910B (host_time, four A/B points
-#: with capture of up to 61 layers, plus torch_npu start-up in the child) takes a few
-#: minutes; ten leaves room without letting a hang eat the hour
+#: per check on npu / npu-twin: the slowest check on a 910B (host_time, six captures of up
+#: to 61 layers, plus torch_npu start-up in the child) takes a few minutes; ten leaves room
+#: without letting a hang eat the hour
 DEFAULT_CHECK_TIMEOUT_S = 600.0
 
 CheckTable = Sequence[tuple[str, Callable[[Context], CheckResult]]]

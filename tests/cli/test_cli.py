@@ -218,7 +218,8 @@ def test_bench_quick_small_grid(cli, tmp_path):
                        "-o", str(out_file), "--resamples", "200")  # fmt: skip
     data = json.loads(out)
     assert code == 0 and len(data["points"]) == 2
-    assert data["version"] == 2 and data["placements"] is None  # one layer count only
+    assert data["version"] == 3 and data["placements"] is None  # one layer count only
+    assert data["host_flatness"] is None  # a grid given by flags: no flatness run unless asked
     p = data["points"][0]
     for mode in ("host_update", "device_tiling", "pre_replay"):
         assert p["modes"][mode]["host_us"]["ci"][0] <= p["modes"][mode]["host_us"]["median"]
@@ -238,9 +239,31 @@ def test_bench_placements_summary_over_layer_counts(cli):
     summary = json.loads(out)["placements"]
     assert code == 0 and summary["layers"] == [1, 3]
     assert set(summary["host_us"]) == {"host_update", "device_tiling", "pre_replay"}
-    hu = summary["host_us"]["host_update"]
-    assert summary["growth"]["host_update"] == pytest.approx(hu[1] / hu[0])
     assert summary["counters_per_step"]["host_update"]["task_updates"] == 3
+
+
+@needs_runtime
+def test_bench_flatness_measures_both_layer_counts_side_by_side(cli, monkeypatch):
+    from pyruntime.cli import abrun, bench
+
+    # the figure's layer counts and step floor, shrunk so that the test takes seconds
+    monkeypatch.setattr(abrun, "FLATNESS_LAYERS", (1, 3))
+    monkeypatch.setattr(bench, "FLATNESS_LAYERS", (1, 3))
+    monkeypatch.setattr(bench, "FLATNESS_MIN_STEPS", 3)
+    code, out, _ = cli("bench", "--layers", "2", "--batch-sizes", "4", "--steps", "3",
+                       "--warmup", "1", "--flatness", "--json", "--no-save",
+                       "--resamples", "100")  # fmt: skip
+    flat = json.loads(out)["host_flatness"]
+    assert code == 0 and flat["layers"] == [1, 3] and flat["target"] == 1.3
+    assert set(flat["modes"]) == {"device_tiling", "pre_replay"}
+    for mode, v in flat["modes"].items():
+        low, high = v["host_us_L1"]["median"], v["host_us_L3"]["median"]
+        assert v["ratio"]["value"] == pytest.approx(high / low)
+        assert v["within_target"] == (v["ratio"]["value"] <= 1.3)
+        # each layer count ran its own graph: one replay per step, the device path's copies
+        for counters in v["counters_per_step"].values():
+            assert counters["replays"] == 1 and counters["task_updates"] == 0
+            assert counters["launches_aicpu"] == (1 if mode == "pre_replay" else 0)
 
 
 @needs_runtime

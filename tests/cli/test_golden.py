@@ -23,6 +23,9 @@ def bench_result() -> dict:
     def ratio(value):
         return {"value": value, "ci": [value * 0.95, value * 1.04]}
 
+    def stat(median):
+        return {"median": median, "ci": [median * 0.96, median * 1.05]}
+
     points = []
     for layers, batch, source, hu, dt, pr in (
         (61, 64, "trace", 4310.0, 61.2, 80.5),
@@ -49,13 +52,20 @@ def bench_result() -> dict:
         "placements": {"batch": 64, "source": "trace", "layers": [1, 61],
                        "host_us": {"host_update": [118.0, 4310.0], "device_tiling": [60.5, 61.2],
                                    "pre_replay": [78.0, 80.5]},
-                       "growth": {"host_update": 4310.0 / 118.0, "device_tiling": 61.2 / 60.5,
-                                  "pre_replay": 80.5 / 78.0},
                        "counters_per_step": counters},
+        "host_flatness": {
+            "layers": [1, 61], "batch": 64, "source": "trace", "target": 1.3,
+            "modes": {"device_tiling": {"host_us_L1": stat(18.2), "host_us_L61": stat(19.1),
+                                        "ratio": ratio(19.1 / 18.2), "within_target": True},
+                      "pre_replay": {"host_us_L1": stat(30.0), "host_us_L61": stat(41.0),
+                                     "ratio": ratio(41.0 / 30.0), "within_target": False}}},
         "headline": {"layers": 61, "batch": 64, "source": "trace", "host_update_us": 4310.0,
                      "device_tiling_us": 61.2, "host_ratio": 4310.0 / 61.2,
                      "pre_replay_us": 80.5, "host_ratio_pre_replay": 4310.0 / 80.5},
-        "config": {"steps": 40, "warmup": 3, "resamples": 2000, "seed": 0},
+        "config": {"steps": 40, "warmup": 3, "resamples": 2000, "seed": 0,
+                   "geometry": {"num_q_heads": 8, "num_kv_heads": 1, "head_dim": 16,
+                                "block_size": 128, "num_cores": 24, "dtype": "float32",
+                                "max_kv": 4096}},
     }  # fmt: skip
 
 

@@ -44,7 +44,9 @@ def test_cpu_selfcheck_passes_with_the_schema(cpu_report, capsys):
     replay = by_name["aicpu_replay"]
     assert replay["placement_found"] == {"True": "graph", "False": "pre-replay"}
     assert replay["ran"]["True"] == replay["replays"] and replay["ran"]["False"] <= 1
-    assert by_name["host_time"]["ratio_l61"] > 1
+    assert by_name["host_time"]["ratio_host_update_over_device"] > 1
+    flatness = by_name["host_time"]["flatness"]
+    assert flatness["value"] == pytest.approx(flatness["host_us_L61"] / flatness["host_us_L1"])
     assert set(by_name["attention_correctness"]["coverage_steps"]) == {
         "padded", "spec_decode", "chunked_prefill"}
     assert data["environment"]["device"]["soc"] is None

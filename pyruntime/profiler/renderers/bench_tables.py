@@ -59,30 +59,54 @@ _COUNTERS = (("launches_aicpu", "AI-CPU\nlaunches"), ("launches_aicore", "AI Cor
 
 
 def placements_tables(summary: dict) -> list[Table]:
-    """Host time per step against L with its growth, and the per-step counters."""
+    """Host time per step against L, and the per-step counters at the largest L."""
     layers = summary["layers"]
-    growth = Table(title=f"Host time per step (us) by layer count, batch {summary['batch']}, "
-                         f"{summary['source']}", title_justify="left")
-    growth.add_column("mode", no_wrap=True)
+    by_layers = Table(title=f"Host time per step (us) by layer count, batch "
+                            f"{summary['batch']}, {summary['source']}", title_justify="left")
+    by_layers.add_column("mode", no_wrap=True)
     for n in layers:
-        growth.add_column(f"L={n}", justify="right", no_wrap=True)
-    growth.add_column(f"L={layers[-1]} / L={layers[0]}", justify="right", no_wrap=True)
+        by_layers.add_column(f"L={n}", justify="right", no_wrap=True)
     counters = Table(title=f"Backend counters per step, L={layers[-1]}", title_justify="left")
     counters.add_column("mode", no_wrap=True)
     for _, heading in _COUNTERS:
         counters.add_column(heading, justify="right", no_wrap=True)
     for m, host in summary["host_us"].items():
-        g = summary["growth"][m]
-        growth.add_row(_HEADINGS.get(m, m), *(_us(x) for x in host),
-                       f"{g:.2f}x" if g is not None else "-")
+        by_layers.add_row(_HEADINGS.get(m, m), *(_us(x) for x in host))
         c = summary["counters_per_step"][m]
         counters.add_row(_HEADINGS.get(m, m), *(f"{c[k]:g}" for k, _ in _COUNTERS))
-    return [growth, counters]
+    return [by_layers, counters]
+
+
+def flatness_table(flat: dict) -> Table:
+    """The host-time flatness figure: each device-path placement at both layer counts."""
+    low, high = flat["layers"]
+    table = Table(title=f"Host-time flatness: device path, L={high} over L={low}, batch "
+                        f"{flat['batch']}, {flat['source']}, side by side (target <= "
+                        f"{flat['target']:g})", title_justify="left")
+    for name in ("placement", f"L={low} (us)", f"L={high} (us)", f"L={high} / L={low}",
+                 "target"):
+        table.add_column(name, justify="right" if name != "placement" else "left",
+                         no_wrap=True)
+    for m, v in flat["modes"].items():
+        ok = v["within_target"]
+        table.add_row(_HEADINGS.get(m, m), _cell(v[f"host_us_L{low}"]),
+                      _cell(v[f"host_us_L{high}"]), _ratio(v["ratio"], 2),
+                      Text("met" if ok else "missed", style="green" if ok else "bold red"))
+    return table
+
+
+def model_shape(geometry: dict) -> str:
+    """The attention shape of a run, in words."""
+    g = geometry
+    return (f"model shape: {g['num_q_heads']} q heads, {g['num_kv_heads']} kv head"
+            f"{'s' if g['num_kv_heads'] != 1 else ''}, head_dim {g['head_dim']}, block "
+            f"{g['block_size']}, {g['dtype']}, {g['num_cores']} cores, kv lengths capped at "
+            f"{g['max_kv']}")
 
 
 def bench_table(result: dict) -> list:
-    """The A/B grid: host time per step per mode with the ratios, end-to-end step time, and
-    the placements' growth in L with their counters."""
+    """The A/B grid: host time per step per mode with the ratios, end-to-end step time,
+    host time by layer count with the counters, the flatness figure and the model shape."""
     out: list = [
         _grid_table("Host time per step (us): median, 95% CI below", result, "host_us",
                     "host_ratio", _us, 1),
@@ -91,6 +115,8 @@ def bench_table(result: dict) -> list:
     ]  # fmt: skip
     if result.get("placements"):
         out.extend(placements_tables(result["placements"]))
+    if result.get("host_flatness"):
+        out.append(flatness_table(result["host_flatness"]))
     head = result.get("headline")
     if head:
         text = (f"headline: L={head['layers']}, batch {head['batch']}, {head['source']}: "
@@ -101,10 +127,12 @@ def bench_table(result: dict) -> list:
                      f"{head['host_ratio_pre_replay']:.1f}x")
         out.append(Text(text, style="bold"))
     cfg = result["config"]
+    out.append(Text(model_shape(cfg["geometry"]), style="bold"))
     out.append(
         Text(
             f"{cfg['steps']} measured steps per mode per point after {cfg['warmup']} warm-up, "
-            f"interleaved; graph = device_tiling with the tiling task captured in the graph, "
+            f"interleaved; host time = the host thread's CPU time in a step's host part, "
+            f"measured warm with the emulated device held; graph = device_tiling with the tiling task captured in the graph, "
             f"pre-replay = the same task launched once per step before the replay; ratio = "
             f"host_update / that placement; CIs: bootstrap "
             f"({cfg['resamples']} resamples, seed {cfg['seed']}), paired for ratios",
