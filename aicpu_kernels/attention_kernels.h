@@ -10,6 +10,11 @@
  * dtype, straight from the caches. Rows of one call belong to one kv head. Results may differ
  * between variants in the last bits (FMA contraction, summation order) but each variant is
  * deterministic.
+ *
+ * The logits soft cap (attention_ref.h, WHAT A ROW COMPUTES) is not in the table: whichever
+ * variant runs, attention_ref.c caps the scores its `scores` kernel wrote in one portable pass
+ * (libm tanhf) before `row_max`, so the SIMD variants take the portable path for the cap alone
+ * and their kernels are the same with the cap on or off.
  */
 #ifndef AICPU_ATTENTION_KERNELS_H
 #define AICPU_ATTENTION_KERNELS_H

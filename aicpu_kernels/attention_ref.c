@@ -442,6 +442,7 @@ typedef struct {
     const aicpu_tiling_params *p;
     int32_t group, causal, dtype, num_blocks, max_slots;
     float scale;
+    float soft_cap; /* > 0: the logits soft cap C; 0: off (soft_cap_of) */
     const void *query, *key_cache, *value_cache;
     const int32_t *block_table, *cu, *kv;
     void *out;
@@ -543,6 +544,20 @@ static void prefetch_head(const core_ctx *c, const chunk_prefetch *pf, const uns
                             hi - lo, pf->head_bytes, pf->stride);
 }
 
+/*
+ * The logits soft cap: s[r sn + j] = C tanh(s[r sn + j] / C) for the nv[r] scores of each of
+ * nr rows (the scores the variant's kernel wrote, scale already applied through the query
+ * rows). Portable C for every variant: tanhf is libm's (it does not vectorise, so a capped
+ * layer costs one tanhf per score on top of the SIMD work), and no variant's kernels change.
+ */
+static void cap_scores(float *s, ptrdiff_t sn, int32_t nr, const int32_t *nv, float cap) {
+    int32_t r, j;
+    for (r = 0; r < nr; r++) {
+        float *row = s + r * sn;
+        for (j = 0; j < nv[r]; j++) row[j] = cap * tanhf(row[j] / cap);
+    }
+}
+
 static void process_chunk(const core_ctx *c, const float *qs, float *acc, float *sbuf, float *m,
                           float *l, const int32_t *limit, const int32_t *head_at, int32_t nr,
                           int32_t c0, int32_t n, const void *kraw, const void *vraw,
@@ -579,6 +594,7 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
         }
         c->k->scores(sbuf + (size_t)i * n, n, qs + (size_t)i * d, e - i, nv + i, kp, c->dtype,
                      stride, d, kbuf);
+        if (c->soft_cap > 0.0f) cap_scores(sbuf + (size_t)i * n, n, e - i, nv + i, c->soft_cap);
         prefetch_head(c, ahead, ahead->k, ahead_at, half, ahead->n);
         /* online softmax, once per chunk */
         for (r = i; r < e; r++) {
@@ -877,11 +893,18 @@ static int layer_check(const aicpu_tiling_params *params, const int32_t *tiling,
     return AICPU_TILING_OK;
 }
 
+/* The cap a call runs with: soft_cap when it is > 0 and finite, else 0 (off: NaN, +inf and
+ * the non-positive values; C * tanh(s / C) tends to s as C grows). */
+static float soft_cap_of(float soft_cap) {
+    return soft_cap > 0.0f && soft_cap < INFINITY ? soft_cap : 0.0f;
+}
+
 static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t flags,
-                     int32_t dtype, float scale, const void *query, const void *key_cache,
-                     const void *value_cache, int32_t num_blocks, const int32_t *block_table,
-                     const int32_t *cu_seqlens_q, const int32_t *seqlens_kv, void *out,
-                     float *partial_out, float *partial_lse) {
+                     int32_t dtype, float scale, float soft_cap, const void *query,
+                     const void *key_cache, const void *value_cache, int32_t num_blocks,
+                     const int32_t *block_table, const int32_t *cu_seqlens_q,
+                     const int32_t *seqlens_kv, void *out, float *partial_out,
+                     float *partial_lse) {
     c->p = params;
     c->group = params->num_q_heads / params->num_kv_heads;
     c->causal = (flags & AICPU_TILING_CAUSAL) != 0;
@@ -889,6 +912,7 @@ static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t fl
     c->num_blocks = num_blocks;
     c->max_slots = aicpu_tiling_max_slots(params);
     c->scale = scale;
+    c->soft_cap = soft_cap_of(soft_cap);
     c->k = isa_kernels(aicpu_attention_isa_active());
     c->query = query;
     c->key_cache = key_cache;
@@ -921,11 +945,11 @@ static int core_idle(const int32_t *rec) {
 }
 
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
-                         uint32_t flags, int32_t dtype, float scale, const void *query,
-                         const void *key_cache, const void *value_cache, int32_t num_blocks,
-                         const int32_t *block_table, const int32_t *cu_seqlens_q,
-                         const int32_t *seqlens_kv, void *out, float *partial_out,
-                         float *partial_lse) {
+                         uint32_t flags, int32_t dtype, float scale, float soft_cap,
+                         const void *query, const void *key_cache, const void *value_cache,
+                         int32_t num_blocks, const int32_t *block_table,
+                         const int32_t *cu_seqlens_q, const int32_t *seqlens_kv, void *out,
+                         float *partial_out, float *partial_lse) {
     core_ctx c;
     const int32_t *rec;
     walk_mode mode;
@@ -940,8 +964,8 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
     if (core_idle(rec)) return AICPU_TILING_OK;
     if (!tensors_given(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out))
         return AICPU_ATTENTION_E_ARGS;
-    ctx_init(&c, params, flags, dtype, scale, query, key_cache, value_cache, num_blocks,
-             block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
+    ctx_init(&c, params, flags, dtype, scale, soft_cap, query, key_cache, value_cache,
+             num_blocks, block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
     mode.heads = 0;
     mode.slot_step = 0;
     mode.run = 1;
@@ -1003,7 +1027,7 @@ static int siblings_match(const aicpu_tiling_params *params, const int32_t *tili
 
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
                                   int32_t first_core, uint32_t flags, int32_t dtype, float scale,
-                                  const void *query, const void *key_cache,
+                                  float soft_cap, const void *query, const void *key_cache,
                                   const void *value_cache, int32_t num_blocks,
                                   const int32_t *block_table, const int32_t *cu_seqlens_q,
                                   const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -1033,8 +1057,9 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
         const int32_t *rec = core_record(tiling, first_core);
         int32_t batch = tiling[AICPU_TILING_HDR_BATCH];
         if (core_idle(rec)) return AICPU_TILING_OK; /* and so are its siblings (checked) */
-        ctx_init(&c, params, flags, dtype, scale, query, key_cache, value_cache, num_blocks,
-                 block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
+        ctx_init(&c, params, flags, dtype, scale, soft_cap, query, key_cache, value_cache,
+                 num_blocks, block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
+                 partial_lse);
         mode.heads = heads;
         mode.slot_step = slot_step;
         mode.run = 0; /* check the whole range first: a bad one falls back to the cores */
@@ -1049,8 +1074,9 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
     /* not fusable: each core of the set on its own, as the per-core loop would run them */
     for (h = 0; h < heads; h++) {
         int s = aicpu_attention_core(params, tiling, first_core + h * q, flags, dtype, scale,
-                                     query, key_cache, value_cache, num_blocks, block_table,
-                                     cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
+                                     soft_cap, query, key_cache, value_cache, num_blocks,
+                                     block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
+                                     partial_lse);
         if (status == AICPU_TILING_OK) status = s;
     }
     return status;
@@ -1121,7 +1147,7 @@ static void run_span_whole(const core_ctx *c, const int32_t *tiling, int32_t fir
 
 int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
                               int32_t first_core, int32_t num_cores, uint32_t flags,
-                              int32_t dtype, float scale, const void *query,
+                              int32_t dtype, float scale, float soft_cap, const void *query,
                               const void *key_cache, const void *value_cache, int32_t num_blocks,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -1139,8 +1165,9 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
         const int32_t *live = NULL; /* the last non-idle record so far */
         int32_t batch = tiling[AICPU_TILING_HDR_BATCH], first_live = -1, last_live = -1;
         int fusable = 1;
-        ctx_init(&c, params, flags, dtype, scale, query, key_cache, value_cache, num_blocks,
-                 block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
+        ctx_init(&c, params, flags, dtype, scale, soft_cap, query, key_cache, value_cache,
+                 num_blocks, block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
+                 partial_lse);
         mode.heads = 0;
         mode.slot_step = 0;
         mode.run = 0; /* check every range first: a bad one falls back to the cores */
@@ -1176,9 +1203,9 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
     }
     /* not fusable: each core on its own, as the per-core loop would run them */
     for (core = first_core; core < first_core + num_cores; core++) {
-        int s = aicpu_attention_core(params, tiling, core, flags, dtype, scale, query, key_cache,
-                                     value_cache, num_blocks, block_table, cu_seqlens_q,
-                                     seqlens_kv, out, partial_out, partial_lse);
+        int s = aicpu_attention_core(params, tiling, core, flags, dtype, scale, soft_cap, query,
+                                     key_cache, value_cache, num_blocks, block_table,
+                                     cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
         if (status == AICPU_TILING_OK) status = s;
     }
     return status;

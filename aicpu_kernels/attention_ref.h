@@ -38,17 +38,25 @@
  * WHAT A ROW COMPUTES
  *   Query token i (0 <= i < q_len) of a request with q_len query tokens and kv_len kv tokens
  *   sees the kv positions [0, kv_len - q_len + i + 1) when causal, [0, kv_len) otherwise:
- *       out = sum_j softmax_j(scale * q . k_j) v_j
- *   A piece of a split unit covers only some kv blocks; with s_j = scale * q . k_j it stores,
+ *       out = sum_j softmax_j(s_j) v_j,   s_j = scale * q . k_j
+ *   With a logits soft cap C (soft_cap > 0, finite) every score is capped before the softmax,
+ *   s_j = C * tanh(scale * q . k_j / C), as vLLM's FlashAttention, FlashInfer and Triton paths
+ *   define logits_soft_cap (Gemma 2): the cap applies after the scale. Off (soft_cap <= 0, NaN
+ *   or +inf, the limit C -> inf being the identity): the scores are not touched, and the
+ *   results are bit-for-bit those of a build without the soft cap.
+ *   A piece of a split unit covers only some kv blocks; with s_j the (capped) score it stores,
  *   per row, the normalised partial output o_p = sum_j e^(s_j - m) v_j / l and the natural-log
  *   lse_p = m + ln(l), l = sum_j e^(s_j - m), m = max_j s_j, over the positions the piece covers
- *   and the row sees (o_p = 0, lse_p = -inf when it sees none; +inf marks a poisoned piece). The finalize step merges the pieces: out = sum_p e^(lse_p - M) o_p / sum_p
- *   e^(lse_p - M), M = max_p lse_p. Rows of a partial slot are [token in tile][g].
+ *   and the row sees (o_p = 0, lse_p = -inf when it sees none; +inf marks a poisoned piece).
+ *   The finalize step merges the pieces: out = sum_p e^(lse_p - M) o_p / sum_p e^(lse_p - M),
+ *   M = max_p lse_p (the soft cap changes nothing there). Rows of a partial slot are
+ *   [token in tile][g].
  *
  * ACCURACY. fp32 accumulation, an exp accurate to about 1e-7 relative, outputs rounded to the
  * storage dtype to nearest even: relative error ~1e-7 for fp32 storage, one rounding of the
- * output for fp16/bf16. Results are deterministic: the same inputs give the same bits whatever
- * the order or concurrency of the core calls.
+ * output for fp16/bf16; the soft cap uses libm's tanhf (about 1 ulp). Results are
+ * deterministic: the same inputs give the same bits whatever the order or concurrency of the
+ * core calls.
  *
  * STATUS
  *   0 (AICPU_TILING_OK) on success. The tiling's own status (1..AICPU_TILING_NUM_STATUS-1)
@@ -90,6 +98,8 @@ extern "C" {
  *   flags         AICPU_TILING_CAUSAL or 0; must match the flags the tiling was planned with
  *   dtype         AICPU_ATTENTION_FP32, _FP16 or _BF16
  *   scale         softmax scale, usually 1 / sqrt(head_dim)
+ *   soft_cap      logits soft cap C (WHAT A ROW COMPUTES): > 0 and finite caps every score to
+ *                 C * tanh(s / C); 0, negative, NaN or +inf: off
  *   query, key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv
  *                 see TENSORS; num_blocks is the caches' dim 0
  *   out           whole units write their rows here, converted to dtype (round to nearest even)
@@ -111,14 +121,15 @@ extern "C" {
  *                               lse = +inf, which makes finalize zero the whole unit), the other
  *                               segments are computed, and this status is returned
  *     for (c = 0; c < params.num_cores; c++) status |= aicpu_attention_core(&params, tiling, c,
- *         AICPU_TILING_CAUSAL, AICPU_ATTENTION_BF16, scale, q, k, v, nblk, bt, cu, kv, out, po, pl);
+ *         AICPU_TILING_CAUSAL, AICPU_ATTENTION_BF16, scale, 0.0f, q, k, v, nblk, bt, cu, kv, out,
+ *         po, pl);
  */
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
-                         uint32_t flags, int32_t dtype, float scale, const void *query,
-                         const void *key_cache, const void *value_cache, int32_t num_blocks,
-                         const int32_t *block_table, const int32_t *cu_seqlens_q,
-                         const int32_t *seqlens_kv, void *out, float *partial_out,
-                         float *partial_lse);
+                         uint32_t flags, int32_t dtype, float scale, float soft_cap,
+                         const void *query, const void *key_cache, const void *value_cache,
+                         int32_t num_blocks, const int32_t *block_table,
+                         const int32_t *cu_seqlens_q, const int32_t *seqlens_kv, void *out,
+                         float *partial_out, float *partial_lse);
 
 /*
  * SIBLING CORES. When num_cores P is a multiple of num_kv_heads H, the tiling gives head h to
@@ -157,7 +168,7 @@ int32_t aicpu_attention_num_sibling_sets(const aicpu_tiling_params *params);
 
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
                                   int32_t first_core, uint32_t flags, int32_t dtype, float scale,
-                                  const void *query, const void *key_cache,
+                                  float soft_cap, const void *query, const void *key_cache,
                                   const void *value_cache, int32_t num_blocks,
                                   const int32_t *block_table, const int32_t *cu_seqlens_q,
                                   const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -194,7 +205,7 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
  */
 int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
                               int32_t first_core, int32_t num_cores, uint32_t flags,
-                              int32_t dtype, float scale, const void *query,
+                              int32_t dtype, float scale, float soft_cap, const void *query,
                               const void *key_cache, const void *value_cache, int32_t num_blocks,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -225,7 +236,9 @@ const char *aicpu_attention_strerror(int status);
  * in variants; one build runs on any CPU of its architecture and, unless told otherwise, uses
  * the best variant the CPU supports (checked with the compiler's CPU-feature builtins the first
  * time a kernel runs). Variants agree to rounding (FMA contraction and summation order differ);
- * each is deterministic. On non-x86 builds only the portable variant exists.
+ * each is deterministic. On non-x86 builds only the portable variant exists. No variant has
+ * its own soft cap: the cap is one portable pass over a chunk's scores, between the variant's
+ * dot products and its softmax, so every variant caps alike and the SIMD kernels are unchanged.
  *   PORTABLE  plain C99 loops, vectorised by the compiler for the build's baseline ISA
  *   AVX2      AVX2 + FMA + F16C (x86-64, e.g. Haswell, Zen 1 and later)
  *   AVX512    AVX-512 F/BW/VL + FMA + F16C (e.g. Skylake-SP, Ice Lake, Zen 4 and later)

@@ -16,7 +16,9 @@
  * the chunk's tokens, so each V vector loaded feeds four FMAs and 16 or 8 independent FMA
  * chains hide the FMA latency. The exp is the portable one's Cody-Waite reduction and degree-7
  * Taylor polynomial, evaluated with FMA. Measured with tools/bench_attention.py --isa all and
- * aicpu_kernels/tests/attention_bench.c (figures in docs/reference-attention.md).
+ * aicpu_kernels/tests/attention_bench.c (figures in docs/reference-attention.md). None of these
+ * kernels applies the logits soft cap: with the cap on, attention_ref.c runs its portable cap
+ * pass on the scores these kernels write (attention_kernels.h).
  */
 #include "attention_kernels.h"
 #include "attention_ref.h"

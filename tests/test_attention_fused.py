@@ -3,9 +3,9 @@ sibling sets (aicpu_attention_core_siblings: core j and its copies j + h*Q for t
 heads) and spans (aicpu_attention_core_span: consecutive cores, any P and H).
 
 The C program aicpu_kernels/tests/attention_fused.c compares both with the per-core loop for
-random v3 tilings (decode, speculative decode, chunked prefill, P % H == 0 and not, splits, idle
-cores, random partitions into spans, bad block ids, stale and corrupt tilings, emptied ranges,
-NULL arguments) on every variant, plainly and under ASan+UBSan; the Python tests cover the
+random v3 tilings (decode, speculative decode, chunked prefill, the logits soft cap off and on,
+P % H == 0 and not, splits, idle cores, random partitions into spans, bad block ids, stale and
+corrupt tilings, emptied ranges, NULL arguments) on every variant, plainly and under ASan+UBSan; the Python tests cover the
 bindings against the float64 reference and the per-core path.
 """
 
@@ -38,8 +38,8 @@ def run_program(binary: Path, problems: int) -> None:
                             check=False, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     match = re.search(r"siblings: ([a-z0-9 ]+); (\d+) runs, (\d+) fused-shape problems; spans: "
-                      r"(\d+) multi-core spans, (\d+) across kv heads; faults((?: [a-z-]+ \d+)+)",
-                      result.stdout)
+                      r"(\d+) multi-core spans, (\d+) across kv heads; (\d+) soft-capped "
+                      r"problems; faults((?: [a-z-]+ \d+)+)", result.stdout)
     assert match, result.stdout
     names = match.group(1).split()
     assert names == ra.isa_variants()["supported"]
@@ -47,7 +47,8 @@ def run_program(binary: Path, problems: int) -> None:
     assert int(match.group(3)) > problems // 4  # enough problems where the sets can fuse
     assert int(match.group(4)) > problems // 2  # spans of several cores ...
     assert int(match.group(5)) > problems // 8  # ... some of them over several kv heads
-    counts = dict(zip(match.group(6).split()[::2], map(int, match.group(6).split()[1::2])))
+    assert int(match.group(6)) == problems // 3  # every third problem has the soft cap on
+    counts = dict(zip(match.group(7).split()[::2], map(int, match.group(7).split()[1::2])))
     assert set(counts) == set(FAULTS) and min(counts.values()) > 0, counts
 
 

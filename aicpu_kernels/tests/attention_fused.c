@@ -12,7 +12,8 @@
  *
  * A problem draws kv heads (1, 2, 4, 8), group (1, 2, 4), head_dim (128, 64, 96, 13), block
  * size, q_tile, dtype, causal or not, a batch of decode, speculative decode or chunked-prefill
- * requests (with padded q_len == 0 slots), num_cores either a multiple of the kv heads (1 to 4
+ * requests (with padded q_len == 0 slots), the logits soft cap (on, C = 0.5, for every third
+ * problem), num_cores either a multiple of the kv heads (1 to 4
  * cores per head: splits and idle cores) or any count, and a partition of the cores into spans
  * (lengths 1 to P). Then one of: nothing wrong, an out-of-range block id, a record whose slot
  * or end no longer matches (a tiling the fused walks must refuse), a core whose range is
@@ -68,6 +69,7 @@ typedef struct {
     aicpu_tiling_params p;
     int32_t dtype, causal, batch, num_blocks, kind, fault;
     uint32_t call_flags;
+    float soft_cap; /* 0: off */
     int32_t cu[MAX_BATCH + 1], kv[MAX_BATCH], bt[MAX_BATCH * MBPR];
     int32_t *tiling;
     void *q, *k, *v;
@@ -96,26 +98,26 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
     for (j = 0; j < groups; j++) {
         if (how == SIBLINGS) {
             st[j] = aicpu_attention_core_siblings(p, pb->tiling, j, pb->call_flags, pb->dtype,
-                                                  scale, q, pb->k, pb->v, pb->num_blocks, pb->bt,
-                                                  pb->cu, pb->kv, out, ws ? po : NULL,
-                                                  ws ? pl : NULL);
+                                                  scale, pb->soft_cap, q, pb->k, pb->v,
+                                                  pb->num_blocks, pb->bt, pb->cu, pb->kv, out,
+                                                  ws ? po : NULL, ws ? pl : NULL);
             continue;
         }
         if (how == SPANS) {
             st[j] = aicpu_attention_core_span(p, pb->tiling, span_at[j],
                                               span_at[j + 1] - span_at[j], pb->call_flags,
-                                              pb->dtype, scale, q, pb->k, pb->v, pb->num_blocks,
-                                              pb->bt, pb->cu, pb->kv, out, ws ? po : NULL,
-                                              ws ? pl : NULL);
+                                              pb->dtype, scale, pb->soft_cap, q, pb->k, pb->v,
+                                              pb->num_blocks, pb->bt, pb->cu, pb->kv, out,
+                                              ws ? po : NULL, ws ? pl : NULL);
             continue;
         }
         st[j] = AICPU_TILING_OK;
         for (c = how == SIBLINGS_REF ? j : span_at[j];
              how == SIBLINGS_REF ? c < p->num_cores : c < span_at[j + 1];
              c += how == SIBLINGS_REF ? sets : 1) {
-            int s = aicpu_attention_core(p, pb->tiling, c, pb->call_flags, pb->dtype, scale, q,
-                                         pb->k, pb->v, pb->num_blocks, pb->bt, pb->cu, pb->kv,
-                                         out, ws ? po : NULL, ws ? pl : NULL);
+            int s = aicpu_attention_core(p, pb->tiling, c, pb->call_flags, pb->dtype, scale,
+                                         pb->soft_cap, q, pb->k, pb->v, pb->num_blocks, pb->bt,
+                                         pb->cu, pb->kv, out, ws ? po : NULL, ws ? pl : NULL);
             if (st[j] == AICPU_TILING_OK) st[j] = s;
         }
     }
@@ -193,7 +195,7 @@ static const char *first_difference(const problem *pb, int32_t groups, const int
 
 int main(int argc, char **argv) {
     int32_t nproblems = argc > 1 ? atoi(argv[1]) : 300, n, isa, runs = 0, fused_shape = 0;
-    int32_t multi_spans = 0, cross_head_spans = 0;
+    int32_t multi_spans = 0, cross_head_spans = 0, soft_capped = 0;
     int32_t per_case[NUM_CASES];
     char names[64] = "";
     memset(per_case, 0, sizeof per_case);
@@ -217,6 +219,8 @@ int main(int argc, char **argv) {
         draw(&pb);
         nspans = draw_spans(pb.p.num_cores, span_at);
         pb.fault = n < NUM_CASES ? n : pick(2) ? OK_CASE : pick(NUM_CASES);
+        pb.soft_cap = n % 3 == 2 ? 0.5f : 0.0f; /* not drawn: the other draws stay as they were */
+        soft_capped += pb.soft_cap > 0.0f;
         plan_flags = pb.causal ? AICPU_TILING_CAUSAL : 0;
         pb.call_flags = pb.fault == WRONG_FLAG ? plan_flags ^ AICPU_TILING_CAUSAL : plan_flags;
         esize = pb.dtype == AICPU_ATTENTION_FP32 ? 4 : 2;
@@ -302,12 +306,13 @@ int main(int argc, char **argv) {
                 if (what == NULL) continue;
                 printf("FAIL problem %d (%s, %s, %s): %s differ at %d; kv heads %d q heads %d "
                        "dim %d block %d q_tile %d cores %d spans %d dtype %d causal %d batch %d "
-                       "kind %d",
+                       "kind %d soft cap %g",
                        (int)n, case_names[pb.fault], aicpu_attention_isa_name(isa),
                        how == SIBLINGS_REF ? "siblings" : "spans", what, (int)at_bad,
                        (int)p->num_kv_heads, (int)p->num_q_heads, (int)p->head_dim,
                        (int)p->block_size, (int)p->q_tile, (int)p->num_cores, (int)nspans,
-                       (int)pb.dtype, (int)pb.causal, (int)pb.batch, (int)pb.kind);
+                       (int)pb.dtype, (int)pb.causal, (int)pb.batch, (int)pb.kind,
+                       (double)pb.soft_cap);
                 if (what[0] == 's')
                     printf(": status %d, per-core %d", st[at_bad], st_ref[at_bad]);
                 printf("\n");
@@ -326,8 +331,9 @@ int main(int argc, char **argv) {
         free(pl);
     }
     printf("siblings: %s; %d runs, %d fused-shape problems; spans: %d multi-core spans, %d "
-           "across kv heads; faults",
-           names, (int)runs, (int)fused_shape, (int)multi_spans, (int)cross_head_spans);
+           "across kv heads; %d soft-capped problems; faults",
+           names, (int)runs, (int)fused_shape, (int)multi_spans, (int)cross_head_spans,
+           (int)soft_capped);
     for (n = 0; n < NUM_CASES; n++) printf(" %s %d", case_names[n], (int)per_case[n]);
     printf("\n");
     return 0;

@@ -28,6 +28,10 @@ computes one attention layer::
     assert ra.attention_finalize(params, plan, cu_seqlens_q=cu, out=out, partial_out=po,
                                  partial_lse=pl) == ra.OK              # rows 4..7 are zero
 
+``logits_soft_cap=C`` (every entry point; None, the default, is off) caps each score
+``s = scale * q . k`` to ``C * tanh(s / C)`` before the softmax (`pyruntime.kernels.soft_cap`);
+with it off the C code runs exactly as it does without the argument.
+
 For graph mode, :class:`BoundAttention` checks the static buffers once and then launches
 each core or the combine step with a single C call (a few microseconds of Python).
 
@@ -58,6 +62,7 @@ import numpy as np
 import torch
 
 from pyruntime import tiling as _tiling
+from pyruntime.kernels import soft_cap as _soft_cap
 
 # pyruntime.tiling is the one importer of the cffi module; take ffi/lib from it.
 _ffi = getattr(_tiling, "_ffi", None) or _tiling.ffi
@@ -241,6 +246,7 @@ class BoundAttention:
         partial_lse: torch.Tensor | None,
         scale: float | None = None,
         causal: bool = True,
+        logits_soft_cap: float | None = None,
     ) -> None:
         self._c_params = params._c_params()
         self._tiling = _tiling_ptr(params, self._c_params, tiling_buffer)
@@ -296,6 +302,7 @@ class BoundAttention:
             flags,
             self._dtype,
             scale,
+            _soft_cap.kernel_arg(logits_soft_cap),
             _ptr("const void *", query),
             _ptr("const void *", key_cache),
             _ptr("const void *", value_cache),
@@ -448,6 +455,7 @@ def attention_core(
     partial_lse: torch.Tensor | None,
     scale: float | None = None,
     causal: bool = True,
+    logits_soft_cap: float | None = None,
 ) -> int:
     """Run AI Core ``core``'s share of one attention layer, as the tiling assigns it.
 
@@ -470,6 +478,9 @@ def attention_core(
         partial_lse: float32 [max_slots, q_tile, group]; same rule.
         scale: softmax scale; default 1 / sqrt(head_dim).
         causal: must equal the causal flag the tiling was planned with.
+        logits_soft_cap: None (off, the default) or C > 0, finite: every score
+            ``s = scale * q . k`` becomes ``C * tanh(s / C)`` before the softmax (a Python
+            float, applied in fp32; `pyruntime.kernels.soft_cap`).
 
     Returns:
         The C status: OK, the tiling's status if it is not OK (nothing was done), E_TILING
@@ -478,13 +489,14 @@ def attention_core(
 
     Raises:
         TypeError: a tensor argument has the wrong type or dtype.
-        ValueError: a wrong shape, device, contiguity, core index or buffer size.
+        ValueError: a wrong shape, device, contiguity, core index or buffer size, or a soft
+            cap that is not None or a positive finite number.
     """
     bound = _bind_checked(params, tiling_buffer, query=query, key_cache=key_cache,
                           value_cache=value_cache, block_table=block_table,
                           cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, out=out,
                           partial_out=partial_out, partial_lse=partial_lse, scale=scale,
-                          causal=causal)
+                          causal=causal, logits_soft_cap=logits_soft_cap)
     return bound.core(int(core))
 
 
@@ -510,6 +522,7 @@ def attention_core_siblings(
     partial_lse: torch.Tensor | None,
     scale: float | None = None,
     causal: bool = True,
+    logits_soft_cap: float | None = None,
 ) -> int:
     """Run the cores ``first_core, first_core + Q, ...`` (Q = :func:`num_sibling_sets`) in one
     C call, fusing the kv heads when the tiling cuts every head alike.
@@ -521,7 +534,7 @@ def attention_core_siblings(
                           value_cache=value_cache, block_table=block_table,
                           cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, out=out,
                           partial_out=partial_out, partial_lse=partial_lse, scale=scale,
-                          causal=causal)
+                          causal=causal, logits_soft_cap=logits_soft_cap)
     return bound.core_siblings(int(first_core))
 
 
