@@ -251,3 +251,27 @@ def test_readme_npu_recipe_editable_activates_through_the_vllm_plugin(clean_venv
     off = json.loads(unset.stdout)
     assert off["eps"] == on["eps"] and unset.stderr == ""
     assert off["loaded"] is False and off["installed"] is False
+
+
+#: what the NPU twin needs beyond the NPU recipe: the AArch64 build and its emulator, and
+#: upstream Triton in the place of the triton-ascend that vLLM-Ascend brings on an NPU
+#: machine (the twin runs our Triton kernels' bodies); the ``test`` extra's requirements
+TWIN_EXTRAS = [r for r in PYPROJECT["project"]["optional-dependencies"]["test"]
+               if _requirement_name(r) in {"ziglang", "unicorn", "pyelftools", "triton"}]
+
+
+@pytest.mark.install
+def test_readme_npu_recipe_runs_its_selfcheck_on_the_twin(clean_venv, source_copy, tmp_path):
+    # The NPU recipe as far as a machine without CANN goes: the install line as written, then
+    # step 3a's selfcheck with the twin standing in for torch_npu and CANN (step 2 builds with
+    # CANN; the twin builds its own AI-CPU binary with ziglang).
+    venv = clean_venv
+    _run(["bash", "-c", _readme_npu_install_line()], cwd=source_copy, env=venv.env)
+    assert len(TWIN_EXTRAS) == 4, TWIN_EXTRAS
+    venv.pip(*TWIN_EXTRAS, cwd=tmp_path)
+    report = tmp_path / "placement.json"
+    _run([str(venv.root / "bin" / "aicpu-tiling"), "selfcheck", "--backend", "npu-twin",
+          "--checks", "tiling_kernel,aicpu_replay", "-o", str(report), "--no-progress"],
+         cwd=tmp_path, env={**venv.env, "TASK_QUEUE_ENABLE": "1"}, timeout=600)
+    checks = {c["name"]: c["status"] for c in json.loads(report.read_text())["checks"]}
+    assert checks == {"kernels": "pass", "tiling_kernel": "pass", "aicpu_replay": "pass"}
