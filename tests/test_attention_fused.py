@@ -82,7 +82,7 @@ def bound(case: Case, plan, out, po, pl) -> ra.BoundAttention:
         case.params, plan, query=case.query, key_cache=case.key_cache,
         value_cache=case.value_cache, block_table=case.block_table, cu_seqlens_q=case.cu,
         seqlens_kv=case.kv, out=out, partial_out=po, partial_lse=pl, scale=case.scale,
-        causal=case.causal,
+        causal=case.causal, logits_soft_cap=case.soft_cap,
     )
 
 
@@ -236,3 +236,23 @@ def test_span_argument_errors():
                                       seqlens_kv=None, out=out, partial_out=po, partial_lse=pl)
     with pytest.raises(ValueError, match="only finalize"):
         finalize_only.core_span(0, 1)
+
+
+@pytest.mark.parametrize(
+    "hkv, cores, q_lens, kv_lens, spans",
+    [
+        (8, 24, [1] * 12, [300, 5, 77, 16, 17, 129, 1, 64, 250, 33, 90, 48], None),  # siblings
+        (2, 5, [1, 9, 0, 5], [33, 60, 12, 5], [(0, 2), (2, 3)]),  # spans, chunked prefill
+    ],
+    ids=["sibling-sets", "spans"],
+)
+def test_soft_cap_fused_calls_equal_per_core_and_reference(isa, hkv, cores, q_lens, kv_lens,
+                                                           spans):
+    """The fused calls pass the logits soft cap on: same result as the per-core loop, and the
+    capped float64 reference (queries x4, C = 2: tanh saturates, so ignoring it would fail)."""
+    case = Case(np.random.default_rng(cores), hq=4 * hkv, hkv=hkv, d=64, bs=16, cores=cores,
+                q_tile=4, q_lens=q_lens, kv_lens=kv_lens, soft_cap=2.0, q_mul=4.0)
+    (ref, st_ref), (out, st) = run_both(case, spans)
+    assert st == st_ref == [0] * len(st)
+    assert_close(case, out)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)

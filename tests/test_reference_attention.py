@@ -60,6 +60,8 @@ class Case:
         dtype=torch.float32,
         causal=True,
         spare_blocks=3,
+        soft_cap=None,
+        q_mul=1.0,
     ):
         batch = len(q_lens)
         self.max_batch = max_batch or batch + 1
@@ -77,6 +79,7 @@ class Case:
             q_tile=q_tile,
         )
         self.causal, self.dtype, self.batch = causal, dtype, batch
+        self.soft_cap = soft_cap  # logits soft cap: None (off) or C > 0
         self.q_lens, self.kv_lens = list(q_lens), list(kv_lens)
         self.cu = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
         self.kv = torch.tensor(kv_lens, dtype=torch.int32)
@@ -89,7 +92,8 @@ class Case:
             self.block_table[r, :n] = torch.from_numpy(ids[at : at + n].astype(np.int32))
             at += n
         gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
-        self.query = torch.randn(self.max_tokens, hq, d, generator=gen).to(dtype)
+        # q_mul > 1 makes scores large enough for a soft cap to bend them
+        self.query = (q_mul * torch.randn(self.max_tokens, hq, d, generator=gen)).to(dtype)
         self.key_cache = torch.randn(num_blocks, bs, hkv, d, generator=gen).to(dtype)
         self.value_cache = torch.randn(num_blocks, bs, hkv, d, generator=gen).to(dtype)
         self.scale = 1.0 / math.sqrt(d)
@@ -124,6 +128,7 @@ class Case:
                 partial_lse=pl,
                 scale=self.scale,
                 causal=self.causal,
+                logits_soft_cap=self.soft_cap,
             )
 
         if threads:
@@ -160,6 +165,8 @@ class Case:
             v = v.repeat_interleave(group, dim=1)
             q = self.query[lo:hi].double()
             s = torch.einsum("qhd,khd->hqk", q, k) * self.scale
+            if self.soft_cap is not None:
+                s = self.soft_cap * torch.tanh(s / self.soft_cap)
             if self.causal:
                 i = torch.arange(ql).view(ql, 1)
                 j = torch.arange(kl).view(1, kl)
@@ -248,6 +255,41 @@ def test_non_causal_and_causal(causal):
         causal=causal,
     )
     check_ok(case)
+
+
+#: logits soft caps: (C, query multiplier): C = 2 with scores x4 (tanh saturates) and Gemma
+#: 2's C = 50 with scores beyond it (queries x30)
+SOFT_CAPS = [(2.0, 4.0), (50.0, 30.0)]
+
+
+def soft_cap_case(dtype, cap, q_mul, *, cores=5):
+    """Decode, speculative decode, chunked prefill and a padded slot, split over cores."""
+    return Case(np.random.default_rng(7), hq=4, hkv=1, d=48, bs=8, cores=cores, q_tile=4,
+                q_lens=[1, 3, 11, 0, 6, 1], kv_lens=[9, 40, 11, 0, 70, 1], dtype=dtype,
+                max_tokens=30, max_batch=8, soft_cap=cap, q_mul=q_mul)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cap, q_mul", SOFT_CAPS, ids=["C2-saturating", "C50-gemma2"])
+def test_soft_cap_matches_float64_and_changes_the_result(dtype, cap, q_mul):
+    case = soft_cap_case(dtype, cap, q_mul)
+    check_ok(case)
+    # the cap matters here: the uncapped answer is far outside the tolerance of the capped one
+    capped, uncapped = case.reference(), soft_cap_case(dtype, None, q_mul).reference()
+    assert (capped - uncapped).abs().max() / capped.abs().max() > 0.1
+
+
+def test_soft_cap_off_is_the_uncapped_path_and_bad_values_raise():
+    case = soft_cap_case(torch.float32, None, 4.0)
+    plan = case.tiling()
+    off, _, _ = case.run(plan)
+    case.soft_cap = 1e30  # a huge cap: the identity up to fp32 rounding, through the cap pass
+    huge, _, _ = case.run(plan)
+    torch.testing.assert_close(huge, off, rtol=1e-4, atol=1e-5)
+    for bad in (0.0, -1.0, float("nan"), float("inf"), True, "2.0"):
+        case.soft_cap = bad
+        with pytest.raises(ValueError, match="logits_soft_cap"):
+            case.run(plan)
 
 
 def test_head_dim_not_multiple_of_lanes_and_mha():

@@ -64,7 +64,7 @@ def run_triton(case: Case, plan, *, fill=float("nan"), step_epoch=None):
         key_cache=case.key_cache,
         value_cache=case.value_cache, block_table=case.block_table, cu_seqlens_q=case.cu,
         seqlens_kv=case.kv, out=out, partial_out=po, partial_lse=pl, scale=case.scale,
-        causal=case.causal)
+        causal=case.causal, logits_soft_cap=case.soft_cap)
     combined = triton_launch.launch_combine(case.params, tiling_in=words, step_epoch=epoch,
                                             cu_seqlens_q=case.cu, out=out, partial_out=po,
                                             partial_lse=pl, causal=case.causal)
@@ -96,6 +96,47 @@ def test_matches_c_reference_and_float64(name, dtype):
     vs_ref, vs_c = errors(case, out, c_out)
     assert vs_ref <= TOL[dtype], (name, vs_ref)
     assert vs_c <= TOL[dtype], (name, vs_c)
+
+
+#: logits soft caps, (C, query multiplier): C = 2 with scores x4 (tanh saturates) and Gemma 2's
+#: C = 50 with scores beyond it (queries x30)
+SOFT_CAPS = {"C2-saturating": (2.0, 4.0), "C50-gemma2": (50.0, 30.0)}
+#: with the cap, fp32 against float64: scores of size ~C carry an fp32 rounding of ~C * 6e-8
+#: and the kernel's tanh adds up to ~C * 1.1e-7 (``triton_attention._soft_cap``)
+SOFT_CAP_TOL = {torch.float32: 5e-6, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cap", sorted(SOFT_CAPS))
+@pytest.mark.parametrize("name", ["decode_gqa_split", "spec_decode", "chunked_prefill",
+                                  "padded_zero_length"])
+def test_soft_cap_matches_c_reference_and_float64(name, cap, dtype):
+    soft_cap, q_mul = SOFT_CAPS[cap]
+    case = Case(np.random.default_rng(7), dtype=dtype, soft_cap=soft_cap, q_mul=q_mul,
+                **CASES[name])
+    plan = case.tiling()
+    c_out, c_status, c_fin = case.run(plan)
+    assert set(c_status.values()) == {0} and c_fin == 0
+    out, status, combined = run_triton(case, plan)
+    assert status == [0] * case.params.num_cores and set(combined) == {0}
+    tokens = int(case.cu[-1])
+    assert torch.equal(out[tokens:], torch.zeros_like(out[tokens:])), "padding rows not zero"
+    vs_ref, vs_c = errors(case, out, c_out)
+    assert vs_ref <= SOFT_CAP_TOL[dtype], (name, vs_ref)
+    assert vs_c <= SOFT_CAP_TOL[dtype], (name, vs_c)
+    # the cap matters: ignoring it would miss the capped reference by far more than the tolerance
+    capped = case.reference()
+    uncapped = Case(np.random.default_rng(7), dtype=dtype, q_mul=q_mul, **CASES[name]).reference()
+    assert (capped - uncapped).abs().max() / capped.abs().max() > 0.1
+
+
+def test_soft_cap_argument_is_checked_before_launching():
+    case = Case(np.random.default_rng(7), **CASES["decode_gqa_split"])
+    plan = case.tiling()
+    for bad in (0.0, -2.0, float("nan"), float("inf"), True):
+        case.soft_cap = bad
+        with pytest.raises(ValueError, match="logits_soft_cap"):
+            run_triton(case, plan)
 
 
 def test_cases_cover_split_and_unsplit_units():

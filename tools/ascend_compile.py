@@ -17,6 +17,10 @@ script runs twice: in the project environment it computes the kernels' compile-t
 (from `pyruntime.kernels.triton_launch`, so the tiling ABI is read, never typed), then it runs
 itself with ``--inner`` in the venv, which imports only ``triton`` and the kernel source file.
 
+Kernels: the attention kernel twice (without and with the logits soft cap, ``USE_SOFT_CAP``;
+reported as ``paged_attention_kernel`` and ``paged_attention_kernel[soft_cap]``) and the
+combine kernel, which the soft cap does not touch.
+
 Usage:
     python tools/ascend_compile.py [--venv DIR] [--out DIR] [--dtype fp16|bf16] [--json]
 Exit status: 0 when the stages ran as far as they can here (bishengir-compile started and
@@ -89,9 +93,12 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
                       "value_cache": store, "block_table": "*i32", "cu_seqlens_q": "*i32",
                       "seqlens_kv": "*i32", "out": store, "partial_out": "*fp32",
                       "partial_lse": "*fp32", "core_status": "*i32", "scale": "fp32",
-                      "num_blocks": "i32"},
-        "constants": {**consts, **shapes, "UPCAST_DOT": False},
+                      "soft_cap": "fp32", "num_blocks": "i32"},
+        "constants": {**consts, **shapes, "UPCAST_DOT": False, "USE_SOFT_CAP": False},
     }
+    # the logits soft cap variant: the same function compiled with USE_SOFT_CAP
+    soft_capped = {**attention, "label": "paged_attention_kernel[soft_cap]",
+                   "constants": {**attention["constants"], "USE_SOFT_CAP": True}}
     combine = {
         "name": "attention_combine_kernel",
         "signature": {"tiling": "*i32", "step_epoch": "*i32", "cu_seqlens_q": "*i32",
@@ -100,7 +107,7 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
         "constants": {**consts, "BLOCK_M": shapes["BLOCK_M"], "BLOCK_D": shapes["BLOCK_D"],
                       "BLOCK_Z": 1024},
     }
-    return [attention, combine]
+    return [attention, soft_capped, combine]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,6 +189,12 @@ def _compile_one(kernel: dict, module, spec: dict, out: pathlib.Path) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    # a variant of a function (its label) gets its own file names and its own Triton cache, so
+    # the artefacts found below are this compile's and never another variant's
+    label = kernel.get("label", kernel["name"])
+    stem = re.sub(r"[^A-Za-z0-9_]+", "_", label).strip("_")
+    cache = pathlib.Path(os.environ["TRITON_CACHE_DIR"]) / stem
+    os.environ["TRITON_CACHE_DIR"] = str(cache)  # read by Triton at each compile
     fn = getattr(module, kernel["name"])
     signature = dict(kernel["signature"])
     for name in kernel["constants"]:
@@ -197,13 +210,12 @@ def _compile_one(kernel: dict, module, spec: dict, out: pathlib.Path) -> dict:
         stderr = getattr(exc, "stderr", None)
         if stderr:
             error += "\n" + _last_lines(stderr.decode() if isinstance(stderr, bytes) else stderr)
-    cache = pathlib.Path(os.environ["TRITON_CACHE_DIR"])
     found = {}
     for ext in ("ttir", "ttadapter", "npubin"):
         files = sorted(cache.rglob(f"{kernel['name']}.{ext}"), key=lambda p: p.stat().st_mtime)
         if files:
             found[ext] = files[-1]
-            target_file = out / f"{kernel['name']}.{ext}.mlir"
+            target_file = out / f"{stem}.{ext}.mlir"
             target_file.write_bytes(files[-1].read_bytes())
             found[ext] = target_file
     for ext in ("ttir", "ttadapter", "npubin"):
@@ -217,9 +229,9 @@ def _compile_one(kernel: dict, module, spec: dict, out: pathlib.Path) -> dict:
         stages.append(entry)
     reached = "npubin" in found
     if "ttadapter" in found:
-        stages.append(_bishengir(found["ttadapter"], spec, out / kernel["name"]))
+        stages.append(_bishengir(found["ttadapter"], spec, out / stem))
         reached = reached or stages[-1]["ok"] or stages[-1].get("stopped_at_hivmc", False)
-    return {"name": kernel["name"], "stages": stages, "reached_hivmc_or_binary": reached}
+    return {"name": label, "stages": stages, "reached_hivmc_or_binary": reached}
 
 
 _POINTER_CAST = re.compile(r"hivm\.hir\.pointer_cast\(%c(\d+)_i64[^)]*\)[^:]*: "
@@ -289,8 +301,12 @@ def inner(spec_path: pathlib.Path) -> int:
     module_spec.loader.exec_module(module)
     import triton
 
-    report = {"target": spec["target"], "triton": triton.__version__,
-              "kernels": [_compile_one(k, module, spec, out) for k in spec["kernels"]]}
+    base_cache = os.environ["TRITON_CACHE_DIR"]
+    kernels = []
+    for kernel in spec["kernels"]:
+        os.environ["TRITON_CACHE_DIR"] = base_cache
+        kernels.append(_compile_one(kernel, module, spec, out))
+    report = {"target": spec["target"], "triton": triton.__version__, "kernels": kernels}
     print(json.dumps(report))
     return 0
 

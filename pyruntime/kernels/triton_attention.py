@@ -44,8 +44,9 @@ Constraints this code relies on, with their sources (check them on hardware):
   with the default tiles (q_tile 32: BLOCK_M 64, BLOCK_N 64) and in 103 KiB of UB with the
   decode tiles (q_tile 1: BLOCK_M 16, BLOCK_N 128); the combine in 105 / 28 KiB (the
   highest static ``pointer_cast`` offsets of ``module.hivm.opt.mlir``, reported by
-  ``tools/ascend_compile.py [--q-tile 1]``). It fits, with little room at the default
-  tiles, so larger tiles need that check again.
+  ``tools/ascend_compile.py [--q-tile 1]``). With ``USE_SOFT_CAP`` the attention kernel plans
+  181 KiB and 135 KiB. It fits, with little room at the default tiles, so larger tiles (or
+  more per-score work) need that check again.
 - The last axis of every tile is head_dim (contiguous in query, caches, output and
   partials), the alignment the guide asks for ("Aligning the Size of the Tail Axis").
 - Upstream interpreter bug worked around by ``UPCAST_DOT``: ``tl.dot`` on bf16 operands
@@ -53,6 +54,12 @@ Constraints this code relies on, with their sources (check them on hardware):
   ``InterpreterBuilder.create_dot`` calls ``np.matmul`` on the bf16 bit patterns; seen with
   triton 3.9.0). The launcher sets ``UPCAST_DOT`` for bf16 under the interpreter only: the
   operands are widened to fp32 first, which is exact, so the products are those of the cube.
+- The logits soft cap (``USE_SOFT_CAP``, a compile-time switch; the cap itself, ``soft_cap``,
+  is a runtime fp32 scalar, so one compiled kernel serves every cap value) caps the scores
+  after the scale and before the mask, as vLLM's Triton path does. Its tanh is built from
+  ``tl.exp`` (:func:`_soft_cap`): ``tl`` has no tanh that both upstream Triton and
+  Triton-Ascend provide, and the kernel already lowers exp, abs, division and selects. With
+  ``USE_SOFT_CAP`` off the branch is not compiled: the kernel is the uncapped one.
 - Device-side checks never read out of bounds: every index read from the tiling or the length
   arrays is range-checked before it addresses memory, and a block id outside
   ``[0, num_blocks)`` turns the segment into zeros (``lse = +inf`` for a piece), as in the C
@@ -117,14 +124,34 @@ def _request(cu_seqlens_q, seqlens_kv, r, MAX_TOKENS: tl.constexpr, KV_CAPACITY:
 
 
 @triton.jit
+def _soft_cap(s, cap):
+    """``cap * tanh(s / cap)`` elementwise in fp32, from ``tl.exp`` only.
+
+    tanh|x| = (1 - e) / (1 + e) with e = exp(-2|x|), which cannot overflow. Against float64
+    tanh its absolute error is at most 1.1e-7 over all fp32 inputs (a numpy check), so a capped
+    score, which lies in (-cap, cap), is within about 1.1e-7 * cap (two ulp of cap) of the
+    exact one; for small |x| that is more than a relative ulp of the score (1 - e cancels), which
+    only matters next to scores of size cap, whose own fp32 rounding is that large. A more
+    accurate form (an odd polynomial below |x| = 0.25) needed two more [BLOCK_M, BLOCK_N] fp32
+    tiles: 211 KiB of UB at the default tiles, over the A2's 192 KB (bishengir-compile, through
+    ``tools/ascend_compile.py``); this one plans 181 KiB.
+    """
+    x = s * (1.0 / cap)
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return cap * tl.where(x < 0.0, -t, t)
+
+
+@triton.jit
 def _segment(query, key_cache, value_cache, block_table, out, partial_out, partial_lse, scale,
-             r, h, t, kb, ke, slot, blocks_ok, q_start, q_len, kv_len,
+             soft_cap, r, h, t, kb, ke, slot, blocks_ok, q_start, q_len, kv_len,
              NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
              BLOCK_SIZE: tl.constexpr, MAX_BLOCKS_PER_REQ: tl.constexpr, Q_TILE: tl.constexpr,
              CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr):
+             BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr):
     """Kv blocks [kb, ke) of unit (r, h, t): its rows (token in tile, group member) attend with
-    kv head h. A whole unit (slot < 0) writes its output rows; a piece writes slot ``slot``."""
+    kv head h. A whole unit (slot < 0) writes its output rows; a piece writes slot ``slot``.
+    With USE_SOFT_CAP every score is capped to ``soft_cap * tanh(s / soft_cap)`` first."""
     GROUP: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
     tok0 = t * Q_TILE
     ntok = tl.minimum(q_len - tok0, Q_TILE)
@@ -164,6 +191,8 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
                 if UPCAST_DOT:
                     k = k.to(tl.float32)
                 s = tl.dot(q, tl.trans(k)) * scale
+                if USE_SOFT_CAP:   # after the scale, before the mask (vLLM's order)
+                    s = _soft_cap(s, soft_cap)
                 s = tl.where(pos[None, :] < limit[:, None], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, axis=1))
                 m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing
@@ -198,7 +227,7 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
 @triton.jit
 def paged_attention_kernel(
     tiling, step_epoch, query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
-    out, partial_out, partial_lse, core_status, scale, num_blocks,
+    out, partial_out, partial_lse, core_status, scale, soft_cap, num_blocks,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, MAX_BATCH: tl.constexpr, MAX_TOKENS: tl.constexpr,
     MAX_BLOCKS_PER_REQ: tl.constexpr, NUM_CORES: tl.constexpr, Q_TILE: tl.constexpr,
@@ -214,12 +243,13 @@ def paged_attention_kernel(
     COMB_KV_HEAD: tl.constexpr, COMB_Q_TILE: tl.constexpr, COMB_FIRST_SLOT: tl.constexpr,
     COMB_NUM_PIECES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr,
 ):
     """Program ``pid`` = AI Core ``pid``: walk the core's range [begin, end) of the tiling.
 
     Tensors as in ``attention_ref.h`` (TENSORS); ``step_epoch`` int32 [1] is the epoch the
-    host wrote beside this step's lengths. ``core_status[pid]`` receives OK, the tiling's
+    host wrote beside this step's lengths; ``soft_cap`` (fp32, > 0) is the logits soft cap,
+    read only when ``USE_SOFT_CAP``. ``core_status[pid]`` receives OK, the tiling's
     own status when it is not OK (nothing done), E_STALE (the tiling was planned for another
     step: nothing done), E_TILING (the buffer or lengths do not match; nothing more done) or
     E_BLOCK_ID (the affected segments are zeros, the rest computed).
@@ -294,10 +324,11 @@ def paged_attention_kernel(
                             blocks_ok = bad_ids == 0
                             status = tl.where(blocks_ok | (status != OK), status, E_BLOCK_ID)
                             _segment(query, key_cache, value_cache, block_table, out,
-                                     partial_out, partial_lse, scale, r, h, t, kb, ke, slot,
-                                     blocks_ok, q_start, q_len, kv_len, NUM_Q_HEADS,
+                                     partial_out, partial_lse, scale, soft_cap, r, h, t, kb,
+                                     ke, slot, blocks_ok, q_start, q_len, kv_len, NUM_Q_HEADS,
                                      NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, MAX_BLOCKS_PER_REQ,
-                                     Q_TILE, CAUSAL, BLOCK_M, BLOCK_N, BLOCK_D, UPCAST_DOT)
+                                     Q_TILE, CAUSAL, BLOCK_M, BLOCK_N, BLOCK_D, UPCAST_DOT,
+                                     USE_SOFT_CAP)
                         walked += 1
         status = tl.where((status == OK) & (walked != num_segments), E_TILING, status)
     tl.store(core_status + pid, status)

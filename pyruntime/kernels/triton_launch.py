@@ -65,6 +65,7 @@ from typing import Any
 import torch
 
 from pyruntime import tiling as _tiling
+from pyruntime.kernels import soft_cap as _soft_cap
 
 _KERNELS = "pyruntime.kernels.triton_attention"
 _lib = _tiling.lib
@@ -251,7 +252,7 @@ def _check_lengths(words: torch.Tensor, cu_seqlens_q: torch.Tensor,
 
 def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_cache,
                      block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse,
-                     scale: float, causal: bool,
+                     scale: float, causal: bool, logits_soft_cap: float | None = None,
                      core_status: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the attention grid (``params.num_cores`` programs) once; returns core_status.
 
@@ -264,16 +265,21 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
         partial_out, partial_lse: as for ``reference_attention.attention_core`` (all on one
             device; partials float32 ``[max_slots, q_tile, group, head_dim]`` / ``[.., group]``).
         scale: softmax scale; causal: the flag the tiling was planned with.
+        logits_soft_cap: None (off: the kernel compiled without the cap) or C > 0, finite:
+            scores ``s = scale * q . k`` become ``C * tanh(s / C)`` before the softmax (the
+            kernel compiled with ``USE_SOFT_CAP``, C passed as an fp32 runtime scalar).
         core_status: int32 ``[num_cores]`` the programs write their status to (OK, the
             tiling's status, E_TILING or E_BLOCK_ID, the C reference's codes, or E_STALE);
             allocated when None. Device side: read it only after the stream has run.
 
     Raises:
-        TypeError, ValueError: wrong dtypes or shapes, or (CPU tensors) length arrays shorter
-            than the tiling's live batch; checked before launching.
+        TypeError, ValueError: wrong dtypes or shapes, (CPU tensors) length arrays shorter
+            than the tiling's live batch, or a soft cap that is not None or a positive finite
+            number; checked before launching.
         TritonUnavailableError: see :func:`kernels`.
     """
     _check_shapes(params, query, key_cache, value_cache, out)
+    soft_cap = _soft_cap.kernel_arg(logits_soft_cap)
     words = _words(tiling_in)
     cu_seqlens_q, seqlens_kv = _int32("cu_seqlens_q", cu_seqlens_q), _int32("seqlens_kv",
                                                                            seqlens_kv)
@@ -286,8 +292,9 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
         module.paged_attention_kernel[(params.num_cores,)](
             words, _int32("step_epoch", step_epoch), query, key_cache, value_cache,
             _int32("block_table", block_table), cu_seqlens_q, seqlens_kv, out,
-            partial_out, partial_lse, core_status, float(scale), int(key_cache.shape[0]),
-            **constants(params, bool(causal)), **block_shapes(params), UPCAST_DOT=upcast)
+            partial_out, partial_lse, core_status, float(scale), soft_cap,
+            int(key_cache.shape[0]), **constants(params, bool(causal)), **block_shapes(params),
+            UPCAST_DOT=upcast, USE_SOFT_CAP=soft_cap > 0.0)
     return core_status
 
 
