@@ -8,6 +8,10 @@ graph replay does not re-run captured AI-CPU tasks).
 ``mode="host_update"``: the vLLM-Ascend baseline; after each replay the host re-plans
 and updates every layer's task group.
 
+``logits_soft_cap=C`` (Gemma 2) caps every score to ``C * tanh(s / C)`` before the softmax,
+in every mode and placement, on both AI Core consumers (the C reference and the Triton
+kernels); the tiling does not change (docs/attention-variants.md).
+
 Lifetime: `close()` (or leaving a ``with`` block) resets the graph, gives back the streams
 and frees the buffers; ``owns_backend=True`` also closes the backend. A dropped instance
 needs no `close()` for its buffers: garbage collection frees them.
@@ -53,6 +57,7 @@ from pyruntime.graph_attention.errors import (
     FrozenSizeError,
 )
 from pyruntime.graph_attention.host_update import HostUpdatePath
+from pyruntime.kernels import soft_cap
 from pyruntime.tiling import TilingParams
 
 __all__ = ["MODES", "PLACEMENTS", "AttentionClosedError", "AttentionError", "AttentionInputError",
@@ -92,6 +97,13 @@ class StaticAttention:
         causal: causal attention with a KV cache (query rows are the last q_len positions).
         num_cores: AI Cores the attention spreads over (default: the backend's).
         q_tile: query tokens per tiling unit (default: the tiling's).
+        logits_soft_cap: None (the default: no cap, exactly today's kernels) or a positive,
+            finite Python number C: every score ``s = scale * q . k`` (scale
+            ``1 / sqrt(head_dim)``) becomes ``C * tanh(s / C)`` before the causal mask and the
+            softmax, as vLLM's ``logits_soft_cap`` (Gemma 2's ``attn_logit_softcapping``, e.g.
+            50.0). One value for every layer; the kernels compute with it in fp32, like the
+            scores, whatever the storage dtype. Not with ``mode="host_update"`` on a backend
+            whose host path is torch_npu's FIA (the NPU backend), which has no soft cap.
 
     Attributes:
         placement: the device-tiling placement (None for host_update).
@@ -101,6 +113,7 @@ class StaticAttention:
         outputs: list of `num_layers` static ``[max_tokens, num_q_heads, head_dim]`` tensors
             (what `step` returns).
         params: the `pyruntime.tiling.TilingParams` frozen at construction.
+        logits_soft_cap: the soft cap as a float, or None.
         last_step_host_seconds: host time of the last step (copies, replay launch,
             updates), excluding the wait for device results: the CPU time of the calling
             thread (``time.thread_time``), i.e. host busy time. The step's host part runs
@@ -110,7 +123,9 @@ class StaticAttention:
 
     Raises:
         ValueError: unknown mode or placement, or a placement given with host_update;
-        AttentionInputError: bad dtype or counts;
+        AttentionInputError: bad dtype or counts; a logits_soft_cap that is not None or a
+            positive finite number (bool, NaN, infinity, zero, negative), or one given with
+            host_update on a FIA backend (raised before anything is allocated);
         pyruntime.tiling.TilingParamsError: shapes out of the tiling kernel's range.
         AttentionClosedError: (from every method and buffer attribute) used after `close()`.
     """
@@ -120,7 +135,7 @@ class StaticAttention:
                  max_batch: int, max_tokens: int, max_blocks_per_req: int, mode: str,
                  dtype: torch.dtype, causal: bool = True, num_cores: int | None = None,
                  q_tile: int | None = None, placement: str | None = None,
-                 owns_backend: bool = False) -> None:
+                 owns_backend: bool = False, logits_soft_cap: float | None = None) -> None:
         self.backend, self.owns_backend = backend, bool(owns_backend)
         self._closed = False
         self._buffers = self._path = None
@@ -136,6 +151,13 @@ class StaticAttention:
                 if placement not in PLACEMENTS:
                     raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got "
                                      f"{placement!r}")
+            self.logits_soft_cap = soft_cap.check(logits_soft_cap, error=AttentionInputError)
+            if (self.logits_soft_cap is not None and mode == "host_update"
+                    and backend.host_update_attention == "fia"):
+                raise AttentionInputError(
+                    f"logits_soft_cap={self.logits_soft_cap} with mode='host_update' on the "
+                    f"{backend.name} backend: its host path is torch_npu's FIA, which has no "
+                    "soft cap; use mode='device_tiling' (our kernels apply it)")
             self.mode, self.causal, self.placement = mode, causal, placement
             self.params = TilingParams(
                 num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
@@ -143,7 +165,8 @@ class StaticAttention:
                 max_blocks_per_req=max_blocks_per_req,
                 num_cores=num_cores or backend.default_num_cores, q_tile=q_tile)
             self._buffers = StaticBuffers(backend, self.params, num_layers=num_layers,
-                                          num_blocks=num_blocks, dtype=dtype)
+                                          num_blocks=num_blocks, dtype=dtype,
+                                          logits_soft_cap=self.logits_soft_cap)
             path = HostUpdatePath if mode == "host_update" else DEVICE_TILING_PATHS[placement]
             self._path = path(backend, self._buffers, causal=causal)
         except BaseException:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from pyruntime.backends import Backend
+from pyruntime.kernels import soft_cap
 from pyruntime.tiling import TilingParams
 
 from .errors import AttentionInputError, FrozenSizeError
@@ -68,10 +69,15 @@ class StaticBuffers:
         tiling: uint8 ``[params.tiling_bytes]``.
         partial_out: float32 ``[max_partial_slots, q_tile, group, head_dim]``.
         partial_lse: float32 ``[max_partial_slots, q_tile, group]``.
+
+    Attributes (layer constants every launch passes): scale (``1 / sqrt(head_dim)``) and
+    logits_soft_cap (None or C > 0, see `pyruntime.kernels.soft_cap`).
     """
 
     def __init__(self, backend: Backend, params: TilingParams, *, num_layers: int,
-                 num_blocks: int, dtype: torch.dtype) -> None:
+                 num_blocks: int, dtype: torch.dtype,
+                 logits_soft_cap: float | None = None) -> None:
+        self.logits_soft_cap = soft_cap.check(logits_soft_cap, error=AttentionInputError)
         if dtype not in DTYPES:
             raise AttentionInputError(f"dtype must be one of {DTYPES}, got {dtype}")
         if num_layers < 1 or num_blocks < 1:

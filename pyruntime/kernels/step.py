@@ -19,6 +19,10 @@ lengths. A tiling whose header epoch differs was not planned for this step (a ca
 AI-CPU task that replay did not re-run): attention then does no work and combine zeroes
 every row, like a failed status, and the host's check raises `tiling.StaleTilingError`.
 
+Attention takes ``logits_soft_cap`` too: None (off) or C > 0, each score ``s = scale * q . k``
+becoming ``C * tanh(s / C)`` before the softmax (`pyruntime.kernels.soft_cap`), in both bodies;
+combine is the same with or without it (it merges log-sum-exps of capped scores).
+
 Argument dicts use the names of the torch custom ops in `custom_ops`, so the NPU backend
 can call ``npu_op(**args)``. By-value arguments (the host-update path passes its tiling
 and host lengths inside the task, as FIA does) arrive as numpy arrays and are viewed as
@@ -94,7 +98,7 @@ def is_stale(tiling_buf: torch.Tensor, step_epoch: Any) -> bool:
 
 def attention_body(core: int, *, query, key_cache, value_cache, block_table, cu_seqlens_q,
                    seqlens_kv, step_epoch, tiling_in, out, partial_out, partial_lse, params,
-                   scale, causal) -> None:
+                   scale, causal, logits_soft_cap=None) -> None:
     """AI Core `core`: its share of one layer, as the tiling assigns it (none if stale)."""
     tiling_in, params = _tensor(tiling_in), params_from(tuple(params))
     if is_stale(tiling_in, step_epoch):
@@ -103,7 +107,7 @@ def attention_body(core: int, *, query, key_cache, value_cache, block_table, cu_
         params, tiling_in, core, query=query, key_cache=key_cache,
         value_cache=value_cache, block_table=block_table, cu_seqlens_q=_tensor(cu_seqlens_q),
         seqlens_kv=_tensor(seqlens_kv), out=out, partial_out=partial_out,
-        partial_lse=partial_lse, scale=scale, causal=causal)
+        partial_lse=partial_lse, scale=scale, causal=causal, logits_soft_cap=logits_soft_cap)
     _check(status, params, tiling_in, f"attention core {core}")
 
 
@@ -122,13 +126,13 @@ def combine_body(core: int, *, cu_seqlens_q, step_epoch, tiling_in, out, partial
 
 def _triton_attention_args(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
                            step_epoch, tiling_in, out, partial_out, partial_lse, scale,
-                           causal) -> dict:
+                           causal, logits_soft_cap) -> dict:
     return {"tiling_in": _tensor(tiling_in), "step_epoch": _tensor(step_epoch),
             "query": query, "key_cache": key_cache,
             "value_cache": value_cache, "block_table": block_table,
             "cu_seqlens_q": _tensor(cu_seqlens_q), "seqlens_kv": _tensor(seqlens_kv),
             "out": out, "partial_out": partial_out, "partial_lse": partial_lse,
-            "scale": scale, "causal": causal}
+            "scale": scale, "causal": causal, "logits_soft_cap": logits_soft_cap}
 
 
 def _check_all(statuses: torch.Tensor, params, tiling_in, what: str) -> None:
@@ -140,14 +144,14 @@ def _check_all(statuses: torch.Tensor, params, tiling_in, what: str) -> None:
 
 def attention_triton(*, query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
                      step_epoch, tiling_in, out, partial_out, partial_lse, params, scale,
-                     causal) -> None:
+                     causal, logits_soft_cap=None) -> None:
     """Every AI Core in one Triton launch (CPU tensors: interpreted); checks the statuses.
 
     The kernel itself compares the tiling's epoch with ``step_epoch`` (no work when stale)."""
     params = params_from(tuple(params))
     args = _triton_attention_args(query, key_cache, value_cache, block_table, cu_seqlens_q,
                                   seqlens_kv, step_epoch, tiling_in, out, partial_out,
-                                  partial_lse, scale, causal)
+                                  partial_lse, scale, causal, logits_soft_cap)
     status = triton_launch.launch_attention(params, **args)
     _check_all(status, params, args["tiling_in"], "attention core")
 
@@ -180,7 +184,7 @@ def status_buffer(device: torch.device, kernel: str, size: int) -> torch.Tensor:
 
 def attention_npu(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
                   step_epoch, tiling_in, out, partial_out, partial_lse, params, scale,
-                  causal) -> None:
+                  causal, logits_soft_cap=None) -> None:
     """The NPU implementation of ``paged_attention``: one Triton launch on the current stream.
 
     Thin on purpose (a capture records the launch): the statuses go to `status_buffer`
@@ -191,7 +195,8 @@ def attention_npu(query, key_cache, value_cache, block_table, cu_seqlens_q, seql
     triton_launch.launch_attention(
         params, **_triton_attention_args(query, key_cache, value_cache, block_table,
                                          cu_seqlens_q, seqlens_kv, step_epoch, tiling_in,
-                                         out, partial_out, partial_lse, scale, causal),
+                                         out, partial_out, partial_lse, scale, causal,
+                                         logits_soft_cap),
         core_status=status_buffer(out.device, "attention", params.num_cores))
 
 
@@ -258,6 +263,7 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
 
     `tiling_in`, `cu_seqlens_q`, `seqlens_kv` and `step_epoch` (int32 ``[1]``) are device
     buffers (device tiling) or numpy arrays passed by value inside the tasks (host update).
+    The layer's scale and logits soft cap are the buffers' (`StaticBuffers`).
     """
     key_cache, value_cache = buffers.kv_caches[layer]
     out, params = buffers.outputs[layer], params_list(buffers.params)
@@ -268,6 +274,7 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
         "seqlens_kv": seqlens_kv, "step_epoch": step_epoch, "tiling_in": tiling_in, "out": out,
         **workspace,
         "params": params, "scale": buffers.scale, "causal": causal,
+        "logits_soft_cap": buffers.logits_soft_cap,
     }, num_cores=buffers.params.num_cores, stream=stream)
     backend.launch(COMBINE, {"cu_seqlens_q": cu_seqlens_q, "step_epoch": step_epoch,
                              "tiling_in": tiling_in, "out": out, **workspace, "params": params},

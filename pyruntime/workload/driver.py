@@ -52,20 +52,22 @@ def randomize(attn, *, seed: int = 0) -> None:
 
 
 def run_decode_loop(attn, batcher: ContinuousBatcher, *, steps: int, check: bool = True,
-                    seed: int = 0, on_step=None) -> LoopStats:
+                    seed: int = 0, on_step=None, query_scale: float = 1.0) -> LoopStats:
     """Run up to `steps` steps (fewer if the requests run out).
 
-    Each step fills every layer's query with fresh N(0, 1) values, steps `attn`, calls
+    Each step fills every layer's query with fresh N(0, query_scale**2) values (a larger scale
+    gives larger scores, e.g. for a logits soft cap to bend), steps `attn`, calls
     `attn.check()` and, when `check`, compares every layer's output with the float64
-    per-request reference (`max_rel_err`). `on_step(i, batch, outputs)` is called after
-    each step when given.
+    per-request reference (`max_rel_err`), with the attention's `logits_soft_cap` when it has
+    one. `on_step(i, batch, outputs)` is called after each step when given.
     """
     gen = torch.Generator().manual_seed(seed)
     stats = LoopStats(max_rel_err=0.0 if check else float("nan"))
     scale = attn.params.head_dim ** -0.5
+    soft_cap = getattr(attn, "logits_soft_cap", None)
     for i, batch in zip(range(steps), batcher):
         for q in attn.queries:
-            q.copy_(torch.randn(q.shape, generator=gen))
+            q.copy_(query_scale * torch.randn(q.shape, generator=gen))
         outputs = attn.step(batch.block_table, batch.cu_seqlens_q, batch.seqlens_kv)
         attn.check()
         stats.steps += 1
@@ -80,7 +82,7 @@ def run_decode_loop(attn, batcher: ContinuousBatcher, *, steps: int, check: bool
                 k, v = attn.kv_caches[layer]
                 want = reference_attention(attn.queries[layer], k, v, batch.block_table,
                                            batch.cu_seqlens_q, batch.seqlens_kv, scale=scale,
-                                           causal=attn.causal)
+                                           causal=attn.causal, logits_soft_cap=soft_cap)
                 stats.max_rel_err = max(stats.max_rel_err, relative_error(out, want))
         if on_step is not None:
             on_step(i, batch, outputs)

@@ -15,7 +15,8 @@ def _f64(t: torch.Tensor) -> np.ndarray:
 def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                         block_table: np.ndarray, cu_seqlens_q: np.ndarray,
                         seqlens_kv: np.ndarray, *, scale: float, causal: bool = True,
-                        band: tuple[int, int] | None = None) -> np.ndarray:
+                        band: tuple[int, int] | None = None,
+                        logits_soft_cap: float | None = None) -> np.ndarray:
     """float64 ``[max_tokens, num_q_heads, head_dim]``; rows of no request are zero.
 
     Args:
@@ -24,6 +25,9 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
             ``[batch + 1]``; seqlens_kv int ``[batch]``.
         band: ``(before, after)``: the query at kv position p sees only the keys
             p - before .. p + after (FIA's sparse_mode 4 with pre_tokens, next_tokens).
+        logits_soft_cap: None (off) or C > 0: every score ``s = scale * q . k`` becomes
+            ``C * tanh(s / C)`` before the mask and the softmax (vLLM's definition; float64
+            throughout, C taken as given).
     """
     # a float64 host reference: device tensors come to the host once, before any indexing
     query, key_cache, value_cache = (t.detach().cpu() for t in (query, key_cache, value_cache))
@@ -41,6 +45,8 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
         k = np.repeat(k, group, axis=1)  # [kv_len, Hq, D]
         v = np.repeat(v, group, axis=1)
         s = np.einsum("qhd,khd->hqk", _f64(query[q0:q1]), k) * scale
+        if logits_soft_cap is not None:
+            s = logits_soft_cap * np.tanh(s / logits_soft_cap)
         pos, at = np.arange(kv_len)[None, :], (kv_len - q_len + np.arange(q_len))[:, None]
         if causal:
             s = np.where((pos <= at)[None], s, -np.inf)
