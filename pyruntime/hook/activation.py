@@ -40,6 +40,8 @@ class Report:
     host_path_layers: list[tuple[str, str]] = field(default_factory=list)
     device_tiled_layers: int = 0
     updates_skipped: int = 0
+    #: device-path layers whose logits soft cap our kernels apply (vLLM-Ascend's path does not)
+    soft_capped_layers: list[str] = field(default_factory=list)
 
 
 _lock = threading.RLock()
@@ -166,4 +168,5 @@ def status() -> Report:
             report.host_path_layers = sorted(_state.host_layers)
             report.device_tiled_layers = sum(len(v) for v in _state.device_layers.values())
             report.updates_skipped = _state.updates_skipped
+            report.soft_capped_layers = sorted(_state.soft_capped_layers)
         return report

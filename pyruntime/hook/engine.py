@@ -44,7 +44,10 @@ class AttentionCapture:
     buffers, refilled in place before each replay; padded slots have kv_len 0, trailing
     padding under tiling ABI v4); ``batch`` int32 ``[1]`` holding ``n`` (written once,
     outside the capture); ``output`` ``[T, num_heads * head_size]`` or
-    ``[T, num_heads, head_size]``.
+    ``[T, num_heads, head_size]``. ``logits_soft_cap``: None (no cap) or the layer's C > 0
+    (finite): every score ``s = scale * q . k`` must become ``C * tanh(s / C)`` before the
+    softmax (`pyruntime.kernels.soft_cap`); the patch set sends a capped layer only to an
+    engine whose ``applies_logits_soft_cap`` is True (see :class:`TilingEngine`).
     """
 
     graph_key: Hashable
@@ -63,6 +66,7 @@ class AttentionCapture:
     block_size: int
     scale: float
     causal: bool
+    logits_soft_cap: float | None = None
 
 
 @runtime_checkable
@@ -74,6 +78,10 @@ class TilingEngine(Protocol):
     def capture_attention(self, capture: AttentionCapture) -> None:
         """Enqueue (tiling once per step and graph key, then) this layer's attention."""
 
+    # Optional: ``applies_logits_soft_cap: bool`` (absent means False): True when
+    # capture_attention passes ``capture.logits_soft_cap`` to its kernels. Layers with a soft
+    # cap keep vLLM-Ascend's host path on an engine without it.
+    #
     # Optional: ``before_replay(num_tokens: int | None) -> None``, called before every
     # replay of a graph that holds device-tiled layers (after ACLGraphWrapper's own
     # synchronize): a new step epoch; the tiling task itself under the pre-replay

@@ -22,6 +22,15 @@ full-graph path, main model):
   every FIA layer was captured this way; in a mixed graph the original update runs for
   the host-path layers only.
 
+* ``AscendAttentionBackendImpl.__init__`` records the ``logits_soft_cap`` the layer was
+  built with (vLLM's ``Attention`` hands it over, vLLM-Ascend 0.23.0-0.30.0rc2 accepts and
+  drops it: its FIA path has no soft cap). A layer with a cap (Gemma 2: 50.0) takes the
+  device path only when the engine applies it (``applies_logits_soft_cap``), and then the
+  hook logs once for that layer that our path applies the cap vLLM-Ascend's ignores, so its
+  outputs differ from vLLM-Ascend's on purpose; otherwise it keeps vLLM-Ascend's path. A layer
+  built before the hook was installed has no record and is treated as uncapped, as
+  vLLM-Ascend treats every layer.
+
 Everything else keeps the original path: sliding window, attention sinks (FIA v2),
 KV-cache quantization (C8 / non-"auto" dtypes), ALiBi, KV compression, non-decoder
 attention, subclasses (context parallel, C8), speculative draft graphs, paged-attention
@@ -39,6 +48,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
+
+from pyruntime.kernels import soft_cap as _soft_cap
 
 from . import vllm_ascend_targets as targets
 from .engine import AttentionCapture, TilingEngine
@@ -72,6 +83,8 @@ class PatchState:
     patched_modules: list[str] = field(default_factory=list)
     #: (device, n) -> int32 [1] device tensor holding n (DeviceLengths.batch)
     batch_constants: dict = field(default_factory=dict)
+    #: layers captured on the device path with a logits soft cap (each logged once)
+    soft_capped_layers: set[str] = field(default_factory=set)
 
     def whole_graph_device_tiled(self, num_tokens: int) -> bool:
         """True when graph ``num_tokens`` has device-tiled layers and no host-path FIA."""
@@ -109,6 +122,34 @@ class DeviceLengths:
 
 #: The attribute of ``AscendMetadata`` the patched ``build`` sets.
 LENGTHS_ATTR = "_aicpu_tiling_lengths"
+#: The attribute of ``AscendAttentionBackendImpl`` the patched ``__init__`` sets: the
+#: ``logits_soft_cap`` argument as passed (vLLM-Ascend does not keep it).
+SOFT_CAP_ATTR = "_aicpu_tiling_logits_soft_cap"
+
+
+def make_init(original: Any) -> Any:
+    """Wrap ``AscendAttentionBackendImpl.__init__``: run it, then record its
+    ``logits_soft_cap`` argument as ``SOFT_CAP_ATTR`` (nothing else changes)."""
+    sig = inspect.signature(original)
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        try:
+            cap = sig.bind(self, *args, **kwargs).arguments.get("logits_soft_cap")
+        except TypeError:  # the original accepted the call, so this never happens
+            cap = None
+        setattr(self, SOFT_CAP_ATTR, cap)
+
+    return __init__
+
+
+def layer_soft_cap(impl: Any) -> Any:
+    """The layer's logits soft cap as vLLM passed it, or None for none: vLLM's convention
+    (FlashAttention, FlashInfer) is that None and 0 mean no cap; a layer built before the hook
+    was installed has no record and counts as uncapped (as on vLLM-Ascend's own path)."""
+    cap = getattr(impl, SOFT_CAP_ATTR, None)
+    return None if cap is None or (not isinstance(cap, bool) and cap == 0) else cap
 
 
 def device_lengths(common: Any, batch_constants: dict) -> DeviceLengths | None:
@@ -149,8 +190,12 @@ def make_build(original: Any, state: PatchState) -> Any:
 
 
 def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata: Any,
-                       query_device: Any = None) -> str | None:
+                       query_device: Any = None, *,
+                       applies_soft_cap: bool = False) -> str | None:
     """Why this layer must keep the host-update path, or ``None`` if we handle it.
+
+    ``applies_soft_cap``: the engine applies a layer's logits soft cap (a capped layer keeps
+    the host path otherwise).
 
     The metadata is checked first: without the builder's persistent buffers nothing else
     matters (and an implementation that ``__init__`` did not build, as vLLM-Ascend's own unit
@@ -169,7 +214,7 @@ def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata:
     if getattr(extra_ctx, "is_draft_model", False):
         return "speculative draft-model graphs are not supported"
     try:
-        return _impl_reason(impl, attn_metadata)
+        return _impl_reason(impl, attn_metadata) or _soft_cap_reason(impl, applies_soft_cap)
     except AttributeError as exc:
         return f"the implementation has no attribute {exc.name!r} (not built by its __init__)"
 
@@ -191,6 +236,29 @@ def _impl_reason(impl: Any, attn_metadata: Any) -> str | None:
     if not getattr(attn_metadata, "causal", True):
         return "non-causal attention is not supported"
     return None
+
+
+def _soft_cap_reason(impl: Any, applies_soft_cap: bool) -> str | None:
+    cap = layer_soft_cap(impl)
+    if cap is None:
+        return None
+    try:
+        _soft_cap.check(cap)
+    except ValueError:
+        return f"logits_soft_cap={cap!r} is not a positive finite number"
+    if not applies_soft_cap:
+        return (f"logits soft cap {cap}: the tiling engine does not apply it (no "
+                "applies_logits_soft_cap), so the layer keeps vLLM-Ascend's path, which ignores it")
+    return None
+
+
+def _note_soft_cap(state: PatchState, impl: Any, cap: float) -> None:
+    name = layer_name(impl)
+    if name not in state.soft_capped_layers:
+        state.soft_capped_layers.add(name)
+        log.info("aicpu-tiling: layer %s takes the device path with logits_soft_cap=%g, which "
+                 "our kernels apply and vLLM-Ascend's own path ignores: its outputs differ from "
+                 "vLLM-Ascend's on purpose", name, cap)
 
 
 def _note_host_path(state: PatchState, impl: Any, reason: str) -> None:
@@ -243,9 +311,12 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
             self._aicpu_tiling_layer_name = name
         return orig_forward(self, layer, *args, **kwargs)
 
+    applies_soft_cap = bool(getattr(state.engine, "applies_logits_soft_cap", False))
+
     @functools.wraps(orig_fia)
     def full_graph_fia(self, query, key, value, attn_metadata, output, layer=None):
-        reason = unsupported_reason(self, impl_cls, extra_ctx(), attn_metadata, query.device)
+        reason = unsupported_reason(self, impl_cls, extra_ctx(), attn_metadata, query.device,
+                                    applies_soft_cap=applies_soft_cap)
         if reason is not None:
             _note_host_path(state, self, reason)
             return orig_fia(self, query, key, value, attn_metadata, output, layer)
@@ -255,6 +326,9 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
         lengths: DeviceLengths = getattr(attn_metadata, LENGTHS_ATTR)
         num_tokens = int(attn_metadata.actual_seq_lengths_q[-1])
         graph_key = _graph_key(graph_params(), num_tokens)
+        cap = layer_soft_cap(self)  # checked by unsupported_reason: None or C > 0, finite
+        if cap is not None:
+            _note_soft_cap(state, self, float(cap))
         state.engine.capture_attention(
             AttentionCapture(
                 graph_key=graph_key,
@@ -273,6 +347,7 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
                 block_size=int(block_size),
                 scale=float(self.scale),
                 causal=bool(attn_metadata.causal),
+                logits_soft_cap=None if cap is None else float(cap),
             )
         )
         state.device_layers[graph_key].add(layer_name(self))
@@ -303,9 +378,11 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
 
     builder_cls = getattr(module, targets.BUILDER)
     _, _, orig_build = ledger.resolve(module, f"{targets.BUILDER}.build")
+    _, _, orig_init = ledger.resolve(module, f"{targets.IMPL}.__init__")
     ledger.replace(builder_cls, "build", make_build(orig_build, state))
     state.impl_cls = impl_cls
     state.graph_params_fn = graph_params
+    ledger.replace(impl_cls, "__init__", make_init(orig_init))
     ledger.replace(impl_cls, "forward", forward)
     ledger.replace(impl_cls, "full_graph_fia", full_graph_fia)
     ledger.replace(

@@ -29,10 +29,11 @@ class CpuTilingEngine:
     Per graph key, one AI-CPU tiling task: ``pyruntime.tiling.plan_into`` reads the static
     ``query_start_loc`` / ``seq_lens`` / ``batch`` tensors at replay time and writes a fixed tiling
     buffer (no host lists). Per layer, one AI Core task: the C reference attention runs
-    every core's range of that buffer, then the combine step.
+    every core's range of that buffer, then the combine step, with the layer's logits soft cap.
     """
 
     name = "cpu-test"
+    applies_logits_soft_cap = True  # the C reference takes capture.logits_soft_cap
 
     def __init__(self, launch, *, max_batch, max_blocks_per_req, num_cores=8):
         self.launch = launch
@@ -87,6 +88,7 @@ def _tiled_attention(c, params, buffer, partial_out, partial_lse):
             value_cache=c.value_cache.view(cache_shape), block_table=block_table,
             cu_seqlens_q=cu, seqlens_kv=kv, out=out, partial_out=partial_out,
             partial_lse=partial_lse, scale=c.scale, causal=c.causal,
+            logits_soft_cap=c.logits_soft_cap,
         )  # fmt: skip
         assert status == ra.OK, ra.strerror(status)
     status = ra.attention_finalize(params, buffer, cu_seqlens_q=cu, out=out,
