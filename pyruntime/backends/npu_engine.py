@@ -62,6 +62,9 @@ class NpuTilingEngine:
             step's value, torch_npu checks no pinning).
     """
 
+    #: our attention kernel applies a layer's logits soft cap (`AttentionCapture`)
+    applies_logits_soft_cap = True
+
     def __init__(self, placement: str, *, num_cores: int, ops: Any = None,
                  launch: Callable[[Callable[[], None]], None] | None = None,
                  host_to_device: Callable[[torch.Tensor, torch.Tensor], None] | None = None):
@@ -136,7 +139,8 @@ class NpuTilingEngine:
             self.ops.paged_attention(query=c.query, key_cache=c.key_cache.view(cache),
                                      value_cache=c.value_cache.view(cache),
                                      block_table=c.block_table, seqlens_kv=c.seq_lens,
-                                     scale=c.scale, causal=c.causal, **common)
+                                     scale=c.scale, causal=c.causal,
+                                     logits_soft_cap=c.logits_soft_cap, **common)
             self.ops.attention_combine(**common)
 
         self.launch(attention)

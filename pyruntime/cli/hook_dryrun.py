@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
               f"{report['placement']}{spec}, {report['steps']} decode steps after capture")
         for layer in report["layers"]:
             reason = f" ({layer['reason']})" if layer["reason"] else ""
+            if layer.get("logits_soft_cap") and layer["path"] == "device":
+                reason += f" (logits soft cap {layer['logits_soft_cap']:g}, applied)"
             print(f"  {layer['name']}: {layer['path']}{reason}")
         print(f"graph task updates per step: {report['updates_per_step_before']:g} without the "
               f"hook; with it {report['updates_per_step_after']:g} on the device-path layers "

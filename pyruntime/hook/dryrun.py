@@ -43,11 +43,15 @@ class DryRunError(RuntimeError):
 class Shape:
     """A small decoder: ``num_layers`` GQA layers in float32; the layers at
     ``windowed_layers`` have a sliding window, which the hook leaves on vLLM-Ascend's
-    host-update path (a mixed graph)."""
+    host-update path (a mixed graph); the layers at ``soft_capped_layers`` have a logits
+    soft cap, which vLLM-Ascend's path ignores and the device path applies."""
 
     num_layers: int = 4
     windowed_layers: tuple[int, ...] = (1,)
     sliding_window: int = 24
+    soft_capped_layers: tuple[int, ...] = (2,)
+    #: small enough to move N(0, 1) scores well past the tolerance if it were not applied
+    logits_soft_cap: float = 2.0
     num_heads: int = 8
     num_kv_heads: int = 2
     head_size: int = 32
@@ -220,9 +224,11 @@ class _Runner:
                                                                     self.device)
             self.windows = [s.sliding_window if i in s.windowed_layers else None
                             for i in range(s.num_layers)]
+            self.caps = [s.logits_soft_cap if i in s.soft_capped_layers else None
+                         for i in range(s.num_layers)]
             self.impls = [attention.AscendAttentionBackendImpl(
                 s.num_heads, s.head_size, s.head_size ** -0.5, s.num_kv_heads, None, window,
-                "auto", None, "decoder", None) for window in self.windows]
+                "auto", cap, "decoder", None) for window, cap in zip(self.windows, self.caps)]
         gen = torch.Generator().manual_seed(seed)
         self.gen = gen
         cache = (s.num_blocks, s.block_size, s.num_kv_heads, s.head_size)
@@ -384,6 +390,10 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
     runner = _Runner(shape, seed=seed)
     runner.capture()
     counter.reset()
+    # a soft cap acts only on the device path: vLLM-Ascend's own path ignores it
+    on_host = dict(hook.status().host_path_layers) if hooked else {}
+    applied_caps = [cap if hooked and name not in on_host else None
+                    for cap, name in zip(runner.caps, runner.names)]
     max_err, done = 0.0, 0
     for q_lens, kv_lens in _trace_steps(shape, steps, seed):
         for q in runner.queries:
@@ -401,7 +411,8 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
             want = reference_attention(runner.queries[i].cpu(), k.cpu(), v.cpu(),
                                        table.numpy(), cu, np.array(kv_lens, np.int32),
                                        scale=shape.head_size ** -0.5,
-                                       band=None if window is None else (window, 0))[:rows]
+                                       band=None if window is None else (window, 0),
+                                       logits_soft_cap=applied_caps[i])[:rows]
             got = out.view(-1, shape.num_heads, shape.head_size)[:rows]
             max_err = max(max_err, relative_error(got, want))
         done += 1
@@ -419,8 +430,9 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
     for ptr in counter.queries:
         if ptr in starts:
             per_layer[starts[ptr]] += 1
-    for layer in layers:
+    for layer, cap in zip(layers, runner.caps):
         layer["updates_per_step"] = per_layer[layer["name"]] / max(done, 1)
+        layer["logits_soft_cap"] = cap
     return Run(hooked=hooked, vllm_ascend=version, device=device, placement=placement,
                spec_tokens=shape.spec_tokens, layers=layers, steps=done, updates_per_step=counter.count / max(done, 1),
                max_rel_err=max_err, seconds=round(time.perf_counter() - started, 1))

@@ -198,7 +198,7 @@ def test_soft_capped_layers_take_the_device_path_and_get_the_cap(fixture_pkg, ca
 
 
 def test_soft_capped_layers_keep_the_host_path_when_the_engine_cannot_apply_it(fixture_pkg):
-    """The NPU engine does not set applies_logits_soft_cap yet: a capped layer keeps
+    """An engine that does not set applies_logits_soft_cap: a capped layer keeps
     vLLM-Ascend's path (which ignores the cap, as before the hook), with its reason."""
     npu = importlib.import_module("vllm_ascend._fixture_npu")
 

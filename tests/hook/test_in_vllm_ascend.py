@@ -7,7 +7,8 @@ both, cached under ``~/.cache/aicpu-tiling/vllm-envs``). There:
 * ``aicpu-tiling hook-dryrun --json``: vLLM-Ascend's own ``AscendAttentionMetadataBuilder``,
   ``AscendAttentionBackendImpl`` and ``ACLGraphWrapper`` capture and replay a small decoder
   on the NPU twin, without and with the hook (the real engine, the AI-CPU tiling kernel in
-  the AArch64 emulator): every plain layer moves and is no longer updated, the sliding-window
+  the AArch64 emulator): every plain layer moves and is no longer updated (the soft-capped
+  one too, with its cap applied), the sliding-window
   layer keeps vLLM-Ascend's path and its update in the same graph, and every output matches
   float64.
 * ``tools/run_vllm_ascend_ut.py --both``: vLLM-Ascend's own unit tests of the classes we
@@ -76,6 +77,10 @@ def test_hook_dryrun_in_vllm_ascends_own_classes(release, placement, spec_tokens
     assert [layer["path"] for layer in report["layers"]] == ["device", "host", "device",
                                                              "device"], report["layers"]
     assert "sliding window" in report["layers"][1]["reason"]
+    # layer 2 has a logits soft cap of 2.0, which vLLM-Ascend's path ignores: on the device
+    # path it is applied, and the error below is against the capped float64 reference (an
+    # engine that dropped the cap would be far outside the tolerance)
+    assert [layer["logits_soft_cap"] for layer in report["layers"]] == [None, None, 2.0, None]
     assert report["updates_per_step_before"] == 4  # vLLM-Ascend updates every FIA layer
     assert report["updates_per_step_after"] == 0  # none of the device-path layers
     assert [layer["updates_per_step"] for layer in report["layers"]] == [0, 1, 0, 0]

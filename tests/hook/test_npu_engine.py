@@ -44,23 +44,21 @@ def test_engine_matches_host_update_with_one_tiling_per_step(fixture_pkg, where)
 
 @pytest.mark.parametrize("where", ["graph", "pre-replay"])
 def test_engine_never_drops_a_layers_soft_cap(fixture_pkg, where):
-    """Layers with a logits soft cap: with an engine that declares applies_logits_soft_cap
-    they are device-tiled and match the capped float64 reference; without it (this engine
-    today) they keep vLLM-Ascend's path, whose output is the uncapped one, with the reason.
-    Either way no capped layer runs our kernels without its cap."""
+    """Layers with a logits soft cap take the device path on the real NPU engine (it
+    declares applies_logits_soft_cap and hands the cap to its attention kernel) and match
+    the capped float64 reference; vLLM-Ascend's own path gives the uncapped answer."""
     from test_behaviour import SOFT_CAP_LAYERS, _run_with_reference
 
     npu = importlib.import_module("vllm_ascend._fixture_npu")
     engine = NpuTilingEngine(where, num_cores=4, launch=npu.launch)
+    assert engine.applies_logits_soft_cap is True
     hook.install(engine_factory=lambda: (engine, None))
     got, capped, uncapped, updates = _run_with_reference(SOFT_CAP_LAYERS)
-    applies = getattr(engine, "applies_logits_soft_cap", False)
-    assert updates == (0 if applies else 2 * len(STEPS))
-    reasons = dict(hook.status().host_path_layers)
-    assert all("logits soft cap" in r for r in reasons.values()) and len(reasons) == (
-        0 if applies else 2)
-    for out, want in zip(got, capped if applies else uncapped):
+    assert updates == 0 and dict(hook.status().host_path_layers) == {}
+    for i, (out, want, plain) in enumerate(zip(got, capped, uncapped)):
         assert (out.double() - torch.from_numpy(want)).abs().max() < 1e-5
+        if i % len(SOFT_CAP_LAYERS) == 2:  # cap 1.0: far from the uncapped answer
+            assert (out.double() - torch.from_numpy(plain)).abs().max() > 0.1
 
 
 def test_a_tiling_not_rerun_is_refused_not_reused(fixture_pkg):
