@@ -443,6 +443,7 @@ typedef struct {
     int32_t group, causal, dtype, num_blocks, max_slots;
     float scale;
     float soft_cap; /* > 0: the logits soft cap C; 0: off (soft_cap_of) */
+    const float *sinks; /* [num_q_heads] attention-sink logits, or NULL (off) */
     const void *query, *key_cache, *value_cache;
     const int32_t *block_table, *cu, *kv;
     void *out;
@@ -491,6 +492,10 @@ static void write_row(const core_ctx *c, const segment *sg, int32_t row, const f
     const int32_t d = c->p->head_dim, per_head = sg->ntok * c->group;
     int32_t h = sg->h + row / per_head, tok = row % per_head / c->group, g = row % c->group;
     float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    /* A whole unit is the row's only piece: the sink joins its denominator here, once (a split
+     * unit's sink joins in finalize). exp(sink - m) overflowing to +inf gives 0, the limit. */
+    if (c->sinks != NULL && sg->slot < 0 && l > 0.0f)
+        inv = 1.0f / (l + expf(c->sinks[h * c->group + g] - m));
     if (sg->slot < 0) {
         size_t at = ((size_t)(sg->rl.q_start + sg->t * c->p->q_tile + tok) * c->p->num_q_heads +
                      (size_t)h * c->group + g) * d;
@@ -900,8 +905,9 @@ static float soft_cap_of(float soft_cap) {
 }
 
 static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t flags,
-                     int32_t dtype, float scale, float soft_cap, const void *query,
-                     const void *key_cache, const void *value_cache, int32_t num_blocks,
+                     int32_t dtype, float scale, float soft_cap, const float *sinks,
+                     const void *query, const void *key_cache, const void *value_cache,
+                     int32_t num_blocks,
                      const int32_t *block_table, const int32_t *cu_seqlens_q,
                      const int32_t *seqlens_kv, void *out, float *partial_out,
                      float *partial_lse) {
@@ -913,6 +919,7 @@ static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t fl
     c->max_slots = aicpu_tiling_max_slots(params);
     c->scale = scale;
     c->soft_cap = soft_cap_of(soft_cap);
+    c->sinks = sinks;
     c->k = isa_kernels(aicpu_attention_isa_active());
     c->query = query;
     c->key_cache = key_cache;
@@ -946,8 +953,8 @@ static int core_idle(const int32_t *rec) {
 
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
                          uint32_t flags, int32_t dtype, float scale, float soft_cap,
-                         const void *query, const void *key_cache, const void *value_cache,
-                         int32_t num_blocks, const int32_t *block_table,
+                         const float *sinks, const void *query, const void *key_cache,
+                         const void *value_cache, int32_t num_blocks, const int32_t *block_table,
                          const int32_t *cu_seqlens_q, const int32_t *seqlens_kv, void *out,
                          float *partial_out, float *partial_lse) {
     core_ctx c;
@@ -964,8 +971,9 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
     if (core_idle(rec)) return AICPU_TILING_OK;
     if (!tensors_given(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out))
         return AICPU_ATTENTION_E_ARGS;
-    ctx_init(&c, params, flags, dtype, scale, soft_cap, query, key_cache, value_cache,
-             num_blocks, block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
+    ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, query, key_cache, value_cache,
+             num_blocks, block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
+             partial_lse);
     mode.heads = 0;
     mode.slot_step = 0;
     mode.run = 1;
@@ -1027,7 +1035,8 @@ static int siblings_match(const aicpu_tiling_params *params, const int32_t *tili
 
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
                                   int32_t first_core, uint32_t flags, int32_t dtype, float scale,
-                                  float soft_cap, const void *query, const void *key_cache,
+                                  float soft_cap, const float *sinks, const void *query,
+                                  const void *key_cache,
                                   const void *value_cache, int32_t num_blocks,
                                   const int32_t *block_table, const int32_t *cu_seqlens_q,
                                   const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -1057,7 +1066,7 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
         const int32_t *rec = core_record(tiling, first_core);
         int32_t batch = tiling[AICPU_TILING_HDR_BATCH];
         if (core_idle(rec)) return AICPU_TILING_OK; /* and so are its siblings (checked) */
-        ctx_init(&c, params, flags, dtype, scale, soft_cap, query, key_cache, value_cache,
+        ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, query, key_cache, value_cache,
                  num_blocks, block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
                  partial_lse);
         mode.heads = heads;
@@ -1074,7 +1083,7 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
     /* not fusable: each core of the set on its own, as the per-core loop would run them */
     for (h = 0; h < heads; h++) {
         int s = aicpu_attention_core(params, tiling, first_core + h * q, flags, dtype, scale,
-                                     soft_cap, query, key_cache, value_cache, num_blocks,
+                                     soft_cap, sinks, query, key_cache, value_cache, num_blocks,
                                      block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
                                      partial_lse);
         if (status == AICPU_TILING_OK) status = s;
@@ -1147,8 +1156,9 @@ static void run_span_whole(const core_ctx *c, const int32_t *tiling, int32_t fir
 
 int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
                               int32_t first_core, int32_t num_cores, uint32_t flags,
-                              int32_t dtype, float scale, float soft_cap, const void *query,
-                              const void *key_cache, const void *value_cache, int32_t num_blocks,
+                              int32_t dtype, float scale, float soft_cap, const float *sinks,
+                              const void *query, const void *key_cache,
+                              const void *value_cache, int32_t num_blocks,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,
                               float *partial_lse) {
@@ -1165,7 +1175,7 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
         const int32_t *live = NULL; /* the last non-idle record so far */
         int32_t batch = tiling[AICPU_TILING_HDR_BATCH], first_live = -1, last_live = -1;
         int fusable = 1;
-        ctx_init(&c, params, flags, dtype, scale, soft_cap, query, key_cache, value_cache,
+        ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, query, key_cache, value_cache,
                  num_blocks, block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
                  partial_lse);
         mode.heads = 0;
@@ -1203,7 +1213,8 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
     }
     /* not fusable: each core on its own, as the per-core loop would run them */
     for (core = first_core; core < first_core + num_cores; core++) {
-        int s = aicpu_attention_core(params, tiling, core, flags, dtype, scale, soft_cap, query,
+        int s = aicpu_attention_core(params, tiling, core, flags, dtype, scale, soft_cap, sinks,
+                                     query,
                                      key_cache, value_cache, num_blocks, block_table,
                                      cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
         if (status == AICPU_TILING_OK) status = s;
@@ -1220,7 +1231,8 @@ static void zero_rows(const aicpu_tiling_params *p, int32_t dtype, void *out, in
 
 int aicpu_attention_finalize(const aicpu_tiling_params *params, const int32_t *tiling,
                              int32_t dtype, const int32_t *cu_seqlens_q, void *out,
-                             const float *partial_out, const float *partial_lse) {
+                             const float *partial_out, const float *partial_lse,
+                             const float *sinks) {
     const int32_t *comb;
     int32_t batch, num_tokens, ncomb, max_slots, group, d, i;
     int status;
@@ -1284,13 +1296,20 @@ int aicpu_attention_finalize(const aicpu_tiling_params *params, const int32_t *t
                 size_t slot_rows = (size_t)params->q_tile * group;
                 size_t at = ((size_t)(cu_seqlens_q[r] + t * params->q_tile + tok) *
                                  params->num_q_heads + (size_t)h * group + g) * d;
-                float mx = -INFINITY, wsum = 0.0f;
+                float mx = -INFINITY, wsum = 0.0f, sink = 0.0f;
                 for (piece = 0; piece < np; piece++) {
                     float lse = partial_lse[(size_t)(s0 + piece) * slot_rows + row];
                     mx = lse > mx ? lse : mx;
                 }
                 for (x = 0; x < d; x++) merged[x] = 0.0f;
                 if (mx > -INFINITY && mx < INFINITY) { /* +inf: a poisoned piece */
+                    /* the sink: one more piece, lse = sink and a zero output (the row's only
+                     * sink term: the pieces of a split unit never add it) */
+                    if (sinks != NULL) {
+                        sink = sinks[h * group + g];
+                        mx = sink > mx ? sink : mx;
+                        wsum = expf(sink - mx);
+                    }
                     for (piece = 0; piece < np; piece++) {
                         size_t srow = (size_t)(s0 + piece) * slot_rows + row;
                         const float *po = partial_out + srow * d;

@@ -51,6 +51,13 @@
  *   The finalize step merges the pieces: out = sum_p e^(lse_p - M) o_p / sum_p e^(lse_p - M),
  *   M = max_p lse_p (the soft cap changes nothing there). Rows of a partial slot are
  *   [token in tile][g].
+ *   With attention sinks (gpt-oss; sinks != NULL) q head hq's softmax gains one term in its
+ *   denominator and none in its numerator: out = sum_j e^(s_j - m) v_j / (e^(sink[hq] - m) +
+ *   sum_j e^(s_j - m)), m = max(max_j s_j, sink[hq]) (vLLM's `sinks`: its Triton unified
+ *   attention starts the online softmax at M = sink, L = 1 in a row's first segment only). The
+ *   sink enters each row exactly once: a whole unit adds it when it normalises its row; pieces
+ *   store lse_p without it and finalize merges the sink as one more piece (lse = sink[hq], o = 0).
+ *   The soft cap caps the scores, never the sink. A row that sees no key stays zero.
  *
  * ACCURACY. fp32 accumulation, an exp accurate to about 1e-7 relative, outputs rounded to the
  * storage dtype to nearest even: relative error ~1e-7 for fp32 storage, one rounding of the
@@ -100,6 +107,10 @@ extern "C" {
  *   scale         softmax scale, usually 1 / sqrt(head_dim)
  *   soft_cap      logits soft cap C (WHAT A ROW COMPUTES): > 0 and finite caps every score to
  *                 C * tanh(s / C); 0, negative, NaN or +inf: off
+ *   sinks         NULL (off: the results are bit-for-bit those of a build without sinks) or
+ *                 num_q_heads fp32 attention-sink logits (WHAT A ROW COMPUTES); whole units
+ *                 add the sink to their denominator, pieces of split units do not (finalize
+ *                 does, given the same array)
  *   query, key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv
  *                 see TENSORS; num_blocks is the caches' dim 0
  *   out           whole units write their rows here, converted to dtype (round to nearest even)
@@ -121,13 +132,13 @@ extern "C" {
  *                               lse = +inf, which makes finalize zero the whole unit), the other
  *                               segments are computed, and this status is returned
  *     for (c = 0; c < params.num_cores; c++) status |= aicpu_attention_core(&params, tiling, c,
- *         AICPU_TILING_CAUSAL, AICPU_ATTENTION_BF16, scale, 0.0f, q, k, v, nblk, bt, cu, kv, out,
- *         po, pl);
+ *         AICPU_TILING_CAUSAL, AICPU_ATTENTION_BF16, scale, 0.0f, NULL, q, k, v, nblk, bt, cu, kv,
+ *         out, po, pl);
  */
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
                          uint32_t flags, int32_t dtype, float scale, float soft_cap,
-                         const void *query, const void *key_cache, const void *value_cache,
-                         int32_t num_blocks, const int32_t *block_table,
+                         const float *sinks, const void *query, const void *key_cache,
+                         const void *value_cache, int32_t num_blocks, const int32_t *block_table,
                          const int32_t *cu_seqlens_q, const int32_t *seqlens_kv, void *out,
                          float *partial_out, float *partial_lse);
 
@@ -168,7 +179,8 @@ int32_t aicpu_attention_num_sibling_sets(const aicpu_tiling_params *params);
 
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
                                   int32_t first_core, uint32_t flags, int32_t dtype, float scale,
-                                  float soft_cap, const void *query, const void *key_cache,
+                                  float soft_cap, const float *sinks, const void *query,
+                                  const void *key_cache,
                                   const void *value_cache, int32_t num_blocks,
                                   const int32_t *block_table, const int32_t *cu_seqlens_q,
                                   const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -205,8 +217,9 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
  */
 int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
                               int32_t first_core, int32_t num_cores, uint32_t flags,
-                              int32_t dtype, float scale, float soft_cap, const void *query,
-                              const void *key_cache, const void *value_cache, int32_t num_blocks,
+                              int32_t dtype, float scale, float soft_cap, const float *sinks,
+                              const void *query, const void *key_cache,
+                              const void *value_cache, int32_t num_blocks,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,
                               float *partial_lse);
@@ -215,17 +228,21 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
  * aicpu_attention_finalize: the combine step, run once after every core of the layer.
  *   params, tiling, dtype, out, partial_out, partial_lse   as for aicpu_attention_core
  *   cu_seqlens_q  the query offsets the tiling was planned from (locates a unit's rows)
+ *   sinks         NULL or the attention-sink logits the cores were given: each merged row's
+ *                 denominator gains its q head's sink, once (a piece with lse = sink, output 0)
  * Merges the pieces of every combine record into its output rows, and writes zeros to the
  * padding rows [num_tokens, max_tokens). When the tiling's status is not OK (or the buffer is
  * not a valid tiling) it writes zeros to ALL max_tokens rows, so a failed step never leaves
  * stale results. partial_out and partial_lse may be NULL when there is no combine record.
  * Returns AICPU_TILING_OK, the tiling's status (after zeroing), AICPU_ATTENTION_E_ARGS (params,
  * dtype or out invalid: nothing written) or AICPU_ATTENTION_E_TILING (after zeroing all rows).
- *     status = aicpu_attention_finalize(&params, tiling, AICPU_ATTENTION_BF16, cu, out, po, pl);
+ *     status = aicpu_attention_finalize(&params, tiling, AICPU_ATTENTION_BF16, cu, out, po, pl,
+ *                                       NULL);
  */
 int aicpu_attention_finalize(const aicpu_tiling_params *params, const int32_t *tiling,
                              int32_t dtype, const int32_t *cu_seqlens_q, void *out,
-                             const float *partial_out, const float *partial_lse);
+                             const float *partial_out, const float *partial_lse,
+                             const float *sinks);
 
 /* aicpu_attention_strerror: a static message for any status above; never NULL. */
 const char *aicpu_attention_strerror(int status);

@@ -1,6 +1,6 @@
 """The reference attention in C on its own: strict builds, and every instruction-set variant
-against the portable one (aicpu_kernels/tests/attention_variants.c, the logits soft cap off and
-on), plainly and under AddressSanitizer + UndefinedBehaviorSanitizer."""
+against the portable one (aicpu_kernels/tests/attention_variants.c, the logits soft cap and
+attention sinks off and on), plainly and under AddressSanitizer + UndefinedBehaviorSanitizer."""
 
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def test_every_variant_matches_the_portable_one(tmp_path):
     names, problems = run_variants(binary)
     # the C program and the Python module see the same variants on this machine
     assert names == ra.isa_variants()["supported"]
-    # 4 head dims x 3 groups x 2 core counts x 2 soft caps (off, on) x 3 dtypes
-    assert problems == 144 * (len(names) - 1)
+    # 4 head dims x 3 groups x 2 core counts x 4 settings (off, soft cap, sinks, both) x 3 dtypes
+    assert problems == 288 * (len(names) - 1)
 
 
 def test_variants_under_address_and_undefined_sanitizers(tmp_path):
@@ -73,7 +73,7 @@ def test_variants_under_address_and_undefined_sanitizers(tmp_path):
     binary = compile_c(tmp_path / "variants_asan", SOURCES,
                        ["-std=c99", "-O1", "-g", *STRICT, *SANITIZE])
     names, problems = run_variants(binary)
-    assert problems == 144 * (len(names) - 1)
+    assert problems == 288 * (len(names) - 1)
 
 
 @pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None,

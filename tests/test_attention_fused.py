@@ -4,9 +4,9 @@ heads) and spans (aicpu_attention_core_span: consecutive cores, any P and H).
 
 The C program aicpu_kernels/tests/attention_fused.c compares both with the per-core loop for
 random v3 tilings (decode, speculative decode, chunked prefill, the logits soft cap off and on,
-P % H == 0 and not, splits, idle cores, random partitions into spans, bad block ids, stale and
-corrupt tilings, emptied ranges, NULL arguments) on every variant, plainly and under ASan+UBSan; the Python tests cover the
-bindings against the float64 reference and the per-core path.
+attention sinks off and on, P % H == 0 and not, splits, idle cores, random partitions into
+spans, bad block ids, stale and corrupt tilings, emptied ranges, NULL arguments) on every variant,
+plainly and under ASan+UBSan; the Python tests cover the bindings against the float64 reference and the per-core path.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def run_program(binary: Path, problems: int) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     match = re.search(r"siblings: ([a-z0-9 ]+); (\d+) runs, (\d+) fused-shape problems; spans: "
                       r"(\d+) multi-core spans, (\d+) across kv heads; (\d+) soft-capped "
-                      r"problems; faults((?: [a-z-]+ \d+)+)", result.stdout)
+                      r"problems, (\d+) with sinks; faults((?: [a-z-]+ \d+)+)", result.stdout)
     assert match, result.stdout
     names = match.group(1).split()
     assert names == ra.isa_variants()["supported"]
@@ -48,7 +48,8 @@ def run_program(binary: Path, problems: int) -> None:
     assert int(match.group(4)) > problems // 2  # spans of several cores ...
     assert int(match.group(5)) > problems // 8  # ... some of them over several kv heads
     assert int(match.group(6)) == problems // 3  # every third problem has the soft cap on
-    counts = dict(zip(match.group(7).split()[::2], map(int, match.group(7).split()[1::2])))
+    assert int(match.group(7)) == problems // 2  # every other problem has sinks
+    counts = dict(zip(match.group(8).split()[::2], map(int, match.group(8).split()[1::2])))
     assert set(counts) == set(FAULTS) and min(counts.values()) > 0, counts
 
 
@@ -82,7 +83,7 @@ def bound(case: Case, plan, out, po, pl) -> ra.BoundAttention:
         case.params, plan, query=case.query, key_cache=case.key_cache,
         value_cache=case.value_cache, block_table=case.block_table, cu_seqlens_q=case.cu,
         seqlens_kv=case.kv, out=out, partial_out=po, partial_lse=pl, scale=case.scale,
-        causal=case.causal, logits_soft_cap=case.soft_cap,
+        causal=case.causal, logits_soft_cap=case.soft_cap, sinks=case.sinks,
     )
 
 
@@ -252,6 +253,29 @@ def test_soft_cap_fused_calls_equal_per_core_and_reference(isa, hkv, cores, q_le
     capped float64 reference (queries x4, C = 2: tanh saturates, so ignoring it would fail)."""
     case = Case(np.random.default_rng(cores), hq=4 * hkv, hkv=hkv, d=64, bs=16, cores=cores,
                 q_tile=4, q_lens=q_lens, kv_lens=kv_lens, soft_cap=2.0, q_mul=4.0)
+    (ref, st_ref), (out, st) = run_both(case, spans)
+    assert st == st_ref == [0] * len(st)
+    assert_close(case, out)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "hkv, cores, q_lens, kv_lens, spans",
+    [
+        (8, 24, [1] * 12, [300, 5, 77, 16, 17, 129, 1, 64, 250, 33, 90, 48], None),  # siblings
+        (2, 5, [1, 9, 0, 5], [500, 60, 12, 5], [(0, 2), (2, 3)]),  # spans, chunked prefill
+    ],
+    ids=["sibling-sets", "spans"],
+)
+def test_sinks_fused_calls_equal_per_core_and_reference(isa, hkv, cores, q_lens, kv_lens, spans):
+    """The fused calls pass the attention sinks on (whole units add them, finalize adds them to
+    split units): same result as the per-core loop and the float64 reference with each sink
+    counted once (sinks 3 + h / 8, far from negligible)."""
+    hq = 4 * hkv
+    case = Case(np.random.default_rng(cores), hq=hq, hkv=hkv, d=64, bs=16, cores=cores,
+                q_tile=4, q_lens=q_lens, kv_lens=kv_lens,
+                sinks=3.0 + torch.arange(hq, dtype=torch.float32) / 8)
+    assert case.tiling().combine_records()  # split units too
     (ref, st_ref), (out, st) = run_both(case, spans)
     assert st == st_ref == [0] * len(st)
     assert_close(case, out)

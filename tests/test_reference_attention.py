@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from pyruntime import tiling
 from pyruntime.kernels import reference_attention as ra
 from pyruntime.tiling import TilingParams
+from pyruntime.workload.reference import reference_attention
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 POISON_BLOCK = 2**31 - 1  # block-table entries the kernel must never read
@@ -62,6 +63,7 @@ class Case:
         spare_blocks=3,
         soft_cap=None,
         q_mul=1.0,
+        sinks=None,
     ):
         batch = len(q_lens)
         self.max_batch = max_batch or batch + 1
@@ -80,6 +82,7 @@ class Case:
         )
         self.causal, self.dtype, self.batch = causal, dtype, batch
         self.soft_cap = soft_cap  # logits soft cap: None (off) or C > 0
+        self.sinks = sinks  # attention sinks: None (off) or float32 [hq]
         self.q_lens, self.kv_lens = list(q_lens), list(kv_lens)
         self.cu = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
         self.kv = torch.tensor(kv_lens, dtype=torch.int32)
@@ -129,6 +132,7 @@ class Case:
                 scale=self.scale,
                 causal=self.causal,
                 logits_soft_cap=self.soft_cap,
+                sinks=self.sinks,
             )
 
         if threads:
@@ -144,12 +148,16 @@ class Case:
             for core in cores:
                 one(core)
         fin = ra.attention_finalize(
-            self.params, t, cu_seqlens_q=self.cu, out=out, partial_out=po, partial_lse=pl
+            self.params, t, cu_seqlens_q=self.cu, out=out, partial_out=po, partial_lse=pl,
+            sinks=self.sinks,
         )
         return out, statuses, fin
 
-    def reference(self) -> torch.Tensor:
-        """float64 attention computed request by request from the paged cache."""
+    def reference(self, sink_terms: int = 1) -> torch.Tensor:
+        """float64 attention computed request by request from the paged cache.
+
+        With sinks, each row's softmax gets ``sink_terms`` copies of its head's sink term in the
+        denominator (1: the definition; 2: what a kernel adding the sink twice computes)."""
         p = self.params
         group = p.num_q_heads // p.num_kv_heads
         ref = torch.zeros(self.max_tokens, p.num_q_heads, p.head_dim, dtype=torch.float64)
@@ -171,7 +179,13 @@ class Case:
                 i = torch.arange(ql).view(ql, 1)
                 j = torch.arange(kl).view(1, kl)
                 s = s.masked_fill(j >= kl - ql + i + 1, float("-inf"))
-            ref[lo:hi] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v)
+            if self.sinks is not None:  # one more column: the sink, with no value
+                sink = self.sinks.double() + math.log(sink_terms)
+                s = torch.cat([s, sink.view(-1, 1, 1).expand(-1, ql, 1)], dim=-1)
+                prob = torch.softmax(s, dim=-1)[..., :-1]
+            else:
+                prob = torch.softmax(s, dim=-1)
+            ref[lo:hi] = torch.einsum("hqk,khd->qhd", prob, v)
         return ref
 
 
@@ -289,6 +303,63 @@ def test_soft_cap_off_is_the_uncapped_path_and_bad_values_raise():
     for bad in (0.0, -1.0, float("nan"), float("inf"), True, "2.0"):
         case.soft_cap = bad
         with pytest.raises(ValueError, match="logits_soft_cap"):
+            case.run(plan)
+
+
+def sinks_case(dtype, cores, *, sinks=True, soft_cap=None, q_mul=1.0):
+    """Decode, speculative decode, chunked prefill and a padded slot; sinks 3 + h / 2 for q
+    head h, large against the rows' summed weights (kv lengths 1 to 70), so they matter."""
+    hq = 4
+    return Case(np.random.default_rng(9), hq=hq, hkv=1, d=48, bs=8, cores=cores, q_tile=4,
+                q_lens=[1, 3, 11, 0, 6, 1, 2], kv_lens=[9, 40, 11, 0, 70, 1, 33], dtype=dtype,
+                max_tokens=30, max_batch=8, soft_cap=soft_cap, q_mul=q_mul,
+                sinks=3.0 + 0.5 * torch.arange(hq, dtype=torch.float32) if sinks else None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cores", [1, 7], ids=["whole-units", "split-units"])
+def test_sinks_match_float64_once_and_change_the_result(dtype, cores):
+    """Whole units (1 core) and split units merged by finalize (7 cores) against the float64
+    reference with each sink counted once; without the sink or with it counted twice the
+    answer is far outside the tolerance."""
+    case = sinks_case(dtype, cores)
+    if cores > 1:
+        assert case.tiling().combine_records(), "no split unit: the combine path is not tested"
+    check_ok(case)
+    once, twice = case.reference(), case.reference(sink_terms=2)
+    # the workload's float64 reference (the runtime tests' oracle) agrees with this one
+    workload = reference_attention(case.query, case.key_cache, case.value_cache,
+                                   case.block_table.numpy(), case.cu.numpy(), case.kv.numpy(),
+                                   scale=case.scale, sinks=case.sinks)
+    np.testing.assert_allclose(workload, once.numpy(), rtol=1e-9, atol=1e-12)
+    none = sinks_case(dtype, cores, sinks=False).reference()
+    for other in (twice, none):
+        assert (once - other).abs().max() / once.abs().max() > 0.05
+
+
+def test_sinks_with_soft_cap_and_off_is_today_and_bad_sinks_raise():
+    """Sinks with the soft cap (the cap bends the scores, not the sink); sinks=None is
+    bit-identical to a call without the argument; a wrong shape or dtype raises."""
+    case = sinks_case(torch.float32, 7, soft_cap=2.0, q_mul=4.0)
+    check_ok(case)
+    plan = case.tiling()
+    case.sinks = None
+    off, _, _ = case.run(plan)
+    bare = torch.full_like(case.query, float("nan"))
+    po, pl = ra.partial_buffers(case.params)
+    for core in range(case.params.num_cores):
+        assert ra.attention_core(case.params, plan, core, query=case.query,
+                                 key_cache=case.key_cache, value_cache=case.value_cache,
+                                 block_table=case.block_table, cu_seqlens_q=case.cu,
+                                 seqlens_kv=case.kv, out=bare, partial_out=po, partial_lse=pl,
+                                 scale=case.scale, logits_soft_cap=2.0) == 0
+    assert ra.attention_finalize(case.params, plan, cu_seqlens_q=case.cu, out=bare,
+                                 partial_out=po, partial_lse=pl) == 0
+    assert torch.equal(off, bare)
+    for bad, error in ((torch.zeros(3), ValueError), (torch.zeros(4, dtype=torch.float64),
+                                                       TypeError), ([0.0] * 4, TypeError)):
+        case.sinks = bad
+        with pytest.raises(error, match="sinks"):
             case.run(plan)
 
 

@@ -110,10 +110,10 @@ int main(int argc, char **argv) {
     for (i = 0; i < reps; i++) {
         t0 = now();
         for (c = 0; c < cores; c++)
-            if (aicpu_attention_core(&p, tiling, c, AICPU_TILING_CAUSAL, dtype, 0.088f, 0.0f, q,
-                                     kc, vc, num_blocks, bt, cu, kv, out, po, pl))
+            if (aicpu_attention_core(&p, tiling, c, AICPU_TILING_CAUSAL, dtype, 0.088f, 0.0f, NULL,
+                                     q, kc, vc, num_blocks, bt, cu, kv, out, po, pl))
                 return 2;
-        if (aicpu_attention_finalize(&p, tiling, dtype, cu, out, po, pl)) return 3;
+        if (aicpu_attention_finalize(&p, tiling, dtype, cu, out, po, pl, NULL)) return 3;
         times[i] = now() - t0;
         t0 = now();
         {

@@ -13,7 +13,8 @@
  * A problem draws kv heads (1, 2, 4, 8), group (1, 2, 4), head_dim (128, 64, 96, 13), block
  * size, q_tile, dtype, causal or not, a batch of decode, speculative decode or chunked-prefill
  * requests (with padded q_len == 0 slots), the logits soft cap (on, C = 0.5, for every third
- * problem), num_cores either a multiple of the kv heads (1 to 4
+ * problem), attention sinks (on, 2 + h / 4 for q head h, for every other problem, so with and
+ * without the cap), num_cores either a multiple of the kv heads (1 to 4
  * cores per head: splits and idle cores) or any count, and a partition of the cores into spans
  * (lengths 1 to P). Then one of: nothing wrong, an out-of-range block id, a record whose slot
  * or end no longer matches (a tiling the fused walks must refuse), a core whose range is
@@ -70,6 +71,7 @@ typedef struct {
     int32_t dtype, causal, batch, num_blocks, kind, fault;
     uint32_t call_flags;
     float soft_cap; /* 0: off */
+    const float *sinks; /* NULL: off */
     int32_t cu[MAX_BATCH + 1], kv[MAX_BATCH], bt[MAX_BATCH * MBPR];
     int32_t *tiling;
     void *q, *k, *v;
@@ -98,7 +100,8 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
     for (j = 0; j < groups; j++) {
         if (how == SIBLINGS) {
             st[j] = aicpu_attention_core_siblings(p, pb->tiling, j, pb->call_flags, pb->dtype,
-                                                  scale, pb->soft_cap, q, pb->k, pb->v,
+                                                  scale, pb->soft_cap, pb->sinks, q, pb->k,
+                                                  pb->v,
                                                   pb->num_blocks, pb->bt, pb->cu, pb->kv, out,
                                                   ws ? po : NULL, ws ? pl : NULL);
             continue;
@@ -106,7 +109,8 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
         if (how == SPANS) {
             st[j] = aicpu_attention_core_span(p, pb->tiling, span_at[j],
                                               span_at[j + 1] - span_at[j], pb->call_flags,
-                                              pb->dtype, scale, pb->soft_cap, q, pb->k, pb->v,
+                                              pb->dtype, scale, pb->soft_cap, pb->sinks, q,
+                                              pb->k, pb->v,
                                               pb->num_blocks, pb->bt, pb->cu, pb->kv, out,
                                               ws ? po : NULL, ws ? pl : NULL);
             continue;
@@ -116,8 +120,8 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
              how == SIBLINGS_REF ? c < p->num_cores : c < span_at[j + 1];
              c += how == SIBLINGS_REF ? sets : 1) {
             int s = aicpu_attention_core(p, pb->tiling, c, pb->call_flags, pb->dtype, scale,
-                                         pb->soft_cap, q, pb->k, pb->v, pb->num_blocks, pb->bt,
-                                         pb->cu, pb->kv, out, ws ? po : NULL, ws ? pl : NULL);
+                                         pb->soft_cap, pb->sinks, q, pb->k, pb->v,
+                                         pb->num_blocks, pb->bt, pb->cu, pb->kv, out, ws ? po : NULL, ws ? pl : NULL);
             if (st[j] == AICPU_TILING_OK) st[j] = s;
         }
     }
@@ -195,10 +199,12 @@ static const char *first_difference(const problem *pb, int32_t groups, const int
 
 int main(int argc, char **argv) {
     int32_t nproblems = argc > 1 ? atoi(argv[1]) : 300, n, isa, runs = 0, fused_shape = 0;
-    int32_t multi_spans = 0, cross_head_spans = 0, soft_capped = 0;
+    int32_t multi_spans = 0, cross_head_spans = 0, soft_capped = 0, sunk = 0;
+    float sink_values[32]; /* up to 8 kv heads x group 4 */
     int32_t per_case[NUM_CASES];
     char names[64] = "";
     memset(per_case, 0, sizeof per_case);
+    for (n = 0; n < 32; n++) sink_values[n] = 2.0f + 0.25f * (float)n;
     for (isa = 0; isa < AICPU_ATTENTION_NUM_ISA; isa++)
         if (aicpu_attention_isa_supported(isa)) {
             strcat(names, names[0] ? " " : "");
@@ -221,6 +227,8 @@ int main(int argc, char **argv) {
         pb.fault = n < NUM_CASES ? n : pick(2) ? OK_CASE : pick(NUM_CASES);
         pb.soft_cap = n % 3 == 2 ? 0.5f : 0.0f; /* not drawn: the other draws stay as they were */
         soft_capped += pb.soft_cap > 0.0f;
+        pb.sinks = n % 2 == 1 ? sink_values : NULL; /* not drawn either */
+        sunk += pb.sinks != NULL;
         plan_flags = pb.causal ? AICPU_TILING_CAUSAL : 0;
         pb.call_flags = pb.fault == WRONG_FLAG ? plan_flags ^ AICPU_TILING_CAUSAL : plan_flags;
         esize = pb.dtype == AICPU_ATTENTION_FP32 ? 4 : 2;
@@ -306,13 +314,13 @@ int main(int argc, char **argv) {
                 if (what == NULL) continue;
                 printf("FAIL problem %d (%s, %s, %s): %s differ at %d; kv heads %d q heads %d "
                        "dim %d block %d q_tile %d cores %d spans %d dtype %d causal %d batch %d "
-                       "kind %d soft cap %g",
+                       "kind %d soft cap %g sinks %d",
                        (int)n, case_names[pb.fault], aicpu_attention_isa_name(isa),
                        how == SIBLINGS_REF ? "siblings" : "spans", what, (int)at_bad,
                        (int)p->num_kv_heads, (int)p->num_q_heads, (int)p->head_dim,
                        (int)p->block_size, (int)p->q_tile, (int)p->num_cores, (int)nspans,
                        (int)pb.dtype, (int)pb.causal, (int)pb.batch, (int)pb.kind,
-                       (double)pb.soft_cap);
+                       (double)pb.soft_cap, pb.sinks != NULL);
                 if (what[0] == 's')
                     printf(": status %d, per-core %d", st[at_bad], st_ref[at_bad]);
                 printf("\n");
@@ -331,9 +339,9 @@ int main(int argc, char **argv) {
         free(pl);
     }
     printf("siblings: %s; %d runs, %d fused-shape problems; spans: %d multi-core spans, %d "
-           "across kv heads; %d soft-capped problems; faults",
+           "across kv heads; %d soft-capped problems, %d with sinks; faults",
            names, (int)runs, (int)fused_shape, (int)multi_spans, (int)cross_head_spans,
-           (int)soft_capped);
+           (int)soft_capped, (int)sunk);
     for (n = 0; n < NUM_CASES; n++) printf(" %s %d", case_names[n], (int)per_case[n]);
     printf("\n");
     return 0;

@@ -11,11 +11,13 @@
  * (128, 96, 72, 13; the AVX-512 bf16 scores need head_dim % 32 == 0), groups of 1, 3 and 4
  * query heads per kv head (the SIMD kernels block rows by four), every storage dtype, 1 and 5
  * cores (whole units and split pieces), the logits soft cap off and on (C = 0.5, where tanh
- * bends the scores, which are about N(0, 1/3) here). Each variant's output must be within a
+ * bends the scores, which are about N(0, 1/3) here), attention sinks off and on (2 + h / 4
+ * for q head h: as large as a row's summed weights, so they matter), alone and with the cap. Each variant's output must be within a
  * relative error of 1e-5 (fp32) or 1e-2 (fp16, bf16: one rounding) of the portable output,
  * every status OK, and the padding rows zero. The portable output with the cap off must be
  * bit-identical whichever off value is passed (0, -1, NaN, +inf), and with the cap on it must
- * differ from the uncapped one by more than 5% (relative): the cap was applied.
+ * differ from the uncapped one by more than 5% (relative): the cap was applied; likewise sinks
+ * (finalize given the sinks too) must move the output by more than 5%.
  * Exit status 1 on any failure, with the problem printed.
  */
 #include <math.h>
@@ -52,23 +54,26 @@ static double rel_diff(const void *a, const void *b, size_t n, int32_t dtype) {
 /* Runs every core then finalize with the active variant into out; returns the first non-OK
  * status. */
 static int run(const aicpu_tiling_params *p, const int32_t *tiling, int32_t dtype, float cap,
-               const void *q, const void *k, const void *v, int32_t num_blocks,
+               const float *sinks, const void *q, const void *k, const void *v, int32_t num_blocks,
                const int32_t *bt, const int32_t *cu, const int32_t *kv, void *out, float *po,
                float *pl) {
     int32_t c;
     int status;
     for (c = 0; c < p->num_cores; c++) {
         status = aicpu_attention_core(p, tiling, c, AICPU_TILING_CAUSAL, dtype,
-                                      1.0f / sqrtf((float)p->head_dim), cap, q, k, v, num_blocks,
-                                      bt, cu, kv, out, po, pl);
+                                      1.0f / sqrtf((float)p->head_dim), cap, sinks, q, k, v,
+                                      num_blocks, bt, cu, kv, out, po, pl);
         if (status) return status;
     }
-    return aicpu_attention_finalize(p, tiling, dtype, cu, out, po, pl);
+    return aicpu_attention_finalize(p, tiling, dtype, cu, out, po, pl, sinks);
 }
 
 int main(void) {
     static const int32_t dims[] = {128, 96, 72, 13}, groups[] = {1, 3, 4}, cores[] = {1, 5};
-    static const float caps[] = {0.0f, 0.5f};
+    /* settings: off, soft cap, sinks, soft cap and sinks */
+    static const float caps[] = {0.0f, 0.5f, 0.0f, 0.5f};
+    static const int use_sinks[] = {0, 0, 1, 1};
+    float sink_values[8];
     static const int32_t q_lens[] = {1, 5, 1}, kv_lens[] = {150, 40, 67};
     const int32_t batch = 3, hkv = 2, mbpr = 10, num_blocks = MAX_BATCH * mbpr;
     int32_t cu[MAX_BATCH + 1], kv[MAX_BATCH], bt[MAX_BATCH * 10];
@@ -76,6 +81,7 @@ int main(void) {
     double worst = 0.0;
     char names[64] = "";
 
+    for (r = 0; r < 8; r++) sink_values[r] = 2.0f + 0.25f * (float)r;
     cu[0] = 0;
     for (r = 0; r < batch; r++) {
         cu[r + 1] = cu[r] + q_lens[r];
@@ -91,8 +97,9 @@ int main(void) {
     for (di = 0; di < 4; di++)
         for (gi = 0; gi < 3; gi++)
             for (ci = 0; ci < 2; ci++)
-                /* every (soft cap, dtype) pair: dtype runs fastest */
-                for (si = 0, dtype = 0; si < 2; dtype = (dtype + 1) % 3, si += dtype == 0) {
+                /* every (setting, dtype) pair: dtype runs fastest */
+                for (si = 0, dtype = 0; si < 4; dtype = (dtype + 1) % 3, si += dtype == 0) {
+                    const float *sinks = use_sinks[si] ? sink_values : NULL;
                     aicpu_tiling_params p;
                     size_t esize = dtype == AICPU_ATTENTION_FP32 ? 4 : 2, out_elems, cache_elems;
                     void *q, *k, *v, *ref, *out;
@@ -129,15 +136,15 @@ int main(void) {
                                           aicpu_tiling_bytes(&p)) != AICPU_TILING_OK)
                         return 3;
                     aicpu_attention_set_isa(AICPU_ATTENTION_ISA_PORTABLE);
-                    if (run(&p, tiling, dtype, caps[si], q, k, v, num_blocks, bt, cu, kv, ref,
-                            po, pl))
+                    if (run(&p, tiling, dtype, caps[si], sinks, q, k, v, num_blocks, bt, cu, kv,
+                            ref, po, pl))
                         return 4;
-                    if (caps[si] == 0.0f) { /* every off value: the very same bits */
+                    if (si == 0) { /* every off value: the very same bits */
                         static const float off[] = {-1.0f, NAN, INFINITY};
                         int oi;
                         for (oi = 0; oi < 3; oi++) {
-                            if (run(&p, tiling, dtype, off[oi], q, k, v, num_blocks, bt, cu, kv,
-                                    out, po, pl) ||
+                            if (run(&p, tiling, dtype, off[oi], NULL, q, k, v, num_blocks, bt,
+                                    cu, kv, out, po, pl) ||
                                 memcmp(out, ref, out_elems * esize) != 0) {
                                 printf("FAIL soft cap %g is not bit-identical to 0 (off): head_dim "
                                        "%d group %d cores %d dtype %d\n", (double)off[oi],
@@ -146,16 +153,17 @@ int main(void) {
                                 return 1;
                             }
                         }
-                    } else { /* the cap must change the result */
+                    } else { /* the cap and the sinks must each change the result */
                         double effect;
-                        if (run(&p, tiling, dtype, 0.0f, q, k, v, num_blocks, bt, cu, kv, out, po,
-                                pl))
+                        if (run(&p, tiling, dtype, use_sinks[si] ? caps[si] : 0.0f, NULL, q, k,
+                                v, num_blocks, bt, cu, kv, out, po, pl))
                             return 4;
                         effect = rel_diff(ref, out, out_elems, dtype);
                         if (!(effect > 0.05)) {
-                            printf("FAIL soft cap %g changes the output by only %g: head_dim %d "
-                                   "group %d cores %d dtype %d\n", (double)caps[si], effect,
-                                   (int)p.head_dim, (int)groups[gi], (int)p.num_cores, (int)dtype);
+                            printf("FAIL setting %d (soft cap %g, sinks %d) changes the output by "
+                                   "only %g: head_dim %d group %d cores %d dtype %d\n", (int)si,
+                                   (double)caps[si], use_sinks[si], effect, (int)p.head_dim,
+                                   (int)groups[gi], (int)p.num_cores, (int)dtype);
                             return 1;
                         }
                     }
@@ -165,8 +173,8 @@ int main(void) {
                         int status;
                         if (aicpu_attention_set_isa(isa) != AICPU_TILING_OK) continue;
                         memset(out, 0x7f, out_elems * esize); /* garbage, must be overwritten */
-                        status = run(&p, tiling, dtype, caps[si], q, k, v, num_blocks, bt, cu,
-                                     kv, out, po, pl);
+                        status = run(&p, tiling, dtype, caps[si], sinks, q, k, v, num_blocks, bt,
+                                     cu, kv, out, po, pl);
                         for (i = 0; i < out_elems; i++) {
                             double a = value_at(out, i, dtype), b = value_at(ref, i, dtype);
                             num += (a - b) * (a - b);
@@ -178,11 +186,11 @@ int main(void) {
                         problems++;
                         double tol = dtype == AICPU_ATTENTION_FP32 ? 1e-5 : 1e-2;
                         if (status != 0 || !(err <= tol)) {
-                            printf("FAIL %s: head_dim %d group %d cores %d soft cap %g dtype "
-                                   "%d: status %d, relative error %g\n",
+                            printf("FAIL %s: head_dim %d group %d cores %d soft cap %g sinks %d "
+                                   "dtype %d: status %d, relative error %g\n",
                                    aicpu_attention_isa_name(isa), (int)p.head_dim,
                                    (int)groups[gi], (int)p.num_cores, (double)caps[si],
-                                   (int)dtype, status, err);
+                                   use_sinks[si], (int)dtype, status, err);
                             return 1;
                         }
                     }

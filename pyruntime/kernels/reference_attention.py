@@ -30,7 +30,10 @@ computes one attention layer::
 
 ``logits_soft_cap=C`` (every entry point; None, the default, is off) caps each score
 ``s = scale * q . k`` to ``C * tanh(s / C)`` before the softmax (`pyruntime.kernels.soft_cap`);
-with it off the C code runs exactly as it does without the argument.
+with it off the C code runs exactly as it does without the argument. ``sinks`` (None, the
+default, is off) is a float32 ``[num_q_heads]`` tensor of attention-sink logits (gpt-oss): pass
+the same tensor to the cores and to :func:`attention_finalize` (attention_ref.h, WHAT A ROW
+COMPUTES).
 
 For graph mode, :class:`BoundAttention` checks the static buffers once and then launches
 each core or the combine step with a single C call (a few microseconds of Python).
@@ -247,6 +250,7 @@ class BoundAttention:
         scale: float | None = None,
         causal: bool = True,
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         self._c_params = params._c_params()
         self._tiling = _tiling_ptr(params, self._c_params, tiling_buffer)
@@ -261,6 +265,7 @@ class BoundAttention:
             out,
             partial_out,
             partial_lse,
+            sinks,
         )
         self.num_cores = int(params.num_cores)
         #: Sibling sets (see :meth:`core_siblings`): P / H when P % H == 0, else P.
@@ -277,6 +282,9 @@ class BoundAttention:
         self._po, self._pl = _partials(params, partial_out, partial_lse)
         self._cu = _ptr("const int32_t *", cu_seqlens_q)
         self._out = _ptr("void *", out)
+        if sinks is not None:
+            _tensor("sinks", sinks, torch.float32, (hq,))
+        self._sinks = _ptr("const float *", sinks)
         self._core_args = None
         if query is None:
             return
@@ -303,6 +311,7 @@ class BoundAttention:
             self._dtype,
             scale,
             _soft_cap.kernel_arg(logits_soft_cap),
+            self._sinks,
             _ptr("const void *", query),
             _ptr("const void *", key_cache),
             _ptr("const void *", value_cache),
@@ -422,6 +431,7 @@ class BoundAttention:
                 self._out,
                 self._po,
                 self._pl,
+                self._sinks,
             )
         )
 
@@ -456,6 +466,7 @@ def attention_core(
     scale: float | None = None,
     causal: bool = True,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> int:
     """Run AI Core ``core``'s share of one attention layer, as the tiling assigns it.
 
@@ -481,6 +492,10 @@ def attention_core(
         logits_soft_cap: None (off, the default) or C > 0, finite: every score
             ``s = scale * q . k`` becomes ``C * tanh(s / C)`` before the softmax (a Python
             float, applied in fp32; `pyruntime.kernels.soft_cap`).
+        sinks: None (off, the default) or float32 ``[num_q_heads]`` attention-sink logits
+            (gpt-oss): query head h's softmax denominator gains ``exp(sinks[h] - m)`` (the sink
+            adds no value). Whole units add it here; split units add it in
+            :func:`attention_finalize`, which must be given the same tensor.
 
     Returns:
         The C status: OK, the tiling's status if it is not OK (nothing was done), E_TILING
@@ -496,7 +511,7 @@ def attention_core(
                           value_cache=value_cache, block_table=block_table,
                           cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, out=out,
                           partial_out=partial_out, partial_lse=partial_lse, scale=scale,
-                          causal=causal, logits_soft_cap=logits_soft_cap)
+                          causal=causal, logits_soft_cap=logits_soft_cap, sinks=sinks)
     return bound.core(int(core))
 
 
@@ -523,6 +538,7 @@ def attention_core_siblings(
     scale: float | None = None,
     causal: bool = True,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> int:
     """Run the cores ``first_core, first_core + Q, ...`` (Q = :func:`num_sibling_sets`) in one
     C call, fusing the kv heads when the tiling cuts every head alike.
@@ -534,7 +550,7 @@ def attention_core_siblings(
                           value_cache=value_cache, block_table=block_table,
                           cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, out=out,
                           partial_out=partial_out, partial_lse=partial_lse, scale=scale,
-                          causal=causal, logits_soft_cap=logits_soft_cap)
+                          causal=causal, logits_soft_cap=logits_soft_cap, sinks=sinks)
     return bound.core_siblings(int(first_core))
 
 
@@ -546,6 +562,7 @@ def attention_finalize(
     out: torch.Tensor,
     partial_out: torch.Tensor | None,
     partial_lse: torch.Tensor | None,
+    sinks: torch.Tensor | None = None,
 ) -> int:
     """Merge the split pieces into ``out`` and zero its padding rows; run after every core.
 
@@ -555,6 +572,8 @@ def attention_finalize(
         out: [max_tokens, num_q_heads, head_dim], float32, float16 or bfloat16.
         partial_out, partial_lse: the workspace the cores wrote (None only if the tiling has
             no split unit).
+        sinks: None or the float32 ``[num_q_heads]`` attention sinks the cores were given: each
+            merged row's denominator gains its head's sink, once.
 
     Returns:
         OK; or, after writing zeros to every row, the tiling's status when it is not OK, or
@@ -575,5 +594,6 @@ def attention_finalize(
         out=out,
         partial_out=partial_out,
         partial_lse=partial_lse,
+        sinks=sinks,
     )
     return bound.finalize()

@@ -16,7 +16,8 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
                         block_table: np.ndarray, cu_seqlens_q: np.ndarray,
                         seqlens_kv: np.ndarray, *, scale: float, causal: bool = True,
                         band: tuple[int, int] | None = None,
-                        logits_soft_cap: float | None = None) -> np.ndarray:
+                        logits_soft_cap: float | None = None,
+                        sinks: torch.Tensor | np.ndarray | None = None) -> np.ndarray:
     """float64 ``[max_tokens, num_q_heads, head_dim]``; rows of no request are zero.
 
     Args:
@@ -28,12 +29,20 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
         logits_soft_cap: None (off) or C > 0: every score ``s = scale * q . k`` becomes
             ``C * tanh(s / C)`` before the mask and the softmax (vLLM's definition; float64
             throughout, C taken as given).
+        sinks: None (off) or ``[Hq]`` attention-sink logits (gpt-oss): query head h's softmax
+            denominator gains ``exp(sinks[h] - m)``, m the row's max over its scores and the
+            sink, and the sink adds no value: ``p_j = exp(s_j - m) / (exp(sinks[h] - m) +
+            sum_k exp(s_k - m))`` (vLLM's ``sinks``; the soft cap, when on, caps the scores and
+            not the sink).
     """
     # a float64 host reference: device tensors come to the host once, before any indexing
     query, key_cache, value_cache = (t.detach().cpu() for t in (query, key_cache, value_cache))
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
     group = query.shape[1] // num_kv_heads
     out = np.zeros(tuple(query.shape), dtype=np.float64)
+    if sinks is not None:
+        sink = (_f64(sinks) if isinstance(sinks, torch.Tensor) else np.asarray(sinks, np.float64))
+        sink = sink.reshape(-1, 1, 1)  # [Hq, 1, 1] against s [Hq, q_len, kv_len]
     for r in range(len(seqlens_kv)):
         q0, q1, kv_len = int(cu_seqlens_q[r]), int(cu_seqlens_q[r + 1]), int(seqlens_kv[r])
         q_len = q1 - q0
@@ -52,9 +61,14 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
             s = np.where((pos <= at)[None], s, -np.inf)
         if band is not None:
             s = np.where(((pos >= at - band[0]) & (pos <= at + band[1]))[None], s, -np.inf)
-        s -= s.max(axis=-1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(axis=-1, keepdims=True)
+        m = s.max(axis=-1, keepdims=True)
+        if sinks is not None:
+            m = np.maximum(m, sink)
+        p = np.exp(s - m)
+        den = p.sum(axis=-1, keepdims=True)
+        if sinks is not None:
+            den = den + np.exp(sink - m)
+        p /= den
         out[q0:q1] = np.einsum("hqk,khd->qhd", p, v)
     return out
 
