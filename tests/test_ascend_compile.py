@@ -1,5 +1,6 @@
 """The Triton kernels compile for Ascend910B3 up to the step public wheels cannot take: the
-attention kernel without and with the logits soft cap, and the combine kernel.
+attention kernel plain, with the logits soft cap and with attention sinks, and the combine kernel
+plain and with sinks.
 
 Runs ``tools/ascend_compile.py`` (its own venv with triton-ascend and ascendnpu-ir, never
 this environment). By hand it runs when that venv exists (``AICPU_TILING_ASCEND_VENV`` or the
@@ -46,5 +47,7 @@ def test_kernels_lower_to_hivm_and_stop_only_for_hivmc(tmp_path):
         assert bishengir["planned_bytes"].get("ub", 0) <= 192 * 1024   # A2's UB per core
     assert kinds["paged_attention_kernel"].startswith("MIX")   # tl.dot on the cube
     assert kinds["paged_attention_kernel[soft_cap]"].startswith("MIX")   # USE_SOFT_CAP
+    assert kinds["paged_attention_kernel[sinks]"].startswith("MIX")   # USE_SINKS
     assert kinds["attention_combine_kernel"].startswith("AIV")
+    assert kinds["attention_combine_kernel[sinks]"].startswith("AIV")
     assert run.returncode == 0

@@ -64,10 +64,10 @@ def run_triton(case: Case, plan, *, fill=float("nan"), step_epoch=None):
         key_cache=case.key_cache,
         value_cache=case.value_cache, block_table=case.block_table, cu_seqlens_q=case.cu,
         seqlens_kv=case.kv, out=out, partial_out=po, partial_lse=pl, scale=case.scale,
-        causal=case.causal, logits_soft_cap=case.soft_cap)
+        causal=case.causal, logits_soft_cap=case.soft_cap, sinks=case.sinks)
     combined = triton_launch.launch_combine(case.params, tiling_in=words, step_epoch=epoch,
                                             cu_seqlens_q=case.cu, out=out, partial_out=po,
-                                            partial_lse=pl, causal=case.causal)
+                                            partial_lse=pl, causal=case.causal, sinks=case.sinks)
     return out, status.tolist(), combined.tolist()
 
 
@@ -136,6 +136,55 @@ def test_soft_cap_argument_is_checked_before_launching():
     for bad in (0.0, -2.0, float("nan"), float("inf"), True):
         case.soft_cap = bad
         with pytest.raises(ValueError, match="logits_soft_cap"):
+            run_triton(case, plan)
+
+
+def sinks_for(name: str) -> torch.Tensor:
+    """Sinks 3 + h / 2 for q head h: large against rows of 1 to 70 keys, so they matter."""
+    return 3.0 + 0.5 * torch.arange(CASES[name]["hq"], dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ["decode_gqa_split", "decode_kv_heads_1", "spec_decode",
+                                  "chunked_prefill", "padded_zero_length", "unsplit_one_core"])
+def test_sinks_match_c_reference_and_float64_once(name, dtype):
+    """Whole units add the sink in the attention kernel, split units in the combine: both
+    against the C reference and float64 with each sink counted once; counting it twice or not
+    at all would miss by far more than the tolerance."""
+    case = Case(np.random.default_rng(7), dtype=dtype, sinks=sinks_for(name), **CASES[name])
+    plan = case.tiling()
+    if name in ("decode_gqa_split", "decode_kv_heads_1"):
+        assert plan.combine_records(), "no split unit: the combine's sink is not tested"
+    c_out, c_status, c_fin = case.run(plan)
+    assert set(c_status.values()) == {0} and c_fin == 0
+    out, status, combined = run_triton(case, plan)
+    assert status == [0] * case.params.num_cores and set(combined) == {0}
+    tokens = int(case.cu[-1])
+    assert torch.equal(out[tokens:], torch.zeros_like(out[tokens:])), "padding rows not zero"
+    vs_ref, vs_c = errors(case, out, c_out)
+    assert vs_ref <= TOL[dtype], (name, vs_ref)
+    assert vs_c <= TOL[dtype], (name, vs_c)
+    once = case.reference()
+    none = Case(np.random.default_rng(7), dtype=dtype, **CASES[name]).reference()
+    for other in (case.reference(sink_terms=2), none):
+        assert (once - other).abs().max() / once.abs().max() > 0.05
+
+
+def test_sinks_with_soft_cap_and_bad_sinks_raise():
+    """Sinks with the soft cap (the cap bends the scores, never the sink), split units."""
+    name = "decode_gqa_split"
+    case = Case(np.random.default_rng(7), soft_cap=2.0, q_mul=4.0, sinks=sinks_for(name),
+                **CASES[name])
+    plan = case.tiling()
+    c_out, _, _ = case.run(plan)
+    out, status, combined = run_triton(case, plan)
+    assert status == [0] * case.params.num_cores and set(combined) == {0}
+    vs_ref, vs_c = errors(case, out, c_out)
+    assert vs_ref <= SOFT_CAP_TOL[torch.float32] and vs_c <= SOFT_CAP_TOL[torch.float32]
+    for bad, error in ((torch.zeros(3), ValueError), (torch.zeros(8, dtype=torch.float64),
+                                                       TypeError), ([0.0] * 8, TypeError)):
+        case.sinks = bad
+        with pytest.raises(error, match="sinks"):
             run_triton(case, plan)
 
 

@@ -17,9 +17,11 @@ script runs twice: in the project environment it computes the kernels' compile-t
 (from `pyruntime.kernels.triton_launch`, so the tiling ABI is read, never typed), then it runs
 itself with ``--inner`` in the venv, which imports only ``triton`` and the kernel source file.
 
-Kernels: the attention kernel twice (without and with the logits soft cap, ``USE_SOFT_CAP``;
-reported as ``paged_attention_kernel`` and ``paged_attention_kernel[soft_cap]``) and the
-combine kernel, which the soft cap does not touch.
+Kernels: the attention kernel three times (plain, with the logits soft cap, ``USE_SOFT_CAP``,
+and with attention sinks, ``USE_SINKS``; reported as ``paged_attention_kernel``,
+``paged_attention_kernel[soft_cap]`` and ``paged_attention_kernel[sinks]``) and the combine
+kernel twice (``attention_combine_kernel`` and ``attention_combine_kernel[sinks]``; the soft cap
+does not touch it).
 
 Usage:
     python tools/ascend_compile.py [--venv DIR] [--out DIR] [--dtype fp16|bf16] [--json]
@@ -93,21 +95,28 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
                       "value_cache": store, "block_table": "*i32", "cu_seqlens_q": "*i32",
                       "seqlens_kv": "*i32", "out": store, "partial_out": "*fp32",
                       "partial_lse": "*fp32", "core_status": "*i32", "scale": "fp32",
-                      "soft_cap": "fp32", "num_blocks": "i32"},
-        "constants": {**consts, **shapes, "UPCAST_DOT": False, "USE_SOFT_CAP": False},
+                      "soft_cap": "fp32", "sinks": "*fp32", "num_blocks": "i32"},
+        "constants": {**consts, **shapes, "UPCAST_DOT": False, "USE_SOFT_CAP": False,
+                      "USE_SINKS": False},
     }
     # the logits soft cap variant: the same function compiled with USE_SOFT_CAP
     soft_capped = {**attention, "label": "paged_attention_kernel[soft_cap]",
                    "constants": {**attention["constants"], "USE_SOFT_CAP": True}}
+    # the attention sinks variants (gpt-oss): both kernels compiled with USE_SINKS
+    sinks = {**attention, "label": "paged_attention_kernel[sinks]",
+             "constants": {**attention["constants"], "USE_SINKS": True}}
     combine = {
         "name": "attention_combine_kernel",
         "signature": {"tiling": "*i32", "step_epoch": "*i32", "cu_seqlens_q": "*i32",
                       "out": store,
-                      "partial_out": "*fp32", "partial_lse": "*fp32", "combine_status": "*i32"},
+                      "partial_out": "*fp32", "partial_lse": "*fp32", "combine_status": "*i32",
+                      "sinks": "*fp32"},
         "constants": {**consts, "BLOCK_M": shapes["BLOCK_M"], "BLOCK_D": shapes["BLOCK_D"],
-                      "BLOCK_Z": 1024},
+                      "BLOCK_Z": 1024, "USE_SINKS": False},
     }
-    return [attention, soft_capped, combine]
+    combine_sinks = {**combine, "label": "attention_combine_kernel[sinks]",
+                     "constants": {**combine["constants"], "USE_SINKS": True}}
+    return [attention, soft_capped, sinks, combine, combine_sinks]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,7 +45,7 @@ Constraints this code relies on, with their sources (check them on hardware):
   decode tiles (q_tile 1: BLOCK_M 16, BLOCK_N 128); the combine in 105 / 28 KiB (the
   highest static ``pointer_cast`` offsets of ``module.hivm.opt.mlir``, reported by
   ``tools/ascend_compile.py [--q-tile 1]``). With ``USE_SOFT_CAP`` the attention kernel plans
-  181 KiB and 135 KiB. It fits, with little room at the default tiles, so larger tiles (or
+  181 KiB and 135 KiB; with ``USE_SINKS`` 180.3 and 103.8 KiB, the combine 107 and 29 KiB. It fits, with little room at the default tiles, so larger tiles (or
   more per-score work) need that check again.
 - The last axis of every tile is head_dim (contiguous in query, caches, output and
   partials), the alignment the guide asks for ("Aligning the Size of the Tail Axis").
@@ -60,6 +60,14 @@ Constraints this code relies on, with their sources (check them on hardware):
   ``tl.exp`` (:func:`_soft_cap`): ``tl`` has no tanh that both upstream Triton and
   Triton-Ascend provide, and the kernel already lowers exp, abs, division and selects. With
   ``USE_SOFT_CAP`` off the branch is not compiled: the kernel is the uncapped one.
+- Attention sinks (gpt-oss; ``USE_SINKS``, a compile-time switch in both kernels; ``sinks`` is
+  an fp32 ``[num_q_heads]`` pointer read only when it is on): query head h's softmax gains
+  ``exp(sinks[h] - m)`` in its denominator and nothing in its numerator, as vLLM's
+  ``sinks`` (``vllm/v1/attention/ops/triton_unified_attention.py`` starts a row's first
+  segment at ``M = sink``, ``L = 1``; only the first, so the sink counts once). Here too each
+  row gets it once: a whole unit adds it when it normalises (``_segment``); a piece stores its
+  lse without it and the combine merges the sink as one more piece (lse = sink, output 0).
+  With ``USE_SINKS`` off neither branch is compiled. The soft cap caps scores, not the sink.
 - Device-side checks never read out of bounds: every index read from the tiling or the length
   arrays is range-checked before it addresses memory, and a block id outside
   ``[0, num_blocks)`` turns the segment into zeros (``lse = +inf`` for a piece), as in the C
@@ -144,14 +152,16 @@ def _soft_cap(s, cap):
 
 @triton.jit
 def _segment(query, key_cache, value_cache, block_table, out, partial_out, partial_lse, scale,
-             soft_cap, r, h, t, kb, ke, slot, blocks_ok, q_start, q_len, kv_len,
+             soft_cap, sinks, r, h, t, kb, ke, slot, blocks_ok, q_start, q_len, kv_len,
              NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
              BLOCK_SIZE: tl.constexpr, MAX_BLOCKS_PER_REQ: tl.constexpr, Q_TILE: tl.constexpr,
              CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr):
+             BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr,
+             USE_SINKS: tl.constexpr):
     """Kv blocks [kb, ke) of unit (r, h, t): its rows (token in tile, group member) attend with
     kv head h. A whole unit (slot < 0) writes its output rows; a piece writes slot ``slot``.
-    With USE_SOFT_CAP every score is capped to ``soft_cap * tanh(s / soft_cap)`` first."""
+    With USE_SOFT_CAP every score is capped to ``soft_cap * tanh(s / soft_cap)`` first; with
+    USE_SINKS a whole unit's row adds ``exp(sinks[q head] - m)`` to its denominator."""
     GROUP: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
     tok0 = t * Q_TILE
     ntok = tl.minimum(q_len - tok0, Q_TILE)
@@ -210,6 +220,11 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
         seen = l_i > 0.0                      # rows that saw no position stay 0, lse -inf
         l_safe = tl.where(seen, l_i, 1.0)     # no 1/0 or log(0) even in discarded lanes
         inv = tl.where(seen, 1.0 / l_safe, 0.0)
+        if USE_SINKS:   # the row's only sink term when the unit is whole; a piece's lse has none
+            sink = tl.load(sinks + q_head, mask=row_ok, other=0.0)
+            m_fin = tl.where(seen, m_i, 0.0)
+            den = l_safe + tl.exp(sink - m_fin)   # +inf (sink far above m): inv 0, the limit
+            inv = tl.where(seen & (slot < 0), 1.0 / den, inv)
         o = acc * inv[:, None]
         store_mask = row_ok[:, None] & d_ok[None, :]
         if slot < 0:
@@ -227,7 +242,7 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
 @triton.jit
 def paged_attention_kernel(
     tiling, step_epoch, query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
-    out, partial_out, partial_lse, core_status, scale, soft_cap, num_blocks,
+    out, partial_out, partial_lse, core_status, scale, soft_cap, sinks, num_blocks,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, MAX_BATCH: tl.constexpr, MAX_TOKENS: tl.constexpr,
     MAX_BLOCKS_PER_REQ: tl.constexpr, NUM_CORES: tl.constexpr, Q_TILE: tl.constexpr,
@@ -243,13 +258,14 @@ def paged_attention_kernel(
     COMB_KV_HEAD: tl.constexpr, COMB_Q_TILE: tl.constexpr, COMB_FIRST_SLOT: tl.constexpr,
     COMB_NUM_PIECES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr,
 ):
     """Program ``pid`` = AI Core ``pid``: walk the core's range [begin, end) of the tiling.
 
     Tensors as in ``attention_ref.h`` (TENSORS); ``step_epoch`` int32 [1] is the epoch the
     host wrote beside this step's lengths; ``soft_cap`` (fp32, > 0) is the logits soft cap,
-    read only when ``USE_SOFT_CAP``. ``core_status[pid]`` receives OK, the tiling's
+    read only when ``USE_SOFT_CAP``; ``sinks`` (fp32 [num_q_heads]) the attention sinks, read
+    only when ``USE_SINKS``. ``core_status[pid]`` receives OK, the tiling's
     own status when it is not OK (nothing done), E_STALE (the tiling was planned for another
     step: nothing done), E_TILING (the buffer or lengths do not match; nothing more done) or
     E_BLOCK_ID (the affected segments are zeros, the rest computed).
@@ -324,11 +340,11 @@ def paged_attention_kernel(
                             blocks_ok = bad_ids == 0
                             status = tl.where(blocks_ok | (status != OK), status, E_BLOCK_ID)
                             _segment(query, key_cache, value_cache, block_table, out,
-                                     partial_out, partial_lse, scale, soft_cap, r, h, t, kb,
-                                     ke, slot, blocks_ok, q_start, q_len, kv_len, NUM_Q_HEADS,
-                                     NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, MAX_BLOCKS_PER_REQ,
-                                     Q_TILE, CAUSAL, BLOCK_M, BLOCK_N, BLOCK_D, UPCAST_DOT,
-                                     USE_SOFT_CAP)
+                                     partial_out, partial_lse, scale, soft_cap, sinks, r, h,
+                                     t, kb, ke, slot, blocks_ok, q_start, q_len, kv_len,
+                                     NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
+                                     MAX_BLOCKS_PER_REQ, Q_TILE, CAUSAL, BLOCK_M, BLOCK_N,
+                                     BLOCK_D, UPCAST_DOT, USE_SOFT_CAP, USE_SINKS)
                         walked += 1
         status = tl.where((status == OK) & (walked != num_segments), E_TILING, status)
     tl.store(core_status + pid, status)
@@ -348,7 +364,7 @@ def _zero_rows(out, first, last, pid, nprog, ROW_ELEMS: tl.constexpr, BLOCK_Z: t
 
 @triton.jit
 def attention_combine_kernel(
-    tiling, step_epoch, cu_seqlens_q, out, partial_out, partial_lse, combine_status,
+    tiling, step_epoch, cu_seqlens_q, out, partial_out, partial_lse, combine_status, sinks,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, MAX_BATCH: tl.constexpr, MAX_TOKENS: tl.constexpr,
     MAX_BLOCKS_PER_REQ: tl.constexpr, NUM_CORES: tl.constexpr, Q_TILE: tl.constexpr,
@@ -364,6 +380,7 @@ def attention_combine_kernel(
     COMB_KV_HEAD: tl.constexpr, COMB_Q_TILE: tl.constexpr, COMB_FIRST_SLOT: tl.constexpr,
     COMB_NUM_PIECES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Z: tl.constexpr,
+    USE_SINKS: tl.constexpr,
 ):
     """The combine step on a fixed grid: program ``pid`` merges combine records pid, pid + n,
     ... and zeroes its share of the padding rows [num_tokens, max_tokens).
@@ -373,7 +390,8 @@ def attention_combine_kernel(
     not OK, a tiling of another step (its epoch differs from ``step_epoch[0]``) or a buffer
     that is not a consistent tiling makes them write zeros to every row (the C
     ``aicpu_attention_finalize``). ``combine_status[pid]`` receives OK, the tiling's status,
-    E_STALE or E_TILING.
+    E_STALE or E_TILING. With ``USE_SINKS`` each merged row's denominator gains its q head's
+    sink (``sinks``, fp32 [num_q_heads]), once: one more piece with lse = sink and output 0.
     """
     GROUP: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
     ROW_ELEMS: tl.constexpr = NUM_Q_HEADS * HEAD_DIM
@@ -429,9 +447,15 @@ def attention_combine_kernel(
                                   other=float("-inf"))
                     mx = tl.maximum(mx, lse)
                 usable = (mx > float("-inf")) & (mx < float("inf"))   # +inf: a poisoned piece
+                q_head = h * GROUP + offs_m % GROUP
+                if USE_SINKS:   # the sink: one more piece, lse = sink, output 0
+                    sink = tl.load(sinks + q_head, mask=row_ok, other=0.0)
+                    mx = tl.maximum(mx, sink)
                 mx_use = tl.where(usable, mx, 0.0)
                 acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
                 wsum = tl.zeros([BLOCK_M], tl.float32)
+                if USE_SINKS:
+                    wsum = tl.where(usable, tl.exp(sink - mx_use), 0.0)
                 for piece in range(npieces):
                     srow = ((s0 + piece) * SLOT_ROWS + offs_m).to(tl.int64)
                     lse = tl.load(partial_lse + srow, mask=row_ok, other=float("-inf"))
@@ -443,7 +467,6 @@ def attention_combine_kernel(
                 inv = tl.where(wsum > 0.0, 1.0 / tl.where(wsum > 0.0, wsum, 1.0), 0.0)
                 merged = acc * inv[:, None]
                 tok = offs_m // GROUP
-                q_head = h * GROUP + offs_m % GROUP
                 at = ((lo + t * Q_TILE + tok).to(tl.int64) * NUM_Q_HEADS + q_head) * HEAD_DIM
                 tl.store(out + at[:, None] + offs_d[None, :], merged.to(out.dtype.element_ty),
                          mask=row_ok[:, None] & d_ok[None, :])

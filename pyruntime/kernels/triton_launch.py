@@ -250,9 +250,27 @@ def _check_lengths(words: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          f"needs {batch}")
 
 
+def _sinks_arg(params, sinks, out, placeholder):
+    """The tensor the kernels get as ``sinks``: the checked sinks, or (off: never read, the
+    kernel compiled without USE_SINKS) ``placeholder``, an fp32 tensor on the same device."""
+    if sinks is None:
+        return placeholder
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
+    if sinks.dtype != torch.float32:
+        raise TypeError(f"sinks must have dtype torch.float32, got {sinks.dtype}")
+    if tuple(sinks.shape) != (params.num_q_heads,) or not sinks.is_contiguous():
+        raise ValueError(f"sinks must be a contiguous [{params.num_q_heads}] tensor, got shape "
+                         f"{list(sinks.shape)}")
+    if sinks.device != out.device:
+        raise ValueError(f"sinks must be on {out.device}, got {sinks.device}")
+    return sinks
+
+
 def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_cache,
                      block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse,
                      scale: float, causal: bool, logits_soft_cap: float | None = None,
+                     sinks: torch.Tensor | None = None,
                      core_status: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the attention grid (``params.num_cores`` programs) once; returns core_status.
 
@@ -268,6 +286,10 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
         logits_soft_cap: None (off: the kernel compiled without the cap) or C > 0, finite:
             scores ``s = scale * q . k`` become ``C * tanh(s / C)`` before the softmax (the
             kernel compiled with ``USE_SOFT_CAP``, C passed as an fp32 runtime scalar).
+        sinks: None (off: the kernel compiled without sinks) or float32 ``[num_q_heads]``
+            attention-sink logits on the output's device (the kernel compiled with
+            ``USE_SINKS``): whole units add them to their rows' denominators; pass the same
+            tensor to :func:`launch_combine`, which adds them to split units' rows.
         core_status: int32 ``[num_cores]`` the programs write their status to (OK, the
             tiling's status, E_TILING or E_BLOCK_ID, the C reference's codes, or E_STALE);
             allocated when None. Device side: read it only after the stream has run.
@@ -280,6 +302,7 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
     """
     _check_shapes(params, query, key_cache, value_cache, out)
     soft_cap = _soft_cap.kernel_arg(logits_soft_cap)
+    sinks_ptr = _sinks_arg(params, sinks, out, partial_lse)
     words = _words(tiling_in)
     cu_seqlens_q, seqlens_kv = _int32("cu_seqlens_q", cu_seqlens_q), _int32("seqlens_kv",
                                                                            seqlens_kv)
@@ -292,23 +315,27 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
         module.paged_attention_kernel[(params.num_cores,)](
             words, _int32("step_epoch", step_epoch), query, key_cache, value_cache,
             _int32("block_table", block_table), cu_seqlens_q, seqlens_kv, out,
-            partial_out, partial_lse, core_status, float(scale), soft_cap,
+            partial_out, partial_lse, core_status, float(scale), soft_cap, sinks_ptr,
             int(key_cache.shape[0]), **constants(params, bool(causal)), **block_shapes(params),
-            UPCAST_DOT=upcast, USE_SOFT_CAP=soft_cap > 0.0)
+            UPCAST_DOT=upcast, USE_SOFT_CAP=soft_cap > 0.0, USE_SINKS=sinks is not None)
     return core_status
 
 
 def launch_combine(params, *, tiling_in, step_epoch, cu_seqlens_q, out, partial_out,
                    partial_lse, causal: bool = True, combine_status: torch.Tensor | None = None,
-                   num_programs: int | None = None) -> torch.Tensor:
+                   num_programs: int | None = None,
+                   sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the combine grid once; returns combine_status (int32 ``[num_programs]``).
 
     ``num_programs`` (default ``params.num_cores``) is fixed at capture like the attention
     grid; program i merges combine records i, i + n, ... and zeroes its share of the
     padding rows. On a tiling that is not OK, or stale (its epoch differs from
-    ``step_epoch[0]``), every row of ``out`` becomes zero.
+    ``step_epoch[0]``), every row of ``out`` becomes zero. ``sinks``: None or the float32
+    ``[num_q_heads]`` attention sinks given to :func:`launch_attention` (compiled with
+    ``USE_SINKS``: each merged row's denominator gains its q head's sink, once).
     """
     _check_shapes(params, None, None, None, out)
+    sinks_ptr = _sinks_arg(params, sinks, out, partial_lse)
     words = _words(tiling_in)
     cu_seqlens_q = _int32("cu_seqlens_q", cu_seqlens_q)
     _check_lengths(words, cu_seqlens_q, None)
@@ -320,7 +347,8 @@ def launch_combine(params, *, tiling_in, step_epoch, cu_seqlens_q, out, partial_
     with _launch_lock(out.device):
         module.attention_combine_kernel[(programs,)](
             words, _int32("step_epoch", step_epoch), cu_seqlens_q, out, partial_out,
-            partial_lse, combine_status, **constants(params, bool(causal)),
+            partial_lse, combine_status, sinks_ptr, **constants(params, bool(causal)),
             BLOCK_M=shapes["BLOCK_M"], BLOCK_D=shapes["BLOCK_D"],
-            BLOCK_Z=min(1024, _pow2_at_least(params.num_q_heads * params.head_dim, 16)))
+            BLOCK_Z=min(1024, _pow2_at_least(params.num_q_heads * params.head_dim, 16)),
+            USE_SINKS=sinks is not None)
     return combine_status
