@@ -10,7 +10,10 @@ and updates every layer's task group.
 
 ``logits_soft_cap=C`` (Gemma 2) caps every score to ``C * tanh(s / C)`` before the softmax,
 in every mode and placement, on both AI Core consumers (the C reference and the Triton
-kernels); the tiling does not change (docs/attention-variants.md).
+kernels); the tiling does not change (docs/attention-variants.md). ``sinks=True`` (gpt-oss)
+gives every layer a float32 ``[num_q_heads]`` attention-sink tensor, ``attn.sinks[layer]``,
+filled in place like the queries: each query head's softmax denominator gains
+``exp(sink - m)``.
 
 Lifetime: `close()` (or leaving a ``with`` block) resets the graph, gives back the streams
 and frees the buffers; ``owns_backend=True`` also closes the backend. A dropped instance
@@ -104,6 +107,15 @@ class StaticAttention:
             50.0). One value for every layer; the kernels compute with it in fp32, like the
             scores, whatever the storage dtype. Not with ``mode="host_update"`` on a backend
             whose host path is torch_npu's FIA (the NPU backend), which has no soft cap.
+        sinks: False (the default: no sinks, exactly today's kernels) or True: attention sinks
+            (gpt-oss, vLLM's ``sinks``). Every layer gets a float32 ``[num_q_heads]`` device
+            tensor, ``sinks[layer]``, zero-filled, which the caller fills in place (``copy_``,
+            like ``queries``) before a step; query head h's softmax becomes ``p_j = exp(s_j -
+            m) / (exp(sink[h] - m) + sum_k exp(s_k - m))``, m the max of the scores and the
+            sink (the sink adds no value; with a soft cap the cap applies to the scores, not
+            the sink). The graph reads the tensors at every replay, in every mode. Not with
+            ``mode="host_update"`` on a FIA backend (the NPU backend): the FIA prototype we
+            call (``pyruntime/npu_twin/fia.py``) has no sink argument.
 
     Attributes:
         placement: the device-tiling placement (None for host_update).
@@ -114,6 +126,8 @@ class StaticAttention:
             (what `step` returns).
         params: the `pyruntime.tiling.TilingParams` frozen at construction.
         logits_soft_cap: the soft cap as a float, or None.
+        sinks: with ``sinks=True``, the list of per-layer float32 ``[num_q_heads]`` sink
+            tensors (fill them in place); None with ``sinks=False``.
         last_step_host_seconds: host time of the last step (copies, replay launch,
             updates), excluding the wait for device results: the CPU time of the calling
             thread (``time.thread_time``), i.e. host busy time. The step's host part runs
@@ -125,7 +139,8 @@ class StaticAttention:
         ValueError: unknown mode or placement, or a placement given with host_update;
         AttentionInputError: bad dtype or counts; a logits_soft_cap that is not None or a
             positive finite number (bool, NaN, infinity, zero, negative), or one given with
-            host_update on a FIA backend (raised before anything is allocated);
+            host_update on a FIA backend (raised before anything is allocated); ``sinks`` that
+            is not a bool, or True with host_update on a FIA backend (raised likewise);
         pyruntime.tiling.TilingParamsError: shapes out of the tiling kernel's range.
         AttentionClosedError: (from every method and buffer attribute) used after `close()`.
     """
@@ -135,7 +150,8 @@ class StaticAttention:
                  max_batch: int, max_tokens: int, max_blocks_per_req: int, mode: str,
                  dtype: torch.dtype, causal: bool = True, num_cores: int | None = None,
                  q_tile: int | None = None, placement: str | None = None,
-                 owns_backend: bool = False, logits_soft_cap: float | None = None) -> None:
+                 owns_backend: bool = False, logits_soft_cap: float | None = None,
+                 sinks: bool = False) -> None:
         self.backend, self.owns_backend = backend, bool(owns_backend)
         self._closed = False
         self._buffers = self._path = None
@@ -158,6 +174,14 @@ class StaticAttention:
                     f"logits_soft_cap={self.logits_soft_cap} with mode='host_update' on the "
                     f"{backend.name} backend: its host path is torch_npu's FIA, which has no "
                     "soft cap; use mode='device_tiling' (our kernels apply it)")
+            if not isinstance(sinks, bool):
+                raise AttentionInputError(f"sinks must be True or False, got "
+                                          f"{type(sinks).__name__} {sinks!r}")
+            if sinks and mode == "host_update" and backend.host_update_attention == "fia":
+                raise AttentionInputError(
+                    f"sinks=True with mode='host_update' on the {backend.name} backend: its "
+                    "host path is torch_npu's FIA, and the FIA call we make has no sink "
+                    "argument; use mode='device_tiling' (our kernels apply the sinks)")
             self.mode, self.causal, self.placement = mode, causal, placement
             self.params = TilingParams(
                 num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
@@ -166,7 +190,7 @@ class StaticAttention:
                 num_cores=num_cores or backend.default_num_cores, q_tile=q_tile)
             self._buffers = StaticBuffers(backend, self.params, num_layers=num_layers,
                                           num_blocks=num_blocks, dtype=dtype,
-                                          logits_soft_cap=self.logits_soft_cap)
+                                          logits_soft_cap=self.logits_soft_cap, sinks=sinks)
             path = HostUpdatePath if mode == "host_update" else DEVICE_TILING_PATHS[placement]
             self._path = path(backend, self._buffers, causal=causal)
         except BaseException:
@@ -180,6 +204,8 @@ class StaticAttention:
     queries = property(lambda self: self._live()[0].queries)
     kv_caches = property(lambda self: self._live()[0].kv_caches)
     outputs = property(lambda self: self._live()[0].outputs)
+    sinks = property(lambda self: self._live()[0].sinks,
+                     doc="Per-layer float32 [num_q_heads] sink tensors (sinks=True), or None.")
     block_table = property(lambda self: self._live()[0].block_table,
                            doc="The static device block table the graph reads.")
 

@@ -70,13 +70,16 @@ class StaticBuffers:
         partial_out: float32 ``[max_partial_slots, q_tile, group, head_dim]``.
         partial_lse: float32 ``[max_partial_slots, q_tile, group]``.
 
+        sinks: ``num_layers`` x float32 ``[num_q_heads]`` attention-sink logits (zeros until
+            the caller fills them in place), or None when made with ``sinks=False``.
+
     Attributes (layer constants every launch passes): scale (``1 / sqrt(head_dim)``) and
     logits_soft_cap (None or C > 0, see `pyruntime.kernels.soft_cap`).
     """
 
     def __init__(self, backend: Backend, params: TilingParams, *, num_layers: int,
                  num_blocks: int, dtype: torch.dtype,
-                 logits_soft_cap: float | None = None) -> None:
+                 logits_soft_cap: float | None = None, sinks: bool = False) -> None:
         self.logits_soft_cap = soft_cap.check(logits_soft_cap, error=AttentionInputError)
         if dtype not in DTYPES:
             raise AttentionInputError(f"dtype must be one of {DTYPES}, got {dtype}")
@@ -98,6 +101,8 @@ class StaticBuffers:
         self.queries = [alloc(row, dtype) for _ in range(num_layers)]
         self.kv_caches = [(alloc(cache, dtype), alloc(cache, dtype)) for _ in range(num_layers)]
         self.outputs = [alloc(row, dtype) for _ in range(num_layers)]
+        self.sinks = ([alloc((p.num_q_heads,), torch.float32) for _ in range(num_layers)]
+                      if sinks else None)
         self.block_table = alloc((p.max_batch, p.max_blocks_per_req), torch.int32)
         self.lengths = alloc((2 * p.max_batch + 3,), torch.int32)
         self.step_epoch = self.lengths[0:1]
@@ -122,6 +127,7 @@ class StaticBuffers:
                 self._backend.free(buf)
         self._allocated.clear()
         self.queries, self.kv_caches, self.outputs = [], [], []
+        self.sinks = None if self.sinks is None else []
         self.block_table = self.lengths = self.tiling = None
         self.step_epoch = self.batch = self.cu_seqlens_q = self.seqlens_kv = None
         self.partial_out = self.partial_lse = None

@@ -10,10 +10,10 @@ on the current stream. The AI-CPU tiling op's NPU build is not here.
 - ``plan_tiling(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, params, causal)``
 - ``paged_attention(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
   step_epoch, tiling_in, out, partial_out, partial_lse, params, scale, causal,
-  logits_soft_cap=None)`` (every core; ``logits_soft_cap``: None or C > 0, see
-  `pyruntime.kernels.soft_cap`)
+  logits_soft_cap=None, sinks=None)`` (every core; ``logits_soft_cap``: None or C > 0, see
+  `pyruntime.kernels.soft_cap`; ``sinks``: None or float32 ``[num_q_heads]`` attention sinks)
 - ``attention_combine(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse,
-  params)``
+  params, sinks=None)`` (the same sinks as the attention's)
 """
 
 from __future__ import annotations
@@ -49,35 +49,37 @@ def ops():
                         block_table: Tensor, cu_seqlens_q: Tensor, seqlens_kv: Tensor,
                         step_epoch: Tensor, tiling_in: Tensor, out: Tensor, partial_out: Tensor,
                         partial_lse: Tensor, params: list[int], scale: float,
-                        causal: bool, logits_soft_cap: float | None = None) -> None:
+                        causal: bool, logits_soft_cap: float | None = None,
+                        sinks: Tensor | None = None) -> None:
         for core in range(kernels.params_from(tuple(params)).num_cores):
             kernels.attention_body(
                 core, query=query, key_cache=key_cache, value_cache=value_cache,
                 block_table=block_table, cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv,
                 step_epoch=step_epoch, tiling_in=tiling_in, out=out, partial_out=partial_out,
                 partial_lse=partial_lse, params=params, scale=scale, causal=causal,
-                logits_soft_cap=logits_soft_cap)
+                logits_soft_cap=logits_soft_cap, sinks=sinks)
 
     paged_attention.register_kernel("privateuseone")(kernels.attention_npu)
 
     @paged_attention.register_fake
     def _(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, step_epoch,
           tiling_in, out, partial_out, partial_lse, params, scale, causal,
-          logits_soft_cap=None) -> None:
+          logits_soft_cap=None, sinks=None) -> None:
         return None
 
     @torch.library.custom_op(f"{NAMESPACE}::attention_combine", mutates_args=("out",))
     def attention_combine(cu_seqlens_q: Tensor, step_epoch: Tensor, tiling_in: Tensor,
                           out: Tensor, partial_out: Tensor, partial_lse: Tensor,
-                          params: list[int]) -> None:
+                          params: list[int], sinks: Tensor | None = None) -> None:
         kernels.combine_body(0, cu_seqlens_q=cu_seqlens_q, step_epoch=step_epoch,
                              tiling_in=tiling_in, out=out, partial_out=partial_out,
-                             partial_lse=partial_lse, params=params)
+                             partial_lse=partial_lse, params=params, sinks=sinks)
 
     attention_combine.register_kernel("privateuseone")(kernels.combine_npu)
 
     @attention_combine.register_fake
-    def _(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse, params) -> None:
+    def _(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse, params,
+          sinks=None) -> None:
         return None
 
     return getattr(torch.ops, NAMESPACE)

@@ -22,6 +22,9 @@ every row, like a failed status, and the host's check raises `tiling.StaleTiling
 Attention takes ``logits_soft_cap`` too: None (off) or C > 0, each score ``s = scale * q . k``
 becoming ``C * tanh(s / C)`` before the softmax (`pyruntime.kernels.soft_cap`), in both bodies;
 combine is the same with or without it (it merges log-sum-exps of capped scores).
+Attention and combine take ``sinks`` (None, or the layer's float32 ``[num_q_heads]``
+attention-sink logits, the same tensor for both): whole units add the sink in attention,
+split units in combine, so each row counts it once (``attention_ref.h``).
 
 Argument dicts use the names of the torch custom ops in `custom_ops`, so the NPU backend
 can call ``npu_op(**args)``. By-value arguments (the host-update path passes its tiling
@@ -98,7 +101,7 @@ def is_stale(tiling_buf: torch.Tensor, step_epoch: Any) -> bool:
 
 def attention_body(core: int, *, query, key_cache, value_cache, block_table, cu_seqlens_q,
                    seqlens_kv, step_epoch, tiling_in, out, partial_out, partial_lse, params,
-                   scale, causal, logits_soft_cap=None) -> None:
+                   scale, causal, logits_soft_cap=None, sinks=None) -> None:
     """AI Core `core`: its share of one layer, as the tiling assigns it (none if stale)."""
     tiling_in, params = _tensor(tiling_in), params_from(tuple(params))
     if is_stale(tiling_in, step_epoch):
@@ -107,12 +110,13 @@ def attention_body(core: int, *, query, key_cache, value_cache, block_table, cu_
         params, tiling_in, core, query=query, key_cache=key_cache,
         value_cache=value_cache, block_table=block_table, cu_seqlens_q=_tensor(cu_seqlens_q),
         seqlens_kv=_tensor(seqlens_kv), out=out, partial_out=partial_out,
-        partial_lse=partial_lse, scale=scale, causal=causal, logits_soft_cap=logits_soft_cap)
+        partial_lse=partial_lse, scale=scale, causal=causal, logits_soft_cap=logits_soft_cap,
+        sinks=sinks)
     _check(status, params, tiling_in, f"attention core {core}")
 
 
 def combine_body(core: int, *, cu_seqlens_q, step_epoch, tiling_in, out, partial_out,
-                 partial_lse, params) -> None:
+                 partial_lse, params, sinks=None) -> None:
     """AI Core (one core): merge split partials, zero padding rows (every row if stale)."""
     tiling_in, params = _tensor(tiling_in), params_from(tuple(params))
     if is_stale(tiling_in, step_epoch):
@@ -120,19 +124,20 @@ def combine_body(core: int, *, cu_seqlens_q, step_epoch, tiling_in, out, partial
         return
     status = reference_attention.attention_finalize(
         params, tiling_in, cu_seqlens_q=_tensor(cu_seqlens_q), out=out,
-        partial_out=partial_out, partial_lse=partial_lse)
+        partial_out=partial_out, partial_lse=partial_lse, sinks=sinks)
     _check(status, params, tiling_in, "attention combine")
 
 
 def _triton_attention_args(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
                            step_epoch, tiling_in, out, partial_out, partial_lse, scale,
-                           causal, logits_soft_cap) -> dict:
+                           causal, logits_soft_cap, sinks) -> dict:
     return {"tiling_in": _tensor(tiling_in), "step_epoch": _tensor(step_epoch),
             "query": query, "key_cache": key_cache,
             "value_cache": value_cache, "block_table": block_table,
             "cu_seqlens_q": _tensor(cu_seqlens_q), "seqlens_kv": _tensor(seqlens_kv),
             "out": out, "partial_out": partial_out, "partial_lse": partial_lse,
-            "scale": scale, "causal": causal, "logits_soft_cap": logits_soft_cap}
+            "scale": scale, "causal": causal, "logits_soft_cap": logits_soft_cap,
+            "sinks": sinks}
 
 
 def _check_all(statuses: torch.Tensor, params, tiling_in, what: str) -> None:
@@ -144,26 +149,27 @@ def _check_all(statuses: torch.Tensor, params, tiling_in, what: str) -> None:
 
 def attention_triton(*, query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
                      step_epoch, tiling_in, out, partial_out, partial_lse, params, scale,
-                     causal, logits_soft_cap=None) -> None:
+                     causal, logits_soft_cap=None, sinks=None) -> None:
     """Every AI Core in one Triton launch (CPU tensors: interpreted); checks the statuses.
 
     The kernel itself compares the tiling's epoch with ``step_epoch`` (no work when stale)."""
     params = params_from(tuple(params))
     args = _triton_attention_args(query, key_cache, value_cache, block_table, cu_seqlens_q,
                                   seqlens_kv, step_epoch, tiling_in, out, partial_out,
-                                  partial_lse, scale, causal, logits_soft_cap)
+                                  partial_lse, scale, causal, logits_soft_cap, sinks)
     status = triton_launch.launch_attention(params, **args)
     _check_all(status, params, args["tiling_in"], "attention core")
 
 
 def combine_triton(*, cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse,
-                   params) -> None:
+                   params, sinks=None) -> None:
     """The combine grid in one Triton launch (every row zero when stale); checks statuses."""
     params, tiling_in = params_from(tuple(params)), _tensor(tiling_in)
     status = triton_launch.launch_combine(params, tiling_in=tiling_in,
                                           step_epoch=_tensor(step_epoch),
                                           cu_seqlens_q=_tensor(cu_seqlens_q), out=out,
-                                          partial_out=partial_out, partial_lse=partial_lse)
+                                          partial_out=partial_out, partial_lse=partial_lse,
+                                          sinks=sinks)
     _check_all(status, params, tiling_in, "attention combine program")
 
 
@@ -184,7 +190,7 @@ def status_buffer(device: torch.device, kernel: str, size: int) -> torch.Tensor:
 
 def attention_npu(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
                   step_epoch, tiling_in, out, partial_out, partial_lse, params, scale,
-                  causal, logits_soft_cap=None) -> None:
+                  causal, logits_soft_cap=None, sinks=None) -> None:
     """The NPU implementation of ``paged_attention``: one Triton launch on the current stream.
 
     Thin on purpose (a capture records the launch): the statuses go to `status_buffer`
@@ -196,18 +202,18 @@ def attention_npu(query, key_cache, value_cache, block_table, cu_seqlens_q, seql
         params, **_triton_attention_args(query, key_cache, value_cache, block_table,
                                          cu_seqlens_q, seqlens_kv, step_epoch, tiling_in,
                                          out, partial_out, partial_lse, scale, causal,
-                                         logits_soft_cap),
+                                         logits_soft_cap, sinks),
         core_status=status_buffer(out.device, "attention", params.num_cores))
 
 
 def combine_npu(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse,
-                params) -> None:
+                params, sinks=None) -> None:
     """The NPU implementation of ``attention_combine``: one Triton launch, current stream."""
     params = params_from(tuple(params))
     triton_launch.launch_combine(
         params, tiling_in=_tensor(tiling_in), step_epoch=_tensor(step_epoch),
         cu_seqlens_q=_tensor(cu_seqlens_q), out=out,
-        partial_out=partial_out, partial_lse=partial_lse,
+        partial_out=partial_out, partial_lse=partial_lse, sinks=sinks,
         combine_status=status_buffer(out.device, "combine", params.num_cores))
 
 
@@ -263,21 +269,25 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
 
     `tiling_in`, `cu_seqlens_q`, `seqlens_kv` and `step_epoch` (int32 ``[1]``) are device
     buffers (device tiling) or numpy arrays passed by value inside the tasks (host update).
-    The layer's scale and logits soft cap are the buffers' (`StaticBuffers`).
+    The layer's scale, logits soft cap and sinks are the buffers' (`StaticBuffers`); the
+    sinks (when there are any) go to both kernels, and are passed only then, so a layer
+    without sinks launches with exactly the arguments it had before.
     """
     key_cache, value_cache = buffers.kv_caches[layer]
     out, params = buffers.outputs[layer], params_list(buffers.params)
     workspace = {"partial_out": buffers.partial_out, "partial_lse": buffers.partial_lse}
+    sinks = {} if buffers.sinks is None else {"sinks": buffers.sinks[layer]}
     backend.launch(ATTENTION, {
         "query": buffers.queries[layer], "key_cache": key_cache, "value_cache": value_cache,
         "block_table": buffers.block_table, "cu_seqlens_q": cu_seqlens_q,
         "seqlens_kv": seqlens_kv, "step_epoch": step_epoch, "tiling_in": tiling_in, "out": out,
         **workspace,
         "params": params, "scale": buffers.scale, "causal": causal,
-        "logits_soft_cap": buffers.logits_soft_cap,
+        "logits_soft_cap": buffers.logits_soft_cap, **sinks,
     }, num_cores=buffers.params.num_cores, stream=stream)
     backend.launch(COMBINE, {"cu_seqlens_q": cu_seqlens_q, "step_epoch": step_epoch,
-                             "tiling_in": tiling_in, "out": out, **workspace, "params": params},
+                             "tiling_in": tiling_in, "out": out, **workspace, "params": params,
+                             **sinks},
                    num_cores=1, stream=stream)
 
 
