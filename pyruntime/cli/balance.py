@@ -5,6 +5,12 @@ conversation trace: decode, speculative decode, chunked prefill) for the same co
 each head geometry, and is charged by two cost models: ours (``aicpu_tiling.h``) and FIA V3's
 own block cost written in our kernel's weights. The report gives busiest-core cost over the
 ideal (``W / cores + cost_segment``) for every anchor variant.
+
+``--geometry deepseek-v3`` runs the study at MLA geometry instead: absorbed MLA decode, one
+latent kv head with a 576-wide key row, 128, 64, 32 and 16 q heads per rank (TP 1, 2, 4, 8),
+decode and MTP steps (``--q-lens``, default 1-4 query tokens per request) from the trace,
+against FlashMLA's m-block grid and FIA's MLA split, under the MLA cost models
+(``pyruntime.partitioners.study``).
 """
 
 from __future__ import annotations
@@ -13,7 +19,18 @@ import argparse
 import time
 
 from ..partitioners import CostModel, TilingUnavailableError, WorkloadError
-from ..partitioners.study import COST_MODELS, GEOMETRIES, REFERENCES, SOURCES, balance_study
+from ..partitioners.study import (
+    COST_MODELS,
+    GEOMETRIES,
+    MLA_COST_MODELS,
+    MLA_PRESETS,
+    MLA_Q_LENS,
+    REFERENCES,
+    SOURCES,
+    balance_study,
+    mla_balance_study,
+    mla_cost_table,
+)
 from ..profiler.renderers.balance_tables import balance_tables
 from ._common import (
     CliError,
@@ -30,6 +47,7 @@ from .sources import ContinuousBatch, SourceError
 DEFAULT_SIZES = (16, 64, 256, 1024)
 QUICK_SIZES = (16, 64)
 DEFAULT_SAMPLES = 4
+_ALL_COST_MODELS = tuple(dict.fromkeys((*COST_MODELS, *MLA_COST_MODELS)))  # GQA and MLA
 
 
 def _int_list(text: str) -> list[int]:
@@ -88,12 +106,22 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="comma-separated batch sizes (default 16,64,256,1024; --quick 16,64)")
     p.add_argument("--samples", type=int, default=None,
                    help=f"trace steps per batch size (default {DEFAULT_SAMPLES}; --quick 1)")
-    p.add_argument("--sources", type=comma_choices(tuple(ALL_SOURCES), "source"), default=list(SOURCES),
+    p.add_argument("--sources", type=comma_choices(tuple(ALL_SOURCES), "source"), default=None,
                    help="length sources (default trace,spec-decode,chunked-prefill)")
-    p.add_argument("--geometries", type=_geometries, default=list(GEOMETRIES),
+    p.add_argument("--geometries", type=_geometries, default=None,
                    help="query/kv head pairs (default 16/1,32/8,64/8)")
-    p.add_argument("--cost-models", type=comma_choices(tuple(COST_MODELS), "cost model"), default=list(COST_MODELS),
-                   help="cost models to score with (default ours,fia_v3)")
+    p.add_argument("--cost-models", type=comma_choices(_ALL_COST_MODELS, "cost model"), default=None,
+                   help="cost models to score with (default ours,fia_v3; with --geometry "
+                        "mla,fia_mla, and ours for the GQA weights)")
+    m = p.add_argument_group("MLA geometry")
+    m.add_argument("--geometry", choices=tuple(MLA_PRESETS), default=None,
+                   help="run at this model's absorbed-MLA geometry (one latent kv head, "
+                        "head_dim kv_lora_rank + rope) instead of --geometries")
+    m.add_argument("--heads", type=_int_list, default=None,
+                   help="with --geometry: q heads per rank (default the model's: 128,64,32,16)")
+    m.add_argument("--q-lens", type=_int_list, default=None,
+                   help="with --geometry: query tokens per request, 1 = decode, 2-4 = MTP "
+                        f"(default {','.join(map(str, MLA_Q_LENS))})")
     p.add_argument("--cores", type=int, default=24, help="AI Cores (default 24, a 910B2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--engine", choices=("kernel", "oracle"), default="kernel",
@@ -118,6 +146,18 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--samples must be >= 1, got {samples}")
     if args.cores < 1:
         raise CliError(f"--cores must be >= 1, got {args.cores}")
+    if args.geometry is not None:
+        return _run_mla(args, samples, sizes)
+    for flag, value in (("--heads", args.heads), ("--q-lens", args.q_lens)):
+        if value is not None:
+            raise CliError(f"{flag} needs --geometry (an MLA geometry)")
+    args.sources = args.sources or list(SOURCES)
+    args.geometries = args.geometries or list(GEOMETRIES)
+    args.cost_models = args.cost_models or list(COST_MODELS)
+    bad = [n for n in args.cost_models if n not in COST_MODELS]
+    if bad:
+        raise CliError(f"cost model {', '.join(bad)} is for --geometry (MLA); "
+                       f"choose from {', '.join(COST_MODELS)}")  # fmt: skip
     for q, kv in args.geometries:
         if q % kv:
             raise CliError(f"geometry {q}/{kv}: query heads must be a multiple of kv heads")
@@ -147,6 +187,10 @@ def run(args: argparse.Namespace) -> int:
         "command": "bench balance", "seed": args.seed, "samples": samples,
         "elapsed_s": round(time.perf_counter() - started, 1), **result,
     }  # fmt: skip
+    return _report(args, result)
+
+
+def _report(args: argparse.Namespace, result: dict) -> int:
     if args.output:
         write_json(args.output, result)
     if args.json:
@@ -157,3 +201,63 @@ def run(args: argparse.Namespace) -> int:
             console.print(item)
     ok = result["verdict"]["ours_at_or_below_all"]
     return 1 if (args.check and not ok) else 0
+
+
+# ---------------------------------------------------------------- MLA geometry (issue 20)
+
+
+class _DraftBatch(ContinuousBatch):
+    """The ``spec-decode`` source with ``q_len`` query tokens per request (MTP: ``q_len - 1``
+    draft tokens, all accepted), or the ``trace`` decode source when ``q_len`` is 1."""
+
+    def __init__(self, batch: int, q_len: int, seed: int) -> None:
+        self.SPEC_TOKENS = q_len  # read by ContinuousBatch.__init__ for "spec-decode"
+        super().__init__("trace" if q_len == 1 else "spec-decode", batch, seed=seed)
+
+
+def mla_source_label(q_len: int) -> str:
+    """``"decode"`` for one query token per request, ``"mtp<q_len>"`` otherwise."""
+    return "decode" if q_len == 1 else f"mtp{q_len}"
+
+
+def _run_mla(args: argparse.Namespace, samples: int, sizes: list[int]) -> int:
+    """``bench balance --geometry <model>``: the study at absorbed-MLA geometry."""
+    given = [flag for flag, value in (("--geometries", args.geometries), ("--sources", args.sources),
+                                      ("--reference", args.reference)) if value]  # fmt: skip
+    if given:
+        raise CliError(f"{', '.join(given)} cannot be combined with --geometry "
+                       "(use --heads and --q-lens)")  # fmt: skip
+    table = mla_cost_table()
+    cost_models = args.cost_models or list(MLA_COST_MODELS)
+    bad = [n for n in cost_models if n not in table]
+    if bad:
+        raise CliError(f"cost model {', '.join(bad)} is not an MLA cost model; "
+                       f"choose from {', '.join(table)}")  # fmt: skip
+    q_lens = args.q_lens or list(MLA_Q_LENS)
+    heads = args.heads or list(MLA_PRESETS[args.geometry]["heads"])
+    show = not (args.json or args.no_progress)
+    started = time.perf_counter()
+    try:
+        batches = {
+            mla_source_label(q): {
+                size: [(s.cu_seqlens_q, s.seqlens_kv)
+                       for s in (next(_DraftBatch(size, q, args.seed + i)) for i in range(samples))]
+                for size in sizes
+            }
+            for q in dict.fromkeys(q_lens)
+        }  # fmt: skip
+        cases = len(heads) * len(batches) * len(sizes) * len(cost_models)
+        with progress(show) as bar:
+            task = bar.add_task("balance (MLA)", total=cases)
+            result = mla_balance_study(
+                batches, args.geometry, cost_models, heads=heads, num_cores=args.cores,
+                engine=args.engine, on_case=lambda: bar.advance(task),
+            )  # fmt: skip
+    except (SourceError, WorkloadError, TilingUnavailableError) as exc:
+        raise CliError(str(exc)) from exc
+    result = {
+        "command": "bench balance", "geometry": args.geometry, "seed": args.seed,
+        "samples": samples, "q_lens": list(dict.fromkeys(q_lens)),
+        "elapsed_s": round(time.perf_counter() - started, 1), **result,
+    }  # fmt: skip
+    return _report(args, result)

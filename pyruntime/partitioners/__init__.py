@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from .fia_v3 import fia_v3
+from .fia_v3 import fia_mla, fia_v3
 from .flashinfer import flashinfer, flashinfer_persistent
 from .flashmla import flashmla
 from .ifa import ifa_even, ifa_weighted
@@ -55,6 +55,10 @@ FLASHINFER_SOURCE = (
 )
 FLASHINFER_PERSISTENT_SOURCE = (
     "flashinfer-ai/flashinfer include/flashinfer/attention/scheduler.cuh TwoStageHolisticPlan"
+)
+FIA_MLA_SOURCE = (
+    "ops-transformer attention/common/op_host/split_core.cpp SplitCore, called from "
+    "attention/common/op_host/arch32/fia_tiling_nonquant_mla.cpp FiaTilingNonQuantMla::Split"
 )
 FLASHMLA_SWEEP = (0, 1, 2, 3, 8)  # F in 64-token blocks, beside FlashMLA's own 5
 
@@ -106,8 +110,18 @@ def _anchors() -> dict[str, Anchor]:
 
 ANCHORS: dict[str, Anchor] = _anchors()
 
+# The anchors of MLA decode (absorbed, one latent kv head): FIA routes rope-split fp16/bf16
+# MLA to FiaTilingNonQuantMla (ops-transformer fused_infer_attention_score_tiling_v3.cpp
+# RouteToFia), so IFA and FIA V3's GQA sizes do not apply; FlashInfer's MLA planner is a
+# different scheduler from the one modelled here and is not included.
+MLA_ANCHORS: dict[str, Anchor] = {
+    "fia_mla": Anchor("fia_mla", "FIA MLA", fia_mla, FIA_MLA_SOURCE, "FIA MLA"),
+    **{n: a for n, a in ANCHORS.items() if a.family.startswith("FlashMLA")},
+}
+
 __all__ = [
     "ANCHORS",
+    "MLA_ANCHORS",
     "Anchor",
     "Balance",
     "CostModel",

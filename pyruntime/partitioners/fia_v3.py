@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .workload import Partition, Segment, Workload, _ceil_div
+from .workload import NotApplicableError, Partition, Segment, Workload, _ceil_div
 
 FA_TOLERANCE_RATIO = 2
 M_ALIGN, S2_ALIGN = 16, 64
@@ -225,9 +225,13 @@ class _Plan:
 
 
 def split_core(
-    workload: Workload, layout: str = "TND"
+    workload: Workload, layout: str = "TND", sizes: tuple[int, int] | None = None
 ) -> tuple[list[list[tuple[int, int, int, int]]], int, int]:
     """``SplitCore`` on a workload's lengths.
+
+    Args:
+        sizes: ``(mBaseSize, s2BaseSize)`` chosen by the caller's tiling (MLA:
+            :func:`split_sizes_mla`); default :func:`split_sizes` (FIA V3 GQA).
 
     Returns:
         ``(pieces, m_base, s2_base)``: per used core, its pieces
@@ -237,7 +241,9 @@ def split_core(
     q_lens = workload.q_lens
     s1_max = max(q_lens, default=0)
     s2_max = max(workload.seqlens_kv, default=0)
-    m_base, s2_base = split_sizes(layout, s1_max, model.group, s2_max, model.block_size)
+    if sizes is None:
+        sizes = split_sizes(layout, s1_max, model.group, s2_max, model.block_size)
+    m_base, s2_base = sizes
     rows_of = [
         _batch_rows(q, kv, model.group, m_base, s2_base)
         for q, kv in zip(q_lens, workload.seqlens_kv)
@@ -258,8 +264,17 @@ def split_core(
 
 def fia_v3(workload: Workload, layout: str = "TND") -> Partition:
     """FIA V3 ``SplitCore`` as a partition of our units (cores it leaves unused stay empty)."""
-    model = workload.model
     pieces, m_base, s2_base = split_core(workload, layout)
+    return _as_partition("fia_v3", workload, pieces, m_base, s2_base)
+
+
+def _as_partition(name: str, workload: Workload, pieces, m_base: int, s2_base: int) -> Partition:
+    """``SplitCore``'s pieces as segments of our units.
+
+    Raises:
+        ValueError: a row tile is not a whole number of our query tiles.
+    """
+    model = workload.model
     if m_base % model.group or (m_base // model.group) % model.q_tile:
         raise ValueError(
             f"FIA row tile of {m_base} rows is not a whole number of {model.q_tile}-token "
@@ -274,4 +289,77 @@ def fia_v3(workload: Workload, layout: str = "TND") -> Partition:
             q_span = (row * row_tokens, min((row + 1) * row_tokens, q_len))
             kv_span = (s2_from * s2_base, s2_to * s2_base)
             cores[c] += workload.piece_segments(request, head, q_span, kv_span)
-    return Partition("fia_v3", workload, cores)
+    return Partition(name, workload, cores)
+
+
+# ---------------------------------------------------------------- MLA (FiaTilingNonQuantMla)
+
+MLA_M_BASE, MLA_S2_BASE, MLA_M_MIN = 256, 512, 128
+
+
+def split_sizes_mla(
+    s2_max: int,
+    block_size: int = 0,
+    *,
+    bn2: int = 0,
+    s1g: int = 0,
+    cores: int = 24,
+    same_lengths: bool = False,
+) -> tuple[int, int]:
+    """``(mBaseSize, s2BaseSize)`` of FIA's MLA tiling, ``FiaTilingNonQuantMla``
+    (ops-transformer ``attention/common/op_host/arch32/fia_tiling_nonquant_mla.{h,cpp}``).
+
+    ``CalcInnerSize``: ``sInnerSize_ = 512``; the flash-decode halving does not apply (it needs
+    ``splitKVFlag_``, which ``Split()`` sets only after ``SplitCore``; and never in TND);
+    rounded down to a multiple of a paged block size that does not divide it; capped at the
+    kv length. ``CalcMBaseSize``: ``mBaseSize_ = 256`` (the header's default) unless
+    ``B * N2`` is not a multiple of the cores and every request has the same kv length
+    (``DealSameSeqEachBatch``): then ``S1 * G / (lcm(B * N2, cores) / (B * N2))`` when that
+    divides ``S1 * G`` exactly and lies in ``[128, 256]``.
+
+    Args:
+        s2_max: the kv length the tiling is sized for; block_size: paged block, 0 if not paged.
+        bn2: ``B * N2``; s1g: ``S1 * G`` (the longest query times the group); cores: AI Cores.
+        same_lengths: every request has the same kv length.
+    """
+    inner = MLA_S2_BASE
+    if block_size and inner > block_size and inner % block_size:
+        inner = inner // block_size * block_size
+    inner = min(inner, max(s2_max, 1))
+    m_base = MLA_M_BASE
+    if bn2 and cores and bn2 % cores and same_lengths:
+        split = cores // math.gcd(bn2, cores)  # lcm(bn2, cores) / bn2
+        if s1g % split == 0 and MLA_M_MIN <= s1g // split <= m_base:
+            m_base = s1g // split
+    return m_base, inner
+
+
+def fia_mla(workload: Workload) -> Partition:
+    """FIA's MLA split as a partition of our units: ``FiaTilingNonQuantMla::Split()`` calls the
+    same ``SplitCore`` as FIA V3 (:class:`_Plan`, ``CalcCost`` unchanged) with the sizes of
+    :func:`split_sizes_mla`.
+
+    vLLM-Ascend's MLA decode (``vllm_ascend/attention/mla_v1.py``) passes ``BNSD_NBSD`` with
+    one query token per batch entry and no mask, or, with speculative decoding,
+    ``TND_NTD`` with ``sparse_mode = 3``: the query rows are packed token-major (``isS1G``)
+    under the right-down causal mask, which is what :func:`_batch_rows` models (with one token
+    the two layouts and the mask make no difference).
+
+    Raises:
+        NotApplicableError: a row tile that ``CalcMBaseSize`` shrank is not a whole number of
+            our query tiles (only when every request has the same kv length).
+    """
+    model = workload.model
+    kv = workload.seqlens_kv
+    live = [k for q, k in zip(workload.q_lens, kv) if q]
+    sizes = split_sizes_mla(
+        max(kv, default=0), model.block_size,
+        bn2=workload.batch * model.num_kv_heads,
+        s1g=max(workload.q_lens, default=0) * model.group, cores=model.num_cores,
+        same_lengths=len(set(live)) <= 1,
+    )  # fmt: skip
+    pieces, m_base, s2_base = split_core(workload, "TND", sizes)
+    try:
+        return _as_partition("fia_mla", workload, pieces, m_base, s2_base)
+    except ValueError as exc:
+        raise NotApplicableError(str(exc)) from exc

@@ -62,12 +62,14 @@ def _param_fields(workload: Workload, head_dim: int = 128) -> dict[str, int]:
     }
 
 
-def run_kernel(workload: Workload, engine: str = "kernel"):
+def run_kernel(workload: Workload, engine: str = "kernel", head_dim: int = 128):
     """Plan ``workload``; returns a ``pyruntime.tiling.Tiling``.
 
     Args:
         engine: ``"kernel"`` runs the C kernel; ``"oracle"`` runs the slow pure-Python
             oracle of the same algorithm, which must give the same bytes.
+        head_dim: the tiling parameter (576 for absorbed MLA: ``kv_lora_rank + rope``); it
+            sizes the workspace only, not the partition.
 
     Raises:
         TilingUnavailableError: ``pyruntime.tiling`` cannot be imported.
@@ -80,18 +82,18 @@ def run_kernel(workload: Workload, engine: str = "kernel"):
     except ImportError as exc:
         raise TilingUnavailableError(f"pyruntime.tiling is not available: {exc}") from exc
     planner = tiling.plan if engine == "kernel" else tiling.reference_plan
-    return planner(tiling.TilingParams(**_param_fields(workload)), workload.cu_seqlens_q,
+    return planner(tiling.TilingParams(**_param_fields(workload, head_dim)), workload.cu_seqlens_q,
                    workload.seqlens_kv, causal=workload.model.causal)  # fmt: skip
 
 
-def ours(workload: Workload, engine: str = "kernel") -> Partition:
-    """Our tiling as a partition.
+def ours(workload: Workload, engine: str = "kernel", head_dim: int = 128) -> Partition:
+    """Our tiling as a partition (``head_dim``: as :func:`run_kernel`).
 
     Raises:
         TilingUnavailableError: the engine cannot be imported.
         AssertionError: the kernel's per-core costs disagree with the cost model here.
     """
-    decoded = run_kernel(workload, engine)
+    decoded = run_kernel(workload, engine, head_dim)
     if decoded.status != 0:
         raise ValueError(f"tiling status {decoded.status} for a workload the model accepted")
     records = decoded.cores()

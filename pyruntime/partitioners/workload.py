@@ -258,11 +258,18 @@ class Workload:
 
 @dataclass
 class Partition:
-    """Per-core segment lists produced by one partitioner for one workload."""
+    """Per-core segment lists produced by one partitioner for one workload.
+
+    ``baseline``: the workload the partition is scored against when its own units are not
+    the caller's (FlashMLA's 64-row m blocks, which read each kv block once per m block): the
+    ideal is then ``baseline``'s, so the extra work counts against the partition. ``None``:
+    ``workload`` itself.
+    """
 
     name: str
     workload: Workload
     cores: list[list[Segment]]
+    baseline: Workload | None = None
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """``(core index, [n, 3] unit/begin/end)`` of every segment, int64."""
@@ -306,7 +313,7 @@ class Partition:
     def balance(self) -> Balance:
         """The balance figures of this partition."""
         costs = self.core_costs()
-        ideal = self.workload.ideal()
+        ideal = (self.baseline or self.workload).ideal()
         busiest = max(costs) if costs else 0
         return Balance(
             name=self.name,

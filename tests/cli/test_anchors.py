@@ -9,6 +9,8 @@ from __future__ import annotations
 from importlib import import_module
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyruntime.partitioners import NotApplicableError, Segment
 
@@ -214,11 +216,132 @@ def test_flashmla_overhead_translation():
     assert part.cores == [[Segment(0, 0, 21)], [Segment(0, 21, 40)]]
 
 
-def test_flashmla_rejects_mixed_and_wide_queries():
+def test_flashmla_rejects_mixed_queries_and_uneven_m_blocks():
     with pytest.raises(NotApplicableError):
         mla.flashmla(workload([500, 600], q=[1, 3], num_q_heads=8, num_kv_heads=1))
-    with pytest.raises(NotApplicableError):  # 8 tokens x 16 heads = 128 rows: 2 m blocks
-        mla.flashmla(workload([500, 600], q=[8, 8], num_q_heads=16, num_kv_heads=1))
+    # 2 tokens x 48 heads = 96 rows: m block 0 would hold token 0 and a third of token 1
+    with pytest.raises(NotApplicableError, match="unevenly"):
+        mla.flashmla(workload([500, 600], q=[2, 2], num_q_heads=48, num_kv_heads=1))
+    # 8 tokens x 16 heads = 128 rows was refused before MLA geometry: now 2 m blocks
+    part = mla.flashmla(workload([500, 600], q=[8, 8], num_q_heads=16, num_kv_heads=1))
+    part.validate()
+    assert part.workload.model.q_tile == 4 and part.baseline is not None
+
+
+# ---------------------------------------------------------------- FlashMLA at MLA geometry
+# (csrc/sm90/decode/dense: grid (ceil(s_q * G / 64), h_k, num_sm_parts), every m block runs
+# the same metadata part; its causal end is its last row's)
+
+
+@pytest.mark.parametrize("s_q, group, m_blocks, parts", [
+    (1, 128, 2, 12), (4, 128, 8, 3), (3, 128, 6, 4), (2, 64, 2, 12), (1, 64, 1, 24),
+    (3, 32, 2, 12), (4, 16, 1, 24),
+])  # fmt: skip
+def test_flashmla_m_blocks_and_parts(s_q, group, m_blocks, parts):
+    # num_sm_parts = 24 / h_k / ceil(s_q * h_q / h_k / 64) (dense_decode.h)
+    assert mla.m_blocks(s_q, group) == m_blocks
+    assert mla.num_sm_parts(24, 1, s_q * group) == parts
+
+
+def test_flashmla_m_block_geometry():
+    from pyruntime.partitioners import CostModel
+
+    m128 = mla.m_block_model(CostModel(num_q_heads=128, num_kv_heads=1))
+    assert (m128.num_kv_heads, m128.q_tile, m128.group) == (2, 1, 64)
+    m32 = mla.m_block_model(CostModel(num_q_heads=64, num_kv_heads=2))
+    assert (m32.num_kv_heads, m32.q_tile, m32.group) == (2, 2, 32)
+    with pytest.raises(NotApplicableError):
+        mla.m_block_model(CostModel(num_q_heads=96, num_kv_heads=1))
+
+
+def test_flashmla_two_m_blocks_hand_worked():
+    # 128 heads, 1 token, 4 cores: 2 m blocks, num_sm_parts = 4 / 2 = 2. An m block of 64
+    # rows costs w(64) = 8 * (4 + 4) = 64 per 128-token block; F = 5 * 64 * 64 / 128 = 160.
+    # Walk on blocks [10, 2]: T = 800 + 288 = 1088, payload = ceil(1088 / 128) * 64 + 160 =
+    # 736: part 0 takes (736 - 160) / 64 = 9 blocks of request 0; part 1 the last one (224)
+    # and request 1 (288). Core m + 2 * part; virtual heads 0, 1 are m blocks 0, 1.
+    w = workload([128 * 10, 128 * 2], num_q_heads=128, num_kv_heads=1, num_cores=4)
+    part = mla.flashmla(w)
+    part.validate()
+    assert part.cores == [
+        [Segment(0, 0, 9)], [Segment(1, 0, 9)],
+        [Segment(0, 9, 10), Segment(2, 0, 2)], [Segment(1, 9, 10), Segment(3, 0, 2)],
+    ]  # fmt: skip
+    # scored against ours: 128-row units, w(128) = 8 * (4 + 8) = 96, W = 992 + 224 = 1216
+    assert w.total_cost == 1216 and part.workload.total_cost == 2 * 672 + 2 * 160
+    bal = part.balance()
+    assert bal.max_core_cost == 32 + 9 * 64
+    assert bal.ratio == pytest.approx((32 + 9 * 64) / (1216 / 4 + 32))
+
+
+def test_flashmla_m_block_causal_trim_drops_empty_pieces():
+    # 3 tokens x 32 heads = 96 rows: m block 0 = tokens 0-1 (64 rows), m block 1 = token 2.
+    # kv 129: the walk sees 2 blocks; m block 0's last row is token 1, kv end 128 -> 1 block.
+    # F = 0, 4 cores: 2 parts, payload 64 = one block each. Part 1's block 1 is past m block
+    # 0's causal end (the kernel's end_block_idx trim): core 2 gets nothing.
+    w = workload([129], q=[3], num_q_heads=32, num_kv_heads=1, num_cores=4)
+    part = mla.flashmla(w, overhead_cost=0)
+    part.validate()
+    assert part.cores == [[Segment(0, 0, 1)], [Segment(1, 0, 1)], [], [Segment(1, 1, 2)]]
+
+
+@settings(max_examples=30, deadline=None)
+@given(kv=st.lists(st.integers(1, 5000), min_size=1, max_size=12),
+       group=st.sampled_from([16, 32, 64, 128]), kv_heads=st.sampled_from([1, 2]),
+       s_q=st.integers(1, 4), cores=st.integers(8, 24), f=st.sampled_from([0, 5]))  # fmt: skip
+def test_flashmla_m_blocks_cover_every_row_and_block_once(kv, group, kv_heads, s_q, cores, f):
+    w = workload(kv, q=[s_q] * len(kv), num_q_heads=group * kv_heads, num_kv_heads=kv_heads,
+                 num_cores=cores)  # fmt: skip
+    n_m = mla.m_blocks(s_q, group)
+    if n_m * kv_heads > cores:
+        with pytest.raises(NotApplicableError):
+            mla.flashmla(w, fixed_overhead=f)
+        return
+    part = mla.flashmla(w, fixed_overhead=f)
+    part.validate()  # every (m block, kv block) exactly once
+    mw = part.workload
+    assert mw.total_cost >= w.total_cost  # an m block re-reads the kv its siblings read
+    parts = mla.num_sm_parts(cores, kv_heads, s_q * group)
+    used = [c for c, segs in enumerate(part.cores) if segs]
+    assert not used or max(used) < n_m * kv_heads * parts
+    # every m block of every kv head runs the same part: the same (request, first block)
+    # pieces, less those its causal trim emptied
+    for p in range(parts):
+        ctas = range(n_m * kv_heads * p, n_m * kv_heads * (p + 1))
+        pieces = [[(int(mw.request[s.unit]), s.block_begin) for s in part.cores[c]] for c in ctas]
+        longest = max(pieces, key=len)
+        for mine in pieces:
+            it = iter(longest)
+            assert all(piece in it for piece in mine)  # a subsequence of the longest
+
+
+# ---------------------------------------------------------------- FIA MLA (FiaTilingNonQuantMla)
+
+
+@pytest.mark.parametrize("args, kwargs, expected", [
+    ((5000, 128), {}, (256, 512)),    # mBaseSize_ 256, sInnerSize_ 512
+    ((300, 128), {}, (256, 300)),     # capped at the kv length
+    ((5000, 112), {}, (256, 448)),    # 512 rounded down to a multiple of the paged block
+    # CalcMBaseSize: B*N2 = 16 on 24 cores, lcm 48 -> 3 splits of S1*G = 384 -> 128 rows
+    ((5000, 128), {"bn2": 16, "s1g": 384, "same_lengths": True}, (128, 512)),
+    ((5000, 128), {"bn2": 16, "s1g": 512, "same_lengths": True}, (256, 512)),   # 512 % 3
+    ((5000, 128), {"bn2": 16, "s1g": 384}, (256, 512)),                          # kv differ
+    ((5000, 128), {"bn2": 48, "s1g": 384, "same_lengths": True}, (256, 512)),   # 48 % 24 == 0
+    ((5000, 128), {"bn2": 20, "s1g": 2304, "same_lengths": True}, (256, 512)),  # 384 > 256
+])  # fmt: skip
+def test_fia_mla_block_sizes(args, kwargs, expected):
+    assert v3.split_sizes_mla(*args, **kwargs) == expected
+
+
+def test_fia_mla_splits_mtp_rows_in_256_row_tiles():
+    # 4 tokens x 128 heads = 512 rows: 2 row tiles of 256 (FIA V3's GQA TND tile is 512).
+    # kv 1024: each tile's last token sees >= 1021 tokens -> 2 blocks of 512, CalcCost(256,
+    # 512) = 6 * 16 + 10 * 8 = 176 each; 4 blocks, core counts 2..2. Core 0 (limit 352) takes
+    # row 0 whole (352 <= 352 + 88), core 1 the rest. Our units: one token each (q_tile 1).
+    w = workload([1024], q=[4], num_q_heads=128, num_kv_heads=1, num_cores=2)
+    part = v3.fia_mla(w)
+    part.validate()
+    assert part.cores == [[Segment(0, 0, 8), Segment(1, 0, 8)], [Segment(2, 0, 8), Segment(3, 0, 8)]]
 
 
 # ---------------------------------------------------------------- FlashInfer
