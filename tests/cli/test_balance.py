@@ -32,6 +32,60 @@ def test_user_errors_are_one_line(cli, argv, fragment):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, fragment", [
+    (["--geometry", "llama"], "invalid choice: 'llama'"),
+    (["--geometry", "deepseek-v3", "--geometries", "16/1"], "cannot be combined with --geometry"),
+    (["--geometry", "deepseek-v3", "--sources", "trace"], "cannot be combined with --geometry"),
+    (["--geometry", "deepseek-v3", "--cost-models", "fia_v3"], "fia_v3 is not an MLA cost model"),
+    (["--geometry", "deepseek-v3", "--q-lens", "0"], "positive integers"),
+    (["--geometry", "deepseek-v3", "--heads", "16,x"], "comma-separated"),
+    (["--heads", "16"], "--heads needs --geometry"),
+    (["--q-lens", "2"], "--q-lens needs --geometry"),
+    (["--cost-models", "mla"], "cost model mla is for --geometry"),
+])  # fmt: skip
+def test_mla_geometry_user_errors_are_one_line(cli, argv, fragment):
+    code, _, err = cli("bench", "balance", *argv)
+    assert code == 2 and fragment in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@needs_tiling
+def test_mla_geometry_json(cli, tmp_path):
+    from pyruntime.partitioners import MLA_ANCHORS
+
+    out_file = tmp_path / "mla.json"
+    code, out, _ = cli("bench", "balance", "--geometry", "deepseek-v3", "--quick",
+                       "--batch-sizes", "16", "--heads", "128,16", "--q-lens", "1,3",
+                       "--json", "-o", str(out_file))  # fmt: skip
+    data = json.loads(out)
+    assert code == 0 and json.loads(out_file.read_text()) == data
+    assert data["geometry"] == "deepseek-v3" and data["q_lens"] == [1, 3]
+    assert data["mla"]["head_dim"] == 576 and data["mla"]["heads"] == [128, 16]
+    keys = {(c["geometry"], c["source"], c["cost_model"]) for c in data["cases"]}
+    assert keys == {(g, s, cm) for g in ("128/1", "16/1") for s in ("decode", "mtp3")
+                    for cm in ("mla", "fia_mla")}  # fmt: skip
+    for case in data["cases"]:
+        assert set(case["partitioners"]) == {"ours", *MLA_ANCHORS}, case["not_applicable"]
+        mla = case["partitioners"]["flashmla"]
+        # 128 heads (2 or 6 m blocks) and 16 heads x 3 tokens (48 rows, one m block)
+        assert ("work_mean" in mla) == (case["geometry"] == "128/1")
+        if "work_mean" in mla:
+            assert mla["work_mean"] > 1 and mla["ratio_mean"] > mla["own_ratio_mean"]
+    assert data["verdict"]["variants"] == list(MLA_ANCHORS)
+    assert data["cost_models"]["mla"]["cost_kv_load"] == 36
+
+
+@needs_tiling
+def test_mla_geometry_table(cli):
+    code, out, _ = cli("bench", "balance", "--geometry", "deepseek-v3", "--quick",
+                       "--batch-sizes", "16", "--heads", "64", "--q-lens", "2",
+                       "--cost-models", "mla", "--no-progress")  # fmt: skip
+    assert code == 0
+    assert "64/1 heads, mtp2, cost model mla" in " ".join(out.split())
+    for label in ("FIA MLA", "FlashMLA F=5", "FlashMLA F=seg"):
+        assert label in out
+
+
 @needs_tiling
 def test_json_has_every_variant_and_the_verdict(cli, tmp_path):
     out_file = tmp_path / "balance.json"
