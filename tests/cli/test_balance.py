@@ -174,3 +174,26 @@ def test_reference_rows_are_shown_when_present():
     text = render_text(balance_tables(result))
     assert "exact min-max (ref)" in text and "1.001/1.002" in text
     assert "exact min-max" not in render_text(balance_tables(balance_result()))
+
+
+def test_mla_tables_tool_reads_every_number_from_the_result():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "mla_balance_tables.py"
+    spec = importlib.util.spec_from_file_location("mla_balance_tables", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    result = balance_result()
+    for case, source in zip(result["cases"], ("decode", "mtp3", "decode", "mtp3")):
+        case["source"] = source
+        parts = case["partitioners"]
+        parts["fia_mla"] = dict(parts.pop("fia_v3"))
+        parts["flashmla"] |= {"work_mean": 1.24, "own_ratio_mean": 1.111, "own_ratio_max": 1.222}
+        parts["flashmla_tuned"] = dict(parts["flashmla"], ratio_mean=1.25, ratio_max=1.6)
+    text = tool.render(result)
+    row = next(line for line in text.splitlines() if line.split()[:3] == ["16", "3", "64"])
+    # ours, FIA MLA, F=5, F=seg, best of the sweep (F=seg by mean), work, F=5 own
+    assert row.split()[3:] == ["1.050/1.100", "1.200/1.400", "1.300/1.500", "1.250/1.600",
+                               "1.250/1.600", "1.24", "1.111/1.222"]  # fmt: skip
+    assert text.startswith("Cost model ours:") and "0 losses, 0 ties in 4 cases" in text
