@@ -235,6 +235,10 @@ def _run_mla(args: argparse.Namespace, samples: int, sizes: list[int]) -> int:
                        f"choose from {', '.join(table)}")  # fmt: skip
     q_lens = args.q_lens or list(MLA_Q_LENS)
     heads = args.heads or list(MLA_PRESETS[args.geometry]["heads"])
+    try:  # head counts past the kernel's limits are the user's error, not a traceback
+        from ..tiling import TilingParamsError
+    except ImportError:  # no extension: the study raises TilingUnavailableError itself
+        TilingParamsError = TilingUnavailableError
     show = not (args.json or args.no_progress)
     started = time.perf_counter()
     try:
@@ -253,7 +257,7 @@ def _run_mla(args: argparse.Namespace, samples: int, sizes: list[int]) -> int:
                 batches, args.geometry, cost_models, heads=heads, num_cores=args.cores,
                 engine=args.engine, on_case=lambda: bar.advance(task),
             )  # fmt: skip
-    except (SourceError, WorkloadError, TilingUnavailableError) as exc:
+    except (SourceError, WorkloadError, TilingUnavailableError, TilingParamsError) as exc:
         raise CliError(str(exc)) from exc
     result = {
         "command": "bench balance", "geometry": args.geometry, "seed": args.seed,

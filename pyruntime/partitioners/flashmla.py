@@ -156,8 +156,8 @@ def flashmla(
 
     Raises:
         NotApplicableError: requests with different query lengths, m blocks that split a
-            token's heads unevenly, or more CTAs per part than cores (``M * H > cores``: the
-            source's grid would run in waves, which is not modelled).
+            token's heads unevenly, fewer cores than kv heads, or more CTAs per part than
+            cores (``M * H > cores``: the source's grid would run in waves, not modelled).
     """
     model = workload.model
     q_lens = {q for q in workload.q_lens if q}

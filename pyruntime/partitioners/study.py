@@ -311,7 +311,7 @@ def mla_balance_study(
     table = mla_cost_table()
     cost_models = list(cost_models)
     for name in cost_models:
-        table[name]  # noqa: B018 - KeyError for an unknown name, before any work
+        table[name]  # a KeyError for an unknown name, before any work
     heads = list(spec["heads"] if heads is None else heads)
     head_dim = spec["kv_lora_rank"] + spec["qk_rope_head_dim"]
     result = balance_study(

@@ -341,7 +341,8 @@ def test_fia_mla_splits_mtp_rows_in_256_row_tiles():
     w = workload([1024], q=[4], num_q_heads=128, num_kv_heads=1, num_cores=2)
     part = v3.fia_mla(w)
     part.validate()
-    assert part.cores == [[Segment(0, 0, 8), Segment(1, 0, 8)], [Segment(2, 0, 8), Segment(3, 0, 8)]]
+    assert part.cores == [[Segment(0, 0, 8), Segment(1, 0, 8)],
+                          [Segment(2, 0, 8), Segment(3, 0, 8)]]  # fmt: skip
 
 
 # ---------------------------------------------------------------- FlashInfer

@@ -44,6 +44,16 @@ def test_user_errors_are_one_line(cli, argv, fragment):
     (["--cost-models", "mla"], "cost model mla is for --geometry"),
 ])  # fmt: skip
 def test_mla_geometry_user_errors_are_one_line(cli, argv, fragment):
+    assert_one_line_error(cli, argv, fragment)
+
+
+@needs_tiling
+def test_mla_heads_past_the_kernel_limit_are_a_user_error(cli):
+    assert_one_line_error(cli, ["--geometry", "deepseek-v3", "--quick", "--batch-sizes", "16",
+                                "--heads", "2048", "--q-lens", "1"], "num_q_heads is 2048")  # fmt: skip
+
+
+def assert_one_line_error(cli, argv, fragment):
     code, _, err = cli("bench", "balance", *argv)
     assert code == 2 and fragment in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
