@@ -25,6 +25,9 @@ What is modelled, function by function:
   ``min(cores, blocks)`` and keeps the plan with the smallest busiest core (a plan is
   abandoned as soon as it exceeds the best so far).
 
+FIA's MLA template (:func:`fia_mla`, ``FiaTilingNonQuantMla``) calls the same ``SplitCore``
+with its own sizes (:func:`split_sizes_mla`: 256-row tiles, 512-token kv blocks).
+
 The partition is returned as segments of our units: a row tile spans ``mBaseSize / G`` query
 tokens (whole query tiles of ours) and a kv block ``s2BaseSize`` tokens (whole blocks of ours).
 """
