@@ -571,9 +571,9 @@ static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num
     uint32_t cap_1 = (uint32_t)p->max_blocks_per_req * (uint32_t)p->block_size - 1u;
     uint32_t q_any = 0, trouble = 0;
     /* A decode row at kv - 1 starts its window at max(0, kv - W): s = kv - W, clipped at 0 by
-     * its sign bit (kv <= cap <= 2^26 wherever `trouble` stays clear). No window is a window
-     * of 2^27 > cap, which clips every start to 0. */
-    uint32_t window = c->window > 0 ? (uint32_t)c->window : (uint32_t)1 << 27;
+     * its sign bit (kv <= cap <= 2^26 wherever `trouble` stays clear). */
+    uint32_t window = (uint32_t)c->window;
+    int windowed = c->window > 0;
     uint64_t blocks = 0, live = 0;
     int32_t r = 0, chunk;
     int32_t chunk_shift = c->chunk_shift < TILING_DECODE_STEP_SHIFT ? TILING_DECODE_STEP_SHIFT
@@ -588,35 +588,34 @@ static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num
      * [0, cap - 1] for every request unless one is KV_SHORT / KV_EMPTY or KV_CAPACITY, or a
      * padded slot sits exactly at the capacity (valid; the general pass then plans it). With
      * cap <= 2^26, d is out of that range exactly when d or cap - 1 - d has its top bit set,
-     * so `trouble` ORs both. */
+     * so `trouble` ORs both. WINDOWED is a literal at each use, so the loops without a window
+     * are the version-4 loops (no instruction more per request). */
+#define TILING_DECODE_REQUEST(i, WINDOWED)                                                   \
+    do {                                                                                   \
+        uint32_t q = (uint32_t)cu[(i) + 1] - (uint32_t)cu[i];                              \
+        uint32_t k = (uint32_t)kv[i], d = k - q, n = (k + round) >> shift;                 \
+        if (WINDOWED) {                                                                    \
+            uint32_t s = k - window;                                                       \
+            n -= (s & ((s >> 31) - 1u)) >> shift;                                          \
+        }                                                                                  \
+        q_any |= q;                                                                        \
+        trouble |= d | (cap_1 - d);                                                        \
+        part_blocks += n & ((uint32_t)0 - q);                                              \
+        part_live += q;                                                                    \
+    } while (0)
     for (chunk = 0; r < c->batch; ++chunk) {
         int32_t end = c->batch - r > per_chunk ? r + per_chunk : c->batch;
         while (r < end) {
             uint32_t part_blocks = 0, part_live = 0;
             int32_t i;
             if (end - r >= TILING_DECODE_STEP) { /* a fixed count, which vectorises fully */
-                for (i = 0; i < TILING_DECODE_STEP; ++i) {
-                    uint32_t q = (uint32_t)cu[r + i + 1] - (uint32_t)cu[r + i];
-                    uint32_t k = (uint32_t)kv[r + i], d = k - q;
-                    uint32_t s = k - window;
-                    s &= (s >> 31) - 1u;
-                    q_any |= q;
-                    trouble |= d | (cap_1 - d);
-                    part_blocks += (((k + round) >> shift) - (s >> shift)) & ((uint32_t)0 - q);
-                    part_live += q;
-                }
+                if (windowed)
+                    for (i = 0; i < TILING_DECODE_STEP; ++i) TILING_DECODE_REQUEST(r + i, 1);
+                else
+                    for (i = 0; i < TILING_DECODE_STEP; ++i) TILING_DECODE_REQUEST(r + i, 0);
                 r += TILING_DECODE_STEP;
             } else {
-                for (; r < end; ++r) {
-                    uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r];
-                    uint32_t k = (uint32_t)kv[r], d = k - q;
-                    uint32_t s = k - window;
-                    s &= (s >> 31) - 1u;
-                    q_any |= q;
-                    trouble |= d | (cap_1 - d);
-                    part_blocks += (((k + round) >> shift) - (s >> shift)) & ((uint32_t)0 - q);
-                    part_live += q;
-                }
+                for (; r < end; ++r) TILING_DECODE_REQUEST(r, windowed);
             }
             blocks += part_blocks;
             live += part_live;
@@ -633,6 +632,7 @@ static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num
     *num_units = c->head_units * p->num_kv_heads;
     c->decode = 1;
     return 1;
+#undef TILING_DECODE_REQUEST
 }
 
 /* Check every request in order; on the first offence write it and return its status. */
