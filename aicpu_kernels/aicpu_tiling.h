@@ -98,8 +98,9 @@
  *   head; at the end of the work it is (0, num_kv_heads, 0, 0). A core whose end names the
  *   unit of its last segment stops inside it, at column end_k; otherwise its last segment
  *   runs to its unit's last column. Without a window first = 0, so a consumer that reads k
- *   as absolute serves both v4 and v5 tilings. An idle core has begin == end. first_slot / last_slot are the partial slots of the core's
- *   first / last segment when that segment is a piece of a split unit, else -1.
+ *   as absolute serves both v4 and v5 tilings. An idle core has begin == end.
+ *   first_slot / last_slot are the partial slots of the core's first / last segment when
+ *   that segment is a piece of a split unit, else -1.
  *   A segment that is the whole unit writes its output rows directly; a piece writes its
  *   partial output and log-sum-exp to its slot and the combine step merges them.
  *
