@@ -17,7 +17,13 @@ from handmade_tiling import handmade_tiling, work_units
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyruntime._native import ffi, lib
-from tiling_inputs import any_inputs, small_params, trace_decode_batch, trace_mixed_batch, valid_inputs
+from tiling_inputs import (
+    any_inputs,
+    small_params,
+    trace_decode_batch,
+    trace_mixed_batch,
+    valid_inputs,
+)
 
 from pyruntime import tiling, tiling_oracle
 from pyruntime.tiling import TilingParams, plan, reference_plan

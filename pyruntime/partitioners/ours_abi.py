@@ -64,6 +64,8 @@ def _param_fields(workload: Workload, head_dim: int = 128) -> dict[str, int]:
         "cost_kv_load": model.cost_kv_load,
         "cost_qk_tile": model.cost_qk_tile,
         "cost_segment": model.cost_segment,
+        # a WindowedWorkload (windowed.py) plans its window (ABI v5)
+        "sliding_window": getattr(workload, "sliding_window", 0),
     }
 
 
