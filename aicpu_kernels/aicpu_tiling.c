@@ -35,8 +35,10 @@
 #define TILING_STATIC_ASSERT(name, cond) typedef char tiling_static_assert_##name[(cond) ? 1 : -1]
 TILING_STATIC_ASSERT(params_size, sizeof(aicpu_tiling_params) == 16 * sizeof(int32_t));
 TILING_STATIC_ASSERT(params_q_tile, offsetof(aicpu_tiling_params, q_tile) == 8 * sizeof(int32_t));
+TILING_STATIC_ASSERT(params_window,
+                     offsetof(aicpu_tiling_params, sliding_window) == 12 * sizeof(int32_t));
 TILING_STATIC_ASSERT(params_reserved,
-                     offsetof(aicpu_tiling_params, reserved) == 12 * sizeof(int32_t));
+                     offsetof(aicpu_tiling_params, reserved) == 13 * sizeof(int32_t));
 TILING_STATIC_ASSERT(int32_width, sizeof(int32_t) == 4);
 
 /* Costs and counts are int64 inside and int32 in the buffer. */
@@ -71,6 +73,7 @@ typedef struct plan_ctx {
     int32_t batch;
     int32_t epoch;
     int causal;
+    int64_t window;        /* sliding_window W; 0 = none (then every unit starts at column 0) */
     int32_t group;
     int64_t seg;           /* cost_segment */
     int64_t block_units;   /* ceil(block_size / 16) */
@@ -82,6 +85,7 @@ typedef struct plan_ctx {
     int64_t head_total;    /* W_h: the cost of one kv head's units */
     int64_t head_units;    /* one kv head's units */
     int32_t first_live;    /* the first request with q_len > 0 (batch when none) */
+    int64_t first_column;  /* the block-table column of that request's first unit */
     int64_t chunk_cost[TILING_CHUNKS];  /* one head's cost up to the end of each chunk */
     int64_t chunk_units[TILING_CHUNKS]; /* one head's units up to the end of each chunk */
 } plan_ctx;
@@ -101,20 +105,40 @@ typedef struct request_info {
 typedef struct unit_at {
     int32_t r, h, t;
     int64_t start;  /* U */
+    int64_t first;  /* the block-table column of its first block */
     int64_t blocks; /* n */
     int64_t w;
     int64_t index;  /* global unit index in work order */
 } unit_at;
 
-/* Position tuple as written to the core table. */
+/* Position tuple as written to the core table: k counts blocks from the unit's first column,
+ * which write_pos adds (ABI v5: the words hold absolute block-table columns). */
 typedef struct work_pos {
     int32_t r, h, t, k;
+    int32_t first;
     int64_t unit_index; /* of the unit it names; num_units at the end */
 } work_pos;
 
 static int64_t kv_blocks(const plan_ctx *c, int64_t tokens) {
     if (c->block_shift >= 0) return (tokens + c->p->block_size - 1) >> c->block_shift;
     return div_ceil64(tokens, c->p->block_size);
+}
+
+/* The block-table column holding the window start of the row at position p0,
+ * floor(max(0, p0 - W + 1) / block_size); 0 without a window. */
+static int64_t window_first(const plan_ctx *c, int64_t p0) {
+    int64_t begin;
+    if (c->window == 0) return 0;
+    begin = p0 - c->window + 1;
+    if (begin <= 0) return 0;
+    if (c->block_shift >= 0) return begin >> c->block_shift;
+    return begin / c->p->block_size;
+}
+
+/* Blocks of a decode unit (its one row at position kv - 1):
+ * ceil(kv / bs) - floor(max(0, kv - W) / bs). */
+static int64_t decode_blocks(const plan_ctx *c, int64_t kv) {
+    return kv_blocks(c, kv) - window_first(c, kv - 1);
 }
 
 static int64_t block_cost(const plan_ctx *c, int64_t tokens) {
@@ -159,9 +183,22 @@ static int64_t causal_full_blocks(const plan_ctx *c, const request_info *ri, int
     return floor_sum(k, bs, qt, (int64_t)ri->kv_len - ri->q_len + qt + bs - 1);
 }
 
+/* First columns of causal tiles 0..k-1 under a window: floor(max(0, a + t * q_tile) / bs)
+ * summed, a = kv - q - W + 1 the window start of row 0. The terms clipped at 0 are the first
+ * t0 tiles; the rest are one floor sum. */
+static int64_t window_first_sum(const plan_ctx *c, const request_info *ri, int64_t k) {
+    int64_t qt = c->p->q_tile, a, t0;
+    if (c->window == 0) return 0;
+    a = (int64_t)ri->kv_len - ri->q_len - c->window + 1;
+    t0 = a >= 0 ? 0 : (-a + qt - 1) / qt;
+    if (t0 >= k) return 0;
+    return floor_sum(k - t0, c->p->block_size, qt, a + t0 * qt);
+}
+
 /* Cost of tiles 0..k-1 of one head, k <= num_full. */
 static int64_t full_tiles_cost(const plan_ctx *c, const request_info *ri, int64_t k) {
-    int64_t blocks = c->causal ? causal_full_blocks(c, ri, k) : k * kv_blocks(c, ri->kv_len);
+    int64_t blocks = c->causal ? causal_full_blocks(c, ri, k) - window_first_sum(c, ri, k)
+                               : k * kv_blocks(c, ri->kv_len);
     return k * c->seg + blocks * ri->w_full;
 }
 
@@ -176,11 +213,12 @@ static void request_load(const plan_ctx *c, int32_t r, request_info *ri) {
         return;
     }
     if (ri->q_len <= qt) {
-        /* Decode and short speculative steps: one tile that sees the whole kv. */
+        /* Decode and short speculative steps: one tile that sees the whole kv (or window). */
         ri->num_tiles = 1;
         ri->num_full = ri->q_len == qt;
         ri->w_full = ri->w_last = ri->q_len == 1 ? c->w_decode : block_cost(c, ri->q_len);
-        ri->head_cost = c->seg + kv_blocks(c, ri->kv_len) * ri->w_full;
+        ri->head_cost = c->seg + (kv_blocks(c, ri->kv_len) -
+                                  window_first(c, (int64_t)ri->kv_len - ri->q_len)) * ri->w_full;
         return;
     }
     ri->num_full = ri->q_len / qt;
@@ -188,16 +226,20 @@ static void request_load(const plan_ctx *c, int32_t r, request_info *ri) {
     ri->w_full = block_cost(c, qt);
     ri->w_last = block_cost(c, ri->q_len - (int64_t)(ri->num_tiles - 1) * qt);
     ri->head_cost = full_tiles_cost(c, ri, ri->num_full);
-    if (ri->num_tiles > ri->num_full) /* the partial last tile sees the whole kv */
-        ri->head_cost += c->seg + kv_blocks(c, ri->kv_len) * ri->w_last;
+    if (ri->num_tiles > ri->num_full) { /* the partial last tile sees the whole kv */
+        int64_t p0 = (int64_t)ri->kv_len - ri->q_len + (int64_t)ri->num_full * qt;
+        ri->head_cost += c->seg + (kv_blocks(c, ri->kv_len) - window_first(c, p0)) * ri->w_last;
+    }
 }
 
-/* Blocks of tile t. The last tile (full or not) and every non-causal tile see all kv. */
-static int64_t tile_blocks(const plan_ctx *c, const request_info *ri, int32_t t) {
+/* Blocks of tile t, and in *first its first column. The last tile (full or not) and every
+ * non-causal tile see all kv (a window needs causal). */
+static int64_t tile_blocks(const plan_ctx *c, const request_info *ri, int32_t t, int64_t *first) {
     int64_t end = ri->kv_len;
     if (c->causal && t < ri->num_tiles - 1)
         end = (int64_t)ri->kv_len - ri->q_len + (int64_t)(t + 1) * c->p->q_tile;
-    return kv_blocks(c, end);
+    *first = window_first(c, (int64_t)ri->kv_len - ri->q_len + (int64_t)t * c->p->q_tile);
+    return kv_blocks(c, end) - *first;
 }
 
 /* The tile of one head whose interval holds offset o (0 <= o < head_cost); *start = S(t). */
@@ -267,7 +309,7 @@ static int64_t request_head_cost(const plan_ctx *c, int32_t r, int64_t *units) {
     int32_t q_len = c->cu[r + 1] - c->cu[r];
     if (q_len <= 1) {
         *units = q_len;
-        return q_len == 1 ? c->seg + kv_blocks(c, c->kv[r]) * c->w_decode : 0;
+        return q_len == 1 ? c->seg + decode_blocks(c, c->kv[r]) * c->w_decode : 0;
     }
     request_load(c, r, &ri);
     *units = ri.num_tiles;
@@ -310,7 +352,7 @@ static void head_locate(const plan_ctx *c, cursor *cur, int64_t o, const search_
         int64_t w = c->w_decode, blocks = 0;
         for (;; ++r) {
             if (cu[r + 1] != cu[r]) {
-                blocks = kv_blocks(c, kv[r]);
+                blocks = decode_blocks(c, kv[r]);
                 if (o - start < c->seg + blocks * w) break;
                 start += c->seg + blocks * w;
                 units += 1;
@@ -319,6 +361,7 @@ static void head_locate(const plan_ctx *c, cursor *cur, int64_t o, const search_
         u->r = r;
         u->t = 0;
         u->start = start;
+        u->first = window_first(c, (int64_t)kv[r] - 1);
         u->blocks = blocks;
         u->w = w;
         u->index = units;
@@ -336,7 +379,7 @@ static void head_locate(const plan_ctx *c, cursor *cur, int64_t o, const search_
         u->r = r;
         u->t = t;
         u->start = start + tile_start;
-        u->blocks = tile_blocks(c, &ri, t);
+        u->blocks = tile_blocks(c, &ri, t, &u->first);
         u->w = t == ri.num_tiles - 1 ? ri.w_last : ri.w_full;
         u->index = units + t;
     }
@@ -379,6 +422,7 @@ static work_pos heads_end(const plan_ctx *c, int64_t heads) {
     wp.r = last ? 0 : c->first_live;
     wp.h = (int32_t)heads;
     wp.t = wp.k = 0;
+    wp.first = last ? 0 : (int32_t)c->first_column;
     wp.unit_index = heads * c->head_units;
     return wp;
 }
@@ -404,7 +448,7 @@ static void write_pos(int32_t *dst, const work_pos *wp) {
     dst[0] = wp->r;
     dst[1] = wp->h;
     dst[2] = wp->t;
-    dst[3] = wp->k;
+    dst[3] = wp->k + wp->first;
 }
 
 int aicpu_tiling_params_check(const aicpu_tiling_params *p) {
@@ -431,7 +475,9 @@ int aicpu_tiling_params_check(const aicpu_tiling_params *p) {
         p->cost_segment < 0 || p->cost_segment > AICPU_TILING_MAX_COST_WEIGHT ||
         p->cost_kv_load + p->cost_qk_tile < 1)
         return AICPU_TILING_E_PARAMS;
-    for (i = 0; i < 4; ++i)
+    if (p->sliding_window < 0 || p->sliding_window > AICPU_TILING_MAX_KV_TOKENS)
+        return AICPU_TILING_E_PARAMS;
+    for (i = 0; i < 3; ++i)
         if (p->reserved[i] != 0) return AICPU_TILING_E_PARAMS;
     /* Worst case: max_tokens one-token requests on every kv head, each unit with a full
      * block table at the widest tile's block cost. The per-unit cost is below 2^53 by the
@@ -524,6 +570,10 @@ static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num
     uint32_t round = (uint32_t)p->block_size - 1u;
     uint32_t cap_1 = (uint32_t)p->max_blocks_per_req * (uint32_t)p->block_size - 1u;
     uint32_t q_any = 0, trouble = 0;
+    /* A decode row at kv - 1 starts its window at max(0, kv - W): s = kv - W, clipped at 0 by
+     * its sign bit (kv <= cap <= 2^26 wherever `trouble` stays clear). */
+    uint32_t window = (uint32_t)c->window;
+    int windowed = c->window > 0;
     uint64_t blocks = 0, live = 0;
     int32_t r = 0, chunk;
     int32_t chunk_shift = c->chunk_shift < TILING_DECODE_STEP_SHIFT ? TILING_DECODE_STEP_SHIFT
@@ -538,31 +588,34 @@ static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num
      * [0, cap - 1] for every request unless one is KV_SHORT / KV_EMPTY or KV_CAPACITY, or a
      * padded slot sits exactly at the capacity (valid; the general pass then plans it). With
      * cap <= 2^26, d is out of that range exactly when d or cap - 1 - d has its top bit set,
-     * so `trouble` ORs both. */
+     * so `trouble` ORs both. WINDOWED is a literal at each use, so the loops without a window
+     * are the version-4 loops (no instruction more per request). */
+#define TILING_DECODE_REQUEST(i, WINDOWED)                                                   \
+    do {                                                                                   \
+        uint32_t q = (uint32_t)cu[(i) + 1] - (uint32_t)cu[i];                              \
+        uint32_t k = (uint32_t)kv[i], d = k - q, n = (k + round) >> shift;                 \
+        if (WINDOWED) {                                                                    \
+            uint32_t s = k - window;                                                       \
+            n -= (s & ((s >> 31) - 1u)) >> shift;                                          \
+        }                                                                                  \
+        q_any |= q;                                                                        \
+        trouble |= d | (cap_1 - d);                                                        \
+        part_blocks += n & ((uint32_t)0 - q);                                              \
+        part_live += q;                                                                    \
+    } while (0)
     for (chunk = 0; r < c->batch; ++chunk) {
         int32_t end = c->batch - r > per_chunk ? r + per_chunk : c->batch;
         while (r < end) {
             uint32_t part_blocks = 0, part_live = 0;
             int32_t i;
             if (end - r >= TILING_DECODE_STEP) { /* a fixed count, which vectorises fully */
-                for (i = 0; i < TILING_DECODE_STEP; ++i) {
-                    uint32_t q = (uint32_t)cu[r + i + 1] - (uint32_t)cu[r + i];
-                    uint32_t k = (uint32_t)kv[r + i], d = k - q;
-                    q_any |= q;
-                    trouble |= d | (cap_1 - d);
-                    part_blocks += ((k + round) >> shift) & ((uint32_t)0 - q);
-                    part_live += q;
-                }
+                if (windowed)
+                    for (i = 0; i < TILING_DECODE_STEP; ++i) TILING_DECODE_REQUEST(r + i, 1);
+                else
+                    for (i = 0; i < TILING_DECODE_STEP; ++i) TILING_DECODE_REQUEST(r + i, 0);
                 r += TILING_DECODE_STEP;
             } else {
-                for (; r < end; ++r) {
-                    uint32_t q = (uint32_t)cu[r + 1] - (uint32_t)cu[r];
-                    uint32_t k = (uint32_t)kv[r], d = k - q;
-                    q_any |= q;
-                    trouble |= d | (cap_1 - d);
-                    part_blocks += ((k + round) >> shift) & ((uint32_t)0 - q);
-                    part_live += q;
-                }
+                for (; r < end; ++r) TILING_DECODE_REQUEST(r, windowed);
             }
             blocks += part_blocks;
             live += part_live;
@@ -579,6 +632,7 @@ static TILING_NOINLINE int decode_pass(plan_ctx *c, int64_t *total, int64_t *num
     *num_units = c->head_units * p->num_kv_heads;
     c->decode = 1;
     return 1;
+#undef TILING_DECODE_REQUEST
 }
 
 /* Check every request in order; on the first offence write it and return its status. */
@@ -766,6 +820,7 @@ static int64_t greedy_walk(const plan_ctx *c, int64_t budget, const walk_axis *a
         if (fresh > 1 && seg + kk * u.w > max_cost) max_cost = seg + kk * u.w;
         if (wr != NULL) {
             end.r = u.r, end.h = u.h, end.t = u.t, end.k = (int32_t)k;
+            end.first = (int32_t)u.first;
             end.unit_index = u.index;
             writer_core(wr, &end, cost);
             for (i = 1; i < fresh; ++i) {
@@ -821,9 +876,10 @@ static void head_shift_pos(const plan_ctx *c, int32_t *pos, int32_t h) {
         pos[1] = h;
     } else if (h + 1 < c->p->num_kv_heads) {
         pos[1] = h + 1;
-    } else { /* the end of the work */
+    } else { /* the end of the work; the first unit's column goes too */
         pos[0] = 0;
         pos[1] = c->p->num_kv_heads;
+        pos[3] = 0;
     }
 }
 
@@ -885,7 +941,9 @@ static void partition(plan_ctx *c, int32_t *buf, int64_t total, int64_t num_unit
         cursor_init(&cur, NULL);
         axis_locate(c, &cur, 0, &u); /* the first unit */
         c->first_live = u.r;
+        c->first_column = u.first;
         begin.r = u.r, begin.h = 0, begin.t = begin.k = 0, begin.unit_index = 0;
+        begin.first = (int32_t)u.first;
     }
     axis.parts = per_head ? cores / heads : cores;
     axis.total = per_head ? c->head_total : total;
@@ -914,7 +972,9 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     int64_t total, num_units, words;
     int status;
     if (buffer == NULL || ((uintptr_t)buffer & 3u) != 0) return AICPU_TILING_E_BUFFER;
-    if (aicpu_tiling_params_check(p) != AICPU_TILING_OK) {
+    /* A window is a causal band: without the causal flag it has no meaning (ABI v5). */
+    if (aicpu_tiling_params_check(p) != AICPU_TILING_OK ||
+        (p->sliding_window > 0 && (flags & AICPU_TILING_CAUSAL) == 0)) {
         if (buffer_bytes < AICPU_TILING_HDR_WORDS * 4) return AICPU_TILING_E_BUFFER;
         write_header(buf, AICPU_TILING_E_PARAMS, batch, p != NULL ? p->num_cores : 0, flags,
                      epoch);
@@ -937,6 +997,7 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     c.batch = batch;
     c.epoch = epoch;
     c.causal = (flags & AICPU_TILING_CAUSAL) != 0;
+    c.window = p->sliding_window;
     c.group = p->num_q_heads / p->num_kv_heads;
     c.seg = p->cost_segment;
     c.block_units = ((int64_t)p->block_size + 15) / 16;
@@ -946,6 +1007,7 @@ int aicpu_tiling_plan(const aicpu_tiling_params *p, const int32_t *cu_seqlens_q,
     c.decode = 0;
     c.head_total = c.head_units = 0;
     c.first_live = batch;
+    c.first_column = 0;
     while (((int64_t)TILING_CHUNKS << c.chunk_shift) < batch) c.chunk_shift++;
     c.block_shift = -1;
     if ((p->block_size & (p->block_size - 1)) == 0) {

@@ -17,12 +17,22 @@
  *       kv head h (0..num_kv_heads-1), request r (0..batch-1), query tile t, kv block k.
  *   A unit is (r, h, t): the query tokens [t*q_tile, min((t+1)*q_tile, q_len)) of request r
  *   times the group = num_q_heads / num_kv_heads query heads sharing kv head h (GQA). Its
- *   rows = tokens * group. A unit reads the kv positions [0, kv_end) of its request, where
- *       kv_end = kv_len - q_len + min((t+1)*q_tile, q_len)   when causal (query rows are the
- *                                                             last q_len positions of the KV)
- *       kv_end = kv_len                                      otherwise,
- *   in kv blocks of block_size tokens (the paged KV cache's block), so a unit has
- *   ceil(kv_end / block_size) blocks. Requests with q_len == 0 (padded slots) have no units.
+ *   rows = tokens * group. When causal, the query rows are the last q_len positions of the
+ *   KV: the unit's rows are the absolute positions [p0, p1) with
+ *       p0 = kv_len - q_len + t*q_tile,   p1 = kv_len - q_len + min((t+1)*q_tile, q_len).
+ *   A unit reads the kv positions [kv_begin, kv_end) of its request, where
+ *       kv_end   = p1 when causal, kv_len otherwise;
+ *       kv_begin = max(0, p0 - W + 1) with a sliding window W = params.sliding_window > 0
+ *                  (ABI v5; the window start of the unit's first row), 0 otherwise.
+ *   With a window W, a row at position p sees the keys j with p - W < j <= p (W keys, the
+ *   model's definition: Hugging Face's sliding-window masks, vLLM's FlashAttention path with
+ *   window (W - 1, 0)); a window needs causal attention. The consumers mask, per row, the keys
+ *   of the unit's blocks that lie outside the row's window.
+ *   The kv positions are read in kv blocks of block_size tokens (the paged KV cache's block):
+ *   the unit's blocks are the block-table columns [first, last) with
+ *       first = floor(kv_begin / block_size),   last = ceil(kv_end / block_size),
+ *   so a unit has last - first blocks (first = 0 without a window). Requests with q_len == 0
+ *   (padded slots) have no units.
  *
  * THE COST MODEL (all integers; the weights are static parameters with documented defaults)
  *   block cost   w(rows) = ceil(block_size / 16) * (cost_kv_load + cost_qk_tile * ceil(rows / 16))
@@ -32,12 +42,16 @@
  *   segment cost cost_segment: the fixed overhead of one contiguous piece of a unit on one
  *                  core (load the query tile, init and write the output or partial, plus
  *                  its share of the combine). FlashMLA's F, FIA V3's per-row constant.
- *   unit cost    cost_segment + blocks * w(rows).
+ *   unit cost    cost_segment + blocks * w(rows), blocks = last - first (see THE WORK ORDER):
+ *                  a window counts only the blocks it reads (a window of 128 over a 32k
+ *                  context is one or two blocks of work, not 256).
  *   W, the total cost, is the sum of unit costs. A core's cost is the sum of its segments'.
  *
  * THE PARTITION (deterministic; one O(batch) pass, then O(log((cost_segment + w) / g))
  * probes of O(parts * log(batch)) unit searches each, g as below; kv heads and query tiles
- * are handled arithmetically, never walked)
+ * are handled arithmetically, never walked. A window keeps these bounds: a causal request's
+ * windowed block count over its first k tiles is a difference of two floor sums, O(log
+ * block_size) each, and a decode request's is ceil(kv/bs) - floor(max(0, kv - W) / bs), O(1))
  *   Units occupy consecutive intervals of a position axis [0, W) in work order: unit u
  *   occupies [U, U + cost_segment + blocks * w). Legal cut positions are unit starts and the
  *   block boundaries inside a unit, U + cost_segment + k * w for 1 <= k < blocks (a piece
@@ -77,12 +91,16 @@
  *   Core record: [begin_r, begin_h, begin_t, begin_k, end_r, end_h, end_t, end_k,
  *                 first_slot, last_slot, num_segments, cost]. begin and end are positions
  *   in the work order, end exclusive, compared lexicographically in work order, that is as
- *   (h, r, t, k) (the words keep the r, h, t, k layout). A position at a unit boundary names
- *   the start of the next unit in work order (k = 0): the next query tile, else the next
+ *   (h, r, t, k) (the words keep the r, h, t, k layout). k is an absolute block-table column
+ *   (ABI v5), in [first, last) of the unit. A position at a unit boundary names the start of
+ *   the next unit in work order (k = that unit's first): the next query tile, else the next
  *   request with q_len > 0 under the same head, else the first such request under the next
- *   head; at the end of the work it is (0, num_kv_heads, 0, 0). An idle core has
- *   begin == end. first_slot / last_slot are the partial slots of the core's
- *   first / last segment when that segment is a piece of a split unit, else -1.
+ *   head; at the end of the work it is (0, num_kv_heads, 0, 0). A core whose end names the
+ *   unit of its last segment stops inside it, at column end_k; otherwise its last segment
+ *   runs to its unit's last column. Without a window first = 0, so a consumer that reads k
+ *   as absolute serves both v4 and v5 tilings. An idle core has begin == end.
+ *   first_slot / last_slot are the partial slots of the core's first / last segment when
+ *   that segment is a piece of a split unit, else -1.
  *   A segment that is the whole unit writes its output rows directly; a piece writes its
  *   partial output and log-sum-exp to its slot and the combine step merges them.
  *
@@ -102,6 +120,9 @@
  *   followed by partial_lse [slots][q_tile][group].
  *
  * VALIDATION (docs/design.md, section 3: stricter where it must be, looser than FIA where safe)
+ *   Before any input: E_PARAMS when aicpu_tiling_params_check fails or when
+ *   params.sliding_window > 0 and flags lack AICPU_TILING_CAUSAL (then only the header is
+ *   written, see aicpu_tiling_plan; the window does not change any input check).
  *   cu_seqlens_q[batch] < max_tokens is valid: the rows past it are padding. Each invalid
  *   class has its own status; the header names the first offending request in request
  *   order and the offending value and limit; the core table assigns no work. The kernel
@@ -148,8 +169,10 @@ extern "C" {
 #endif
 
 #define AICPU_TILING_MAGIC 0x4C495441 /* "ATIL" read as little-endian int32 */
-#define AICPU_TILING_VERSION 4 /* 2: the epoch word, a 24-word header; 3: head-major order,
-                                  * no split prefix; 4: trailing kv_len == 0 slots are padding */
+#define AICPU_TILING_VERSION 5 /* 2: the epoch word, a 24-word header; 3: head-major order,
+                                  * no split prefix; 4: trailing kv_len == 0 slots are padding;
+                                  * 5: params.sliding_window (was reserved[0]), kv block words
+                                  * of core records are absolute block-table columns */
 
 /* Status codes. 0 is success; every other value is one class of failure. */
 #define AICPU_TILING_OK 0
@@ -221,7 +244,8 @@ extern "C" {
 #define AICPU_TILING_DEFAULT_COST_QK_TILE 1
 #define AICPU_TILING_DEFAULT_COST_SEGMENT 32
 
-/* Static parameters, fixed at capture. 16 int32 words, no padding. */
+/* Static parameters, fixed at capture. 16 int32 words, no padding. A tiling plans one window:
+ * layers with different windows need one params struct and one tiling buffer each. */
 typedef struct aicpu_tiling_params {
     int32_t num_q_heads;        /* query heads, a multiple of num_kv_heads */
     int32_t num_kv_heads;
@@ -235,7 +259,9 @@ typedef struct aicpu_tiling_params {
     int32_t cost_kv_load;       /* see THE COST MODEL */
     int32_t cost_qk_tile;
     int32_t cost_segment;
-    int32_t reserved[4];        /* must be 0 */
+    int32_t sliding_window;     /* W: 0 = none, else a row at p sees keys (p - W, p]; needs
+                                 * AICPU_TILING_CAUSAL (ABI v5, was reserved[0]) */
+    int32_t reserved[3];        /* must be 0 */
 } aicpu_tiling_params;
 
 /* Compile-time bound on the buffer size in bytes, for static allocation. */
@@ -249,7 +275,8 @@ typedef struct aicpu_tiling_params {
  * max_blocks_per_req, num_cores, q_tile >= 1 and at most the AICPU_TILING_MAX_* limits;
  * num_q_heads % num_kv_heads == 0; q_tile * group <= AICPU_TILING_MAX_TILE_ROWS;
  * cost weights in [0, AICPU_TILING_MAX_COST_WEIGHT] with cost_kv_load + cost_qk_tile >= 1;
- * reserved words 0.
+ * 0 <= sliding_window <= AICPU_TILING_MAX_KV_TOKENS; reserved words 0. (That a window needs
+ * AICPU_TILING_CAUSAL is checked by aicpu_tiling_plan, which sees the flags.)
  *     if (aicpu_tiling_params_check(&p) != AICPU_TILING_OK) ...
  */
 int aicpu_tiling_params_check(const aicpu_tiling_params *params);
@@ -286,8 +313,9 @@ size_t aicpu_tiling_workspace_bytes(const aicpu_tiling_params *params);
  *   buffer        caller-owned, 4-byte aligned, at least aicpu_tiling_bytes(params) bytes
  *   buffer_bytes  its size
  * Returns AICPU_TILING_OK, or the status also written to the header. On
- * AICPU_TILING_E_BUFFER nothing is written; on AICPU_TILING_E_PARAMS only the header is
- * written, and only when the buffer holds it. On an input error the whole buffer is
+ * AICPU_TILING_E_BUFFER nothing is written; on AICPU_TILING_E_PARAMS (params out of range, or
+ * params.sliding_window > 0 without AICPU_TILING_CAUSAL) only the header is written, and only
+ * when the buffer holds it. On an input error the whole buffer is
  * written: the header names the offence and every core is idle.
  *     status = aicpu_tiling_plan(&p, cu, kv, batch, epoch, AICPU_TILING_CAUSAL, buf, sizeof buf);
  */

@@ -79,7 +79,8 @@ typedef struct aicpu_tiling_params {
     int32_t cost_kv_load;
     int32_t cost_qk_tile;
     int32_t cost_segment;
-    int32_t reserved[4];
+    int32_t sliding_window;
+    int32_t reserved[3];
 } aicpu_tiling_params;
 
 int aicpu_tiling_params_check(const aicpu_tiling_params *params);

@@ -221,6 +221,7 @@ _FIELDS = (
     "cost_kv_load",
     "cost_qk_tile",
     "cost_segment",
+    "sliding_window",
 )
 
 
@@ -262,6 +263,9 @@ def _explain_params(p: TilingParams) -> str:
             return f"{name} is {value}, but it must be between 0 and {lib.AICPU_TILING_MAX_COST_WEIGHT}"
     if p.cost_kv_load + p.cost_qk_tile < 1:
         return "cost_kv_load + cost_qk_tile must be at least 1"
+    if not 0 <= p.sliding_window <= lib.AICPU_TILING_MAX_KV_TOKENS:
+        return (f"sliding_window is {p.sliding_window}, but it must be 0 (no window) or between "
+                f"1 and {lib.AICPU_TILING_MAX_KV_TOKENS}")
     return "the worst-case total cost of these shapes would overflow the kernel's cost range"
 
 
@@ -280,6 +284,10 @@ class TilingParams:
         num_cores: AI Cores the attention kernel is launched on (24 on a 910B2).
         q_tile: query tokens per work unit; default ``max(1, 128 // group)``.
         cost_kv_load, cost_qk_tile, cost_segment: cost-model weights (see the C header).
+        sliding_window: W, 0 or None for none (ABI v5): a query row at position p sees the
+            keys j with p - W < j <= p, and each unit's cost and blocks count only the
+            block-table columns its rows' windows touch. A window needs causal planning:
+            ``plan(..., causal=False)`` with W > 0 fails with the E_PARAMS status.
 
     Raises:
         TilingParamsError (a ValueError): a field is out of the kernel's range.
@@ -297,8 +305,11 @@ class TilingParams:
     cost_kv_load: int = DEFAULT_COST_KV_LOAD
     cost_qk_tile: int = DEFAULT_COST_QK_TILE
     cost_segment: int = DEFAULT_COST_SEGMENT
+    sliding_window: int | None = 0
 
     def __post_init__(self) -> None:
+        if self.sliding_window is None:
+            object.__setattr__(self, "sliding_window", 0)
         for name in _FIELDS:
             value = getattr(self, name)
             if name == "q_tile" and value is None:
@@ -347,7 +358,7 @@ class TilingParams:
         return self._c
 
     def as_dict(self) -> dict[str, int]:
-        """The twelve C fields as a dict."""
+        """The thirteen C fields (every field but ``reserved``) as a dict."""
         return {name: getattr(self, name) for name in _FIELDS}
 
 
@@ -358,8 +369,13 @@ class Segment(NamedTuple):
     """One contiguous piece of work on one core.
 
     ``q_start:q_end`` are query-row offsets within the request (``[0, q_len)``),
-    ``kv_start:kv_end`` token offsets within its kv (``[0, kv_len)``); ``split`` is the
-    partial slot of a piece of a split unit, or -1 when the segment writes its output.
+    ``kv_start:kv_end`` token offsets within its kv (``[0, kv_len)``; ``kv_start`` is
+    ``block_start * block_size``, ``kv_end`` is clipped to the unit's causal end); ``split``
+    is the partial slot of a piece of a split unit, or -1 when the segment writes its output.
+    ``block_start:block_end`` are the absolute block-table columns the segment reads (ABI v5):
+    with a sliding window a unit's first column is ``floor(kv_begin / block_size)``, where
+    ``kv_begin`` is the window start of its first row, and the attention kernel masks the keys
+    of those blocks outside each row's window.
     """
 
     core: int
@@ -370,10 +386,14 @@ class Segment(NamedTuple):
     kv_start: int
     kv_end: int
     split: int
+    block_start: int
+    block_end: int
 
 
 class CoreRange(NamedTuple):
-    """One core record: positions are (request, kv head, query tile, kv block).
+    """One core record: positions are (request, kv head, query tile, kv block), the kv block
+    an absolute block-table column (ABI v5; a unit starts at its first column, 0 without a
+    sliding window).
 
     Positions compare in the head-major work order, that is as (kv head, request, query tile,
     kv block) (:func:`work_order_key`); the end of the work is ``(0, num_kv_heads, 0, 0)``.
@@ -511,15 +531,37 @@ def work_order_key(position: Sequence[int]) -> tuple[int, int, int, int]:
 
 def decode_segments(params: TilingParams, cores: Sequence[CoreRange], cu_seqlens_q: Sequence[int],
                     seqlens_kv: Sequence[int], causal: bool) -> list[Segment]:
-    """Walk each core's range in the head-major work order the way the attention kernel does."""
+    """Walk each core's range in the head-major work order the way the attention kernel does.
+
+    Args:
+        params: the static params the tiling was planned with (block_size, q_tile,
+            num_kv_heads and sliding_window are read).
+        cores: the core table (:meth:`Tiling.cores`).
+        cu_seqlens_q: ``[batch + 1]`` query offsets; seqlens_kv: ``[batch]`` kv lengths.
+        causal: the flag the tiling was planned with.
+
+    Returns:
+        Every core's segments in its execution order, block ranges as absolute block-table
+        columns. A core's last segment stops inside its unit when the core's end names that
+        unit, else it runs to the unit's last column; later units start at their first
+        column. The walk reads positions as absolute columns, so it serves ABI v4 tilings too
+        (there every unit starts at column 0).
+    """
     batch = len(seqlens_kv)
     q_tile, block = params.q_tile, params.block_size
+    window = params.sliding_window or 0
     q_lens = [int(cu_seqlens_q[r + 1]) - int(cu_seqlens_q[r]) for r in range(batch)]
 
     def unit_kv_end(r: int, t: int) -> int:
         if not causal:
             return int(seqlens_kv[r])
         return int(seqlens_kv[r]) - q_lens[r] + min((t + 1) * q_tile, q_lens[r])
+
+    def unit_first_column(r: int, t: int) -> int:
+        # floor(kv_begin / block_size), kv_begin the window start of the tile's first row
+        if not window:
+            return 0
+        return max(0, int(seqlens_kv[r]) - q_lens[r] + t * q_tile - window + 1) // block
 
     live = [r for r in range(batch) if q_lens[r] > 0]
     next_live = dict(itertools.pairwise(live))
@@ -543,15 +585,18 @@ def decode_segments(params: TilingParams, cores: Sequence[CoreRange], cu_seqlens
             kv_end = unit_kv_end(r, t)
             blocks = -(-kv_end // block)
             last = index == rec.num_segments - 1
-            stop_block = rec.end[3] if last and rec.end[3] > 0 else blocks
+            # the end names this unit exactly when the core stops inside it
+            stop_block = rec.end[3] if last and tuple(rec.end[:3]) == (r, h, t) else blocks
             if index == 0:
                 split = rec.first_slot
             else:
                 split = rec.last_slot if last else -1
             out.append(Segment(core, r, h, t * q_tile, min((t + 1) * q_tile, q_lens[r]),
-                               first_block * block, min(stop_block * block, kv_end), split))
+                               first_block * block, min(stop_block * block, kv_end), split,
+                               first_block, stop_block))
             r, h, t = next_unit(r, h, t)
-            first_block = 0
+            if h < params.num_kv_heads:
+                first_block = unit_first_column(r, t)
     return out
 
 

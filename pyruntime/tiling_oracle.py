@@ -1,6 +1,6 @@
 """Slow, literal pure-Python oracle of the tiling kernel in ``aicpu_kernels/aicpu_tiling.h``.
 
-The header is the specification (ABI version 4); this module re-implements it independently
+The header is the specification (ABI version 5); this module re-implements it independently
 of the C code so that the two can be compared byte for byte. It is deliberately naive: it
 enumerates every unit (request, kv head, query tile) in head-major work order, lays the units
 out on the position axis, finds the min-max budget by plain bisection over brute-force greedy
@@ -21,13 +21,20 @@ Public API:
     check_coverage(params, cu_seqlens_q, seqlens_kv, batch, causal, buffer) -> None
 
 ``params`` is any object with int attributes named like the C struct fields; an optional
-``reserved`` attribute (a sequence of 4 ints) is checked to be all zero, and treated as zeros
-when absent.
+``sliding_window`` attribute (ABI v5; None or absent means 0) and an optional ``reserved``
+attribute (a sequence of 3 ints) which is checked to be all zero, and treated as zeros when
+absent.
+
+Sliding window (ABI v5). With W = sliding_window > 0 (causal only) the unit (r, h, t) whose
+rows are the positions [p0, p1) reads [kv_begin, kv_end) with kv_begin = max(0, p0 - W + 1):
+its blocks are the block-table columns [floor(kv_begin / bs), ceil(kv_end / bs)), and its cost
+and place on the position axis count only those. Core records name absolute columns.
 
 The work order and the partition (header: THE WORK ORDER, THE PARTITION)
 -------------------------------------------------------------------------
 Units are laid out head-major: kv head h, then request r, then query tile t; unit u occupies
-[U, U + cost_segment + blocks * w) of the position axis [0, W). Every head has the same units,
+[U, U + cost_segment + blocks * w) of the position axis [0, W) (blocks = its columns
+[first, last), see above). Every head has the same units,
 so head h's work is [h * W_h, (h + 1) * W_h) with W_h = W / H. Legal cuts are unit starts and
 the block boundaries U + cost_segment + k * w (1 <= k < blocks). A core takes a range [s, e)
 of legal cuts and costs e - s, plus cost_segment when s lies strictly inside a unit.
@@ -49,7 +56,7 @@ W / P + 2 * cost_segment + w_max + 1; and segments <= units + P - 1.
 
 Rules chosen where the header leaves room (the C kernel must match them)
 -------------------------------------------------------------------------
-Invalid params (E_PARAMS).
+Invalid params (E_PARAMS), also a window without causal.
     ``oracle_plan`` returns only the 24-word header (the C kernel writes only the header):
     MAGIC, VERSION, STATUS = E_PARAMS, BAD_REQUEST = -1, BAD_VALUE = 0, BAD_LIMIT = 0,
     BATCH = batch as given, NUM_CORES = params.num_cores as given, FLAGS = flags passed,
@@ -82,8 +89,9 @@ Trailing padding (ABI v4). Once E_BATCH has passed, batch becomes the live batch
     read. Everything below, the header's BATCH included, uses the live batch.
 
 Success buffer. BAD_REQUEST = -1, BAD_VALUE = BAD_LIMIT = 0; NUM_TOKENS = cu[batch].
-    A position is written as (r, h, t, k) and compared as (h, r, t, k). A legal cut at a unit
-    boundary names the next unit in work order with k = 0, and the end of the work (also
+    A position is written as (r, h, t, k) and compared as (h, r, t, k); k is an absolute
+    block-table column. A legal cut at a unit boundary names the next unit in work order with
+    k = its first column, and the end of the work (also
     position 0 when there is no work at all) is (0, H, 0, 0). An idle core has
     begin == end == the position where it sits; first_slot = last_slot = -1, 0 segments,
     cost 0. Unused combine records and padding are 0. FLAGS = 1 if causal else 0.
@@ -108,7 +116,7 @@ from typing import NamedTuple
 import numpy as np
 
 AICPU_TILING_MAGIC = 0x4C495441
-AICPU_TILING_VERSION = 4
+AICPU_TILING_VERSION = 5
 
 AICPU_TILING_OK = 0
 AICPU_TILING_E_PARAMS = 1
@@ -203,6 +211,12 @@ def _fields(params) -> dict[str, int]:
     return {name: int(getattr(params, name)) for name in PARAM_FIELDS}
 
 
+def _window(params) -> int:
+    """The sliding window W of ABI v5; None or a missing attribute means 0 (none)."""
+    value = getattr(params, "sliding_window", 0)
+    return 0 if value is None else int(value)
+
+
 # --------------------------------------------------------------------------------------------
 # Static parameters
 # --------------------------------------------------------------------------------------------
@@ -216,10 +230,11 @@ def oracle_params_check(params) -> int:
     AICPU_TILING_MAX_* limit (max_blocks_per_req through max_blocks_per_req * block_size <=
     AICPU_TILING_MAX_KV_TOKENS, q_tile through q_tile * group <= AICPU_TILING_MAX_TILE_ROWS);
     num_q_heads % num_kv_heads == 0; cost weights in [0, AICPU_TILING_MAX_COST_WEIGHT] with
-    cost_kv_load + cost_qk_tile >= 1; reserved words (if present) all 0.
+    cost_kv_load + cost_qk_tile >= 1; 0 <= sliding_window <= AICPU_TILING_MAX_KV_TOKENS;
+    reserved words (if present) all 0.
     """
     p = _fields(params)
-    reserved = [int(x) for x in getattr(params, "reserved", (0, 0, 0, 0))]
+    reserved = [int(x) for x in getattr(params, "reserved", (0, 0, 0))]
     bounded = (
         ("num_q_heads", AICPU_TILING_MAX_HEADS),
         ("num_kv_heads", AICPU_TILING_MAX_HEADS),
@@ -245,7 +260,9 @@ def oracle_params_check(params) -> int:
         return AICPU_TILING_E_PARAMS
     if p["cost_kv_load"] + p["cost_qk_tile"] < 1:
         return AICPU_TILING_E_PARAMS
-    if len(reserved) != 4 or any(reserved):
+    if not 0 <= _window(params) <= AICPU_TILING_MAX_KV_TOKENS:
+        return AICPU_TILING_E_PARAMS
+    if len(reserved) != 3 or any(reserved):
         return AICPU_TILING_E_PARAMS
     # The worst case: max_tokens one-token requests on every kv head, each a unit with a full
     # block table at the widest tile's block cost. It must stay below 2^60 so that C's int64
@@ -387,8 +404,10 @@ class Unit:
     q_start: int  # query token offset within the request
     q_end: int
     rows: int
+    kv_begin: int  # window start of the first row (0 without a window)
     kv_end: int
-    blocks: int
+    first: int  # block-table column of the first block, floor(kv_begin / block_size)
+    blocks: int  # ceil(kv_end / block_size) - first
     w: int
     start: int
     cost: int
@@ -403,8 +422,9 @@ def oracle_units(
     params, cu_seqlens_q: Sequence[int], seqlens_kv: Sequence[int], batch: int, causal: bool
 ) -> list[Unit]:
     """Every unit in head-major work order (kv head, request, query tile) with its position
-    interval; the inputs must be valid."""
+    interval; the inputs must be valid (a window only with causal)."""
     q_tile, seg = int(params.q_tile), int(params.cost_segment)
+    window = _window(params)
     group = int(params.num_q_heads) // int(params.num_kv_heads)
     block = int(params.block_size)
     units: list[Unit] = []
@@ -417,10 +437,13 @@ def oracle_units(
                 q_start, q_end = t * q_tile, min((t + 1) * q_tile, q_len)
                 rows = (q_end - q_start) * group
                 kv_end = kv_len - q_len + q_end if causal else kv_len
-                blocks = _ceil_div(kv_end, block)
+                kv_begin = max(0, kv_len - q_len + q_start - window + 1) if window else 0
+                first = kv_begin // block
+                blocks = _ceil_div(kv_end, block) - first
                 w = block_cost(params, rows)
                 cost = seg + blocks * w
-                units.append(Unit(r, h, t, q_start, q_end, rows, kv_end, blocks, w, position, cost))
+                units.append(Unit(r, h, t, q_start, q_end, rows, kv_begin, kv_end, first, blocks,
+                                  w, position, cost))
                 position += cost
     return units
 
@@ -522,7 +545,7 @@ def _coordinates(units: list[Unit], starts: list[int], x: int, heads: int, seg: 
         return (0, heads, 0, 0)
     u = units[_containing_unit(starts, x)]
     k = 0 if x == u.start else (x - u.start - seg) // u.w
-    return (u.request, u.kv_head, u.q_tile, k)
+    return (u.request, u.kv_head, u.q_tile, u.first + k)
 
 
 # --------------------------------------------------------------------------------------------
@@ -574,7 +597,7 @@ def oracle_plan(
     """
     flags = AICPU_TILING_CAUSAL if causal else 0
     batch = int(batch)
-    if oracle_params_check(params) != AICPU_TILING_OK:
+    if oracle_params_check(params) != AICPU_TILING_OK or (_window(params) > 0 and not causal):
         header = _header(AICPU_TILING_E_PARAMS, (-1, 0, 0), batch, int(params.num_cores), flags,
                          epoch)
         return np.array(header, dtype=np.int32)
@@ -666,7 +689,9 @@ class Segment(NamedTuple):
     """One contiguous piece of a unit on one core.
 
     q_start / q_end are query-token offsets within the request, kv_start / kv_end kv token
-    offsets (kv_end clamped to the unit's kv_end), split the partial slot or -1.
+    offsets (kv_start = block_start * block_size, kv_end clamped to the unit's kv_end), split
+    the partial slot or -1, block_start / block_end the absolute block-table columns
+    [block_start, block_end) the segment reads.
     """
 
     core: int
@@ -677,6 +702,8 @@ class Segment(NamedTuple):
     kv_start: int
     kv_end: int
     split: int
+    block_start: int
+    block_end: int
 
 
 class _Shape:
@@ -684,6 +711,7 @@ class _Shape:
 
     def __init__(self, params, cu_seqlens_q, seqlens_kv, batch: int, causal: bool):
         self.batch, self.causal = batch, causal
+        self.window = _window(params)
         self.heads = int(params.num_kv_heads)
         self.q_tile, self.block = int(params.q_tile), int(params.block_size)
         self.q_len = [int(cu_seqlens_q[r + 1]) - int(cu_seqlens_q[r]) for r in range(batch)]
@@ -699,8 +727,21 @@ class _Shape:
             return self.kv_len[r]
         return self.kv_len[r] - self.q_len[r] + self.q_range(r, t)[1]
 
-    def blocks(self, r: int, t: int) -> int:
-        return _ceil_div(self.kv_end(r, t), self.block)
+    def kv_begin(self, r: int, t: int) -> int:
+        """Window start of the tile's first row (0 without a window)."""
+        if not self.window:
+            return 0
+        return max(0, self.kv_len[r] - self.q_len[r] + self.q_range(r, t)[0] - self.window + 1)
+
+    def columns(self, r: int, t: int) -> tuple[int, int]:
+        """The unit's block-table columns [floor(kv_begin / bs), ceil(kv_end / bs))."""
+        return self.kv_begin(r, t) // self.block, _ceil_div(self.kv_end(r, t), self.block)
+
+    def start(self, r: int, h: int, t: int) -> tuple[int, int, int, int]:
+        """The position of a unit's start, or the end-of-work position for (0, H, 0)."""
+        if h >= self.heads:
+            return self.end()
+        return (r, h, t, self.columns(r, t)[0])
 
     def end(self) -> tuple[int, int, int, int]:
         """The end-of-work position (0, H, 0, 0)."""
@@ -715,7 +756,7 @@ class _Shape:
             0 <= r < self.batch
             and 0 <= h < self.heads
             and 0 <= t < self.tiles[r]
-            and 0 <= k < self.blocks(r, t)
+            and self.columns(r, t)[0] <= k < self.columns(r, t)[1]
         )
 
     def next_unit(self, r: int, h: int, t: int) -> tuple[int, int, int]:
@@ -742,7 +783,8 @@ def _core_record(buffer, params, c: int) -> list[int]:
 
 
 def _decode(params, buffer, cu_seqlens_q, seqlens_kv, causal: bool):
-    """Yield (segment, k_lo, k_hi, blocks, rows) for every segment, cores in order."""
+    """Yield (core, record, pieces) per core, pieces (segment, k_lo, k_hi, first, last, rows)
+    with absolute columns: the segment reads [k_lo, k_hi) of the unit's [first, last)."""
     batch = int(buffer[AICPU_TILING_HDR_BATCH])
     shape = _Shape(params, cu_seqlens_q, seqlens_kv, batch, causal)
     group = int(params.num_q_heads) // int(params.num_kv_heads)
@@ -756,13 +798,13 @@ def _decode(params, buffer, cu_seqlens_q, seqlens_kv, causal: bool):
         while pos != end:
             r, h, t, k_lo = pos
             assert h < shape.heads, f"core {c}: walked past the end towards {end}"
-            blocks = shape.blocks(r, t)
-            k_hi = end[3] if end[:3] == (r, h, t) else blocks
+            first, last = shape.columns(r, t)
+            k_hi = end[3] if end[:3] == (r, h, t) else last
             q_start, q_end = shape.q_range(r, t)
             kv_end = min(k_hi * shape.block, shape.kv_end(r, t))
-            seg = Segment(c, r, h, q_start, q_end, k_lo * shape.block, kv_end, -1)
-            pieces.append((seg, k_lo, k_hi, blocks, (q_end - q_start) * group))
-            pos = (*shape.next_unit(r, h, t), 0) if k_hi == blocks else end
+            seg = Segment(c, r, h, q_start, q_end, k_lo * shape.block, kv_end, -1, k_lo, k_hi)
+            pieces.append((seg, k_lo, k_hi, first, last, (q_end - q_start) * group))
+            pos = shape.start(*shape.next_unit(r, h, t)) if k_hi == last else end
         if pieces:
             first, last = rec[AICPU_TILING_CORE_FIRST_SLOT], rec[AICPU_TILING_CORE_LAST_SLOT]
             pieces[0] = (pieces[0][0]._replace(split=first), *pieces[0][1:])
@@ -793,18 +835,23 @@ def segments(
     return out
 
 
-def _check_rows(segs: list[Segment], q_len: int, kv_len: int, causal: bool, where: str) -> None:
-    """Disjoint, in-range kv ranges covering each row's visible range, for one (r, h)."""
+def _check_rows(segs: list[Segment], shape: _Shape, r: int, where: str) -> None:
+    """Disjoint, in-range kv ranges covering each row's visible range, for one (r, h): from
+    the block holding the window start of the tile's first row (0 without a window) up to
+    the last row's visible end."""
+    q_len, kv_len, causal = shape.q_len[r], shape.kv_len[r], shape.causal
     cuts = sorted({0, q_len, *(s.q_start for s in segs), *(s.q_end for s in segs)})
     for lo, hi in itertools.pairwise(cuts):
         if lo >= q_len:
             break
         covering = sorted((s.kv_start, s.kv_end) for s in segs if s.q_start <= lo and hi <= s.q_end)
-        # Within [lo, hi) every row sees the same segments; the last row sees the most kv.
+        # Within [lo, hi) every row sees the same segments; the last row sees the most kv and
+        # the first row's window starts first (every q range is a whole tile).
         visible = kv_len - q_len + hi if causal else kv_len
-        reach = 0
+        begin = shape.kv_begin(r, lo // shape.q_tile) // shape.block * shape.block
+        reach = begin
         for i, (a, b) in enumerate(covering):
-            assert 0 <= a < b <= kv_len, f"{where} rows [{lo},{hi}): kv [{a},{b}) out of range"
+            assert begin <= a < b <= kv_len, f"{where} rows [{lo},{hi}): kv [{a},{b}) out of range"
             if i:
                 assert a >= covering[i - 1][1], f"{where} rows [{lo},{hi}): kv ranges overlap"
             if a == reach:
@@ -826,7 +873,9 @@ def check_coverage(
 
     Checks: status OK and the header's batch (the live batch); for every request, kv head and query row, the
     kv ranges of the segments covering the row are disjoint, lie in [0, kv_len) and cover
-    the causally visible range [0, kv_len - q_len + row + 1) ([0, kv_len) when not causal);
+    exactly the unit's block-table columns [floor(kv_begin / bs), ceil(kv_end / bs)) up to the
+    causally visible end kv_len - q_len + row + 1 (kv_len when not causal), kv_begin the
+    window start of the tile's first row (0 without a window);
     no segment is empty or entirely masked; padded slots (q_len == 0) get none; the cores'
     ranges are contiguous in head-major work order, from the first unit to the end-of-work
     position (0, H, 0, 0); header segment count = decoded count <= units + P - 1; split
@@ -846,7 +895,7 @@ def check_coverage(
     pieces_of: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
     total = 0
     live = [r for r in range(batch) if shape.tiles[r]]
-    expected_begin = (live[0], 0, 0, 0) if live else shape.end()
+    expected_begin = shape.start(live[0], 0, 0) if live else shape.end()
     for c, rec, pieces in _decode(params, buffer, cu_seqlens_q, seqlens_kv, causal):
         begin, end = tuple(rec[0:4]), tuple(rec[4:8])
         assert begin == expected_begin, f"core {c} begins at {begin}, not {expected_begin}"
@@ -854,14 +903,14 @@ def check_coverage(
         cost = 0
         if not pieces:
             assert rec[8:12] == [-1, -1, 0, 0], f"idle core {c}: record {rec}"
-        for seg, k_lo, k_hi, blocks, rows in pieces:
+        for seg, k_lo, k_hi, first, last, rows in pieces:
             where = f"core {c} request {seg.request} head {seg.kv_head}"
             assert shape.q_len[seg.request] > 0, f"{where}: padded request has work"
             assert seg.q_start < seg.q_end and seg.kv_start < seg.kv_end, f"{where}: empty"
             if causal:
                 last_visible = shape.kv_len[seg.request] - shape.q_len[seg.request] + seg.q_end
                 assert seg.kv_start < last_visible, f"{where}: segment entirely masked"
-            whole = (k_lo, k_hi) == (0, blocks)
+            whole = (k_lo, k_hi) == (first, last)
             assert (seg.split == -1) == whole, f"{where}: slot {seg.split} vs piece {k_lo, k_hi}"
             cost += seg_cost + (k_hi - k_lo) * block_cost(params, rows)
             by_head.setdefault((seg.request, seg.kv_head), []).append(seg)
@@ -879,7 +928,7 @@ def check_coverage(
         for h in range(shape.heads):
             if shape.q_len[r] > 0:
                 where = f"request {r} head {h}"
-                _check_rows(by_head.get((r, h), []), shape.q_len[r], shape.kv_len[r], causal, where)
+                _check_rows(by_head.get((r, h), []), shape, r, where)
 
     units = shape.heads * sum(shape.tiles)
     assert int(buffer[AICPU_TILING_HDR_NUM_UNITS]) == _sat(units), "header unit count"

@@ -1,11 +1,13 @@
-"""Tilings built by hand in the ABI v3 layout, with cuts the test chooses.
+"""Tilings built by hand in the ABI v3 layout (v5 block columns), with cuts the test chooses.
 
 The consumers (the C reference attention, the Triton kernels, `pyruntime.tiling`'s decoders,
 the partitioners' reader) must accept any valid tiling, not only the cuts the kernel's
 partition happens to pick. :func:`handmade_tiling` writes one from the lengths and a list of
 core boundaries on the head-major block axis (``aicpu_tiling.h``, THE WORK ORDER and THE
 BUFFER), so a test can put a core's range across kv heads, across padded requests at a head
-change, or inside a unit, wherever the partition would not.
+change, or inside a unit, wherever the partition would not. With ``params.sliding_window``
+(ABI v5) a unit's blocks are the columns [floor(kv_begin / bs), ceil(kv_end / bs)) and the
+core records name absolute columns.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def work_units(params, cu: Sequence[int], kv: Sequence[int], causal: bool):
-    """``[(r, h, t, blocks, block_cost)]`` in the head-major work order."""
+    """``[(r, h, t, blocks, block_cost, first_column)]`` in the head-major work order."""
     group = params.num_q_heads // params.num_kv_heads
+    window = getattr(params, "sliding_window", 0) or 0
     units = []
     for h in range(params.num_kv_heads):
         for r in range(len(kv)):
@@ -39,7 +42,9 @@ def work_units(params, cu: Sequence[int], kv: Sequence[int], causal: bool):
                 rows = (t_end - t * params.q_tile) * group
                 w = _ceil_div(params.block_size, 16) * (
                     params.cost_kv_load + params.cost_qk_tile * _ceil_div(rows, 16))
-                units.append((r, h, t, _ceil_div(kv_end, params.block_size), w))
+                kv_begin = max(0, kv[r] - q_len + t * params.q_tile - window + 1) if window else 0
+                first = kv_begin // params.block_size
+                units.append((r, h, t, _ceil_div(kv_end, params.block_size) - first, w, first))
     return units
 
 
@@ -74,7 +79,7 @@ def handmade_tiling(params, cu: Sequence[int], kv: Sequence[int], bounds: Sequen
             return 0, params.num_kv_heads, 0, 0
         u = int(np.searchsorted(starts, offset, side="right")) - 1
         r, h, t = units[u][:3]
-        return r, h, t, offset - starts[u]
+        return r, h, t, units[u][5] + offset - starts[u]
 
     # pieces of each unit, in work order; a unit cut by a bound has a slot per piece
     pieces: dict[int, list[tuple[int, int, int]]] = {}   # unit -> [(core, k_begin, k_end)]
@@ -147,7 +152,7 @@ def expected_segments(params, cu, kv, bounds, causal: bool = True) -> list[tilin
         lo, hi = bounds[c], bounds[c + 1]
         mine = [u for u, (a, b) in enumerate(itertools.pairwise(starts)) if max(lo, a) < min(hi, b)]
         for i, u in enumerate(mine):
-            r, h, t, _, _ = units[u]
+            r, h, t, _, _, first = units[u]
             q_len = cu[r + 1] - cu[r]
             kv_end = kv[r] - q_len + min((t + 1) * params.q_tile, q_len) if causal else kv[r]
             kb, ke = max(lo, starts[u]) - starts[u], min(hi, starts[u + 1]) - starts[u]
@@ -158,6 +163,7 @@ def expected_segments(params, cu, kv, bounds, causal: bool = True) -> list[tilin
                 split = records[c].last_slot
             out.append(tiling.Segment(c, r, h, t * params.q_tile,
                                       min((t + 1) * params.q_tile, q_len),
-                                      kb * params.block_size,
-                                      min(ke * params.block_size, kv_end), split))
+                                      (first + kb) * params.block_size,
+                                      min((first + ke) * params.block_size, kv_end), split,
+                                      first + kb, first + ke))
     return out

@@ -219,10 +219,11 @@ def test_golden_vectors_byte_identical(emu):
         assert status == case["words"][2]
 
 
+@pytest.mark.parametrize("window", [0, 128])  # 128: the windowed decode pass (ABI v5)
 @pytest.mark.parametrize("batch", [1, 8, 64, 256])
-def test_trace_decode_batches_byte_identical(emu, batch):
+def test_trace_decode_batches_byte_identical(emu, batch, window):
     params = TilingParams(**LLAMA_8B, max_batch=1024, max_tokens=1024, max_blocks_per_req=512,
-                          num_cores=24, q_tile=16)
+                          num_cores=24, q_tile=16, sliding_window=window)
     rng = np.random.default_rng(batch)
     cu, kv = trace_decode_batch(batch, rng, params.kv_capacity)
     assert assert_same(emu, params, cu, kv, True) == 0
@@ -239,9 +240,10 @@ def test_trace_mixed_batches_byte_identical(emu, causal):
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), params=small_params(), causal=st.booleans(),
+@given(data=st.data(), params=small_params(windows=True), causal=st.booleans(),
        epoch=st.integers(-(2**31), 2**31 - 1))
 def test_fuzz_byte_identical(emu, data, params, causal, epoch):
+    causal = causal or params.sliding_window > 0  # a window needs causal (else E_PARAMS)
     cu, kv = data.draw(any_inputs(params, causal))
     assert_same(emu, params, cu, kv, causal, epoch)
 

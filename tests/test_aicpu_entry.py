@@ -31,6 +31,7 @@ CASES = [
     "decode",
     "mixed_causal",
     "non_causal",
+    "sliding_window",
     "empty_batch",
     "invalid_input",
     "live_batch",

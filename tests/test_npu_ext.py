@@ -253,7 +253,7 @@ with pytest.raises(RuntimeError, match="already loaded"):
 i32 = {{"dtype": torch.int32}}
 args = (torch.zeros(5, **i32), torch.zeros(4, **i32), torch.zeros(1, **i32),
         torch.zeros(1, **i32), torch.zeros(16384, dtype=torch.uint8),  # bytes, as callers pass
-        [32, 8, 128, 128, 4, 16, 64, 6, 16, 4, 1, 32], True)
+        [32, 8, 128, 128, 4, 16, 64, 6, 16, 4, 1, 32, 0], True)  # 13 fields (ABI v5)
 npu_only = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 with pytest.raises(RuntimeError, match="cu_seqlens_q must be on the NPU"):
     ops.plan_tiling.default.redispatch(npu_only, *args)

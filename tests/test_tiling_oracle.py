@@ -166,9 +166,9 @@ def test_plan_two_heads_on_four_cores_decode_hand_computed():
     assert not buf[84:].any()
     segs = o.segments(p, buf, cu, kv, True)
     assert segs[:3] == [
-        o.Segment(0, 0, 0, 0, 1, 0, 40, -1),
-        o.Segment(0, 1, 0, 0, 1, 0, 16, 0),
-        o.Segment(1, 1, 0, 0, 1, 16, 17, 1),
+        o.Segment(0, 0, 0, 0, 1, 0, 40, -1, 0, 3),
+        o.Segment(0, 1, 0, 0, 1, 0, 16, 0, 0, 1),
+        o.Segment(1, 1, 0, 0, 1, 16, 17, 1, 1, 2),
     ]
     assert [(s.core, s.request, s.kv_head) for s in segs[3:]] == [
         (1, 2, 0), (2, 0, 1), (2, 1, 1), (3, 1, 1), (3, 2, 1)
@@ -219,9 +219,9 @@ def test_plan_multi_tile_causal_prefill_hand_computed():
     ]
     assert buf[96:108].tolist() == [0, 0, 0, 0, 2, 0, 0, 1, 0, 2, 2, 0]
     assert o.segments(p, buf, cu, kv, True)[:3] == [
-        o.Segment(0, 0, 0, 0, 8, 0, 32, 0),
-        o.Segment(1, 0, 0, 0, 8, 32, 38, 1),
-        o.Segment(2, 0, 0, 8, 10, 0, 40, -1),
+        o.Segment(0, 0, 0, 0, 8, 0, 32, 0, 0, 2),
+        o.Segment(1, 0, 0, 0, 8, 32, 38, 1, 2, 3),
+        o.Segment(2, 0, 0, 8, 10, 0, 40, -1, 0, 3),
     ]
     o.check_coverage(p, cu, kv, 1, True, buf)
 

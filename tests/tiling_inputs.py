@@ -53,8 +53,9 @@ def trace_mixed_batch(batch: int, rng: np.random.Generator, params: TilingParams
 
 
 @st.composite
-def small_params(draw) -> TilingParams:
-    """Valid TilingParams small enough for the slow oracle."""
+def small_params(draw, windows: bool = False) -> TilingParams:
+    """Valid TilingParams small enough for the slow oracle; with ``windows`` the sliding
+    window is drawn too (none, a few tokens, about a block, up to past the kv capacity)."""
     num_kv_heads = draw(st.integers(1, 4))
     group = draw(st.sampled_from([1, 2, 4, 8]))
     return TilingParams(
@@ -70,7 +71,15 @@ def small_params(draw) -> TilingParams:
         cost_kv_load=draw(st.integers(0, 8)),
         cost_qk_tile=draw(st.integers(1, 4)),
         cost_segment=draw(st.integers(0, 120)),
+        sliding_window=draw(window_sizes()) if windows else 0,
     )
+
+
+@st.composite
+def window_sizes(draw) -> int:
+    """A sliding window W: 0 (none), a few tokens, about a block, or far past any kv."""
+    return draw(st.one_of(st.just(0), st.integers(1, 6), st.integers(1, 300),
+                          st.integers(1, 4000)))
 
 
 @st.composite

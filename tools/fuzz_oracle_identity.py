@@ -4,7 +4,7 @@
 
 A longer run of what tests/test_tiling.py::test_c_and_oracle_are_byte_identical checks with
 hypothesis: random params (1-4 kv heads, core counts that are and are not multiples of the kv
-heads), decode / speculative / prefill / padded requests, and one corrupted length in about
+heads, sliding windows), decode / speculative / prefill / padded requests, and one corrupted length in about
 one case in ten. Prints one line per differing case (params, inputs, both buffers, at most
 three) and a summary; exits 1 when any case differs. Needs the built extension
 (``python setup.py build_ext --inplace``).
@@ -23,12 +23,17 @@ def random_case(rng: random.Random) -> tuple[TilingParams, list[int], list[int],
     """One (params, cu_seqlens_q, seqlens_kv, causal), like aicpu_kernels/tests/fuzz_tiling.c."""
     heads = rng.randint(1, 4)
     cores = rng.choice([1, rng.randint(1, 48), heads * rng.randint(1, 12)])
+    block, blocks = rng.choice([1, 7, 16, 64, 100, 128]), rng.randint(1, 40)
+    # sliding window (ABI v5): none half the time, else a few tokens, a few blocks, or up to
+    # past the capacity; with causal=False a window is E_PARAMS, which both must write alike
+    window = rng.choice([0, 0, 0, rng.randint(1, 6), rng.randint(1, 3 * block),
+                         rng.randint(1, block * blocks + 8)])
     params = TilingParams(
         num_q_heads=heads * rng.choice([1, 1, 2, 8]), num_kv_heads=heads, head_dim=64,
-        block_size=rng.choice([1, 7, 16, 64, 100, 128]), max_batch=rng.randint(1, 24),
-        max_tokens=rng.randint(1, 300), max_blocks_per_req=rng.randint(1, 40), num_cores=cores,
+        block_size=block, max_batch=rng.randint(1, 24),
+        max_tokens=rng.randint(1, 300), max_blocks_per_req=blocks, num_cores=cores,
         q_tile=rng.randint(1, 32), cost_kv_load=rng.randint(0, 8), cost_qk_tile=rng.randint(1, 4),
-        cost_segment=rng.choice([0, rng.randint(0, 200)]),
+        cost_segment=rng.choice([0, rng.randint(0, 200)]), sliding_window=window,
     )  # fmt: skip
     causal = rng.random() < 0.5
     capacity = params.max_blocks_per_req * params.block_size

@@ -68,6 +68,7 @@ bool ReadParams(const CpuKernelContext &ctx, aicpu_tiling_params *p, uint32_t *f
                        &p->cost_qk_tile)
         && ReadIntAttr(ctx, "cost_segment", false, AICPU_TILING_DEFAULT_COST_SEGMENT,
                        &p->cost_segment)
+        && ReadIntAttr(ctx, "sliding_window", false, 0, &p->sliding_window)
         && ReadIntAttr(ctx, "causal", false, 1, &causal);
     if (!ok || (causal != 0 && causal != 1)) {
         return false;

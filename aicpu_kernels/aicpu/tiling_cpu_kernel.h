@@ -15,7 +15,8 @@
  *   attributes (int): num_q_heads, num_kv_heads, head_dim, block_size, max_batch,
  *             max_tokens, max_blocks_per_req, num_cores, q_tile (required);
  *             cost_kv_load, cost_qk_tile, cost_segment (optional, default
- *             AICPU_TILING_DEFAULT_COST_*); causal (optional, default 1).
+ *             AICPU_TILING_DEFAULT_COST_*); sliding_window (optional, default 0: no
+ *             window; ABI v5, needs causal); causal (optional, default 1).
  * Compute() returns KERNEL_STATUS_OK when the tiling buffer was written, input errors
  * included (the header carries them to the host's check()), and
  * KERNEL_STATUS_PARAM_INVALID for plumbing or static configuration errors (missing or

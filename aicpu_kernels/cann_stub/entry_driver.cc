@@ -135,7 +135,7 @@ uint32_t RunClassic(const aicpu_tiling_params &p, uint32_t flags, Words cu, Word
         {"max_blocks_per_req", p.max_blocks_per_req},
         {"num_cores", p.num_cores},     {"q_tile", p.q_tile},
         {"cost_kv_load", p.cost_kv_load}, {"cost_qk_tile", p.cost_qk_tile},
-        {"cost_segment", p.cost_segment},
+        {"cost_segment", p.cost_segment}, {"sliding_window", p.sliding_window},
     };
     for (const auto &a : attrs) {
         if (!(o.drop_attr && o.drop_name == a.name)) {
@@ -316,6 +316,23 @@ bool CaseNonCausal()
     int st = -1;
     if (!CheckAll(p, 0, cu, kv, 5, aicpu_tiling_bytes(&p), &st)) return false;
     return st == AICPU_TILING_OK ? true : Fail("plan status " + std::to_string(st));
+}
+
+bool CaseSlidingWindow()
+{
+    /* ABI v5: the window travels in the classic attribute and in the Ascend C argument
+     * block's params; both write the direct call's bytes. Without causal it is E_PARAMS,
+     * which both entries refuse. */
+    aicpu_tiling_params p = BaseParams();
+    p.sliding_window = 20;
+    Words cu, kv;
+    MixedBatch(&cu, &kv);
+    int st = -1;
+    if (!CheckAll(p, AICPU_TILING_CAUSAL, cu, kv, 5, aicpu_tiling_bytes(&p), &st)) return false;
+    if (st != AICPU_TILING_OK) return Fail("windowed plan status " + std::to_string(st));
+    if (!CheckAll(p, 0, cu, kv, 5, aicpu_tiling_bytes(&p), &st)) return false;
+    return st == AICPU_TILING_E_PARAMS ? true
+                                       : Fail("window without causal: status " + std::to_string(st));
 }
 
 bool CaseEmptyBatch()
@@ -577,6 +594,7 @@ bool CaseRandom(long count, uint64_t seed)
         p.cost_kv_load = rng.Range(0, 8);
         p.cost_qk_tile = rng.Range(1, 4);
         p.cost_segment = rng.Range(0, 64);
+        if (rng.Chance(40)) p.sliding_window = rng.Range(1, 3 * p.block_size); /* ABI v5 */
         if (rng.Chance(3)) p.num_cores = 0; /* invalid params */
         const uint32_t flags = rng.Chance(80) ? AICPU_TILING_CAUSAL : 0u;
         int32_t batch = rng.Range(0, p.max_batch);
@@ -619,6 +637,7 @@ const Named kCases[] = {
     {"decode", CaseDecode},
     {"mixed_causal", CaseMixedCausal},
     {"non_causal", CaseNonCausal},
+    {"sliding_window", CaseSlidingWindow},
     {"empty_batch", CaseEmptyBatch},
     {"invalid_input", CaseInvalidInput},
     {"live_batch", CaseLiveBatch},

@@ -16,7 +16,8 @@
  *                               kernel echoes it in the tiling header (ABI v2)
  *   tiling_out    any dtype, >= aicpu_tiling_bytes(params) bytes on the NPU, contiguous,
  *                               written (every caller allocates it as uint8 bytes)
- *   params        the 12 aicpu_tiling_params fields in header order (reserved words 0)
+ *   params        the 13 aicpu_tiling_params fields in header order, sliding_window last
+ *                               (ABI v5; reserved words 0)
  * and one more op, defined here, to load the AI-CPU binary once before capture:
  *     aicpu_tiling::npu_load_tiling_kernel(str op_info_json) -> ()
  * Errors are c10::Error (RuntimeError in Python) naming the offending argument.
@@ -45,7 +46,7 @@
 
 namespace {
 
-constexpr int64_t kParamFields = 12;
+constexpr int64_t kParamFields = 13; /* num_q_heads .. sliding_window */
 
 aicpu_tiling_npu::RuntimeLauncher &Launcher()
 {

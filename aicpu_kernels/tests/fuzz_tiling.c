@@ -51,6 +51,14 @@ static void random_params(aicpu_tiling_params *p) {
     p->cost_kv_load = pick(0, 8);
     p->cost_qk_tile = pick(p->cost_kv_load == 0, 4);
     p->cost_segment = (rng() % 3 == 0) ? 0 : pick(0, 200);
+    /* Sliding window (ABI v5): none half the time, else a few tokens, a few blocks, or as
+     * long as the kv capacity or longer (then the same work as no window). */
+    switch (rng() % 6) {
+    case 0: p->sliding_window = pick(1, 4); break;
+    case 1: p->sliding_window = pick(1, 3 * p->block_size); break;
+    case 2: p->sliding_window = pick(1, p->max_blocks_per_req * p->block_size + 8); break;
+    default: p->sliding_window = 0; break;
+    }
 }
 
 /* Fill lengths: mostly valid decode / spec / prefill mixes, sometimes one corrupted value. */
@@ -106,6 +114,34 @@ static int check_case(uint64_t iteration, const aicpu_tiling_params *p, int caus
                       const int32_t *cu, const int32_t *kv, unsigned char *buf, unsigned char *buf2,
                       size_t bytes, int *ok);
 
+/* A window without the causal flag: E_PARAMS, only the header written (with the epoch), the
+ * rest of the buffer untouched. */
+static int check_window_needs_causal(uint64_t iteration, const aicpu_tiling_params *p,
+                                     int32_t batch, const int32_t *cu, const int32_t *kv,
+                                     unsigned char *buf, size_t bytes) {
+    const int32_t epoch = (int32_t)(uint32_t)(iteration * 2654435761u);
+    int32_t words[AICPU_TILING_HDR_WORDS];
+    size_t i;
+    int status;
+    memset(buf, 0xA5, bytes + 64);
+    status = aicpu_tiling_plan(p, cu, kv, batch, epoch, 0, buf, bytes);
+    status_seen[AICPU_TILING_E_PARAMS]++;
+    memcpy(words, buf, sizeof words);
+    if (status != AICPU_TILING_E_PARAMS || words[AICPU_TILING_HDR_STATUS] != status ||
+        words[AICPU_TILING_HDR_EPOCH] != epoch || words[AICPU_TILING_HDR_BAD_REQUEST] != -1) {
+        fprintf(stderr, "case %llu: a window without causal gave status %d\n",
+                (unsigned long long)iteration, status);
+        return 1;
+    }
+    for (i = sizeof words; i < bytes + 64; ++i)
+        if (buf[i] != 0xA5) {
+            fprintf(stderr, "case %llu: E_PARAMS wrote past the header\n",
+                    (unsigned long long)iteration);
+            return 1;
+        }
+    return 0;
+}
+
 static int fuzz_one(uint64_t iteration, int *ok) {
     aicpu_tiling_params p;
     int causal = (int)(rng() & 1), failed;
@@ -131,7 +167,10 @@ static int fuzz_one(uint64_t iteration, int *ok) {
     buf2 = malloc(bytes);
     if (!cu || !kv || !buf || !buf2) return 1;
     random_inputs(&p, causal, batch > 0 && batch <= p.max_batch ? batch : 0, cu, kv);
-    failed = check_case(iteration, &p, causal, batch, cu, kv, buf, buf2, bytes, ok);
+    if (p.sliding_window > 0 && !causal && rng() % 4 != 0) causal = 1; /* mostly plannable */
+    if (p.sliding_window > 0 && !causal) failed = check_window_needs_causal(iteration, &p, batch,
+                                                                            cu, kv, buf, bytes);
+    else failed = check_case(iteration, &p, causal, batch, cu, kv, buf, buf2, bytes, ok);
     free(cu);
     free(kv);
     free(buf);

@@ -43,8 +43,9 @@ typedef struct walker {
     const int32_t *cu, *kv;
     int32_t batch;
     int causal;
+    int64_t window;    /* sliding_window, 0 for none */
     int32_t r, h, t;   /* the unit the next segment must belong to */
-    int64_t kv_next;   /* the kv token its next piece must start at */
+    int64_t kv_next;   /* the kv token (a multiple of block_size) its next piece starts at */
     int32_t pieces;    /* pieces of the current unit so far */
 } walker;
 
@@ -54,6 +55,15 @@ static int64_t unit_kv_end(const walker *w, int32_t r, int32_t t) {
     int64_t q = q_len(w, r), end = (int64_t)(t + 1) * w->p->q_tile;
     if (!w->causal) return w->kv[r];
     return (int64_t)w->kv[r] - q + (end < q ? end : q);
+}
+
+/* The block-table column of a unit's first block: floor(kv_begin / block_size), kv_begin the
+ * window start max(0, p0 - W + 1) of its first row p0 = kv - q + t * q_tile (ABI v5). */
+static int64_t unit_first_column(const walker *w, int32_t r, int32_t t) {
+    int64_t begin;
+    if (w->window == 0) return 0;
+    begin = (int64_t)w->kv[r] - q_len(w, r) + (int64_t)t * w->p->q_tile - w->window + 1;
+    return begin > 0 ? begin / w->p->block_size : 0;
 }
 
 static int64_t block_weight(const walker *w, int32_t r, int32_t t) {
@@ -80,6 +90,7 @@ static void head_start(walker *w, int32_t h) {
     if (r == w->batch || h >= w->p->num_kv_heads) w->r = 0, w->h = w->p->num_kv_heads;
     else w->r = r, w->h = h;
     w->t = 0;
+    w->kv_next = w->h < w->p->num_kv_heads ? unit_first_column(w, w->r, 0) * w->p->block_size : 0;
 }
 
 static void advance_unit(walker *w) {
@@ -88,11 +99,14 @@ static void advance_unit(walker *w) {
     w->pieces = 0;
     if ((int64_t)(w->t + 1) * w->p->q_tile < q_len(w, w->r)) {
         w->t++;
+        w->kv_next = unit_first_column(w, w->r, w->t) * w->p->block_size;
         return;
     }
     next = first_live_from(w, w->r + 1);
-    if (next < w->batch) w->r = next, w->t = 0;
-    else head_start(w, w->h + 1);
+    if (next < w->batch) {
+        w->r = next, w->t = 0;
+        w->kv_next = unit_first_column(w, w->r, 0) * w->p->block_size;
+    } else head_start(w, w->h + 1);
 }
 
 static int at_end(const walker *w) { return w->h == w->p->num_kv_heads; }
@@ -162,6 +176,7 @@ const char *tiling_check(const aicpu_tiling_params *p, const int32_t *cu, const 
     if (W(AICPU_TILING_HDR_NUM_TOKENS) != cu[batch]) FAIL("num_tokens");
 
     w.p = p, w.cu = cu, w.kv = kv, w.batch = batch, w.causal = causal;
+    w.window = p->sliding_window;
     w.kv_next = 0, w.pieces = 0;
     for (r = 0; r < batch; ++r) head_units += ceil_div(q_len(&w, r), p->q_tile);
     units = head_units * heads;
@@ -172,7 +187,9 @@ const char *tiling_check(const aicpu_tiling_params *p, const int32_t *cu, const 
     for (r = 0, i = 0; r < batch; ++r) {
         int64_t tiles = ceil_div(q_len(&w, r), p->q_tile), t;
         for (t = 0; t < tiles; ++t, ++i) {
-            blocks_of[i] = ceil_div(unit_kv_end(&w, r, (int32_t)t), p->block_size);
+            /* The unit's columns [floor(kv_begin / bs), ceil(kv_end / bs)): only those count. */
+            blocks_of[i] = ceil_div(unit_kv_end(&w, r, (int32_t)t), p->block_size) -
+                           unit_first_column(&w, r, (int32_t)t);
             weight_of[i] = block_weight(&w, r, (int32_t)t);
             total += heads * (p->cost_segment + blocks_of[i] * weight_of[i]);
             if (weight_of[i] > w_max) w_max = weight_of[i];
@@ -189,19 +206,27 @@ const char *tiling_check(const aicpu_tiling_params *p, const int32_t *cu, const 
             FAIL("core does not begin where the previous one ended");
         if ((int64_t)b[3] * p->block_size != w.kv_next) FAIL("core begins at the wrong block");
         for (s = 0; s < n; ++s) {
-            int64_t kv_end, blocks, first, last, slot;
+            int64_t kv_end, blocks, first, last, slot, unit_first;
+            int end_inside;
             if (at_end(&w)) FAIL("segment past the end of the work");
             kv_end = unit_kv_end(&w, w.r, w.t);
+            /* Absolute block-table columns (ABI v5): the unit is [unit_first, blocks). */
             blocks = ceil_div(kv_end, p->block_size);
+            unit_first = unit_first_column(&w, w.r, w.t);
             first = w.kv_next / p->block_size;
-            last = (s == n - 1 && e[3] > 0) ? e[3] : blocks;
-            if (s == n - 1 && e[3] > 0 && (e[0] != w.r || e[1] != w.h || e[2] != w.t))
-                FAIL("core end inside a unit that is not its last segment's");
+            /* The core stops inside its last segment's unit exactly when its end names it. */
+            end_inside = s == n - 1 && e[0] == w.r && e[1] == w.h && e[2] == w.t;
+            last = end_inside ? e[3] : blocks;
+            if (first < unit_first) FAIL("segment starts before its unit's first column");
             if (last <= first || last > blocks) FAIL("empty or overlong segment");
             if (kv_end > kv[w.r] || kv_end < 1) FAIL("unit kv range outside [1, kv_len]");
+            if (w.window > 0 && (first + 1) * p->block_size <=
+                                    (int64_t)kv[w.r] - q_len(&w, w.r) +
+                                        (int64_t)w.t * p->q_tile - w.window + 1)
+                FAIL("segment's first block lies before every row's window");
             slot = s == 0 ? rec[AICPU_TILING_CORE_FIRST_SLOT]
                           : (s == n - 1 ? rec[AICPU_TILING_CORE_LAST_SLOT] : -1);
-            if (first > 0 || last < blocks) { /* a piece of a split unit */
+            if (first > unit_first || last < blocks) { /* a piece of a split unit */
                 if (slot != next_slot) FAIL("split piece has the wrong slot");
                 if (w.pieces == 0) {
                     const int32_t *c = combine + (int64_t)num_combine * AICPU_TILING_COMB_WORDS;

@@ -87,8 +87,9 @@ class EmulatedPlan:
 def params_words(params) -> list[int]:
     """The 16 int32 words of ``aicpu_tiling_params`` for a TilingParams or raw ints.
 
-    Raw sequences of 12 to 16 ints are padded with zero reserved words; they may be invalid
-    (for the E_PARAMS cases TilingParams refuses to build).
+    Raw sequences of 12 to 16 ints are padded with zero words (the 13th is sliding_window,
+    ABI v5, then the reserved words); they may be invalid (for the E_PARAMS cases
+    TilingParams refuses to build).
     """
     if hasattr(params, "as_dict"):
         words = list(params.as_dict().values())

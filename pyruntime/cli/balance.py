@@ -133,6 +133,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless ours is at or below every anchor variant everywhere")
     p.add_argument("-o", "--output", help="also write the JSON result to this file")
+    p.add_argument("--window", type=int, default=None,
+                   help="sliding window W in tokens: ours (tiling ABI v5) against FlashInfer "
+                        "with window_left = W - 1, over the windowed ideal")
     add_output_args(p)
     p.set_defaults(run=run)
     return p  # fmt: skip
@@ -161,6 +164,10 @@ def run(args: argparse.Namespace) -> int:
     for q, kv in args.geometries:
         if q % kv:
             raise CliError(f"geometry {q}/{kv}: query heads must be a multiple of kv heads")
+    if getattr(args, "window", None) is not None:  # balance_window.py
+        from .balance_window import run_window
+
+        return run_window(args, sizes, samples)
     show = not (args.json or args.no_progress)
     started = time.perf_counter()
     try:

@@ -29,7 +29,8 @@ from . import device as twin
 
 #: the file the twin's "extension" is; ``torch.ops.load_library`` of it registers the ops
 EXTENSION_MARKER = "aicpu-tiling npu-twin extension v1\n"
-PARAM_FIELDS = 12
+#: num_q_heads .. sliding_window (ABI v5), as plan_tiling_op.cpp's kParamFields
+PARAM_FIELDS = 13
 OP_TYPE = "AicpuTilingKernel"
 FUNCTION = "aicpu_tiling_kernel"
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1

@@ -20,13 +20,18 @@ def core_segments(workload: Workload, record) -> list[Segment]:
 
     Record positions are ``(request, kv head, query tile, kv block)`` in the kernel's
     head-major work order, the end of the work being ``(0, num_kv_heads, 0, 0)``; the
-    segments name the workload's (request-major) unit indices.
+    segments name the workload's (request-major) unit indices. The kv block is an absolute
+    block-table column (ABI v5); segments count blocks from the unit's first column, which
+    a workload with a sliding window gives as ``first_blocks`` (0 for every unit without).
     """
+    first_blocks = getattr(workload, "first_blocks", None)
 
     def locate(pos: tuple[int, int, int, int]) -> tuple[int, int]:
         if pos[1] >= workload.model.num_kv_heads:
             return workload.num_units, 0
-        return workload.work_position(*pos[:3]), pos[3]
+        at = workload.work_position(*pos[:3])
+        first = 0 if first_blocks is None else int(first_blocks[int(workload.work_order[at])])
+        return at, pos[3] - first
 
     (pb, kb), (pe, ke) = locate(record.begin), locate(record.end)
     if (pb, kb) == (pe, ke):
@@ -59,6 +64,8 @@ def _param_fields(workload: Workload, head_dim: int = 128) -> dict[str, int]:
         "cost_kv_load": model.cost_kv_load,
         "cost_qk_tile": model.cost_qk_tile,
         "cost_segment": model.cost_segment,
+        # a WindowedWorkload (windowed.py) plans its window (ABI v5)
+        "sliding_window": getattr(workload, "sliding_window", 0),
     }
 
 
