@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
             reason = f" ({layer['reason']})" if layer["reason"] else ""
             if layer.get("logits_soft_cap") and layer["path"] == "device":
                 reason += f" (logits soft cap {layer['logits_soft_cap']:g}, applied)"
+            if layer.get("sinks") and layer["path"] == "device":
+                reason += f" (attention sinks, applied; captured by {layer['entry']})"
             print(f"  {layer['name']}: {layer['path']}{reason}")
         print(f"graph task updates per step: {report['updates_per_step_before']:g} without the "
               f"hook; with it {report['updates_per_step_after']:g} on the device-path layers "
