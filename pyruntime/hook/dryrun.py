@@ -293,8 +293,9 @@ class _Runner:
 
     def _forward(self, metas: dict, num_tokens: int):
         for i in self.run_layers:
-            self.impls[i].forward(self.layers[i], self.queries[i][:num_tokens], None, None, self.kv[i],
-                         metas[self.names[i]], self.outputs[i][:num_tokens])
+            self.impls[i].forward(self.layers[i], self.queries[i][:num_tokens], None, None,
+                                  self.kv[i], metas[self.names[i]],
+                                  self.outputs[i][:num_tokens])
         return self.outputs[0]
 
     def _common(self, q_lens: list[int], kv_lens: list[int], table, bucket: int):
@@ -425,7 +426,7 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
     on_host = dict(hook.status().host_path_layers) if hooked else {}
     applied_caps = [cap if hooked and name not in on_host else None
                     for cap, name in zip(runner.caps, runner.names)]
-    max_err, done = 0.0, 0
+    done = 0
     layer_err = [0.0] * shape.num_layers
     #: per sink layer, the smallest distance over the steps of the answer without the sinks
     sinks_distance = [None if sinks is None else float("inf") for sinks in runner.sinks]
@@ -442,21 +443,17 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
             k, v = runner.kv[i]
             # a windowed layer, on vLLM-Ascend's path: FIA's band [p - W, p] (W + 1 keys)
             window = runner.windows[i]
-
-            def want(sinks, i=i, k=k, v=v, window=window):
-                return reference_attention(runner.queries[i].cpu(), k.cpu(), v.cpu(),
-                                           table.numpy(), cu, np.array(kv_lens, np.int32),
-                                           scale=shape.head_size ** -0.5,
-                                           band=None if window is None else (window, 0),
-                                           logits_soft_cap=applied_caps[i],
-                                           sinks=sinks)[:rows]
+            options = {"scale": shape.head_size ** -0.5, "logits_soft_cap": applied_caps[i],
+                       "band": None if window is None else (window, 0)}
+            inputs = (runner.queries[i].cpu(), k.cpu(), v.cpu(), table.numpy(), cu,
+                      np.array(kv_lens, np.int32))
             sinks = None if runner.sinks[i] is None else runner.sinks[i].detach().cpu()
-            expected = want(sinks)
+            expected = reference_attention(*inputs, **options, sinks=sinks)[:rows]
             got = outs[i].view(-1, shape.num_heads, shape.head_size)[:rows]
             layer_err[i] = max(layer_err[i], relative_error(got, expected))
             if sinks is not None:  # what an engine that dropped the sinks would be off by
-                sinks_distance[i] = min(sinks_distance[i],
-                                        relative_error(torch.from_numpy(want(None)), expected))
+                without = torch.from_numpy(reference_attention(*inputs, **options)[:rows])
+                sinks_distance[i] = min(sinks_distance[i], relative_error(without, expected))
         done += 1
     max_err = max(layer_err)
     status = hook.status()
@@ -486,7 +483,8 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
         layer["max_rel_err"] = layer_err[i] if i in runner.run_layers else None
         layer["sinks_distance"] = sinks_distance[i] if i in runner.run_layers else None
     return Run(hooked=hooked, vllm_ascend=version, device=device, placement=placement,
-               spec_tokens=shape.spec_tokens, layers=layers, steps=done, updates_per_step=counter.count / max(done, 1),
+               spec_tokens=shape.spec_tokens, layers=layers, steps=done,
+               updates_per_step=counter.count / max(done, 1),
                max_rel_err=max_err, seconds=round(time.perf_counter() - started, 1))
 
 

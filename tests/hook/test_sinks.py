@@ -39,9 +39,9 @@ def _metadata(device="cpu"):
     return meta
 
 
-def _reason(impl, *, applies_sinks=True, device=torch.device("cpu")):
+def _reason(impl, *, applies_sinks=True):
     return patches.unsupported_reason(impl, _Impl, types.SimpleNamespace(is_draft_model=False),
-                                      _metadata(), device, applies_soft_cap=True,
+                                      _metadata(), torch.device("cpu"), applies_soft_cap=True,
                                       applies_sinks=applies_sinks)
 
 
