@@ -70,5 +70,8 @@ def run(args: argparse.Namespace) -> int:
               f"and {report['updates_per_step_host_layers']:g} on the host-path ones")
         print(f"max relative error against float64: {report['max_rel_err']:.2e} (tolerance "
               f"{report['tolerance']:g}; without the hook {report['max_rel_err_before']:.2e})")
+        if report.get("steps_with_split_units") is not None:
+            print(f"steps whose tiling split a unit (the combine ran): "
+                  f"{report['steps_with_split_units']} of {report['steps']}")
         print("verdict: " + ("pass" if report["ok"] else "fail"))
     return 0 if report["ok"] else 1

@@ -102,6 +102,9 @@ class Run:
     updates_per_step: float = 0.0
     max_rel_err: float = float("nan")
     seconds: float = 0.0
+    #: replayed steps whose tiling split a unit over cores, so that the combine merged its
+    #: pieces (and added the sinks of those rows); None without the hook or the NPU engine
+    steps_with_split_units: int | None = None
 
 
 def report(before: Run, after: Run) -> dict:
@@ -124,7 +127,8 @@ def report(before: Run, after: Run) -> dict:
            "updates_per_step_after": on_ours,
            "updates_per_step_host_layers": after.updates_per_step - on_ours,
            "max_rel_err": after.max_rel_err, "max_rel_err_before": before.max_rel_err,
-           "tolerance": TOLERANCE, "seconds": round(before.seconds + after.seconds, 1)}
+           "tolerance": TOLERANCE, "seconds": round(before.seconds + after.seconds, 1),
+           "steps_with_split_units": after.steps_with_split_units}
     out["ok"] = bool(device_layers > 0 and on_ours == 0 and after.max_rel_err <= TOLERANCE)
     return out
 
@@ -203,6 +207,20 @@ class _UpdateCounter:
 
     def reset(self) -> None:
         self.count, self.queries = 0, []
+
+
+def _split_this_step(engine: Any) -> bool:
+    """True when a tiling the NPU engine planned for its current step split a unit (read
+    back from the device after the step, outside any capture)."""
+    from pyruntime import tiling
+    from pyruntime.kernels.step import tiling_status
+
+    for key in engine.keys.values():
+        planned = tiling_status(key.params, key.tiling)
+        if (planned.epoch == engine.epoch and planned.status == tiling.OK
+                and planned.num_slots > 0):
+            return True
+    return False
 
 
 class _Runner:
@@ -427,6 +445,10 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
     applied_caps = [cap if hooked and name not in on_host else None
                     for cap, name in zip(runner.caps, runner.names)]
     done = 0
+    from . import activation
+
+    engine = activation._state.engine if hooked and activation._state is not None else None
+    split_steps = 0 if hasattr(engine, "keys") else None  # the NPU engine's per-key buffers
     layer_err = [0.0] * shape.num_layers
     #: per sink layer, the smallest distance over the steps of the answer without the sinks
     sinks_distance = [None if sinks is None else float("inf") for sinks in runner.sinks]
@@ -437,6 +459,8 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
         table = torch.randperm(shape.num_blocks, generator=runner.gen)[
             : len(q_lens) * blocks].view(len(q_lens), blocks).int()
         outs = runner.step(q_lens, kv_lens, table)
+        if split_steps is not None:
+            split_steps += _split_this_step(engine)
         cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
         rows = int(cu[-1])
         for i in runner.run_layers:
@@ -485,7 +509,8 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
     return Run(hooked=hooked, vllm_ascend=version, device=device, placement=placement,
                spec_tokens=shape.spec_tokens, layers=layers, steps=done,
                updates_per_step=counter.count / max(done, 1),
-               max_rel_err=max_err, seconds=round(time.perf_counter() - started, 1))
+               max_rel_err=max_err, seconds=round(time.perf_counter() - started, 1),
+               steps_with_split_units=split_steps)
 
 
 def run_in_child(*, hooked: bool, placement: str, steps: int, spec_tokens: int = 0,
