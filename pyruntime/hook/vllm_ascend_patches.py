@@ -275,8 +275,8 @@ def _sinks_reason(impl: Any, query_device: Any, applies_sinks: bool) -> str | No
     kernels read as they are). The kernels read the layer's own tensor at every replay, so it
     must already be what they take: float32 ``[num_heads]``, contiguous, on the query's device
     (`pyruntime.kernels.triton_launch`). gpt-oss's sinks are a parameter of the model dtype
-    (vLLM ``gpt_oss.py``: ``torch.empty(num_attention_heads // tp_size)`` under the model's
-    default dtype) and vLLM-Ascend's FIA v2 takes ``learnable_sink`` in bfloat16 only (torch_npu
+    (vLLM ``gpt_oss.py``: ``torch.empty(num_attention_heads // tp_size)``, built under
+    ``set_default_torch_dtype(model_config.dtype)``, ``model_loader/base_loader.py``) and vLLM-Ascend's FIA v2 takes ``learnable_sink`` in bfloat16 only (torch_npu
     ``_op_plugin_docs.py``), so a bfloat16 model's sink layers stay here until the kernels
     read bfloat16 sinks: no copy is made, which would have to be refreshed at every replay."""
     import torch
