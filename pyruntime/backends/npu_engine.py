@@ -64,6 +64,8 @@ class NpuTilingEngine:
 
     #: our attention kernel applies a layer's logits soft cap (`AttentionCapture`)
     applies_logits_soft_cap = True
+    #: our attention and combine kernels add a layer's attention sinks (`AttentionCapture`)
+    applies_sinks = True
 
     def __init__(self, placement: str, *, num_cores: int, ops: Any = None,
                  launch: Callable[[Callable[[], None]], None] | None = None,
@@ -135,13 +137,18 @@ class NpuTilingEngine:
                   "tiling_in": key.tiling, "out": out, "partial_out": key.partial_out,
                   "partial_lse": key.partial_lse, "params": kernels.params_list(p)}
 
+        # the layer's own sinks tensor to both kernels (the sink enters each row once: where a
+        # whole unit normalises it, or in the combine for split rows); passed only when the
+        # layer has sinks, so other layers launch with exactly the arguments they had before
+        sinks = {} if c.sinks is None else {"sinks": c.sinks}
+
         def attention() -> None:
             self.ops.paged_attention(query=c.query, key_cache=c.key_cache.view(cache),
                                      value_cache=c.value_cache.view(cache),
                                      block_table=c.block_table, seqlens_kv=c.seq_lens,
                                      scale=c.scale, causal=c.causal,
-                                     logits_soft_cap=c.logits_soft_cap, **common)
-            self.ops.attention_combine(**common)
+                                     logits_soft_cap=c.logits_soft_cap, **sinks, **common)
+            self.ops.attention_combine(**sinks, **common)
 
         self.launch(attention)
 

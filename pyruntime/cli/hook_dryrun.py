@@ -62,11 +62,16 @@ def run(args: argparse.Namespace) -> int:
             reason = f" ({layer['reason']})" if layer["reason"] else ""
             if layer.get("logits_soft_cap") and layer["path"] == "device":
                 reason += f" (logits soft cap {layer['logits_soft_cap']:g}, applied)"
+            if layer.get("sinks") and layer["path"] == "device":
+                reason += f" (attention sinks, applied; captured by {layer['entry']})"
             print(f"  {layer['name']}: {layer['path']}{reason}")
         print(f"graph task updates per step: {report['updates_per_step_before']:g} without the "
               f"hook; with it {report['updates_per_step_after']:g} on the device-path layers "
               f"and {report['updates_per_step_host_layers']:g} on the host-path ones")
         print(f"max relative error against float64: {report['max_rel_err']:.2e} (tolerance "
               f"{report['tolerance']:g}; without the hook {report['max_rel_err_before']:.2e})")
+        if report.get("steps_with_split_units") is not None:
+            print(f"steps whose tiling split a unit (the combine ran): "
+                  f"{report['steps_with_split_units']} of {report['steps']}")
         print("verdict: " + ("pass" if report["ok"] else "fail"))
     return 0 if report["ok"] else 1

@@ -42,6 +42,9 @@ class Report:
     updates_skipped: int = 0
     #: device-path layers whose logits soft cap our kernels apply (vLLM-Ascend's path does not)
     soft_capped_layers: list[str] = field(default_factory=list)
+    #: device-path layer -> the vLLM-Ascend entry that captured it (``full_graph_fia``, or
+    #: ``full_graph_fia_v2`` for the layers with attention sinks)
+    device_entries: dict[str, str] = field(default_factory=dict)
 
 
 _lock = threading.RLock()
@@ -169,4 +172,5 @@ def status() -> Report:
             report.device_tiled_layers = sum(len(v) for v in _state.device_layers.values())
             report.updates_skipped = _state.updates_skipped
             report.soft_capped_layers = sorted(_state.soft_capped_layers)
+            report.device_entries = dict(_state.device_entries)
         return report

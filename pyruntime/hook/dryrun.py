@@ -12,6 +12,19 @@ bundled trace, uniform padding included, and vLLM-Ascend's own update call after
 from 0.29). Every layer's output is compared with a float64 reference, and the twin counts
 the graph task updates (``torch.npu.graph_task_update_begin``).
 
+The layers have gpt-oss-20b's attention geometry (64 query heads, 8 KV heads, head_dim 64:
+``num_attention_heads``, ``num_key_value_heads``, ``head_dim`` of ``openai/gpt-oss-20b``'s
+``config.json``, which vLLM's ``gpt_oss.py`` passes to ``Attention``), one geometry for the
+whole graph as in a real model (one tiling per graph key). The last layer is a gpt-oss full
+layer: learnable attention sinks and no window (vLLM ``gpt_oss.py``: ``sliding_window`` only on
+even layers, ``sinks`` on every layer), which vLLM-Ascend captures through
+``full_graph_fia_v2``. Without the hook that layer is not run: vLLM-Ascend's path for it is FIA
+v2 (``learnable_sink``), which the NPU twin does not model, and 0.23's ``update_graph_params``
+picks one FIA branch for every layer of a graph (``_EXTRA_CTX.sinks``), so vLLM-Ascend itself
+cannot host-update a graph that mixes layers with and without sinks, as this one does.
+``forward_context.sinks`` stays False for the same reason: the dry run's host-path layer (the
+windowed one) is FIA v1. For the same reason the dry run has no windowed layer with sinks.
+
 What stands in for vLLM's engine here: the model config (a namespace with the fields these
 classes read: no model is loaded), the layers (namespaces with ``layer_name`` and unit KV
 scales), the queries and the KV cache (random, written outside the graph, so
@@ -41,20 +54,27 @@ class DryRunError(RuntimeError):
 
 @dataclass
 class Shape:
-    """A small decoder: ``num_layers`` GQA layers in float32; the layers at
-    ``windowed_layers`` have a sliding window, which the hook leaves on vLLM-Ascend's
-    host-update path (a mixed graph); the layers at ``soft_capped_layers`` have a logits
-    soft cap, which vLLM-Ascend's path ignores and the device path applies."""
+    """A small decoder: ``num_layers`` GQA layers in float32 with gpt-oss-20b's attention
+    geometry; the layers at ``windowed_layers`` have a sliding window, which the hook leaves on
+    vLLM-Ascend's host-update path (a mixed graph); the layers at ``soft_capped_layers`` have a
+    logits soft cap, which vLLM-Ascend's path ignores and the device path applies; the layers
+    at ``sink_layers`` have attention sinks (float32 ``[num_heads]``, the model dtype, as vLLM
+    makes gpt-oss's ``sinks`` parameter), which vLLM-Ascend captures through FIA v2."""
 
-    num_layers: int = 4
+    num_layers: int = 5
     windowed_layers: tuple[int, ...] = (1,)
     sliding_window: int = 24
     soft_capped_layers: tuple[int, ...] = (2,)
     #: small enough to move N(0, 1) scores well past the tolerance if it were not applied
     logits_soft_cap: float = 2.0
-    num_heads: int = 8
-    num_kv_heads: int = 2
-    head_size: int = 32
+    sink_layers: tuple[int, ...] = (4,)
+    #: the sinks are drawn uniformly from this range: large enough that the answer without
+    #: them is far outside the tolerance at every step (reported as ``sinks_distance``)
+    sink_range: tuple[float, float] = (1.0, 4.0)
+    #: gpt-oss-20b: num_attention_heads 64, num_key_value_heads 8, head_dim 64
+    num_heads: int = 64
+    num_kv_heads: int = 8
+    head_size: int = 64
     block_size: int = 16
     num_blocks: int = 96
     max_reqs: int = 8
@@ -82,6 +102,9 @@ class Run:
     updates_per_step: float = 0.0
     max_rel_err: float = float("nan")
     seconds: float = 0.0
+    #: replayed steps whose tiling split a unit over cores, so that the combine merged its
+    #: pieces (and added the sinks of those rows); None without the hook or the NPU engine
+    steps_with_split_units: int | None = None
 
 
 def report(before: Run, after: Run) -> dict:
@@ -104,7 +127,8 @@ def report(before: Run, after: Run) -> dict:
            "updates_per_step_after": on_ours,
            "updates_per_step_host_layers": after.updates_per_step - on_ours,
            "max_rel_err": after.max_rel_err, "max_rel_err_before": before.max_rel_err,
-           "tolerance": TOLERANCE, "seconds": round(before.seconds + after.seconds, 1)}
+           "tolerance": TOLERANCE, "seconds": round(before.seconds + after.seconds, 1),
+           "steps_with_split_units": after.steps_with_split_units}
     out["ok"] = bool(device_layers > 0 and on_ours == 0 and after.max_rel_err <= TOLERANCE)
     return out
 
@@ -185,10 +209,24 @@ class _UpdateCounter:
         self.count, self.queries = 0, []
 
 
+def _split_this_step(engine: Any) -> bool:
+    """True when a tiling the NPU engine planned for its current step split a unit (read
+    back from the device after the step, outside any capture)."""
+    from pyruntime import tiling
+    from pyruntime.kernels.step import tiling_status
+
+    for key in engine.keys.values():
+        planned = tiling_status(key.params, key.tiling)
+        if (planned.epoch == engine.epoch and planned.status == tiling.OK
+                and planned.num_slots > 0):
+            return True
+    return False
+
+
 class _Runner:
     """vLLM-Ascend's model runner, reduced to what FULL_DECODE_ONLY attention needs."""
 
-    def __init__(self, shape: Shape, seed: int) -> None:
+    def __init__(self, shape: Shape, seed: int, hooked: bool = True) -> None:
         import torch
         import vllm_ascend.attention.attention_v1 as attention
         from vllm.config import CUDAGraphMode, VllmConfig, set_current_vllm_config
@@ -226,11 +264,22 @@ class _Runner:
                             for i in range(s.num_layers)]
             self.caps = [s.logits_soft_cap if i in s.soft_capped_layers else None
                          for i in range(s.num_layers)]
-            self.impls = [attention.AscendAttentionBackendImpl(
-                s.num_heads, s.head_size, s.head_size ** -0.5, s.num_kv_heads, None, window,
-                "auto", cap, "decoder", None) for window, cap in zip(self.windows, self.caps)]
         gen = torch.Generator().manual_seed(seed)
         self.gen = gen
+        low, high = s.sink_range
+        # vLLM's gpt_oss.py: a [num_heads] parameter of the model dtype on the device, filled
+        # by the weight loader before the graphs are captured
+        self.sinks = [torch.nn.Parameter((low + (high - low) * torch.rand(
+            s.num_heads, generator=gen)).to(self.device), requires_grad=False)
+            if i in s.sink_layers else None for i in range(s.num_layers)]
+        with set_current_vllm_config(cfg):
+            self.impls = [attention.AscendAttentionBackendImpl(
+                s.num_heads, s.head_size, s.head_size ** -0.5, s.num_kv_heads, None, window,
+                "auto", cap, "decoder", None, sinks=sinks)
+                for window, cap, sinks in zip(self.windows, self.caps, self.sinks)]
+        #: the layers run: without the hook, not the sink layers (see the module docstring)
+        self.run_layers = [i for i in range(s.num_layers)
+                           if hooked or self.sinks[i] is None]
         cache = (s.num_blocks, s.block_size, s.num_kv_heads, s.head_size)
         dev = self.device
         self.kv = [(torch.randn(cache, generator=gen).to(dev),
@@ -261,9 +310,10 @@ class _Runner:
             self.wrapper.set_attn_backend(attention.AscendAttentionBackend)
 
     def _forward(self, metas: dict, num_tokens: int):
-        for i, impl in enumerate(self.impls):
-            impl.forward(self.layers[i], self.queries[i][:num_tokens], None, None, self.kv[i],
-                         metas[self.names[i]], self.outputs[i][:num_tokens])
+        for i in self.run_layers:
+            self.impls[i].forward(self.layers[i], self.queries[i][:num_tokens], None, None,
+                                  self.kv[i], metas[self.names[i]],
+                                  self.outputs[i][:num_tokens])
         return self.outputs[0]
 
     def _common(self, q_lens: list[int], kv_lens: list[int], table, bucket: int):
@@ -387,14 +437,21 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
     from importlib import metadata
 
     version = metadata.version("vllm-ascend")
-    runner = _Runner(shape, seed=seed)
+    runner = _Runner(shape, seed=seed, hooked=hooked)
     runner.capture()
     counter.reset()
     # a soft cap acts only on the device path: vLLM-Ascend's own path ignores it
     on_host = dict(hook.status().host_path_layers) if hooked else {}
     applied_caps = [cap if hooked and name not in on_host else None
                     for cap, name in zip(runner.caps, runner.names)]
-    max_err, done = 0.0, 0
+    done = 0
+    from . import activation
+
+    engine = activation._state.engine if hooked and activation._state is not None else None
+    split_steps = 0 if hasattr(engine, "keys") else None  # the NPU engine's per-key buffers
+    layer_err = [0.0] * shape.num_layers
+    #: per sink layer, the smallest distance over the steps of the answer without the sinks
+    sinks_distance = [None if sinks is None else float("inf") for sinks in runner.sinks]
     for q_lens, kv_lens in _trace_steps(shape, steps, seed):
         for q in runner.queries:
             q.copy_(torch.randn(q.shape, generator=runner.gen))
@@ -402,40 +459,58 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
         table = torch.randperm(shape.num_blocks, generator=runner.gen)[
             : len(q_lens) * blocks].view(len(q_lens), blocks).int()
         outs = runner.step(q_lens, kv_lens, table)
+        if split_steps is not None:
+            split_steps += _split_this_step(engine)
         cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
         rows = int(cu[-1])
-        for i, out in enumerate(outs):
+        for i in runner.run_layers:
             k, v = runner.kv[i]
             # a windowed layer, on vLLM-Ascend's path: FIA's band [p - W, p] (W + 1 keys)
             window = runner.windows[i]
-            want = reference_attention(runner.queries[i].cpu(), k.cpu(), v.cpu(),
-                                       table.numpy(), cu, np.array(kv_lens, np.int32),
-                                       scale=shape.head_size ** -0.5,
-                                       band=None if window is None else (window, 0),
-                                       logits_soft_cap=applied_caps[i])[:rows]
-            got = out.view(-1, shape.num_heads, shape.head_size)[:rows]
-            max_err = max(max_err, relative_error(got, want))
+            options = {"scale": shape.head_size ** -0.5, "logits_soft_cap": applied_caps[i],
+                       "band": None if window is None else (window, 0)}
+            inputs = (runner.queries[i].cpu(), k.cpu(), v.cpu(), table.numpy(), cu,
+                      np.array(kv_lens, np.int32))
+            sinks = None if runner.sinks[i] is None else runner.sinks[i].detach().cpu()
+            expected = reference_attention(*inputs, **options, sinks=sinks)[:rows]
+            got = outs[i].view(-1, shape.num_heads, shape.head_size)[:rows]
+            layer_err[i] = max(layer_err[i], relative_error(got, expected))
+            if sinks is not None:  # what an engine that dropped the sinks would be off by
+                without = torch.from_numpy(reference_attention(*inputs, **options)[:rows])
+                sinks_distance[i] = min(sinks_distance[i], relative_error(without, expected))
         done += 1
+    max_err = max(layer_err)
     status = hook.status()
     if hooked and status.engine != f"npu-{placement}":
         raise DryRunError(f"the hook captured into engine {status.engine}, not npu-{placement}")
     host = dict(status.host_path_layers)
+    entries = status.device_entries if hooked else {}
     layers = [{"name": n, "path": "host", "reason": "the hook is not installed"}
               if not hooked else
               {"name": n, "path": "host" if n in host else "device", "reason": host.get(n)}
               for n in runner.names]
+    for i, layer in enumerate(layers):
+        if i not in runner.run_layers:
+            layer.update(path="not run", reason="vLLM-Ascend's path for a layer with sinks is "
+                         "FIA v2, which the NPU twin does not model")
     # updates per layer: each update's FIA reads its layer's query buffer
     starts = {q.data_ptr(): name for q, name in zip(runner.queries, runner.names)}
     per_layer = {name: 0 for name in runner.names}
     for ptr in counter.queries:
         if ptr in starts:
             per_layer[starts[ptr]] += 1
-    for layer, cap in zip(layers, runner.caps):
+    for i, (layer, cap) in enumerate(zip(layers, runner.caps)):
         layer["updates_per_step"] = per_layer[layer["name"]] / max(done, 1)
         layer["logits_soft_cap"] = cap
+        layer["sinks"] = runner.sinks[i] is not None
+        layer["entry"] = entries.get(layer["name"])  # the vLLM-Ascend entry that captured it
+        layer["max_rel_err"] = layer_err[i] if i in runner.run_layers else None
+        layer["sinks_distance"] = sinks_distance[i] if i in runner.run_layers else None
     return Run(hooked=hooked, vllm_ascend=version, device=device, placement=placement,
-               spec_tokens=shape.spec_tokens, layers=layers, steps=done, updates_per_step=counter.count / max(done, 1),
-               max_rel_err=max_err, seconds=round(time.perf_counter() - started, 1))
+               spec_tokens=shape.spec_tokens, layers=layers, steps=done,
+               updates_per_step=counter.count / max(done, 1),
+               max_rel_err=max_err, seconds=round(time.perf_counter() - started, 1),
+               steps_with_split_units=split_steps)
 
 
 def run_in_child(*, hooked: bool, placement: str, steps: int, spec_tokens: int = 0,

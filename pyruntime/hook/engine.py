@@ -48,6 +48,12 @@ class AttentionCapture:
     (finite): every score ``s = scale * q . k`` must become ``C * tanh(s / C)`` before the
     softmax (`pyruntime.kernels.soft_cap`); the patch set sends a capped layer only to an
     engine whose ``applies_logits_soft_cap`` is True (see :class:`TilingEngine`).
+    ``sinks``: None (no sinks) or the layer's own attention-sink tensor (gpt-oss's learnable
+    sinks, vLLM-Ascend's ``impl.sinks``), float32 ``[num_heads]``, contiguous, on the query's
+    device: query head h's softmax denominator gains ``exp(sinks[h] - m)`` and the sink adds no
+    value (`pyruntime.workload.reference.reference_attention`). It is the tensor the model
+    holds, not a copy: the kernels read it at every replay. The patch set sends a layer with
+    sinks only to an engine whose ``applies_sinks`` is True.
     """
 
     graph_key: Hashable
@@ -67,6 +73,7 @@ class AttentionCapture:
     scale: float
     causal: bool
     logits_soft_cap: float | None = None
+    sinks: Any = None
 
 
 @runtime_checkable
@@ -81,6 +88,10 @@ class TilingEngine(Protocol):
     # Optional: ``applies_logits_soft_cap: bool`` (absent means False): True when
     # capture_attention passes ``capture.logits_soft_cap`` to its kernels. Layers with a soft
     # cap keep vLLM-Ascend's host path on an engine without it.
+    #
+    # Optional: ``applies_sinks: bool`` (absent means False): True when capture_attention
+    # passes ``capture.sinks`` to its kernels. Layers with sinks keep vLLM-Ascend's host path
+    # (FIA v2) on an engine without it.
     #
     # Optional: ``before_replay(num_tokens: int | None) -> None``, called before every
     # replay of a graph that holds device-tiled layers (after ACLGraphWrapper's own

@@ -31,11 +31,24 @@ full-graph path, main model):
   built before the hook was installed has no record and is treated as uncapped, as
   vLLM-Ascend treats every layer.
 
-Everything else keeps the original path: sliding window, attention sinks (FIA v2),
+* ``AscendAttentionBackendImpl.full_graph_fia_v2``: where vLLM-Ascend sends a layer with
+  attention sinks while capturing (``forward_fused_infer_attention``: ``if self.sinks is not
+  None``, FIA v2 with ``learnable_sink=self.sinks``; vLLM-Ascend 0.23.0.post1 and 0.30.0rc2
+  ``attention_v1.py``). The same device capture as ``full_graph_fia``, the layer's own
+  ``sinks`` tensor handed to our kernels (no copy), when the engine adds sinks
+  (``applies_sinks``) and the tensor is one our kernels read (float32 ``[num_heads]``,
+  contiguous, on the query's device); otherwise it keeps FIA v2. Its host update needs no
+  patch of its own: 0.23-0.28 update FIA v2 layers in ``update_graph_params``' own branch
+  (``elif _EXTRA_CTX.sinks``), which iterates the same forward context the wrapper below
+  narrows to the host-path layers, and 0.29-0.30 update each ``register_task``'d task
+  (``FIAV2ParamProvider``), which a device-path layer never registers.
+
+Everything else keeps the original path: sliding window (with or without sinks),
 KV-cache quantization (C8 / non-"auto" dtypes), ALiBi, KV compression, non-decoder
 attention, subclasses (context parallel, C8), speculative draft graphs, paged-attention
-decode and MLA (a different implementation class). Each such layer is logged once
-with its reason.
+decode and MLA (a different implementation class), and sinks our kernels cannot read in place
+(not float32: gpt-oss's are the model dtype; see ``_sinks_reason``). Each such layer is
+logged once with its reason.
 """
 
 from __future__ import annotations
@@ -85,6 +98,8 @@ class PatchState:
     batch_constants: dict = field(default_factory=dict)
     #: layers captured on the device path with a logits soft cap (each logged once)
     soft_capped_layers: set[str] = field(default_factory=set)
+    #: device-path layer name -> the patched entry that captured it (the last one)
+    device_entries: dict[str, str] = field(default_factory=dict)
 
     def whole_graph_device_tiled(self, num_tokens: int) -> bool:
         """True when graph ``num_tokens`` has device-tiled layers and no host-path FIA."""
@@ -191,11 +206,13 @@ def make_build(original: Any, state: PatchState) -> Any:
 
 def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata: Any,
                        query_device: Any = None, *,
-                       applies_soft_cap: bool = False) -> str | None:
+                       applies_soft_cap: bool = False,
+                       applies_sinks: bool = False) -> str | None:
     """Why this layer must keep the host-update path, or ``None`` if we handle it.
 
     ``applies_soft_cap``: the engine applies a layer's logits soft cap (a capped layer keeps
-    the host path otherwise).
+    the host path otherwise). ``applies_sinks``: the engine adds a layer's attention sinks
+    (a layer with sinks keeps the host path otherwise).
 
     The metadata is checked first: without the builder's persistent buffers nothing else
     matters (and an implementation that ``__init__`` did not build, as vLLM-Ascend's own unit
@@ -214,16 +231,17 @@ def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata:
     if getattr(extra_ctx, "is_draft_model", False):
         return "speculative draft-model graphs are not supported"
     try:
-        return _impl_reason(impl, attn_metadata) or _soft_cap_reason(impl, applies_soft_cap)
+        return (_impl_reason(impl, attn_metadata) or _soft_cap_reason(impl, applies_soft_cap)
+                or _sinks_reason(impl, query_device, applies_sinks))
     except AttributeError as exc:
         return f"the implementation has no attribute {exc.name!r} (not built by its __init__)"
 
 
 def _impl_reason(impl: Any, attn_metadata: Any) -> str | None:
     if impl.sliding_window is not None:
-        return f"sliding window ({impl.sliding_window}) is not supported"
-    if impl.sinks is not None:
-        return "attention sinks are not supported"
+        # gpt-oss's windowed layers have sinks too: the sinks alone would not keep them here
+        also = " (with attention sinks)" if impl.sinks is not None else ""
+        return f"sliding window ({impl.sliding_window}){also} is not supported"
     if (getattr(impl, "enable_c8_quant", False)
             or str(impl.kv_cache_dtype) not in SUPPORTED_KV_DTYPES):
         return f"KV-cache quantization (kv_cache_dtype={impl.kv_cache_dtype!r}) is not supported"
@@ -249,6 +267,36 @@ def _soft_cap_reason(impl: Any, applies_soft_cap: bool) -> str | None:
     if not applies_soft_cap:
         return (f"logits soft cap {cap}: the tiling engine does not apply it (no "
                 "applies_logits_soft_cap), so the layer keeps vLLM-Ascend's path, which ignores it")
+    return None
+
+
+def _sinks_reason(impl: Any, query_device: Any, applies_sinks: bool) -> str | None:
+    """Why the layer's sinks keep it on the host path, or None (no sinks, or sinks our
+    kernels read as they are). The kernels read the layer's own tensor at every replay, so it
+    must already be what they take: float32 ``[num_heads]``, contiguous, on the query's device
+    (`pyruntime.kernels.triton_launch`). gpt-oss's sinks are a parameter of the model dtype
+    (vLLM ``gpt_oss.py``: ``torch.empty(num_attention_heads // tp_size)``, built under
+    ``set_default_torch_dtype(model_config.dtype)``, ``model_loader/base_loader.py``) and vLLM-Ascend's FIA v2 takes ``learnable_sink`` in bfloat16 only (torch_npu
+    ``_op_plugin_docs.py``), so a bfloat16 model's sink layers stay here until the kernels
+    read bfloat16 sinks: no copy is made, which would have to be refreshed at every replay."""
+    import torch
+
+    sinks = impl.sinks
+    if sinks is None:
+        return None
+    if not applies_sinks:
+        return ("attention sinks: the tiling engine does not add them (no applies_sinks), so "
+                "the layer keeps vLLM-Ascend's FIA v2 path")
+    if not isinstance(sinks, torch.Tensor):
+        return f"attention sinks of type {type(sinks).__name__} are not a tensor"
+    if sinks.dtype != torch.float32:
+        return (f"attention sinks in {sinks.dtype}: our kernels read float32 sinks and the "
+                "hook hands them the layer's own tensor, never a copy")
+    if tuple(sinks.shape) != (impl.num_heads,) or not sinks.is_contiguous():
+        return (f"attention sinks of shape {list(sinks.shape)} (contiguous: "
+                f"{sinks.is_contiguous()}): our kernels read a contiguous [{impl.num_heads}]")
+    if query_device is not None and sinks.device != query_device:
+        return f"the attention sinks are on {sinks.device}, the query on {query_device}"
     return None
 
 
@@ -312,14 +360,17 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
         return orig_forward(self, layer, *args, **kwargs)
 
     applies_soft_cap = bool(getattr(state.engine, "applies_logits_soft_cap", False))
+    applies_sinks = bool(getattr(state.engine, "applies_sinks", False))
 
-    @functools.wraps(orig_fia)
-    def full_graph_fia(self, query, key, value, attn_metadata, output, layer=None):
+    def device_capture(self, entry, query, key, value, attn_metadata, output):
+        """Capture the layer on the device path and return what vLLM-Ascend's entry returns,
+        ``(output, num_tokens)``; or None (noted once) when it keeps the host path."""
         reason = unsupported_reason(self, impl_cls, extra_ctx(), attn_metadata, query.device,
-                                    applies_soft_cap=applies_soft_cap)
+                                    applies_soft_cap=applies_soft_cap,
+                                    applies_sinks=applies_sinks)
         if reason is not None:
             _note_host_path(state, self, reason)
-            return orig_fia(self, query, key, value, attn_metadata, output, layer)
+            return None
         key_cache, value_cache, block_size, _, _ = self._get_fia_params(
             key, value, attn_metadata
         )
@@ -348,10 +399,29 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
                 scale=float(self.scale),
                 causal=bool(attn_metadata.causal),
                 logits_soft_cap=None if cap is None else float(cap),
+                sinks=self.sinks,  # checked by unsupported_reason: None or what our kernels read
             )
         )
         state.device_layers[graph_key].add(layer_name(self))
-        return output, num_tokens  # as every release 0.23-0.30 returns it
+        state.device_entries[layer_name(self)] = entry
+        return output, num_tokens  # as every release 0.23-0.30 returns it (both entries)
+
+    @functools.wraps(orig_fia)
+    def full_graph_fia(self, query, key, value, attn_metadata, output, layer=None):
+        captured = device_capture(self, "full_graph_fia", query, key, value, attn_metadata,
+                                  output)
+        if captured is None:
+            return orig_fia(self, query, key, value, attn_metadata, output, layer)
+        return captured
+
+    @functools.wraps(orig_fia_v2)
+    def full_graph_fia_v2(self, query, key, value, attn_metadata, output):
+        # vLLM-Ascend's entry for the layers with sinks (forward_fused_infer_attention)
+        captured = device_capture(self, "full_graph_fia_v2", query, key, value, attn_metadata,
+                                  output)
+        if captured is None:
+            return orig_fia_v2(self, query, key, value, attn_metadata, output)
+        return captured
 
     def passthrough(original, reason):
         @functools.wraps(original)
@@ -385,11 +455,7 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
     ledger.replace(impl_cls, "__init__", make_init(orig_init))
     ledger.replace(impl_cls, "forward", forward)
     ledger.replace(impl_cls, "full_graph_fia", full_graph_fia)
-    ledger.replace(
-        impl_cls,
-        "full_graph_fia_v2",
-        passthrough(orig_fia_v2, "attention sinks (FIA v2) are not supported"),
-    )
+    ledger.replace(impl_cls, "full_graph_fia_v2", full_graph_fia_v2)
     ledger.replace(
         impl_cls, "full_graph_pa", passthrough(orig_pa, "paged-attention decode is not supported")
     )

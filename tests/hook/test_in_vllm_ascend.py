@@ -8,9 +8,10 @@ both, cached under ``~/.cache/aicpu-tiling/vllm-envs``). There:
   ``AscendAttentionBackendImpl`` and ``ACLGraphWrapper`` capture and replay a small decoder
   on the NPU twin, without and with the hook (the real engine, the AI-CPU tiling kernel in
   the AArch64 emulator): every plain layer moves and is no longer updated (the soft-capped
-  one too, with its cap applied), the sliding-window
-  layer keeps vLLM-Ascend's path and its update in the same graph, and every output matches
-  float64.
+  one too, with its cap applied, and the gpt-oss-shaped layer with attention sinks, which
+  vLLM-Ascend captures through ``full_graph_fia_v2``, with its sinks applied), the
+  sliding-window layer keeps vLLM-Ascend's path and its update in the same graph, and every
+  output matches float64. With an engine that drops the sinks the dry run fails.
 * ``tools/run_vllm_ascend_ut.py --both``: vLLM-Ascend's own unit tests of the classes we
   patch, without and with the hook applied: no outcome differs.
 
@@ -75,19 +76,59 @@ def test_hook_dryrun_in_vllm_ascends_own_classes(release, placement, spec_tokens
     assert report["placement"] == placement and report["spec_tokens"] == spec_tokens
     # layer 1 has a sliding window: it stays on vLLM-Ascend's path, in the same graph
     assert [layer["path"] for layer in report["layers"]] == ["device", "host", "device",
-                                                             "device"], report["layers"]
+                                                             "device", "device"], report["layers"]
     assert "sliding window" in report["layers"][1]["reason"]
     # layer 2 has a logits soft cap of 2.0, which vLLM-Ascend's path ignores: on the device
     # path it is applied, and the error below is against the capped float64 reference (an
     # engine that dropped the cap would be far outside the tolerance)
-    assert [layer["logits_soft_cap"] for layer in report["layers"]] == [None, None, 2.0, None]
-    assert report["updates_per_step_before"] == 4  # vLLM-Ascend updates every FIA layer
+    assert [layer["logits_soft_cap"] for layer in report["layers"]] == [None, None, 2.0, None,
+                                                                        None]
+    # layer 4 is a gpt-oss full layer (64 q heads, 8 kv heads, head_dim 64, float32 sinks):
+    # vLLM-Ascend sends it to full_graph_fia_v2, which the hook captures on the device path;
+    # its error below is against the float64 reference with the sinks, and the answer
+    # without them is far outside the tolerance at every step
+    assert [layer["sinks"] for layer in report["layers"]] == [False] * 4 + [True]
+    assert [layer["entry"] for layer in report["layers"]] == [
+        "full_graph_fia", None, "full_graph_fia", "full_graph_fia", "full_graph_fia_v2"]
+    sink_layer = report["layers"][4]
+    assert sink_layer["max_rel_err"] <= report["tolerance"]
+    assert sink_layer["sinks_distance"] > 100 * report["tolerance"]
+    # the tilings split units over cores on some steps, so the combine added the sinks of
+    # those rows (the other rows got theirs where a whole unit normalises its row)
+    assert 0 < report["steps_with_split_units"] <= report["steps"]
+    # vLLM-Ascend updates every FIA layer it runs; without the hook the sink layer is not run
+    # (its FIA v2 is not modelled by the twin)
+    assert report["updates_per_step_before"] == 4
     assert report["updates_per_step_after"] == 0  # none of the device-path layers
-    assert [layer["updates_per_step"] for layer in report["layers"]] == [0, 1, 0, 0]
+    assert [layer["updates_per_step"] for layer in report["layers"]] == [0, 1, 0, 0, 0]
     assert report["updates_per_step_host_layers"] == 1
     assert report["max_rel_err"] <= report["tolerance"] == 1e-4
     assert report["max_rel_err_before"] <= 1e-4  # its own path is right on the twin too
     assert report["ok"] and proc.returncode == 0
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_dropped_sink_is_caught(release):
+    """The same hooked run with an engine that drops every layer's sinks (while declaring
+    applies_sinks): the sink layer still takes the device path, and the dry run sees it
+    outside the tolerance, by about the distance of the sinkless answer."""
+    env = _env(release)
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    environ = _clean_env(tree)
+    environ["PYTHONPATH"] = os.pathsep.join([environ["PYTHONPATH"], str(REPO / "tests" / "hook")])
+    environ["AICPU_TILING_ENGINE"] = "dryrun_sinkless_engine:make"
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun", "--placement", "graph",
+                           "--steps", "3"], capture_output=True, text=True, env=environ,
+                          cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    run = json.loads(lines[-1])
+    sink_layer = run["layers"][4]
+    assert sink_layer["sinks"] and sink_layer["path"] == "device"
+    assert sink_layer["entry"] == "full_graph_fia_v2"
+    assert sink_layer["max_rel_err"] > 100 * 1e-4
+    assert sink_layer["max_rel_err"] >= 0.99 * sink_layer["sinks_distance"]
+    assert all(layer["max_rel_err"] <= 1e-4 for layer in run["layers"][:4])
 
 
 @pytest.mark.parametrize("release", RELEASES)
