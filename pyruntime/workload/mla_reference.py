@@ -1,11 +1,14 @@
-"""An independent float64 absorbed-MLA attention, one request at a time (numpy)."""
+"""An independent float64 absorbed-MLA attention, one request at a time (numpy), and a
+trace-driven step loop that checks a `StaticMLAAttention` against it."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import torch
 
-from .reference import _f64
+from .reference import _f64, relative_error
 
 
 def reference_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c_cache: torch.Tensor,
@@ -44,3 +47,47 @@ def reference_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_c_cache: torch.Te
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         out[lo:hi] = np.einsum("thk,kl->thl", s / s.sum(axis=-1, keepdims=True), c)
     return out
+
+
+@dataclasses.dataclass
+class MLALoopStats:
+    """What `run_mla_loop` saw: steps run, the worst relative error of any layer's output
+    (max |out - ref| / max |ref|), and how many steps were padded (bucket > live batch), had
+    speculative-decode requests (q_len > 1) or split a unit (the combine merged pieces)."""
+
+    steps: int = 0
+    max_rel_err: float = 0.0
+    padded_steps: int = 0
+    spec_steps: int = 0
+    split_steps: int = 0
+    host_seconds: list[float] = dataclasses.field(default_factory=list)
+
+
+def run_mla_loop(attn, batcher, *, steps: int, seed: int = 0, check: bool = True) -> MLALoopStats:
+    """Run up to `steps` steps of `attn` (a captured `StaticMLAAttention`) on `batcher`'s
+    batches: fresh N(0, 1) queries each step, `attn.check()`, and (with `check`) every layer's
+    output against `reference_mla`."""
+    from pyruntime import tiling  # the C tiling, only to count the steps with split units
+
+    gen = torch.Generator().manual_seed(seed)
+    stats = MLALoopStats()
+    for _, batch in zip(range(steps), batcher):
+        for q_nope, q_pe in attn.queries:
+            q_nope.copy_(torch.randn(q_nope.shape, generator=gen))
+            q_pe.copy_(torch.randn(q_pe.shape, generator=gen))
+        outputs = attn.step(batch.block_table, batch.cu_seqlens_q, batch.seqlens_kv)
+        attn.check()
+        stats.steps += 1
+        stats.host_seconds.append(attn.last_step_host_seconds)
+        q_lens = np.diff(batch.cu_seqlens_q)[: batch.live]
+        stats.padded_steps += batch.bucket > batch.live
+        stats.spec_steps += bool((q_lens > 1).any())
+        plan = tiling.plan(attn.params, batch.cu_seqlens_q, batch.seqlens_kv)
+        stats.split_steps += bool(plan.combine_records())
+        if check:
+            for layer, out in enumerate(outputs):
+                want = reference_mla(*attn.queries[layer], *attn.kv_caches[layer],
+                                     batch.block_table, batch.cu_seqlens_q, batch.seqlens_kv,
+                                     scale=attn.softmax_scale)
+                stats.max_rel_err = max(stats.max_rel_err, relative_error(out, want))
+    return stats
