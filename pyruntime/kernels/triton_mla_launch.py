@@ -1,10 +1,10 @@
 """Launch the Triton MLA decode kernel (`triton_mla`) and its combine, on CPU tensors or an NPU.
 
 :func:`launch_mla_attention` starts ``params.num_cores`` programs of
-``triton_mla.mla_decode_kernel``; :func:`launch_mla_combine` is `triton_launch.launch_combine`
-(the GQA combine kernel) on :func:`reference_mla.latent_params`, the params with ``head_dim =
-kv_lora_rank``: MLA partials and outputs are GQA ones of that width, one kv head, group =
-heads. The mode (interpreter for CPU tensors, Triton-Ascend for ``npu`` tensors) and the
+``triton_mla.mla_decode_kernel``; :func:`launch_mla_combine` launches the GQA combine kernel
+(``triton_attention.attention_combine_kernel``) on :func:`reference_mla.latent_params`, the
+params with ``head_dim = kv_lora_rank``: MLA partials and outputs are GQA ones of that width,
+one kv head, group = heads (only its row tile is smaller for wide latents). The mode (interpreter for CPU tensors, Triton-Ascend for ``npu`` tensors) and the
 compile-time constants of the tiling ABI come from `triton_launch`, never typed twice.
 
 Example (CPU, interpreted)::
@@ -137,14 +137,42 @@ def launch_mla_attention(params, kv_lora_rank: int, *, tiling_in, step_epoch, q_
     return core_status
 
 
+def combine_block_m(params, kv_lora_rank: int) -> int:
+    """Rows per combine tile: `triton_launch.block_shapes`' BLOCK_M at ``head_dim =
+    kv_lora_rank``, but 16 once the latent is 256 wide or more. At DeepSeek-V3's 512 the GQA
+    choice (64 rows for 4 MTP tokens x 16 heads) needs 390 KiB of UB, twice the A2's 192 KB
+    (bishengir-compile: "ub overflow, requires 3191040 bits"); 16 rows plan within it
+    (docs/mla.md)."""
+    block_m = triton_launch.block_shapes(reference_mla.latent_params(params, kv_lora_rank))
+    wide = triton_launch._pow2_at_least(kv_lora_rank, 16) >= 256
+    return min(block_m["BLOCK_M"], 16) if wide else block_m["BLOCK_M"]
+
+
 def launch_mla_combine(params, kv_lora_rank: int, *, tiling_in, step_epoch, cu_seqlens_q, out,
                        partial_out, partial_lse, causal: bool = True,
                        combine_status: torch.Tensor | None = None) -> torch.Tensor:
-    """The MLA combine: `triton_launch.launch_combine` at ``head_dim = kv_lora_rank`` (merges
-    split units into ``out`` ``[max_tokens, H, L]``, zeroes padding rows, every row when the
-    tiling is not OK or stale); returns combine_status."""
+    """The MLA combine: ``triton_attention.attention_combine_kernel`` (no sinks) at
+    ``HEAD_DIM = kv_lora_rank``, one program per core, with :func:`combine_block_m` rows per
+    tile; merges split units into ``out`` ``[max_tokens, H, L]``, zeroes padding rows, every
+    row when the tiling is not OK or stale (as `triton_launch.launch_combine`, whose checks it
+    runs); returns combine_status (int32 ``[num_cores]``)."""
     reference_mla.check_params(params, kv_lora_rank)
-    return triton_launch.launch_combine(
-        reference_mla.latent_params(params, kv_lora_rank), tiling_in=tiling_in,
-        step_epoch=step_epoch, cu_seqlens_q=cu_seqlens_q, out=out, partial_out=partial_out,
-        partial_lse=partial_lse, causal=causal, combine_status=combine_status)
+    latent = reference_mla.latent_params(params, kv_lora_rank)
+    triton_launch._check_shapes(latent, None, None, None, out)
+    words = triton_launch._words(tiling_in)
+    cu_seqlens_q = triton_launch._int32("cu_seqlens_q", cu_seqlens_q)
+    triton_launch._check_lengths(words, cu_seqlens_q, None)
+    module = kernels(interpret=out.device.type == "cpu")
+    if combine_status is None:
+        combine_status = torch.empty(params.num_cores, dtype=torch.int32, device=out.device)
+    with triton_launch._launch_lock(out.device):
+        module.attention_combine_kernel[(params.num_cores,)](
+            words, triton_launch._int32("step_epoch", step_epoch), cu_seqlens_q, out,
+            partial_out, partial_lse, combine_status, partial_lse,   # sinks: off, never read
+            **triton_launch.constants(latent, bool(causal)),
+            BLOCK_M=combine_block_m(params, kv_lora_rank),
+            BLOCK_D=triton_launch._pow2_at_least(kv_lora_rank, 16),
+            BLOCK_Z=min(1024, triton_launch._pow2_at_least(latent.num_q_heads * kv_lora_rank,
+                                                           16)),
+            USE_SINKS=False)
+    return combine_status
