@@ -98,7 +98,8 @@ SCALE = 0.2
 
 def tensors(dtype, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    t = {"q_nope": torch.randn(10, H, L, generator=gen), "q_pe": torch.randn(10, H, R, generator=gen),
+    t = {"q_nope": torch.randn(10, H, L, generator=gen),
+         "q_pe": torch.randn(10, H, R, generator=gen),
          "kv_c_cache": torch.randn(30, 16, 1, L, generator=gen),
          "k_pe_cache": torch.randn(30, 16, 1, R, generator=gen)}
     t = {k: v.to(dtype) for k, v in t.items()}

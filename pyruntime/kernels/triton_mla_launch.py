@@ -1,11 +1,12 @@
 """Launch the Triton MLA decode kernel (`triton_mla`) and its combine, on CPU tensors or an NPU.
 
 :func:`launch_mla_attention` starts ``params.num_cores`` programs of
-``triton_mla.mla_decode_kernel``; :func:`launch_mla_combine` launches the GQA combine kernel
+``triton_mla.mla_decode_kernel``. :func:`launch_mla_combine` launches the GQA combine kernel
 (``triton_attention.attention_combine_kernel``) on :func:`reference_mla.latent_params`, the
 params with ``head_dim = kv_lora_rank``: MLA partials and outputs are GQA ones of that width,
-one kv head, group = heads (only its row tile is smaller for wide latents). The mode (interpreter for CPU tensors, Triton-Ascend for ``npu`` tensors) and the
-compile-time constants of the tiling ABI come from `triton_launch`, never typed twice.
+one kv head, group = heads (only its row tile is smaller for wide latents). The mode
+(interpreter for CPU tensors, Triton-Ascend for ``npu`` tensors) and the compile-time
+constants of the tiling ABI come from `triton_launch`, never typed twice.
 
 Example (CPU, interpreted)::
 
