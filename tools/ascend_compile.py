@@ -354,8 +354,17 @@ def inner(spec_path: pathlib.Path) -> int:
     spec = json.loads(spec_path.read_text())
     out = pathlib.Path(spec["out"])
     source = pathlib.Path(spec["source"])
-    sys.path.insert(0, str(source.parent))  # triton_mla.py imports triton_attention's helpers
-    module_spec = importlib.util.spec_from_file_location(source.stem, source)
+    name = source.stem
+    if name != "triton_attention":
+        # triton_mla.py imports triton_attention's helpers relatively: load both by path as
+        # modules of their package (the venv has no pyruntime, nor the project's torch)
+        helpers = source.parent / "triton_attention.py"
+        helpers_spec = importlib.util.spec_from_file_location(
+            "pyruntime.kernels.triton_attention", helpers)
+        sys.modules[helpers_spec.name] = importlib.util.module_from_spec(helpers_spec)
+        helpers_spec.loader.exec_module(sys.modules[helpers_spec.name])
+        name = f"pyruntime.kernels.{name}"
+    module_spec = importlib.util.spec_from_file_location(name, source)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     import triton

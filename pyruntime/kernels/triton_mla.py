@@ -37,11 +37,9 @@ import triton
 import triton.language as tl
 
 # attention_combine_kernel is re-exported: it is the MLA combine too (at HEAD_DIM =
-# kv_lora_rank), so tools/ascend_compile.py --mla finds both kernels in this module
-try:  # a package import (pyruntime); tools/ascend_compile.py loads the files by path instead
-    from .triton_attention import _less, _request, _tiling_status, attention_combine_kernel
-except ImportError:  # pragma: no cover - the Ascend venv's inner run
-    from triton_attention import _less, _request, _tiling_status, attention_combine_kernel
+# kv_lora_rank), so tools/ascend_compile.py --mla finds both kernels in this module (its inner
+# run, outside the package, puts triton_attention in sys.modules under this package's name)
+from .triton_attention import _less, _request, _tiling_status, attention_combine_kernel
 
 __all__ = ["attention_combine_kernel", "mla_decode_kernel"]
 
