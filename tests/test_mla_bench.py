@@ -1,6 +1,7 @@
-"""``aicpu-tiling bench --geometry deepseek-v3`` (issue 20 part 5): the MLA geometry and grid,
-and the A/B loop on a small MLA geometry: every layer's task group updated per step on
-host_update, none on the device path (the full run takes about two minutes: docs/mla.md)."""
+"""``aicpu-tiling bench --geometry deepseek-v3`` and the MLA selfcheck check (issue 20 part 5):
+the MLA geometry and grid; the A/B loop on a small MLA geometry (every layer's task group
+updated per step on host_update, none on the device path; the full run takes about two minutes,
+docs/mla.md); and ``mla_correctness`` on the CPU backend."""
 
 from __future__ import annotations
 
@@ -43,3 +44,15 @@ def test_mla_runs_update_every_layer_on_host_update_only():
         assert runs[mode].counters["host_tiling_calls"] == 0
     assert runs["pre_replay"].counters["launches_aicpu"] == 1
     assert all(len(r.steps) == 2 for r in runs.values())
+
+
+def test_mla_selfcheck_check_passes_on_the_cpu_backend():
+    from pyruntime.selfcheck import make_context
+    from pyruntime.selfcheck.mla_checks import mla_correctness
+
+    ctx = make_context("cpu", quick=True)
+    assert mla_correctness(ctx).status == "skip"   # no placement found yet
+    ctx.placement = "graph"
+    result = mla_correctness(ctx)
+    assert result.status == "pass", result.detail
+    assert all(result.data["coverage_steps"].values())
