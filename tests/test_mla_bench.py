@@ -27,7 +27,7 @@ def test_deepseek_v3_geometry_and_grid():
     assert (g.num_q_heads, g.kv_lora_rank, g.qk_rope_head_dim, g.head_dim) == (16, 512, 64, 576)
     assert (g.block_size, g.max_kv, g.dtype) == (128, 2048, "bfloat16")
     assert bench.grid(parse("--geometry", "deepseek-v3", "--layers", "4")) == [
-        Point(4, 64, "trace")]
+        Point(4, 16, "trace")]
     assert bench.grid(parse("--quick")) == list(bench.QUICK_POINTS)   # GQA unchanged
 
 

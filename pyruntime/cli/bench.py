@@ -132,14 +132,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def grid(args: argparse.Namespace) -> list[Point]:
     """The points to run, from the flags."""
     mla = getattr(args, "geometry", "gqa") == "deepseek-v3"
+    base = DEEPSEEK_V3_POINTS[0] if mla else HEADLINE   # what a flag not given keeps
     if mla and not (args.layers or args.batch_sizes or args.sources):
         return list(DEEPSEEK_V3_POINTS)
     if args.layers or args.batch_sizes or args.sources:
         return [
             Point(layers, batch, source)
-            for source in (args.sources or [HEADLINE.source])
-            for layers in (args.layers or [HEADLINE.layers])
-            for batch in (args.batch_sizes or [HEADLINE.batch])
+            for source in (args.sources or [base.source])
+            for layers in (args.layers or [base.layers])
+            for batch in (args.batch_sizes or [base.batch])
         ]
     return list(QUICK_POINTS if args.quick else DEFAULT_POINTS)
 
