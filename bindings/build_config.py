@@ -25,6 +25,7 @@ MODULE_NAME = "pyruntime._native"
 COMPONENTS = (
     ("aicpu_tiling.cdef.h", "aicpu_tiling.h", "aicpu_tiling.c"),
     ("attention_ref.cdef.h", "attention_ref.h", "attention_ref.c"),
+    ("attention_mla_ref.cdef.h", "attention_mla_ref.h", "attention_mla_ref.c"),
 )
 #: Sources with no header or cdef of their own: the x86 SIMD variants of the reference
 #: attention's inner kernels (per-function target attributes; empty off x86-64).

@@ -41,7 +41,8 @@ DISTRIBUTIONS = {"elftools": "pyelftools", "_cffi_backend": "cffi", "vllm_ascend
 PROVIDED_BY_HOST = {"torch_npu", "vllm", "vllm-ascend"}
 #: modules that import an optional extra at module level (the rest import with the required
 #: dependencies alone); module -> the extra's distribution
-OPTIONAL_MODULES = {"pyruntime.kernels.triton_attention": "triton"}
+OPTIONAL_MODULES = {"pyruntime.kernels.triton_attention": "triton",
+                    "pyruntime.kernels.triton_mla": "triton"}
 
 
 def _requirement_name(spec: str) -> str:

@@ -23,8 +23,12 @@ and with attention sinks, ``USE_SINKS``; reported as ``paged_attention_kernel``,
 kernel twice (``attention_combine_kernel`` and ``attention_combine_kernel[sinks]``; the soft cap
 does not touch it).
 
+With ``--mla`` it compiles the MLA decode kernel instead (``pyruntime/kernels/triton_mla.py``,
+``mla_decode_kernel``, at one TP-8 rank of DeepSeek-V3: 16 heads, kv_lora_rank 512, rope 64)
+and the combine it uses, ``attention_combine_kernel`` at ``HEAD_DIM = kv_lora_rank``.
+
 Usage:
-    python tools/ascend_compile.py [--venv DIR] [--out DIR] [--dtype fp16|bf16] [--json]
+    python tools/ascend_compile.py [--venv DIR] [--out DIR] [--dtype fp16|bf16] [--mla] [--json]
 Exit status: 0 when the stages ran as far as they can here (bishengir-compile started and
 stopped only for lack of ``hivmc``, or produced a binary), 1 otherwise, 2 when the venv cannot
 be set up (no network, no wheel for this platform).
@@ -44,6 +48,7 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KERNEL_SOURCE = ROOT / "pyruntime" / "kernels" / "triton_attention.py"
+MLA_SOURCE = ROOT / "pyruntime" / "kernels" / "triton_mla.py"
 PACKAGES = ("triton-ascend==3.2.0", "pybind11", "ascendnpu-ir==1.2.0")
 DEFAULT_VENV = pathlib.Path.home() / ".cache" / "aicpu-tiling" / "ascend-venv"
 TARGET_ARCH = "Ascend910B3"
@@ -119,6 +124,46 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
     return [attention, soft_capped, sinks, combine, combine_sinks]
 
 
+# One TP-8 rank of DeepSeek-V3 / R1 (128 heads / 8; kv_lora_rank 512, qk_rope_head_dim 64),
+# vLLM-Ascend's MLA block size 128 (AscendMLABackend.get_supported_kernel_block_sizes)
+MLA_SHAPE = {"num_heads": 16, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "block_size": 128,
+             "max_batch": 64, "max_tokens": 256, "max_blocks_per_req": 256, "num_cores": 24}
+
+
+def mla_kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
+    """The MLA decode kernel and its combine (the GQA combine at HEAD_DIM = kv_lora_rank) for
+    MLA_SHAPE (needs the project env)."""
+    sys.path.insert(0, str(ROOT))
+    from pyruntime.kernels import reference_mla, triton_launch, triton_mla_launch
+    from pyruntime.mla_attention import mla_tiling_params
+
+    lora = MLA_SHAPE["kv_lora_rank"]
+    params = mla_tiling_params(**MLA_SHAPE, q_tile=q_tile)
+    store = f"*{dtype}"
+    attention = {
+        "name": "mla_decode_kernel",
+        "signature": {"tiling": "*i32", "step_epoch": "*i32", "q_nope": store, "q_pe": store,
+                      "kv_c_cache": store, "k_pe_cache": store, "block_table": "*i32",
+                      "cu_seqlens_q": "*i32", "seqlens_kv": "*i32", "out": store,
+                      "partial_out": "*fp32", "partial_lse": "*fp32", "core_status": "*i32",
+                      "scale": "fp32", "num_blocks": "i32"},
+        "constants": {**triton_launch.constants(params, True), "KV_LORA_RANK": lora,
+                      **triton_mla_launch.block_shapes(params, lora), "UPCAST_DOT": False},
+    }
+    latent = reference_mla.latent_params(params, lora)
+    combine = {
+        "name": "attention_combine_kernel", "label": "attention_combine_kernel[mla]",
+        "signature": {"tiling": "*i32", "step_epoch": "*i32", "cu_seqlens_q": "*i32",
+                      "out": store, "partial_out": "*fp32", "partial_lse": "*fp32",
+                      "combine_status": "*i32", "sinks": "*fp32"},
+        "constants": {**triton_launch.constants(latent, True),
+                      "BLOCK_M": triton_mla_launch.combine_block_m(params, lora),
+                      "BLOCK_D": triton_launch.block_shapes(latent)["BLOCK_D"],
+                      "BLOCK_Z": 1024, "USE_SINKS": False},
+    }
+    return [attention, combine]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--venv", type=pathlib.Path, default=DEFAULT_VENV)
@@ -127,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--q-tile", type=int, default=None,
                         help="query tokens per unit (default: the tiling's, 128 rows per tile; "
                              "1 gives the decode-only tile shapes)")
+    parser.add_argument("--mla", action="store_true",
+                        help="compile the MLA decode kernel (DeepSeek-V3 rank geometry)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--inner", type=pathlib.Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -143,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ascend_compile: cannot set up {args.venv}: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    specs = kernel_specs(args.dtype, args.q_tile)
-    spec = {"kernels": specs, "source": str(KERNEL_SOURCE),
+    specs = (mla_kernel_specs if args.mla else kernel_specs)(args.dtype, args.q_tile)
+    spec = {"kernels": specs, "source": str(MLA_SOURCE if args.mla else KERNEL_SOURCE),
             "out": str(args.out), "target": TARGET_ARCH, "bishengir_flags": BISHENGIR_FLAGS}
     spec_path = args.out / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))
@@ -164,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     report["compile_seconds"] = round(compile_s, 1)
     report["dtype"] = args.dtype
     report["tiles"] = {k: specs[0]["constants"][k] for k in ("Q_TILE", "BLOCK_M", "BLOCK_N",
-                                                             "BLOCK_D")}
+                                                             "BLOCK_D", "BLOCK_L", "BLOCK_R")
+                       if k in specs[0]["constants"]}
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
     if args.json:
         print(json.dumps(report, indent=1))
@@ -305,7 +353,18 @@ def _bishengir(mlir: pathlib.Path, spec: dict, out_prefix: pathlib.Path) -> dict
 def inner(spec_path: pathlib.Path) -> int:
     spec = json.loads(spec_path.read_text())
     out = pathlib.Path(spec["out"])
-    module_spec = importlib.util.spec_from_file_location("triton_attention", spec["source"])
+    source = pathlib.Path(spec["source"])
+    name = source.stem
+    if name != "triton_attention":
+        # triton_mla.py imports triton_attention's helpers relatively: load both by path as
+        # modules of their package (the venv has no pyruntime, nor the project's torch)
+        helpers = source.parent / "triton_attention.py"
+        helpers_spec = importlib.util.spec_from_file_location(
+            "pyruntime.kernels.triton_attention", helpers)
+        sys.modules[helpers_spec.name] = importlib.util.module_from_spec(helpers_spec)
+        helpers_spec.loader.exec_module(sys.modules[helpers_spec.name])
+        name = f"pyruntime.kernels.{name}"
+    module_spec = importlib.util.spec_from_file_location(name, source)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     import triton

@@ -53,6 +53,10 @@ class Geometry:
     dtype: str = "float32"
     max_kv: int = 4096
     num_blocks: int = 64
+    #: > 0: absorbed MLA (`StaticMLAAttention`, one latent kv head) with this latent width,
+    #: num_q_heads its heads and head_dim = kv_lora_rank + qk_rope_head_dim
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
 
     @property
     def max_blocks_per_req(self) -> int:
@@ -74,6 +78,9 @@ def make_attention(
     from ..attention import StaticAttention
 
     attn_mode, placement = VARIANTS[mode]
+    if geom.kv_lora_rank > 0:
+        return _make_mla_attention(backend, attn_mode, placement, geom, layers, batch,
+                                   max_tokens, seed)
     attn = StaticAttention(
         backend, num_layers=layers, num_q_heads=geom.num_q_heads,
         num_kv_heads=geom.num_kv_heads, head_dim=geom.head_dim, block_size=geom.block_size,
@@ -86,6 +93,30 @@ def make_attention(
         q.copy_(torch.randn(q.shape, generator=gen))
         k.copy_(torch.randn(k.shape, generator=gen))
         v.copy_(torch.randn(v.shape, generator=gen))
+    attn.capture()
+    return attn
+
+
+def _make_mla_attention(backend: Any, mode: str, placement: str | None, geom: Geometry,
+                        layers: int, batch: int, max_tokens: int, seed: int) -> Any:
+    """`make_attention` for an MLA geometry: a captured ``StaticMLAAttention``, softmax scale
+    ``1 / sqrt(head_dim)``."""
+    import torch
+
+    from ..mla_attention import StaticMLAAttention
+
+    attn = StaticMLAAttention(
+        backend, num_layers=layers, num_heads=geom.num_q_heads,
+        kv_lora_rank=geom.kv_lora_rank, qk_rope_head_dim=geom.qk_rope_head_dim,
+        block_size=geom.block_size, num_blocks=geom.num_blocks, max_batch=batch,
+        max_tokens=max_tokens, max_blocks_per_req=geom.max_blocks_per_req, mode=mode,
+        placement=placement, dtype=getattr(torch, geom.dtype),
+        softmax_scale=geom.head_dim ** -0.5, num_cores=geom.num_cores,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    for tensors in zip(attn.queries, attn.kv_caches):
+        for t in (*tensors[0], *tensors[1]):
+            t.copy_(torch.randn(t.shape, generator=gen))
     attn.capture()
     return attn
 

@@ -64,6 +64,17 @@ DEFAULT_POINTS = (
 QUICK_POINTS = (HEADLINE, Point(4, 8, "spec-decode"))
 DEFAULT_STEPS, DEFAULT_WARMUP = 30, 3
 QUICK_STEPS, QUICK_WARMUP = 6, 1
+#: ``--geometry deepseek-v3`` (issue 20): L = 61 MLA layers at one TP-8 rank of DeepSeek-V3
+#: (16 heads, kv_lora_rank 512, rope 64; vLLM-Ascend's MLA block 128), batch 16, trace KV
+#: lengths capped at 2048 (a full-length step takes minutes on the CPU backend), bf16. Its
+#: emulated device work is about 10 s a step here, so it runs few steps.
+DEEPSEEK_V3 = Geometry(num_q_heads=16, num_kv_heads=1, head_dim=576, block_size=128,
+                       num_cores=24, dtype="bfloat16", max_kv=2048, num_blocks=64,
+                       kv_lora_rank=512, qk_rope_head_dim=64)
+DEEPSEEK_V3_POINTS = (Point(61, 16, "trace"),)
+DEEPSEEK_V3_STEPS, DEEPSEEK_V3_WARMUP = 4, 1
+DEEPSEEK_V3_QUICK_STEPS, DEEPSEEK_V3_QUICK_WARMUP = 2, 0
+GEOMETRIES = ("gqa", "deepseek-v3")
 #: the flatness figure is a ratio of two medians of a few microseconds each: fewer steps
 #: than this leave its interval too wide to judge against the target (about 10 s here)
 FLATNESS_MIN_STEPS = 20
@@ -101,6 +112,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-save", action="store_true", help="write no files")
     g = p.add_argument_group("geometry")
+    g.add_argument("--geometry", choices=GEOMETRIES, default="gqa",
+                   help="gqa (the flags below) or deepseek-v3: L=61 MLA layers, one TP-8 rank "
+                        "(16 heads, 512 + 64), batch 16, kv <= 2048; the flags below are "
+                        "then ignored, and the default grid is that one point")
     d = Geometry()
     g.add_argument("--q-heads", type=int, default=d.num_q_heads)
     g.add_argument("--kv-heads", type=int, default=d.num_kv_heads)
@@ -116,12 +131,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def grid(args: argparse.Namespace) -> list[Point]:
     """The points to run, from the flags."""
+    mla = getattr(args, "geometry", "gqa") == "deepseek-v3"
+    base = DEEPSEEK_V3_POINTS[0] if mla else HEADLINE   # what a flag not given keeps
+    if mla and not (args.layers or args.batch_sizes or args.sources):
+        return list(DEEPSEEK_V3_POINTS)
     if args.layers or args.batch_sizes or args.sources:
         return [
             Point(layers, batch, source)
-            for source in (args.sources or [HEADLINE.source])
-            for layers in (args.layers or [HEADLINE.layers])
-            for batch in (args.batch_sizes or [HEADLINE.batch])
+            for source in (args.sources or [base.source])
+            for layers in (args.layers or [base.layers])
+            for batch in (args.batch_sizes or [base.batch])
         ]
     return list(QUICK_POINTS if args.quick else DEFAULT_POINTS)
 
@@ -226,15 +245,21 @@ def run(args: argparse.Namespace) -> int:
         if not plots.available():
             raise CliError("--png needs matplotlib: pip install 'aicpu-tiling[plot]'")
     points = grid(args)
-    steps = args.steps or (QUICK_STEPS if args.quick else DEFAULT_STEPS)
+    mla = getattr(args, "geometry", "gqa") == "deepseek-v3"
+    quick_steps, quick_warmup = ((DEEPSEEK_V3_QUICK_STEPS, DEEPSEEK_V3_QUICK_WARMUP) if mla
+                                 else (QUICK_STEPS, QUICK_WARMUP))
+    full_steps, full_warmup = ((DEEPSEEK_V3_STEPS, DEEPSEEK_V3_WARMUP) if mla
+                               else (DEFAULT_STEPS, DEFAULT_WARMUP))
+    steps = args.steps or (quick_steps if args.quick else full_steps)
     warmup = args.warmup if args.warmup is not None else (
-        QUICK_WARMUP if args.quick else DEFAULT_WARMUP)  # fmt: skip
+        quick_warmup if args.quick else full_warmup)  # fmt: skip
     if steps < 2 or warmup < 0:
         raise CliError(f"--steps must be >= 2 and --warmup >= 0 (got {steps}, {warmup})")
-    geom = Geometry(num_q_heads=args.q_heads, num_kv_heads=args.kv_heads,
-                    head_dim=args.head_dim, block_size=args.block_size, num_cores=args.cores,
-                    dtype=args.dtype, max_kv=args.max_kv)  # fmt: skip
-    explicit_grid = bool(args.layers or args.batch_sizes or args.sources)
+    geom = DEEPSEEK_V3 if mla else Geometry(
+        num_q_heads=args.q_heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
+        block_size=args.block_size, num_cores=args.cores, dtype=args.dtype,
+        max_kv=args.max_kv)  # fmt: skip
+    explicit_grid = bool(args.layers or args.batch_sizes or args.sources) or mla
     flatness = (not explicit_grid) if args.flatness is None else args.flatness
     flat_steps = max(steps, FLATNESS_MIN_STEPS)
     started = time.time()
