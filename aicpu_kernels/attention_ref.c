@@ -781,13 +781,21 @@ static int32_t window_first_block(const core_ctx *c, const request_lens *rl, int
     return lo <= 0 ? 0 : (int32_t)(lo / c->p->block_size);
 }
 
-/* The block index at which the tiling starts a unit. An ABI v4 tiling knows no window: a unit
- * starts at block 0, and the blocks below the window are the consumer's to skip. From ABI v5
- * the params carry the window and a unit's blocks are [window_first_block, last) in absolute
- * block-table columns. A position (r, h, t, k) with k at or below this names the unit's start
- * (a v5 tiling may name it with k = 0 too). */
-static int32_t unit_start(const core_ctx *c, const request_lens *rl, int32_t t) {
-    return AICPU_TILING_VERSION >= 5 ? window_first_block(c, rl, t) : 0;
+/*
+ * Where a tiling starts a unit. One that knows no window (ABI v4, or a window of 0) starts
+ * every unit at block 0 and may cut it anywhere; one planned with the window (ABI v5) starts
+ * it at kw = window_first_block, in absolute block-table columns, and cuts only above. The
+ * consumer reads no block below kw either way, and tells the two apart from the core record
+ * where the block index alone cannot: only 0 < k <= kw is ambiguous.
+ *
+ * begins_inside: 1 when a core's begin at block k (first_slot: its record's) continues a unit
+ * the tiling cut there, 0 when it is the unit's start. k > kw is a cut for both. 0 < k <= kw
+ * with first_slot < 0 is the start (a continuation is always a piece, which has a slot);
+ * with first_slot >= 0 the first segment is a piece either way (a continuation, or a start
+ * that ends inside the unit), over the same blocks [kw, ke), so both readings compute alike.
+ */
+static int begins_inside(int32_t k, int32_t kw, int32_t first_slot) {
+    return k > kw || (k > 0 && first_slot >= 0);
 }
 
 /* 1 when request r's block-table entries for kv blocks [kb, ke) name blocks of the cache. */
@@ -803,11 +811,11 @@ static int blocks_valid(const core_ctx *c, int32_t r, int32_t kb, int32_t ke) {
 /* The kv heads [*lo, *hi] whose whole unit (h, r, 0) of single-tile request r lies inside the
  * range [begin, end) (head-major order: the heads strictly between begin's and end's, plus
  * begin's head when begin is not past request r, plus end's head when end is past request r;
- * k0: the unit_start of request r's units);
+ * begin_starts: begin, when in request r, is a unit's start, !begins_inside);
  * *lo > *hi when there are none. */
 static void whole_heads(const core_ctx *c, const work_pos *begin, const work_pos *end, int32_t r,
-                        int32_t k0, int32_t *lo, int32_t *hi) {
-    *lo = begin->r < r || (begin->r == r && begin->k <= k0) ? begin->h : begin->h + 1;
+                        int begin_starts, int32_t *lo, int32_t *hi) {
+    *lo = begin->r < r || (begin->r == r && begin_starts) ? begin->h : begin->h + 1;
     *hi = end->r > r ? end->h : end->h - 1;
     if (*hi > c->p->num_kv_heads - 1) *hi = c->p->num_kv_heads - 1;
 }
@@ -852,16 +860,21 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
 
     while (pos_less(&pos, &end)) {
         segment sg;
-        int32_t nblocks, cap, k0, kw;
+        int32_t nblocks, cap, kw;
         int blocks_ok, whole; /* whole: a whole unit of a single-tile request */
+        int inside;           /* the segment continues a unit the tiling cut (begins_inside) */
         if (pos.r < 0 || pos.r >= batch || pos.h < 0 || pos.h >= params->num_kv_heads ||
             pos.t < 0 || !load_request(c, pos.r, &sg.rl) || pos.t >= num_tiles(c, &sg.rl) ||
             (mode->heads > 0 && pos.h != 0))
             return AICPU_ATTENTION_E_TILING;
         nblocks = unit_blocks(c, &sg.rl, pos.t);
-        k0 = unit_start(c, &sg.rl, pos.t);
-        if (pos.k < k0) pos.k = k0; /* the unit's start, however the tiling names it */
-        if (end.r == pos.r && end.h == pos.h && end.t == pos.t && end.k <= pos.k) break;
+        kw = window_first_block(c, &sg.rl, pos.t);
+        inside = nseg == 0 && begins_inside(pos.k, kw, first_slot);
+        /* an end at 0 < k <= kw: a tiling that knows the window names the unit's start there
+         * (the core ends before the unit, its segments all walked); else a cut at k */
+        if (end.r == pos.r && end.h == pos.h && end.t == pos.t && end.k > 0 && end.k <= kw &&
+            nseg == rec[AICPU_TILING_CORE_NUM_SEGMENTS])
+            break;
         sg.r = pos.r;
         sg.h = pos.h;
         sg.t = pos.t;
@@ -873,14 +886,15 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
         sg.ntok = sg.rl.q_len - pos.t * params->q_tile;
         if (sg.ntok > params->q_tile) sg.ntok = params->q_tile;
         cap = fuse_cap(c, sg.ntok);
-        whole = sg.kb == k0 && sg.ke == nblocks && num_tiles(c, &sg.rl) == 1;
+        whole = !inside && sg.ke == nblocks && num_tiles(c, &sg.rl) == 1;
         if (mode->heads == 0 && whole) {
             /* Fuse kv heads: the whole units (r, h', 0) inside the core's range are the heads
              * [lo, hi] (whole_heads). They run in groups of cap heads starting at lo, each group
              * when the walk reaches its first head; the walk skips the group's other heads
              * later. */
             int32_t lo, hi;
-            whole_heads(c, &first, &end, pos.r, k0, &lo, &hi);
+            whole_heads(c, &first, &end, pos.r, !begins_inside(first.k, kw, first_slot), &lo,
+                        &hi);
             if (pos.h < lo || pos.h > hi) return AICPU_ATTENTION_E_TILING;
             if ((pos.h - lo) % cap != 0) {
                 sg.nh = 0; /* run with the group that starts at an earlier head */
@@ -888,13 +902,13 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
                 sg.nh = hi - pos.h + 1 < cap ? hi - pos.h + 1 : cap;
             }
         }
-        if (sg.kb > k0 || sg.ke < nblocks) {
+        if (inside || sg.ke < nblocks) {
             /* Only a core's first segment can start inside a unit and only its last can end
              * inside one; a piece that is both has first_slot == last_slot. */
             int last = sg.ke < nblocks || nseg + 1 == rec[AICPU_TILING_CORE_NUM_SEGMENTS];
             int32_t top = mode->heads > 0 ? (mode->heads - 1) * mode->slot_step : 0;
             sg.slot = nseg == 0 ? first_slot : last_slot;
-            if ((nseg > 0 && (sg.kb > k0 || !last)) ||
+            if ((nseg > 0 && (inside || !last)) ||
                 (nseg == 0 && last && first_slot != last_slot))
                 return AICPU_ATTENTION_E_TILING;
             if (sg.slot < 0 || sg.slot >= c->max_slots - top || c->partial_out == NULL ||
@@ -1173,13 +1187,18 @@ static int same_pos(const int32_t *a, const int32_t *b) {
 
 /* 1 when unit (h, r, 0) -- with h < 0, any unit of request r -- is cut inside by the end of a
  * non-idle core of the span other than the last one (that end is the next non-idle core's
- * begin: the unit is two pieces); k0: the unit_start of request r's units. */
+ * begin, which begins_inside the unit: the unit is two pieces); kw: window_first_block of
+ * request r's units. */
 static int span_cuts_unit(const int32_t *tiling, int32_t first_core, int32_t last_live,
-                          int32_t h, int32_t r, int32_t k0) {
-    int32_t core;
+                          int32_t h, int32_t r, int32_t kw) {
+    int32_t core, next;
     for (core = first_core; core < last_live; core++) {
         const int32_t *rec = core_record(tiling, core), *e = rec + AICPU_TILING_CORE_END;
-        if (e[0] == r && (h < 0 || e[1] == h) && e[3] > k0 && !core_idle(rec)) return 1;
+        if (e[0] != r || (h >= 0 && e[1] != h) || e[3] == 0 || core_idle(rec)) continue;
+        for (next = core + 1; next < last_live && core_idle(core_record(tiling, next)); next++) {
+        }
+        if (begins_inside(e[3], kw, core_record(tiling, next)[AICPU_TILING_CORE_FIRST_SLOT]))
+            return 1;
     }
     return 0;
 }
@@ -1194,34 +1213,35 @@ static int span_cuts_unit(const int32_t *tiling, int32_t first_core, int32_t las
 static void run_span_whole(const core_ctx *c, const int32_t *tiling, int32_t first_core,
                            int32_t last_live, const work_pos *begin, const work_pos *end,
                            int32_t batch) {
+    const int32_t begin_slot = core_record(tiling, first_core)[AICPU_TILING_CORE_FIRST_SLOT];
     int32_t r;
     for (r = 0; r < batch; r++) {
         segment sg;
-        int32_t lo, hi, h, cap, k0;
+        int32_t lo, hi, h, cap, kw;
         int any_cut, blocks_ok;
         if (!load_request(c, r, &sg.rl) || sg.rl.q_len == 0 || num_tiles(c, &sg.rl) != 1)
             continue;
-        k0 = unit_start(c, &sg.rl, 0);
-        whole_heads(c, begin, end, r, k0, &lo, &hi);
+        kw = window_first_block(c, &sg.rl, 0);
+        whole_heads(c, begin, end, r, !begins_inside(begin->k, kw, begin_slot), &lo, &hi);
         if (lo > hi) continue;
         sg.r = r;
         sg.t = 0;
-        sg.kb = k0;
+        sg.kb = 0; /* run_segment reads from the window's first block */
         sg.ke = unit_blocks(c, &sg.rl, 0);
-        blocks_ok = blocks_valid(c, r, window_first_block(c, &sg.rl, 0), sg.ke);
+        blocks_ok = blocks_valid(c, r, kw, sg.ke);
         sg.slot = -1;
         sg.ntok = sg.rl.q_len;
         cap = fuse_cap(c, sg.ntok);
         /* per-head checks only for a request some core boundary cuts */
-        any_cut = span_cuts_unit(tiling, first_core, last_live, -1, r, k0);
+        any_cut = span_cuts_unit(tiling, first_core, last_live, -1, r, kw);
         for (h = lo; h <= hi;) {
-            if (any_cut && span_cuts_unit(tiling, first_core, last_live, h, r, k0)) {
+            if (any_cut && span_cuts_unit(tiling, first_core, last_live, h, r, kw)) {
                 h++;
                 continue;
             }
             for (sg.h = h, sg.nh = 1;
                  sg.nh < cap && h + sg.nh <= hi &&
-                 !(any_cut && span_cuts_unit(tiling, first_core, last_live, h + sg.nh, r, k0));
+                 !(any_cut && span_cuts_unit(tiling, first_core, last_live, h + sg.nh, r, kw));
                  sg.nh++) {
             }
             run_segment(c, &sg, blocks_ok);

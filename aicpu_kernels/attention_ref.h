@@ -65,8 +65,11 @@
  *   block below first = floor(max(0, p0 - W + 1) / block_size), p0 its first row's position,
  *   whatever blocks the tiling gives its segments: an ABI v4 tiling knows no window and starts
  *   every unit at block 0; from ABI v5 a unit's blocks are [first, last), in absolute
- *   block-table columns. A piece left with no block in the window writes lse = -inf and a zero
- *   output, which finalize merges with weight 0. Sinks and the soft cap combine with it.
+ *   block-table columns. Both work: where a block index alone is ambiguous (0 < k <= first)
+ *   the core record tells a cut from a unit's start (a continuation has a slot; an end there
+ *   is a cut only while segments remain). A piece left with no block in the window writes
+ *   lse = -inf and a zero output, which finalize merges with weight 0. Sinks and the soft cap
+ *   combine with it.
  *
  * ACCURACY. fp32 accumulation, an exp accurate to about 1e-7 relative, outputs rounded to the
  * storage dtype to nearest even: relative error ~1e-7 for fp32 storage, one rounding of the

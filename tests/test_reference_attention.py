@@ -480,6 +480,59 @@ def test_sliding_window_reads_only_blocks_in_some_rows_window(cores, window):
         assert any(b * bs <= p and p - window < (b + 1) * bs - 1 for p in _unit_rows(case, r, t))
 
 
+def with_window_unit_starts(case: Case, plan) -> np.ndarray:
+    """The tiling's buffer with every core position at a unit's start (k = 0) renamed to the
+    unit's first window block, as a tiling planned with the window names it (ABI v5: a unit's
+    blocks are [first, last) in absolute columns). Its cuts below the window stay (a v4
+    tiling's), so the result mixes both conventions where they differ: the consumers must
+    tell them apart from the core records. (A core that begins a unit and ends below its
+    window keeps k = 0: no v5 tiling has that piece, nor a name for its start.)"""
+    words = plan.buffer.view(np.int32).copy()
+    p, renamed = case.params, 0
+    batch = int(words[HDR.AICPU_TILING_HDR_BATCH])
+    begin, end = HDR.AICPU_TILING_CORE_BEGIN, HDR.AICPU_TILING_CORE_END
+    for core in range(p.num_cores):
+        rec = HDR.AICPU_TILING_HDR_WORDS + core * HDR.AICPU_TILING_CORE_WORDS
+        end_pos = [int(w) for w in words[rec + end : rec + end + 4]]
+        for at in (begin, end):
+            r, h, t, k = (int(w) for w in words[rec + at : rec + at + 4])
+            if k == 0 and r < batch and h < p.num_kv_heads and case.q_lens[r]:
+                first = sliding_window_first_block(case.kv_lens[r], case.q_lens[r],
+                                                   t * p.q_tile, case.sliding_window,
+                                                   p.block_size)
+                if at == begin and end_pos[:3] == [r, h, t] and end_pos[3] <= first:
+                    continue
+                words[rec + at + 3] = first
+                renamed += first > 0
+    assert renamed, "no unit start moved: the case does not test the new naming"
+    return words
+
+
+@pytest.mark.parametrize("cores", [5, 8, 12])
+@pytest.mark.parametrize("window", [3, 13])
+def test_sliding_window_with_unit_starts_at_the_window(cores, window):
+    """A tiling that starts units at their first window block (the tiling branch's ABI v5)
+    gives the same answer, through per-core, sibling and span calls."""
+    case = window_case(torch.float32, cores, window)
+    words = with_window_unit_starts(case, case.tiling())
+    check_ok(case, tiling_obj=words)
+    po, pl = ra.partial_buffers(case.params)
+    out = torch.full_like(case.query, float("nan"))
+    bound = ra.BoundAttention(case.params, words, query=case.query, key_cache=case.key_cache,
+                              value_cache=case.value_cache, block_table=case.block_table,
+                              cu_seqlens_q=case.cu, seqlens_kv=case.kv, out=out,
+                              partial_out=po, partial_lse=pl, scale=case.scale,
+                              sliding_window=window)
+    for j in range(bound.num_sibling_sets):
+        assert bound.core_siblings(j) == 0
+    assert bound.finalize() == 0
+    assert_close(case, out)
+    out.fill_(float("nan"))
+    assert bound.core_span(0, 2) == 0 and bound.core_span(2, cores - 2) == 0
+    assert bound.finalize() == 0
+    assert_close(case, out)
+
+
 def test_sliding_window_off_and_wide_are_today_and_bad_windows_raise():
     """None, 0 and a window wider than every kv length give the bits of a call without the
     argument; a negative, bool or float window, or one without causal attention, raises."""

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from test_reference_attention import POISON_BLOCK, Case
+from test_reference_attention import POISON_BLOCK, Case, with_window_unit_starts
 
 from pyruntime import tiling
 from pyruntime.kernels import reference_attention as ra
@@ -221,6 +221,24 @@ def test_sliding_window_with_sinks_and_soft_cap(window):
     assert_triton_matches_c_and_float64(case, plan, TOL[torch.float32], name)
     case.soft_cap, case.query = 2.0, case.query * 4
     assert_triton_matches_c_and_float64(case, plan, SOFT_CAP_TOL[torch.float32], name)
+
+
+@pytest.mark.parametrize("window", [3, 13])
+def test_sliding_window_with_unit_starts_at_the_window(window):
+    """A tiling that starts units at their first window block (the tiling branch's ABI v5,
+    here mixed with today's cuts below the window) gives the same answer."""
+
+    class Renamed:  # what run_triton reads of a plan
+        def __init__(self, buffer, epoch):
+            self.buffer, self.epoch = buffer, epoch
+
+    for name, cores in (("chunked_prefill", 5), ("spec_decode", 7), ("decode_gqa_split", 8)):
+        case = Case(np.random.default_rng(7), sliding_window=window, poison_below_window=True,
+                    **{**CASES[name], "cores": cores})
+        plan = case.tiling()
+        words = with_window_unit_starts(case, plan)
+        assert_triton_matches_c_and_float64(case, Renamed(words, plan.epoch),
+                                            TOL[torch.float32], name)
 
 
 def test_sliding_window_argument_is_checked_before_launching():

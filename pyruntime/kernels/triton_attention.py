@@ -75,9 +75,11 @@ Constraints this code relies on, with their sources (check them on hardware):
   windows at different positions, so the mask is per row; a row block reads no block below
   its lowest window start, and a unit none below ``first = max(0, p0 - W + 1) // block_size``
   (p0 its first row's position), whatever the tiling's blocks: an ABI v4 tiling gives every
-  unit all its blocks, from v5 a unit's blocks are [first, last) in absolute columns (both
-  work). A piece left with no block writes lse = -inf, which the combine already merges with
-  weight 0, so the combine kernel has no window switch. With it off nothing is compiled.
+  unit all its blocks, from v5 a unit's blocks are [first, last) in absolute columns; both
+  work, told apart by the core record where the block index alone is ambiguous (the C
+  reference's ``begins_inside``). A piece left with no block writes lse = -inf, which the
+  combine already merges with weight 0, so the combine kernel has no window switch. With it
+  off nothing is compiled.
 - Device-side checks never read out of bounds: every index read from the tiling or the length
   arrays is range-checked before it addresses memory, and a block id outside
   ``[0, num_blocks)`` turns the segment into zeros (``lse = +inf`` for a piece), as in the C
@@ -348,21 +350,25 @@ def paged_attention_kernel(
                     at_end = (h == e_h) & (r == e_r) & (t == e_t)
                     kb = tl.where(at_begin, b_k, 0)
                     ke = tl.where(at_end, e_k, num_kv_blocks)
-                    k0 = 0       # where the tiling starts a unit
-                    kr = kb      # the first block read
+                    kr = kb             # the first block read
+                    inside = kb > 0     # the core begins inside a unit the tiling cut
+                    has_segment = ke > kb
                     if USE_WINDOW:
                         # the unit's first block in its first row's window (the C
-                        # window_first_block); an ABI v4 tiling starts units at 0 and the
-                        # blocks below are skipped here, from v5 it starts them there
-                        # (positions at or below it name the unit start)
+                        # window_first_block). A tiling that knows no window (ABI v4) starts
+                        # units at 0, one planned with it (v5) at `first`: 0 < k <= first is a
+                        # unit start there unless the record says otherwise (the C
+                        # begins_inside and walk_range: a continuation has a slot; an end
+                        # there is a cut only while segments remain)
                         first = tl.maximum(kv_len - q_len + t * Q_TILE - sliding_window + 1,
                                            0) // BLOCK_SIZE
-                        if VERSION >= 5:
-                            k0 = first
-                            kb = tl.maximum(kb, first)
                         kr = tl.maximum(kb, first)
-                    if ke > kb:
-                        piece = (kb > k0) | (ke < num_kv_blocks)
+                        inside = (kb > first) | ((kb > 0) & (first_slot >= 0))
+                        names_start = at_end & (ke > 0) & (ke <= first) & (walked
+                                                                           == num_segments)
+                        has_segment = has_segment & ~names_start
+                    if has_segment:
+                        piece = inside | (ke < num_kv_blocks)
                         # only a core's first segment starts inside a unit, only its last ends
                         # inside one (aicpu_tiling.h, core record)
                         slot = tl.where(piece, tl.where(walked == 0, first_slot, last_slot), -1)
