@@ -444,6 +444,7 @@ typedef struct {
     float scale;
     float soft_cap; /* > 0: the logits soft cap C; 0: off (soft_cap_of) */
     const float *sinks; /* [num_q_heads] attention-sink logits, or NULL (off) */
+    int32_t window;     /* sliding window W > 0 (causal only), or 0 (off) */
     const void *query, *key_cache, *value_cache;
     const int32_t *block_table, *cu, *kv;
     void *out;
@@ -564,13 +565,14 @@ static void cap_scores(float *s, ptrdiff_t sn, int32_t nr, const int32_t *nv, fl
 }
 
 static void process_chunk(const core_ctx *c, const float *qs, float *acc, float *sbuf, float *m,
-                          float *l, const int32_t *limit, const int32_t *head_at, int32_t nr,
+                          float *l, const int32_t *lower, const int32_t *limit,
+                          const int32_t *head_at, int32_t nr,
                           int32_t c0, int32_t n, const void *kraw, const void *vraw,
                           ptrdiff_t stride, float *kbuf, float *vbuf, const chunk_prefetch *pf) {
     const int32_t d = c->p->head_dim;
     const size_t esize = dtype_bytes(c->dtype);
     chunk_prefetch this_chunk;
-    int32_t nv[MAX_ROWS];
+    int32_t nv[MAX_ROWS], below[MAX_ROWS];
     int32_t i, e, x;
     this_chunk.k = (const unsigned char *)kraw;
     this_chunk.v = (const unsigned char *)vraw;
@@ -578,8 +580,12 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
     this_chunk.head_bytes = pf->head_bytes;
     this_chunk.stride = stride * (ptrdiff_t)esize;
     for (i = 0; i < nr; i++) {
-        int32_t v = limit[i] - c0;
+        int32_t v = limit[i] - c0, w = lower[i] - c0;
         nv[i] = v < 0 ? 0 : v < n ? v : n;
+        /* below the row's sliding window: the chunk's first `below` tokens (scored, then masked
+         * to -inf, whose exp is 0 in every variant); a row that sees none of the chunk skips it */
+        below[i] = w < 0 ? 0 : w;
+        if (below[i] >= nv[i]) nv[i] = 0;
     }
     for (i = 0; i < nr; i = e) {
         const char *kp = (const char *)kraw + (size_t)head_at[i] * esize;
@@ -600,6 +606,12 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
         c->k->scores(sbuf + (size_t)i * n, n, qs + (size_t)i * d, e - i, nv + i, kp, c->dtype,
                      stride, d, kbuf);
         if (c->soft_cap > 0.0f) cap_scores(sbuf + (size_t)i * n, n, e - i, nv + i, c->soft_cap);
+        if (c->window > 0) {
+            for (r = i; r < e; r++) {
+                int32_t j;
+                for (j = 0; nv[r] > 0 && j < below[r]; j++) sbuf[(size_t)r * n + j] = -INFINITY;
+            }
+        }
         prefetch_head(c, ahead, ahead->k, ahead_at, half, ahead->n);
         /* online softmax, once per chunk */
         for (r = i; r < e; r++) {
@@ -624,6 +636,34 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
     }
 }
 
+/* The block log (aicpu_attention_set_block_log): test instrumentation, off when count is NULL. */
+static int32_t *block_log;
+static int32_t block_log_capacity;
+static int32_t *block_log_count;
+
+void aicpu_attention_set_block_log(int32_t *log, int32_t capacity, int32_t *count) {
+    block_log = log;
+    block_log_capacity = log != NULL && capacity > 0 ? capacity : 0;
+    block_log_count = count;
+}
+
+/* Records that the segment reads kv block column b, once per kv head of the segment. */
+static void log_block(const segment *sg, int32_t b) {
+    int32_t hh;
+    if (block_log_count == NULL) return;
+    for (hh = 0; hh < sg->nh; hh++) {
+        int32_t n = *block_log_count;
+        if (n < block_log_capacity) {
+            int32_t *w = block_log + (size_t)4 * n;
+            w[0] = sg->r;
+            w[1] = sg->h + hh;
+            w[2] = sg->t;
+            w[3] = b;
+        }
+        *block_log_count = n + 1;
+    }
+}
+
 static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
     const aicpu_tiling_params *p = c->p;
     const int32_t d = p->head_dim, bs = p->block_size;
@@ -637,14 +677,14 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
     const int32_t shift = c->causal ? sg->rl.kv_len - sg->rl.q_len : 0;
     float qs[QO_FLOATS], acc[QO_FLOATS], kbuf[KV_FLOATS], vbuf[KV_FLOATS];
     float sbuf[S_FLOATS], m[MAX_ROWS], l[MAX_ROWS];
-    int32_t limit[MAX_ROWS], head_at[MAX_ROWS];
+    int32_t lower[MAX_ROWS], limit[MAX_ROWS], head_at[MAX_ROWS];
     int32_t r0;
 
     for (r0 = 0; r0 < rows; r0 += row_block) {
         const int32_t nr = rows - r0 < row_block ? rows - r0 : row_block;
         /* width-bound: the chunk touched ahead stays about KV_FLOATS values of K and of V */
         int32_t chunk = KV_FLOATS / width < MAX_CHUNK ? KV_FLOATS / width : MAX_CHUNK;
-        int32_t i, b, kv_hi = 0;
+        int32_t i, b, kv_hi = 0, kv_lo = INT32_MAX;
         for (i = 0; i < nr; i++) {
             int32_t hh = (r0 + i) / per_head, tok = (r0 + i) % per_head / c->group;
             int32_t g = (r0 + i) % c->group;
@@ -657,16 +697,23 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
             m[i] = -INFINITY;
             l[i] = 0.0f;
             limit[i] = c->causal ? shift + tok0 + tok + 1 : sg->rl.kv_len;
+            /* the row at position limit - 1 sees (limit - 1 - W, limit - 1] (causal only) */
+            lower[i] = c->window > 0 && limit[i] > c->window ? limit[i] - c->window : 0;
             if (limit[i] > kv_hi) kv_hi = limit[i];
+            if (lower[i] < kv_lo) kv_lo = lower[i];
         }
         if (kv_hi > sg->ke * bs) kv_hi = sg->ke * bs;
         if (chunk > S_FLOATS / nr) chunk = S_FLOATS / nr;
-        for (b = sg->kb; blocks_ok && b < sg->ke && b * bs < kv_hi; b++) {
+        /* no block below the lowest window start of these rows is read (the tiling's blocks of
+         * a unit may start lower: ABI v4 tilings know no window) */
+        b = sg->kb > kv_lo / bs ? sg->kb : kv_lo / bs;
+        for (; blocks_ok && b < sg->ke && b * bs < kv_hi; b++) {
             const size_t block_at = ((size_t)bt_row[b] * bs * p->num_kv_heads + sg->h) * d;
             const int32_t p0 = b * bs;
             const int32_t p1 = p0 + bs < kv_hi ? p0 + bs : kv_hi;
             int32_t c0;
-            for (c0 = p0; c0 < p1; c0 += chunk) {
+            log_block(sg, b);
+            for (c0 = p0 > kv_lo ? p0 : kv_lo; c0 < p1; c0 += chunk) {
                 const int32_t n = p1 - c0 < chunk ? p1 - c0 : chunk;
                 const size_t tok_at = block_at + (size_t)(c0 - p0) * token_stride;
                 chunk_prefetch pf;
@@ -689,7 +736,7 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
                         pf.v = (const unsigned char *)c->value_cache + at;
                     }
                 }
-                process_chunk(c, qs, acc, sbuf, m, l, limit, head_at, nr, c0, n,
+                process_chunk(c, qs, acc, sbuf, m, l, lower, limit, head_at, nr, c0, n,
                               (const char *)c->key_cache + tok_at * esize,
                               (const char *)c->value_cache + tok_at * esize, token_stride, kbuf,
                               vbuf, &pf);
@@ -725,6 +772,32 @@ static int32_t unit_blocks(const core_ctx *c, const request_lens *rl, int32_t t)
     return (int32_t)(((int64_t)kv_end + c->p->block_size - 1) / c->p->block_size);
 }
 
+/* The first kv block a unit's rows see with a sliding window W: the block of max(0, p0 - W + 1),
+ * p0 = kv_len - q_len + t * q_tile the position of its first row; 0 without a window. */
+static int32_t window_first_block(const core_ctx *c, const request_lens *rl, int32_t t) {
+    int64_t lo;
+    if (c->window <= 0) return 0;
+    lo = (int64_t)rl->kv_len - rl->q_len + (int64_t)t * c->p->q_tile - c->window + 1;
+    return lo <= 0 ? 0 : (int32_t)(lo / c->p->block_size);
+}
+
+/*
+ * Where a tiling starts a unit. One that knows no window (ABI v4, or a window of 0) starts
+ * every unit at block 0 and may cut it anywhere; one planned with the window (ABI v5) starts
+ * it at kw = window_first_block, in absolute block-table columns, and cuts only above. The
+ * consumer reads no block below kw either way, and tells the two apart from the core record
+ * where the block index alone cannot: only 0 < k <= kw is ambiguous.
+ *
+ * begins_inside: 1 when a core's begin at block k (first_slot: its record's) continues a unit
+ * the tiling cut there, 0 when it is the unit's start. k > kw is a cut for both. 0 < k <= kw
+ * with first_slot < 0 is the start (a continuation is always a piece, which has a slot);
+ * with first_slot >= 0 the first segment is a piece either way (a continuation, or a start
+ * that ends inside the unit), over the same blocks [kw, ke), so both readings compute alike.
+ */
+static int begins_inside(int32_t k, int32_t kw, int32_t first_slot) {
+    return k > kw || (k > 0 && first_slot >= 0);
+}
+
 /* 1 when request r's block-table entries for kv blocks [kb, ke) name blocks of the cache. */
 static int blocks_valid(const core_ctx *c, int32_t r, int32_t kb, int32_t ke) {
     const int32_t *row = c->block_table + (size_t)r * c->p->max_blocks_per_req;
@@ -737,11 +810,12 @@ static int blocks_valid(const core_ctx *c, int32_t r, int32_t kb, int32_t ke) {
 
 /* The kv heads [*lo, *hi] whose whole unit (h, r, 0) of single-tile request r lies inside the
  * range [begin, end) (head-major order: the heads strictly between begin's and end's, plus
- * begin's head when begin is not past request r, plus end's head when end is past request r);
+ * begin's head when begin is not past request r, plus end's head when end is past request r;
+ * begin_starts: begin, when in request r, is a unit's start, !begins_inside);
  * *lo > *hi when there are none. */
 static void whole_heads(const core_ctx *c, const work_pos *begin, const work_pos *end, int32_t r,
-                        int32_t *lo, int32_t *hi) {
-    *lo = begin->r < r || (begin->r == r && begin->k == 0) ? begin->h : begin->h + 1;
+                        int begin_starts, int32_t *lo, int32_t *hi) {
+    *lo = begin->r < r || (begin->r == r && begin_starts) ? begin->h : begin->h + 1;
     *hi = end->r > r ? end->h : end->h - 1;
     if (*hi > c->p->num_kv_heads - 1) *hi = c->p->num_kv_heads - 1;
 }
@@ -786,13 +860,21 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
 
     while (pos_less(&pos, &end)) {
         segment sg;
-        int32_t nblocks, cap;
+        int32_t nblocks, cap, kw;
         int blocks_ok, whole; /* whole: a whole unit of a single-tile request */
+        int inside;           /* the segment continues a unit the tiling cut (begins_inside) */
         if (pos.r < 0 || pos.r >= batch || pos.h < 0 || pos.h >= params->num_kv_heads ||
             pos.t < 0 || !load_request(c, pos.r, &sg.rl) || pos.t >= num_tiles(c, &sg.rl) ||
             (mode->heads > 0 && pos.h != 0))
             return AICPU_ATTENTION_E_TILING;
         nblocks = unit_blocks(c, &sg.rl, pos.t);
+        kw = window_first_block(c, &sg.rl, pos.t);
+        inside = nseg == 0 && begins_inside(pos.k, kw, first_slot);
+        /* an end at 0 < k <= kw: a tiling that knows the window names the unit's start there
+         * (the core ends before the unit, its segments all walked); else a cut at k */
+        if (end.r == pos.r && end.h == pos.h && end.t == pos.t && end.k > 0 && end.k <= kw &&
+            nseg == rec[AICPU_TILING_CORE_NUM_SEGMENTS])
+            break;
         sg.r = pos.r;
         sg.h = pos.h;
         sg.t = pos.t;
@@ -804,14 +886,15 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
         sg.ntok = sg.rl.q_len - pos.t * params->q_tile;
         if (sg.ntok > params->q_tile) sg.ntok = params->q_tile;
         cap = fuse_cap(c, sg.ntok);
-        whole = sg.kb == 0 && sg.ke == nblocks && num_tiles(c, &sg.rl) == 1;
+        whole = !inside && sg.ke == nblocks && num_tiles(c, &sg.rl) == 1;
         if (mode->heads == 0 && whole) {
             /* Fuse kv heads: the whole units (r, h', 0) inside the core's range are the heads
              * [lo, hi] (whole_heads). They run in groups of cap heads starting at lo, each group
              * when the walk reaches its first head; the walk skips the group's other heads
              * later. */
             int32_t lo, hi;
-            whole_heads(c, &first, &end, pos.r, &lo, &hi);
+            whole_heads(c, &first, &end, pos.r, !begins_inside(first.k, kw, first_slot), &lo,
+                        &hi);
             if (pos.h < lo || pos.h > hi) return AICPU_ATTENTION_E_TILING;
             if ((pos.h - lo) % cap != 0) {
                 sg.nh = 0; /* run with the group that starts at an earlier head */
@@ -819,20 +902,22 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
                 sg.nh = hi - pos.h + 1 < cap ? hi - pos.h + 1 : cap;
             }
         }
-        if (sg.kb > 0 || sg.ke < nblocks) {
+        if (inside || sg.ke < nblocks) {
             /* Only a core's first segment can start inside a unit and only its last can end
              * inside one; a piece that is both has first_slot == last_slot. */
             int last = sg.ke < nblocks || nseg + 1 == rec[AICPU_TILING_CORE_NUM_SEGMENTS];
             int32_t top = mode->heads > 0 ? (mode->heads - 1) * mode->slot_step : 0;
             sg.slot = nseg == 0 ? first_slot : last_slot;
-            if ((nseg > 0 && (sg.kb > 0 || !last)) ||
+            if ((nseg > 0 && (inside || !last)) ||
                 (nseg == 0 && last && first_slot != last_slot))
                 return AICPU_ATTENTION_E_TILING;
             if (sg.slot < 0 || sg.slot >= c->max_slots - top || c->partial_out == NULL ||
                 c->partial_lse == NULL)
                 return AICPU_ATTENTION_E_TILING;
         }
-        blocks_ok = blocks_valid(c, sg.r, sg.kb, sg.ke);
+        /* only the blocks the window lets the segment read are checked (and read) */
+        kw = window_first_block(c, &sg.rl, pos.t);
+        blocks_ok = blocks_valid(c, sg.r, sg.kb > kw ? sg.kb : kw, sg.ke);
         if (!blocks_ok) status = AICPU_ATTENTION_E_BLOCK_ID;
         if (mode->heads == 0) {
             if (sg.nh > 0 && mode->run && !(mode->skip_whole && whole))
@@ -885,9 +970,10 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
 /* The checks every entry point makes before reading the core table: AICPU_TILING_OK, or the
  * status to return. */
 static int layer_check(const aicpu_tiling_params *params, const int32_t *tiling, uint32_t flags,
-                       int32_t dtype, int32_t num_blocks) {
+                       int32_t dtype, int32_t num_blocks, int32_t window) {
     if (params == NULL || tiling == NULL || aicpu_tiling_params_check(params) != AICPU_TILING_OK ||
-        !dtype_ok(dtype) || num_blocks < 0)
+        !dtype_ok(dtype) || num_blocks < 0 || window < 0 ||
+        (window > 0 && (flags & AICPU_TILING_CAUSAL) == 0))
         return AICPU_ATTENTION_E_ARGS;
     if (!header_ok(params, tiling)) return AICPU_ATTENTION_E_TILING;
     if (tiling[AICPU_TILING_HDR_STATUS] != AICPU_TILING_OK) return tiling[AICPU_TILING_HDR_STATUS];
@@ -906,8 +992,8 @@ static float soft_cap_of(float soft_cap) {
 
 static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t flags,
                      int32_t dtype, float scale, float soft_cap, const float *sinks,
-                     const void *query, const void *key_cache, const void *value_cache,
-                     int32_t num_blocks,
+                     int32_t window, const void *query, const void *key_cache,
+                     const void *value_cache, int32_t num_blocks,
                      const int32_t *block_table, const int32_t *cu_seqlens_q,
                      const int32_t *seqlens_kv, void *out, float *partial_out,
                      float *partial_lse) {
@@ -920,6 +1006,7 @@ static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t fl
     c->scale = scale;
     c->soft_cap = soft_cap_of(soft_cap);
     c->sinks = sinks;
+    c->window = window;
     c->k = isa_kernels(aicpu_attention_isa_active());
     c->query = query;
     c->key_cache = key_cache;
@@ -953,10 +1040,11 @@ static int core_idle(const int32_t *rec) {
 
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
                          uint32_t flags, int32_t dtype, float scale, float soft_cap,
-                         const float *sinks, const void *query, const void *key_cache,
-                         const void *value_cache, int32_t num_blocks, const int32_t *block_table,
-                         const int32_t *cu_seqlens_q, const int32_t *seqlens_kv, void *out,
-                         float *partial_out, float *partial_lse) {
+                         const float *sinks, int32_t sliding_window, const void *query,
+                         const void *key_cache, const void *value_cache, int32_t num_blocks,
+                         const int32_t *block_table, const int32_t *cu_seqlens_q,
+                         const int32_t *seqlens_kv, void *out, float *partial_out,
+                         float *partial_lse) {
     core_ctx c;
     const int32_t *rec;
     walk_mode mode;
@@ -965,14 +1053,14 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
     if (params != NULL && aicpu_tiling_params_check(params) == AICPU_TILING_OK &&
         (core < 0 || core >= params->num_cores))
         return AICPU_ATTENTION_E_ARGS;
-    status = layer_check(params, tiling, flags, dtype, num_blocks);
+    status = layer_check(params, tiling, flags, dtype, num_blocks, sliding_window);
     if (status != AICPU_TILING_OK) return status;
     rec = core_record(tiling, core);
     if (core_idle(rec)) return AICPU_TILING_OK;
     if (!tensors_given(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out))
         return AICPU_ATTENTION_E_ARGS;
-    ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, query, key_cache, value_cache,
-             num_blocks, block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
+    ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, sliding_window, query, key_cache,
+             value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
              partial_lse);
     mode.heads = 0;
     mode.slot_step = 0;
@@ -1035,8 +1123,8 @@ static int siblings_match(const aicpu_tiling_params *params, const int32_t *tili
 
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
                                   int32_t first_core, uint32_t flags, int32_t dtype, float scale,
-                                  float soft_cap, const float *sinks, const void *query,
-                                  const void *key_cache,
+                                  float soft_cap, const float *sinks, int32_t sliding_window,
+                                  const void *query, const void *key_cache,
                                   const void *value_cache, int32_t num_blocks,
                                   const int32_t *block_table, const int32_t *cu_seqlens_q,
                                   const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -1050,8 +1138,8 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
     heads = sets == params->num_cores ? 1 : params->num_kv_heads;
     q = sets;
     slot_step = 0;
-    fusable = heads > 1 && layer_check(params, tiling, flags, dtype, num_blocks) ==
-                               AICPU_TILING_OK;
+    fusable = heads > 1 && layer_check(params, tiling, flags, dtype, num_blocks,
+                                       sliding_window) == AICPU_TILING_OK;
     if (fusable) {
         int32_t num_slots = tiling[AICPU_TILING_HDR_NUM_SLOTS];
         fusable = num_slots >= 0 && num_slots % heads == 0;
@@ -1066,9 +1154,9 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
         const int32_t *rec = core_record(tiling, first_core);
         int32_t batch = tiling[AICPU_TILING_HDR_BATCH];
         if (core_idle(rec)) return AICPU_TILING_OK; /* and so are its siblings (checked) */
-        ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, query, key_cache, value_cache,
-                 num_blocks, block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
-                 partial_lse);
+        ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, sliding_window, query,
+                 key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv, out,
+                 partial_out, partial_lse);
         mode.heads = heads;
         mode.slot_step = slot_step;
         mode.run = 0; /* check the whole range first: a bad one falls back to the cores */
@@ -1083,7 +1171,8 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
     /* not fusable: each core of the set on its own, as the per-core loop would run them */
     for (h = 0; h < heads; h++) {
         int s = aicpu_attention_core(params, tiling, first_core + h * q, flags, dtype, scale,
-                                     soft_cap, sinks, query, key_cache, value_cache, num_blocks,
+                                     soft_cap, sinks, sliding_window, query, key_cache,
+                                     value_cache, num_blocks,
                                      block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
                                      partial_lse);
         if (status == AICPU_TILING_OK) status = s;
@@ -1098,13 +1187,18 @@ static int same_pos(const int32_t *a, const int32_t *b) {
 
 /* 1 when unit (h, r, 0) -- with h < 0, any unit of request r -- is cut inside by the end of a
  * non-idle core of the span other than the last one (that end is the next non-idle core's
- * begin: the unit is two pieces). */
+ * begin, which begins_inside the unit: the unit is two pieces); kw: window_first_block of
+ * request r's units. */
 static int span_cuts_unit(const int32_t *tiling, int32_t first_core, int32_t last_live,
-                          int32_t h, int32_t r) {
-    int32_t core;
+                          int32_t h, int32_t r, int32_t kw) {
+    int32_t core, next;
     for (core = first_core; core < last_live; core++) {
         const int32_t *rec = core_record(tiling, core), *e = rec + AICPU_TILING_CORE_END;
-        if (e[0] == r && (h < 0 || e[1] == h) && e[3] > 0 && !core_idle(rec)) return 1;
+        if (e[0] != r || (h >= 0 && e[1] != h) || e[3] == 0 || core_idle(rec)) continue;
+        for (next = core + 1; next < last_live && core_idle(core_record(tiling, next)); next++) {
+        }
+        if (begins_inside(e[3], kw, core_record(tiling, next)[AICPU_TILING_CORE_FIRST_SLOT]))
+            return 1;
     }
     return 0;
 }
@@ -1119,33 +1213,35 @@ static int span_cuts_unit(const int32_t *tiling, int32_t first_core, int32_t las
 static void run_span_whole(const core_ctx *c, const int32_t *tiling, int32_t first_core,
                            int32_t last_live, const work_pos *begin, const work_pos *end,
                            int32_t batch) {
+    const int32_t begin_slot = core_record(tiling, first_core)[AICPU_TILING_CORE_FIRST_SLOT];
     int32_t r;
     for (r = 0; r < batch; r++) {
         segment sg;
-        int32_t lo, hi, h, cap;
+        int32_t lo, hi, h, cap, kw;
         int any_cut, blocks_ok;
         if (!load_request(c, r, &sg.rl) || sg.rl.q_len == 0 || num_tiles(c, &sg.rl) != 1)
             continue;
-        whole_heads(c, begin, end, r, &lo, &hi);
+        kw = window_first_block(c, &sg.rl, 0);
+        whole_heads(c, begin, end, r, !begins_inside(begin->k, kw, begin_slot), &lo, &hi);
         if (lo > hi) continue;
         sg.r = r;
         sg.t = 0;
-        sg.kb = 0;
+        sg.kb = 0; /* run_segment reads from the window's first block */
         sg.ke = unit_blocks(c, &sg.rl, 0);
-        blocks_ok = blocks_valid(c, r, sg.kb, sg.ke);
+        blocks_ok = blocks_valid(c, r, kw, sg.ke);
         sg.slot = -1;
         sg.ntok = sg.rl.q_len;
         cap = fuse_cap(c, sg.ntok);
         /* per-head checks only for a request some core boundary cuts */
-        any_cut = span_cuts_unit(tiling, first_core, last_live, -1, r);
+        any_cut = span_cuts_unit(tiling, first_core, last_live, -1, r, kw);
         for (h = lo; h <= hi;) {
-            if (any_cut && span_cuts_unit(tiling, first_core, last_live, h, r)) {
+            if (any_cut && span_cuts_unit(tiling, first_core, last_live, h, r, kw)) {
                 h++;
                 continue;
             }
             for (sg.h = h, sg.nh = 1;
                  sg.nh < cap && h + sg.nh <= hi &&
-                 !(any_cut && span_cuts_unit(tiling, first_core, last_live, h + sg.nh, r));
+                 !(any_cut && span_cuts_unit(tiling, first_core, last_live, h + sg.nh, r, kw));
                  sg.nh++) {
             }
             run_segment(c, &sg, blocks_ok);
@@ -1157,7 +1253,7 @@ static void run_span_whole(const core_ctx *c, const int32_t *tiling, int32_t fir
 int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
                               int32_t first_core, int32_t num_cores, uint32_t flags,
                               int32_t dtype, float scale, float soft_cap, const float *sinks,
-                              const void *query, const void *key_cache,
+                              int32_t sliding_window, const void *query, const void *key_cache,
                               const void *value_cache, int32_t num_blocks,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -1168,16 +1264,16 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
         first_core < 0 || num_cores < 1 || first_core > params->num_cores - num_cores)
         return AICPU_ATTENTION_E_ARGS;
     if (num_cores > 1 && tiling != NULL &&
-        layer_check(params, tiling, flags, dtype, num_blocks) == AICPU_TILING_OK &&
+        layer_check(params, tiling, flags, dtype, num_blocks, sliding_window) == AICPU_TILING_OK &&
         tensors_given(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out)) {
         core_ctx c;
         walk_mode mode;
         const int32_t *live = NULL; /* the last non-idle record so far */
         int32_t batch = tiling[AICPU_TILING_HDR_BATCH], first_live = -1, last_live = -1;
         int fusable = 1;
-        ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, query, key_cache, value_cache,
-                 num_blocks, block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
-                 partial_lse);
+        ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, sliding_window, query,
+                 key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv, out,
+                 partial_out, partial_lse);
         mode.heads = 0;
         mode.slot_step = 0;
         mode.run = 0; /* check every range first: a bad one falls back to the cores */
@@ -1214,7 +1310,7 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
     /* not fusable: each core on its own, as the per-core loop would run them */
     for (core = first_core; core < first_core + num_cores; core++) {
         int s = aicpu_attention_core(params, tiling, core, flags, dtype, scale, soft_cap, sinks,
-                                     query,
+                                     sliding_window, query,
                                      key_cache, value_cache, num_blocks, block_table,
                                      cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
         if (status == AICPU_TILING_OK) status = s;

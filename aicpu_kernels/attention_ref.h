@@ -58,6 +58,18 @@
  *   sink enters each row exactly once: a whole unit adds it when it normalises its row; pieces
  *   store lse_p without it and finalize merges the sink as one more piece (lse = sink[hq], o = 0).
  *   The soft cap caps the scores, never the sink. A row that sees no key stays zero.
+ *   With a sliding window W (sliding_window > 0, causal only) the query row at position
+ *   p = kv_len - q_len + i sees only the keys j with p - W < j <= p: W keys, or p + 1 when
+ *   p < W (Hugging Face's masks; vLLM's FlashAttention window (W - 1, 0)). Rows of one unit
+ *   start their windows at different positions, so the mask is per row. A unit reads no kv
+ *   block below first = floor(max(0, p0 - W + 1) / block_size), p0 its first row's position,
+ *   whatever blocks the tiling gives its segments: an ABI v4 tiling knows no window and starts
+ *   every unit at block 0; from ABI v5 a unit's blocks are [first, last), in absolute
+ *   block-table columns. Both work: where a block index alone is ambiguous (0 < k <= first)
+ *   the core record tells a cut from a unit's start (a continuation has a slot; an end there
+ *   is a cut only while segments remain). A piece left with no block in the window writes
+ *   lse = -inf and a zero output, which finalize merges with weight 0. Sinks and the soft cap
+ *   combine with it.
  *
  * ACCURACY. fp32 accumulation, an exp accurate to about 1e-7 relative, outputs rounded to the
  * storage dtype to nearest even: relative error ~1e-7 for fp32 storage, one rounding of the
@@ -111,6 +123,9 @@ extern "C" {
  *                 num_q_heads fp32 attention-sink logits (WHAT A ROW COMPUTES); whole units
  *                 add the sink to their denominator, pieces of split units do not (finalize
  *                 does, given the same array)
+ *   sliding_window  0 (off) or W >= 1: each row sees its last W kv positions (WHAT A ROW
+ *                 COMPUTES); only with AICPU_TILING_CAUSAL. Block-table entries below a unit's
+ *                 window are neither read nor checked
  *   query, key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv
  *                 see TENSORS; num_blocks is the caches' dim 0
  *   out           whole units write their rows here, converted to dtype (round to nearest even)
@@ -123,7 +138,8 @@ extern "C" {
  * Returns:
  *   AICPU_TILING_OK             the core's segments are written
  *   the tiling's status         when it is not AICPU_TILING_OK; nothing is read or written
- *   AICPU_ATTENTION_E_ARGS      bad arguments; nothing is read or written
+ *   AICPU_ATTENTION_E_ARGS      bad arguments (sliding_window < 0, or > 0 without
+ *                               AICPU_TILING_CAUSAL); nothing is read or written
  *   AICPU_ATTENTION_E_TILING    the buffer is not a tiling for these params and flags, or the
  *                               lengths differ from those it was planned from; the core stops
  *                               at the first inconsistent segment
@@ -132,15 +148,16 @@ extern "C" {
  *                               lse = +inf, which makes finalize zero the whole unit), the other
  *                               segments are computed, and this status is returned
  *     for (c = 0; c < params.num_cores; c++) status |= aicpu_attention_core(&params, tiling, c,
- *         AICPU_TILING_CAUSAL, AICPU_ATTENTION_BF16, scale, 0.0f, NULL, q, k, v, nblk, bt, cu, kv,
+ *         AICPU_TILING_CAUSAL, AICPU_ATTENTION_BF16, scale, 0.0f, NULL, 0, q, k, v, nblk, bt, cu, kv,
  *         out, po, pl);
  */
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
                          uint32_t flags, int32_t dtype, float scale, float soft_cap,
-                         const float *sinks, const void *query, const void *key_cache,
-                         const void *value_cache, int32_t num_blocks, const int32_t *block_table,
-                         const int32_t *cu_seqlens_q, const int32_t *seqlens_kv, void *out,
-                         float *partial_out, float *partial_lse);
+                         const float *sinks, int32_t sliding_window, const void *query,
+                         const void *key_cache, const void *value_cache, int32_t num_blocks,
+                         const int32_t *block_table, const int32_t *cu_seqlens_q,
+                         const int32_t *seqlens_kv, void *out, float *partial_out,
+                         float *partial_lse);
 
 /*
  * SIBLING CORES. When num_cores P is a multiple of num_kv_heads H, the tiling gives head h to
@@ -179,8 +196,8 @@ int32_t aicpu_attention_num_sibling_sets(const aicpu_tiling_params *params);
 
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
                                   int32_t first_core, uint32_t flags, int32_t dtype, float scale,
-                                  float soft_cap, const float *sinks, const void *query,
-                                  const void *key_cache,
+                                  float soft_cap, const float *sinks, int32_t sliding_window,
+                                  const void *query, const void *key_cache,
                                   const void *value_cache, int32_t num_blocks,
                                   const int32_t *block_table, const int32_t *cu_seqlens_q,
                                   const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -218,7 +235,7 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
 int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
                               int32_t first_core, int32_t num_cores, uint32_t flags,
                               int32_t dtype, float scale, float soft_cap, const float *sinks,
-                              const void *query, const void *key_cache,
+                              int32_t sliding_window, const void *query, const void *key_cache,
                               const void *value_cache, int32_t num_blocks,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -243,6 +260,17 @@ int aicpu_attention_finalize(const aicpu_tiling_params *params, const int32_t *t
                              int32_t dtype, const int32_t *cu_seqlens_q, void *out,
                              const float *partial_out, const float *partial_lse,
                              const float *sinks);
+
+/*
+ * aicpu_attention_set_block_log: test instrumentation of the kv blocks the core calls read.
+ *   count  NULL: off (the default). Else every kv block a core, sibling or span call reads is
+ *          counted in *count (the caller zeroes it) and, while *count < capacity, appended to
+ *          log as 4 int32 (request, kv head, q tile, block-table column); a row block of a
+ *          large unit that reads a block again logs it again.
+ * Process-wide state, not thread-safe: set it, run the calls one at a time, then set NULL.
+ *     aicpu_attention_set_block_log(log, 4096, &n); ...core calls...; set_block_log(NULL, 0, NULL);
+ */
+void aicpu_attention_set_block_log(int32_t *log, int32_t capacity, int32_t *count);
 
 /* aicpu_attention_strerror: a static message for any status above; never NULL. */
 const char *aicpu_attention_strerror(int status);

@@ -12,15 +12,16 @@
 
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
                          uint32_t flags, int32_t dtype, float scale, float soft_cap,
-                         const float *sinks, const void *query, const void *key_cache,
-                         const void *value_cache, int32_t num_blocks, const int32_t *block_table,
-                         const int32_t *cu_seqlens_q, const int32_t *seqlens_kv, void *out,
-                         float *partial_out, float *partial_lse);
+                         const float *sinks, int32_t sliding_window, const void *query,
+                         const void *key_cache, const void *value_cache, int32_t num_blocks,
+                         const int32_t *block_table, const int32_t *cu_seqlens_q,
+                         const int32_t *seqlens_kv, void *out, float *partial_out,
+                         float *partial_lse);
 int32_t aicpu_attention_num_sibling_sets(const aicpu_tiling_params *params);
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
                                   int32_t first_core, uint32_t flags, int32_t dtype, float scale,
-                                  float soft_cap, const float *sinks, const void *query,
-                                  const void *key_cache,
+                                  float soft_cap, const float *sinks, int32_t sliding_window,
+                                  const void *query, const void *key_cache,
                                   const void *value_cache, int32_t num_blocks,
                                   const int32_t *block_table, const int32_t *cu_seqlens_q,
                                   const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -28,7 +29,8 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
 int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
                               int32_t first_core, int32_t num_cores, uint32_t flags,
                               int32_t dtype, float scale, float soft_cap, const float *sinks,
-                              const void *query, const void *key_cache, const void *value_cache, int32_t num_blocks,
+                              int32_t sliding_window, const void *query, const void *key_cache,
+                              const void *value_cache, int32_t num_blocks,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,
                               float *partial_lse);
@@ -36,6 +38,7 @@ int aicpu_attention_finalize(const aicpu_tiling_params *params, const int32_t *t
                              int32_t dtype, const int32_t *cu_seqlens_q, void *out,
                              const float *partial_out, const float *partial_lse,
                              const float *sinks);
+void aicpu_attention_set_block_log(int32_t *log, int32_t capacity, int32_t *count);
 const char *aicpu_attention_strerror(int status);
 
 float aicpu_attention_half_to_float(uint16_t h);

@@ -13,7 +13,8 @@ in every mode and placement, on both AI Core consumers (the C reference and the 
 kernels); the tiling does not change (docs/attention-variants.md). ``sinks=True`` (gpt-oss)
 gives every layer a float32 ``[num_q_heads]`` attention-sink tensor, ``attn.sinks[layer]``,
 filled in place like the queries: each query head's softmax denominator gains
-``exp(sink - m)``.
+``exp(sink - m)``. ``sliding_window=W`` (Gemma 2/3, Mistral, gpt-oss) lets the query at
+position p see only the keys ``p - W < j <= p``, in every mode, with sinks and the soft cap.
 
 Lifetime: `close()` (or leaving a ``with`` block) resets the graph, gives back the streams
 and frees the buffers; ``owns_backend=True`` also closes the backend. A dropped instance
@@ -60,6 +61,7 @@ from pyruntime.graph_attention.errors import (
     FrozenSizeError,
 )
 from pyruntime.graph_attention.host_update import HostUpdatePath
+from pyruntime.kernels import sliding_window as _sliding_window
 from pyruntime.kernels import soft_cap
 from pyruntime.tiling import TilingParams
 
@@ -116,6 +118,16 @@ class StaticAttention:
             the sink). The graph reads the tensors at every replay, in every mode. Not with
             ``mode="host_update"`` on a FIA backend (the NPU backend): the FIA prototype we
             call (``pyruntime/npu_twin/fia.py``) has no sink argument.
+        sliding_window: None or 0 (the default: no window, exactly today's kernels) or an int
+            W >= 1 (vLLM's ``sliding_window``): the query at kv position p sees only the keys
+            j with ``p - W < j <= p``, its last W positions (Hugging Face's masks, vLLM's
+            FlashAttention window ``(W - 1, 0)``). One value for every layer (build one
+            attention per window). Causal only. The kernels read no KV block below a unit's
+            window, and leave the block-table entries there unread (they may be stale). Works
+            with ``sinks`` (gpt-oss's windowed layers) and ``logits_soft_cap``. Not with
+            ``mode="host_update"`` on a FIA backend (the NPU backend): torch_npu documents
+            FIA's ``pre_tokens`` and ``sparse_mode`` as having no effect when a request has
+            one query token (decode), so that path cannot apply the window.
 
     Attributes:
         placement: the device-tiling placement (None for host_update).
@@ -128,6 +140,7 @@ class StaticAttention:
         logits_soft_cap: the soft cap as a float, or None.
         sinks: with ``sinks=True``, the list of per-layer float32 ``[num_q_heads]`` sink
             tensors (fill them in place); None with ``sinks=False``.
+        sliding_window: the window W as an int, or None (also for ``sliding_window=0``).
         last_step_host_seconds: host time of the last step (copies, replay launch,
             updates), excluding the wait for device results: the CPU time of the calling
             thread (``time.thread_time``), i.e. host busy time. The step's host part runs
@@ -140,7 +153,9 @@ class StaticAttention:
         AttentionInputError: bad dtype or counts; a logits_soft_cap that is not None or a
             positive finite number (bool, NaN, infinity, zero, negative), or one given with
             host_update on a FIA backend (raised before anything is allocated); ``sinks`` that
-            is not a bool, or True with host_update on a FIA backend (raised likewise);
+            is not a bool, or True with host_update on a FIA backend (raised likewise); a
+            sliding_window that is not None or an int >= 0, or given with ``causal=False`` or
+            with host_update on a FIA backend (raised likewise);
         pyruntime.tiling.TilingParamsError: shapes out of the tiling kernel's range.
         AttentionClosedError: (from every method and buffer attribute) used after `close()`.
     """
@@ -151,7 +166,7 @@ class StaticAttention:
                  dtype: torch.dtype, causal: bool = True, num_cores: int | None = None,
                  q_tile: int | None = None, placement: str | None = None,
                  owns_backend: bool = False, logits_soft_cap: float | None = None,
-                 sinks: bool = False) -> None:
+                 sinks: bool = False, sliding_window: int | None = None) -> None:
         self.backend, self.owns_backend = backend, bool(owns_backend)
         self._closed = False
         self._buffers = self._path = None
@@ -182,7 +197,24 @@ class StaticAttention:
                     f"sinks=True with mode='host_update' on the {backend.name} backend: its "
                     "host path is torch_npu's FIA, and the FIA call we make has no sink "
                     "argument; use mode='device_tiling' (our kernels apply the sinks)")
+            self.sliding_window = _sliding_window.check(sliding_window, causal=bool(causal),
+                                                        error=AttentionInputError)
+            if (self.sliding_window is not None and mode == "host_update"
+                    and backend.host_update_attention == "fia"):
+                # torch_npu 2.10.0.post4, _op_plugin_docs.py, npu_fused_infer_attention_score:
+                # "pre_tokens ... Q_S为1时该参数无效" and "sparse_mode ... Q_S为1且不带rope输入时
+                # 该参数无效" (no effect when Q_S is 1): the band (sparse_mode 4, pre_tokens
+                # W - 1, next_tokens 0) would give W keys to multi-token queries, and decode rows
+                # would silently see their whole context
+                raise AttentionInputError(
+                    f"sliding_window={self.sliding_window} with mode='host_update' on the "
+                    f"{backend.name} backend: its host path is torch_npu's FIA, whose "
+                    "pre_tokens and sparse_mode have no effect for one-token (decode) queries, "
+                    "so it cannot apply the window; use mode='device_tiling' (our kernels "
+                    "apply it)")
             self.mode, self.causal, self.placement = mode, causal, placement
+            # MERGE: the tiling branch adds TilingParams(sliding_window=); pass
+            # sliding_window=self.sliding_window here (the one place the params are built)
             self.params = TilingParams(
                 num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                 block_size=block_size, max_batch=max_batch, max_tokens=max_tokens,
@@ -190,7 +222,8 @@ class StaticAttention:
                 num_cores=num_cores or backend.default_num_cores, q_tile=q_tile)
             self._buffers = StaticBuffers(backend, self.params, num_layers=num_layers,
                                           num_blocks=num_blocks, dtype=dtype,
-                                          logits_soft_cap=self.logits_soft_cap, sinks=sinks)
+                                          logits_soft_cap=self.logits_soft_cap, sinks=sinks,
+                                          sliding_window=self.sliding_window)
             path = HostUpdatePath if mode == "host_update" else DEVICE_TILING_PATHS[placement]
             self._path = path(backend, self._buffers, causal=causal)
         except BaseException:

@@ -1,6 +1,6 @@
 """The Triton kernels compile for Ascend910B3 up to the step public wheels cannot take: the
-attention kernel plain, with the logits soft cap and with attention sinks, and the combine kernel
-plain and with sinks.
+attention kernel plain, with the logits soft cap, with attention sinks, with the sliding window
+and with the window and sinks, and the combine kernel plain and with sinks.
 
 Runs ``tools/ascend_compile.py`` (its own venv with triton-ascend and ascendnpu-ir, never
 this environment). By hand it runs when that venv exists (``AICPU_TILING_ASCEND_VENV`` or the
@@ -48,6 +48,8 @@ def test_kernels_lower_to_hivm_and_stop_only_for_hivmc(tmp_path):
     assert kinds["paged_attention_kernel"].startswith("MIX")   # tl.dot on the cube
     assert kinds["paged_attention_kernel[soft_cap]"].startswith("MIX")   # USE_SOFT_CAP
     assert kinds["paged_attention_kernel[sinks]"].startswith("MIX")   # USE_SINKS
+    assert kinds["paged_attention_kernel[window]"].startswith("MIX")   # USE_WINDOW
+    assert kinds["paged_attention_kernel[window+sinks]"].startswith("MIX")
     assert kinds["attention_combine_kernel"].startswith("AIV")
     assert kinds["attention_combine_kernel[sinks]"].startswith("AIV")
     assert run.returncode == 0

@@ -39,7 +39,8 @@ def run_program(binary: Path, problems: int) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     match = re.search(r"siblings: ([a-z0-9 ]+); (\d+) runs, (\d+) fused-shape problems; spans: "
                       r"(\d+) multi-core spans, (\d+) across kv heads; (\d+) soft-capped "
-                      r"problems, (\d+) with sinks; faults((?: [a-z-]+ \d+)+)", result.stdout)
+                      r"problems, (\d+) with sinks, (\d+) with a window; faults((?: [a-z-]+ \d+)+)",
+                      result.stdout)
     assert match, result.stdout
     names = match.group(1).split()
     assert names == ra.isa_variants()["supported"]
@@ -49,7 +50,8 @@ def run_program(binary: Path, problems: int) -> None:
     assert int(match.group(5)) > problems // 8  # ... some of them over several kv heads
     assert int(match.group(6)) == problems // 3  # every third problem has the soft cap on
     assert int(match.group(7)) == problems // 2  # every other problem has sinks
-    counts = dict(zip(match.group(8).split()[::2], map(int, match.group(8).split()[1::2])))
+    assert int(match.group(8)) > problems // 16  # every fourth causal one has a window
+    counts = dict(zip(match.group(9).split()[::2], map(int, match.group(9).split()[1::2])))
     assert set(counts) == set(FAULTS) and min(counts.values()) > 0, counts
 
 

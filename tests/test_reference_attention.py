@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from pyruntime import tiling
 from pyruntime.kernels import reference_attention as ra
+from pyruntime.kernels.sliding_window import first_block as sliding_window_first_block
 from pyruntime.tiling import TilingParams
 from pyruntime.workload.reference import reference_attention
 
@@ -64,6 +65,8 @@ class Case:
         soft_cap=None,
         q_mul=1.0,
         sinks=None,
+        sliding_window=None,
+        poison_below_window=False,
     ):
         batch = len(q_lens)
         self.max_batch = max_batch or batch + 1
@@ -83,6 +86,7 @@ class Case:
         self.causal, self.dtype, self.batch = causal, dtype, batch
         self.soft_cap = soft_cap  # logits soft cap: None (off) or C > 0
         self.sinks = sinks  # attention sinks: None (off) or float32 [hq]
+        self.sliding_window = sliding_window  # None (off) or W >= 1
         self.q_lens, self.kv_lens = list(q_lens), list(kv_lens)
         self.cu = torch.tensor(np.concatenate([[0], np.cumsum(q_lens)]), dtype=torch.int32)
         self.kv = torch.tensor(kv_lens, dtype=torch.int32)
@@ -94,6 +98,9 @@ class Case:
         for r, n in enumerate(needed):
             self.block_table[r, :n] = torch.from_numpy(ids[at : at + n].astype(np.int32))
             at += n
+            if poison_below_window and q_lens[r]:  # blocks no row's window reaches
+                first = sliding_window_first_block(kv_lens[r], q_lens[r], 0, sliding_window, bs)
+                self.block_table[r, :first] = POISON_BLOCK
         gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
         # q_mul > 1 makes scores large enough for a soft cap to bend them
         self.query = (q_mul * torch.randn(self.max_tokens, hq, d, generator=gen)).to(dtype)
@@ -133,6 +140,7 @@ class Case:
                 causal=self.causal,
                 logits_soft_cap=self.soft_cap,
                 sinks=self.sinks,
+                sliding_window=self.sliding_window,
             )
 
         if threads:
@@ -166,9 +174,11 @@ class Case:
             ql = hi - lo
             if ql == 0:
                 continue
-            ids = self.block_table[r, : _ceil_div(kl, p.block_size)].long()
-            k = self.key_cache[ids].double().reshape(-1, p.num_kv_heads, p.head_dim)[:kl]
-            v = self.value_cache[ids].double().reshape(-1, p.num_kv_heads, p.head_dim)[:kl]
+            first = sliding_window_first_block(kl, ql, 0, self.sliding_window, p.block_size)
+            base = first * p.block_size  # kv positions [base, kl) are read
+            ids = self.block_table[r, first : _ceil_div(kl, p.block_size)].long()
+            k = self.key_cache[ids].double().reshape(-1, p.num_kv_heads, p.head_dim)[: kl - base]
+            v = self.value_cache[ids].double().reshape(-1, p.num_kv_heads, p.head_dim)[: kl - base]
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
             q = self.query[lo:hi].double()
@@ -177,8 +187,10 @@ class Case:
                 s = self.soft_cap * torch.tanh(s / self.soft_cap)
             if self.causal:
                 i = torch.arange(ql).view(ql, 1)
-                j = torch.arange(kl).view(1, kl)
+                j = torch.arange(base, kl).view(1, kl - base)
                 s = s.masked_fill(j >= kl - ql + i + 1, float("-inf"))
+                if self.sliding_window:  # the row at position kl - ql + i sees its last W keys
+                    s = s.masked_fill(j <= kl - ql + i - self.sliding_window, float("-inf"))
             if self.sinks is not None:  # one more column: the sink, with no value
                 sink = self.sinks.double() + math.log(sink_terms)
                 s = torch.cat([s, sink.view(-1, 1, 1).expand(-1, ql, 1)], dim=-1)
@@ -361,6 +373,188 @@ def test_sinks_with_soft_cap_and_off_is_today_and_bad_sinks_raise():
         case.sinks = bad
         with pytest.raises(error, match="sinks"):
             case.run(plan)
+
+
+# Windows against block 8: smaller than a block, equal to one, spanning blocks, and at least
+# every kv length (off in effect).
+WINDOWS = [3, 8, 13, 100]
+
+
+def window_case(dtype, cores, window, *, sinks=False, poison=True, seed=11):
+    """Decode, speculative decode (2 to 4 tokens), chunked prefill (q_tile 4, so units of up
+    to 4 rows with 4 window starts) and a padded slot, with the block-table entries below
+    every request's window poisoned: reading or checking one would fail the run."""
+    hq = 4
+    return Case(np.random.default_rng(seed), hq=hq, hkv=2, d=40, bs=8, cores=cores, q_tile=4,
+                q_lens=[1, 3, 11, 0, 6, 1, 2, 4], kv_lens=[9, 40, 11, 0, 70, 1, 33, 57],
+                dtype=dtype, max_tokens=32, max_batch=9,
+                sinks=3.0 + 0.5 * torch.arange(hq, dtype=torch.float32) if sinks else None,
+                sliding_window=window, poison_below_window=poison and bool(window))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("cores", [1, 7], ids=["whole-units", "split-units"])
+def test_sliding_window_matches_float64(dtype, window, cores):
+    """Each row sees its last W keys (p - W < j <= p) and no block below its unit's window is
+    read or checked (they are poisoned); the unwindowed answer is far away unless W covers
+    every kv length."""
+    case = window_case(dtype, cores, window)
+    if cores > 1:
+        assert case.tiling().combine_records(), "no split unit: the combine path is not tested"
+    check_ok(case)
+    want = case.reference()
+    workload = reference_attention(case.query, case.key_cache, case.value_cache,
+                                   case.block_table.numpy(), case.cu.numpy(), case.kv.numpy(),
+                                   scale=case.scale, sliding_window=window)
+    np.testing.assert_allclose(workload, want.numpy(), rtol=1e-9, atol=1e-12)
+    full = window_case(dtype, cores, None).reference()
+    distance = float((want - full).abs().max() / want.abs().max())
+    if window >= max(case.kv_lens):
+        assert distance == 0.0
+    else:
+        assert distance > 0.1
+
+
+@pytest.mark.parametrize("window", [3, 13])
+def test_sliding_window_with_sinks_and_soft_cap(window):
+    """gpt-oss's windowed layers: sinks and a window together (split units, so the combine adds
+    the sinks), and with the soft cap too."""
+    case = window_case(torch.float32, 7, window, sinks=True)
+    check_ok(case)
+    no_sinks = window_case(torch.float32, 7, window).reference()
+    assert (case.reference() - no_sinks).abs().max() / no_sinks.abs().max() > 0.05
+    case.soft_cap = 2.0
+    check_ok(case)
+
+
+def _unit_rows(case: Case, r: int, t: int) -> range:
+    """The kv positions of unit (r, ., t)'s rows."""
+    q_len, kv_len, q_tile = case.q_lens[r], case.kv_lens[r], case.params.q_tile
+    p0 = kv_len - q_len + t * q_tile
+    return range(p0, p0 + min(q_tile, q_len - t * q_tile))
+
+
+@pytest.mark.parametrize("cores", [1, 3, 7, 8])
+@pytest.mark.parametrize("window", [3, 8, 13])
+def test_sliding_window_reads_only_blocks_in_some_rows_window(cores, window):
+    """The C block log: every kv block a core reads meets the window of at least one row of its
+    unit, also through the fused sibling and span calls, and the window reads fewer blocks
+    than the same tiling without it (today's tiling gives every unit all its blocks)."""
+    bs = 8
+    case = window_case(torch.float32, cores, window, poison=False)
+    plan = case.tiling()
+    counts = {}
+    for w in (window, None):
+        case.sliding_window = w
+        with ra.BlockLog() as log:
+            out, statuses, fin = case.run(plan)
+        assert set(statuses.values()) <= {0} and fin == 0
+        counts[w] = log.count
+        assert 0 < log.count == len(log.reads)
+        if w is None:
+            continue
+        assert_close(case, out)
+        for r, h, t, b in log.reads.tolist():
+            assert 0 <= h < case.params.num_kv_heads
+            rows = _unit_rows(case, r, t)
+            assert any(b * bs <= p and p - window < (b + 1) * bs - 1 for p in rows), (r, t, b)
+            assert b * bs < rows[-1] + 1  # and never above the unit's last row
+    assert counts[window] < counts[None]
+    # the fused calls read only window blocks too
+    case.sliding_window = window
+    po, pl = ra.partial_buffers(case.params)
+    out = torch.empty_like(case.query)
+    bound = ra.BoundAttention(case.params, plan, query=case.query, key_cache=case.key_cache,
+                              value_cache=case.value_cache, block_table=case.block_table,
+                              cu_seqlens_q=case.cu, seqlens_kv=case.kv, out=out,
+                              partial_out=po, partial_lse=pl, scale=case.scale,
+                              sliding_window=window)
+    with ra.BlockLog() as log:
+        for j in range(bound.num_sibling_sets):
+            assert bound.core_siblings(j) == 0
+        assert bound.core_span(0, bound.num_cores) == 0
+    assert bound.finalize() == 0
+    assert_close(case, out)
+    for r, _, t, b in log.reads.tolist():
+        assert any(b * bs <= p and p - window < (b + 1) * bs - 1 for p in _unit_rows(case, r, t))
+
+
+def with_window_unit_starts(case: Case, plan) -> np.ndarray:
+    """The tiling's buffer with every core position at a unit's start (k = 0) renamed to the
+    unit's first window block, as a tiling planned with the window names it (ABI v5: a unit's
+    blocks are [first, last) in absolute columns). Its cuts below the window stay (a v4
+    tiling's), so the result mixes both conventions where they differ: the consumers must
+    tell them apart from the core records. (A core that begins a unit and ends below its
+    window keeps k = 0: no v5 tiling has that piece, nor a name for its start.)"""
+    words = plan.buffer.view(np.int32).copy()
+    p, renamed = case.params, 0
+    batch = int(words[HDR.AICPU_TILING_HDR_BATCH])
+    begin, end = HDR.AICPU_TILING_CORE_BEGIN, HDR.AICPU_TILING_CORE_END
+    for core in range(p.num_cores):
+        rec = HDR.AICPU_TILING_HDR_WORDS + core * HDR.AICPU_TILING_CORE_WORDS
+        end_pos = [int(w) for w in words[rec + end : rec + end + 4]]
+        for at in (begin, end):
+            r, h, t, k = (int(w) for w in words[rec + at : rec + at + 4])
+            if k == 0 and r < batch and h < p.num_kv_heads and case.q_lens[r]:
+                first = sliding_window_first_block(case.kv_lens[r], case.q_lens[r],
+                                                   t * p.q_tile, case.sliding_window,
+                                                   p.block_size)
+                if at == begin and end_pos[:3] == [r, h, t] and end_pos[3] <= first:
+                    continue
+                words[rec + at + 3] = first
+                renamed += first > 0
+    assert renamed, "no unit start moved: the case does not test the new naming"
+    return words
+
+
+@pytest.mark.parametrize("cores", [5, 8, 12])
+@pytest.mark.parametrize("window", [3, 13])
+def test_sliding_window_with_unit_starts_at_the_window(cores, window):
+    """A tiling that starts units at their first window block (the tiling branch's ABI v5)
+    gives the same answer, through per-core, sibling and span calls."""
+    case = window_case(torch.float32, cores, window)
+    words = with_window_unit_starts(case, case.tiling())
+    check_ok(case, tiling_obj=words)
+    po, pl = ra.partial_buffers(case.params)
+    out = torch.full_like(case.query, float("nan"))
+    bound = ra.BoundAttention(case.params, words, query=case.query, key_cache=case.key_cache,
+                              value_cache=case.value_cache, block_table=case.block_table,
+                              cu_seqlens_q=case.cu, seqlens_kv=case.kv, out=out,
+                              partial_out=po, partial_lse=pl, scale=case.scale,
+                              sliding_window=window)
+    for j in range(bound.num_sibling_sets):
+        assert bound.core_siblings(j) == 0
+    assert bound.finalize() == 0
+    assert_close(case, out)
+    out.fill_(float("nan"))
+    assert bound.core_span(0, 2) == 0 and bound.core_span(2, cores - 2) == 0
+    assert bound.finalize() == 0
+    assert_close(case, out)
+
+
+def test_sliding_window_off_and_wide_are_today_and_bad_windows_raise():
+    """None, 0 and a window wider than every kv length give the bits of a call without the
+    argument; a negative, bool or float window, or one without causal attention, raises."""
+    case = window_case(torch.float32, 7, None)
+    plan = case.tiling()
+    off, _, _ = case.run(plan)
+    for same in (0, 10**6):
+        case.sliding_window = same
+        got, statuses, fin = case.run(plan)
+        assert set(statuses.values()) <= {0} and fin == 0
+        assert torch.equal(got, off)
+    for bad in (-1, True, 2.5, "4"):
+        case.sliding_window = bad
+        with pytest.raises(ValueError, match="sliding_window"):
+            case.run(plan)
+    nc = Case(np.random.default_rng(1), causal=False, sliding_window=4)
+    with pytest.raises(ValueError, match="causal"):
+        nc.run()
+    with pytest.raises(ValueError, match="causal"):
+        reference_attention(nc.query, nc.key_cache, nc.value_cache, nc.block_table.numpy(),
+                            nc.cu.numpy(), nc.kv.numpy(), scale=1.0, causal=False,
+                            sliding_window=4)
 
 
 def test_head_dim_not_multiple_of_lanes_and_mha():

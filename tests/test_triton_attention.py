@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from test_reference_attention import POISON_BLOCK, Case
+from test_reference_attention import POISON_BLOCK, Case, with_window_unit_starts
 
 from pyruntime import tiling
 from pyruntime.kernels import reference_attention as ra
@@ -64,7 +64,8 @@ def run_triton(case: Case, plan, *, fill=float("nan"), step_epoch=None):
         key_cache=case.key_cache,
         value_cache=case.value_cache, block_table=case.block_table, cu_seqlens_q=case.cu,
         seqlens_kv=case.kv, out=out, partial_out=po, partial_lse=pl, scale=case.scale,
-        causal=case.causal, logits_soft_cap=case.soft_cap, sinks=case.sinks)
+        causal=case.causal, logits_soft_cap=case.soft_cap, sinks=case.sinks,
+        sliding_window=case.sliding_window)
     combined = triton_launch.launch_combine(case.params, tiling_in=words, step_epoch=epoch,
                                             cu_seqlens_q=case.cu, out=out, partial_out=po,
                                             partial_lse=pl, causal=case.causal, sinks=case.sinks)
@@ -177,6 +178,79 @@ def test_sinks_with_soft_cap_and_bad_sinks_raise():
         case.sinks = bad
         with pytest.raises(error, match="sinks"):
             run_triton(case, plan)
+
+
+#: sliding windows against the cases' block of 8: smaller than a block, equal, spanning blocks,
+#: and one past every kv length (off in effect)
+WINDOWS = [3, 8, 13, 100]
+WINDOW_CASES = ["decode_gqa_split", "spec_decode", "chunked_prefill", "padded_zero_length"]
+
+
+def window_case(name: str, dtype, window, **kwargs) -> Case:
+    """The case with a window and the block-table entries below every request's window
+    poisoned: a kernel that read or checked one would report E_BLOCK_ID."""
+    return Case(np.random.default_rng(7), dtype=dtype, sliding_window=window,
+                poison_below_window=True, **CASES[name], **kwargs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("name", WINDOW_CASES)
+def test_sliding_window_matches_c_reference_and_float64(name, window, dtype):
+    """Each row sees its last W keys, against the C reference and float64 on today's tiling
+    (every unit given all its blocks, so pieces below the window are empty); the unwindowed
+    answer is far away unless W covers every kv length."""
+    case = window_case(name, dtype, window)
+    plan = case.tiling()
+    if name == "decode_gqa_split":
+        assert plan.combine_records(), "no split unit: the combine path is not tested"
+    assert_triton_matches_c_and_float64(case, plan, TOL[dtype], name)
+    want = case.reference()
+    full = Case(np.random.default_rng(7), dtype=dtype, **CASES[name]).reference()
+    distance = float((want - full).abs().max() / want.abs().max())
+    assert distance == 0.0 if window >= max(case.kv_lens) else distance > 0.05
+
+
+@pytest.mark.parametrize("window", [3, 13])
+def test_sliding_window_with_sinks_and_soft_cap(window):
+    """gpt-oss's windowed layers (sinks and a window, split units), and with the soft cap."""
+    name = "decode_gqa_split"
+    case = window_case(name, torch.float32, window, sinks=sinks_for(name))
+    plan = case.tiling()
+    assert plan.combine_records()
+    assert_triton_matches_c_and_float64(case, plan, TOL[torch.float32], name)
+    case.soft_cap, case.query = 2.0, case.query * 4
+    assert_triton_matches_c_and_float64(case, plan, SOFT_CAP_TOL[torch.float32], name)
+
+
+@pytest.mark.parametrize("window", [3, 13])
+def test_sliding_window_with_unit_starts_at_the_window(window):
+    """A tiling that starts units at their first window block (the tiling branch's ABI v5,
+    here mixed with today's cuts below the window) gives the same answer."""
+
+    class Renamed:  # what run_triton reads of a plan
+        def __init__(self, buffer, epoch):
+            self.buffer, self.epoch = buffer, epoch
+
+    for name, cores in (("chunked_prefill", 5), ("spec_decode", 7), ("decode_gqa_split", 8)):
+        case = Case(np.random.default_rng(7), sliding_window=window, poison_below_window=True,
+                    **{**CASES[name], "cores": cores})
+        plan = case.tiling()
+        words = with_window_unit_starts(case, plan)
+        assert_triton_matches_c_and_float64(case, Renamed(words, plan.epoch),
+                                            TOL[torch.float32], name)
+
+
+def test_sliding_window_argument_is_checked_before_launching():
+    case = Case(np.random.default_rng(7), **CASES["decode_gqa_split"])
+    plan = case.tiling()
+    for bad in (-1, True, 2.5):
+        case.sliding_window = bad
+        with pytest.raises(ValueError, match="sliding_window"):
+            run_triton(case, plan)
+    case = Case(np.random.default_rng(7), sliding_window=4, **CASES["non_causal"])
+    with pytest.raises(ValueError, match="causal"):
+        run_triton(case, case.tiling())
 
 
 def test_cases_cover_split_and_unsplit_units():

@@ -17,11 +17,13 @@ script runs twice: in the project environment it computes the kernels' compile-t
 (from `pyruntime.kernels.triton_launch`, so the tiling ABI is read, never typed), then it runs
 itself with ``--inner`` in the venv, which imports only ``triton`` and the kernel source file.
 
-Kernels: the attention kernel three times (plain, with the logits soft cap, ``USE_SOFT_CAP``,
-and with attention sinks, ``USE_SINKS``; reported as ``paged_attention_kernel``,
-``paged_attention_kernel[soft_cap]`` and ``paged_attention_kernel[sinks]``) and the combine
-kernel twice (``attention_combine_kernel`` and ``attention_combine_kernel[sinks]``; the soft cap
-does not touch it).
+Kernels: the attention kernel five times (plain, with the logits soft cap, ``USE_SOFT_CAP``,
+with attention sinks, ``USE_SINKS``, with the sliding window, ``USE_WINDOW``, and with the
+window and sinks together, gpt-oss's windowed layers; reported as ``paged_attention_kernel``,
+``paged_attention_kernel[soft_cap]``, ``paged_attention_kernel[sinks]``,
+``paged_attention_kernel[window]`` and ``paged_attention_kernel[window+sinks]``) and the combine
+kernel twice (``attention_combine_kernel`` and ``attention_combine_kernel[sinks]``; neither the
+soft cap nor the window touches it).
 
 With ``--mla`` it compiles the MLA decode kernel instead (``pyruntime/kernels/triton_mla.py``,
 ``mla_decode_kernel``, at one TP-8 rank of DeepSeek-V3: 16 heads, kv_lora_rank 512, rope 64)
@@ -100,9 +102,10 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
                       "value_cache": store, "block_table": "*i32", "cu_seqlens_q": "*i32",
                       "seqlens_kv": "*i32", "out": store, "partial_out": "*fp32",
                       "partial_lse": "*fp32", "core_status": "*i32", "scale": "fp32",
-                      "soft_cap": "fp32", "sinks": "*fp32", "num_blocks": "i32"},
+                      "soft_cap": "fp32", "sinks": "*fp32", "sliding_window": "i32",
+                      "num_blocks": "i32"},
         "constants": {**consts, **shapes, "UPCAST_DOT": False, "USE_SOFT_CAP": False,
-                      "USE_SINKS": False},
+                      "USE_SINKS": False, "USE_WINDOW": False},
     }
     # the logits soft cap variant: the same function compiled with USE_SOFT_CAP
     soft_capped = {**attention, "label": "paged_attention_kernel[soft_cap]",
@@ -110,6 +113,12 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
     # the attention sinks variants (gpt-oss): both kernels compiled with USE_SINKS
     sinks = {**attention, "label": "paged_attention_kernel[sinks]",
              "constants": {**attention["constants"], "USE_SINKS": True}}
+    # the sliding window (USE_WINDOW), alone and with sinks (gpt-oss's windowed layers)
+    window = {**attention, "label": "paged_attention_kernel[window]",
+              "constants": {**attention["constants"], "USE_WINDOW": True}}
+    window_sinks = {**attention, "label": "paged_attention_kernel[window+sinks]",
+                    "constants": {**attention["constants"], "USE_WINDOW": True,
+                                  "USE_SINKS": True}}
     combine = {
         "name": "attention_combine_kernel",
         "signature": {"tiling": "*i32", "step_epoch": "*i32", "cu_seqlens_q": "*i32",
@@ -121,7 +130,7 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
     }
     combine_sinks = {**combine, "label": "attention_combine_kernel[sinks]",
                      "constants": {**combine["constants"], "USE_SINKS": True}}
-    return [attention, soft_capped, sinks, combine, combine_sinks]
+    return [attention, soft_capped, sinks, window, window_sinks, combine, combine_sinks]
 
 
 # One TP-8 rank of DeepSeek-V3 / R1 (128 heads / 8; kv_lora_rank 512, qk_rope_head_dim 64),

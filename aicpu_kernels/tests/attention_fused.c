@@ -72,6 +72,7 @@ typedef struct {
     uint32_t call_flags;
     float soft_cap; /* 0: off */
     const float *sinks; /* NULL: off */
+    int32_t window;     /* sliding window, 0: off */
     int32_t cu[MAX_BATCH + 1], kv[MAX_BATCH], bt[MAX_BATCH * MBPR];
     int32_t *tiling;
     void *q, *k, *v;
@@ -100,8 +101,8 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
     for (j = 0; j < groups; j++) {
         if (how == SIBLINGS) {
             st[j] = aicpu_attention_core_siblings(p, pb->tiling, j, pb->call_flags, pb->dtype,
-                                                  scale, pb->soft_cap, pb->sinks, q, pb->k,
-                                                  pb->v,
+                                                  scale, pb->soft_cap, pb->sinks, pb->window,
+                                                  q, pb->k, pb->v,
                                                   pb->num_blocks, pb->bt, pb->cu, pb->kv, out,
                                                   ws ? po : NULL, ws ? pl : NULL);
             continue;
@@ -109,8 +110,8 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
         if (how == SPANS) {
             st[j] = aicpu_attention_core_span(p, pb->tiling, span_at[j],
                                               span_at[j + 1] - span_at[j], pb->call_flags,
-                                              pb->dtype, scale, pb->soft_cap, pb->sinks, q,
-                                              pb->k, pb->v,
+                                              pb->dtype, scale, pb->soft_cap, pb->sinks,
+                                              pb->window, q, pb->k, pb->v,
                                               pb->num_blocks, pb->bt, pb->cu, pb->kv, out,
                                               ws ? po : NULL, ws ? pl : NULL);
             continue;
@@ -120,7 +121,7 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
              how == SIBLINGS_REF ? c < p->num_cores : c < span_at[j + 1];
              c += how == SIBLINGS_REF ? sets : 1) {
             int s = aicpu_attention_core(p, pb->tiling, c, pb->call_flags, pb->dtype, scale,
-                                         pb->soft_cap, pb->sinks, q, pb->k, pb->v,
+                                         pb->soft_cap, pb->sinks, pb->window, q, pb->k, pb->v,
                                          pb->num_blocks, pb->bt, pb->cu, pb->kv, out, ws ? po : NULL, ws ? pl : NULL);
             if (st[j] == AICPU_TILING_OK) st[j] = s;
         }
@@ -200,6 +201,7 @@ static const char *first_difference(const problem *pb, int32_t groups, const int
 int main(int argc, char **argv) {
     int32_t nproblems = argc > 1 ? atoi(argv[1]) : 300, n, isa, runs = 0, fused_shape = 0;
     int32_t multi_spans = 0, cross_head_spans = 0, soft_capped = 0, sunk = 0;
+    int32_t windowed = 0;
     float sink_values[32]; /* up to 8 kv heads x group 4 */
     int32_t per_case[NUM_CASES];
     char names[64] = "";
@@ -229,6 +231,11 @@ int main(int argc, char **argv) {
         soft_capped += pb.soft_cap > 0.0f;
         pb.sinks = n % 2 == 1 ? sink_values : NULL; /* not drawn either */
         sunk += pb.sinks != NULL;
+        /* a sliding window (causal only) for every fourth problem, 1 to 37 tokens: smaller than,
+         * equal to and larger than a block; the tilings know no window (ABI v4), so some pieces
+         * have no block in it. Not drawn either. */
+        pb.window = pb.causal && n % 4 == 3 ? 1 + n % 37 : 0;
+        windowed += pb.window > 0;
         plan_flags = pb.causal ? AICPU_TILING_CAUSAL : 0;
         pb.call_flags = pb.fault == WRONG_FLAG ? plan_flags ^ AICPU_TILING_CAUSAL : plan_flags;
         esize = pb.dtype == AICPU_ATTENTION_FP32 ? 4 : 2;
@@ -314,13 +321,13 @@ int main(int argc, char **argv) {
                 if (what == NULL) continue;
                 printf("FAIL problem %d (%s, %s, %s): %s differ at %d; kv heads %d q heads %d "
                        "dim %d block %d q_tile %d cores %d spans %d dtype %d causal %d batch %d "
-                       "kind %d soft cap %g sinks %d",
+                       "kind %d soft cap %g sinks %d window %d",
                        (int)n, case_names[pb.fault], aicpu_attention_isa_name(isa),
                        how == SIBLINGS_REF ? "siblings" : "spans", what, (int)at_bad,
                        (int)p->num_kv_heads, (int)p->num_q_heads, (int)p->head_dim,
                        (int)p->block_size, (int)p->q_tile, (int)p->num_cores, (int)nspans,
                        (int)pb.dtype, (int)pb.causal, (int)pb.batch, (int)pb.kind,
-                       (double)pb.soft_cap, pb.sinks != NULL);
+                       (double)pb.soft_cap, pb.sinks != NULL, (int)pb.window);
                 if (what[0] == 's')
                     printf(": status %d, per-core %d", st[at_bad], st_ref[at_bad]);
                 printf("\n");
@@ -339,9 +346,9 @@ int main(int argc, char **argv) {
         free(pl);
     }
     printf("siblings: %s; %d runs, %d fused-shape problems; spans: %d multi-core spans, %d "
-           "across kv heads; %d soft-capped problems, %d with sinks; faults",
+           "across kv heads; %d soft-capped problems, %d with sinks, %d with a window; faults",
            names, (int)runs, (int)fused_shape, (int)multi_spans, (int)cross_head_spans,
-           (int)soft_capped, (int)sunk);
+           (int)soft_capped, (int)sunk, (int)windowed);
     for (n = 0; n < NUM_CASES; n++) printf(" %s %d", case_names[n], (int)per_case[n]);
     printf("\n");
     return 0;

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from pyruntime.backends import Backend
+from pyruntime.kernels import sliding_window as _sliding_window
 from pyruntime.kernels import soft_cap
 from pyruntime.tiling import TilingParams
 
@@ -73,14 +74,17 @@ class StaticBuffers:
         sinks: ``num_layers`` x float32 ``[num_q_heads]`` attention-sink logits (zeros until
             the caller fills them in place), or None when made with ``sinks=False``.
 
-    Attributes (layer constants every launch passes): scale (``1 / sqrt(head_dim)``) and
-    logits_soft_cap (None or C > 0, see `pyruntime.kernels.soft_cap`).
+    Attributes (layer constants every launch passes): scale (``1 / sqrt(head_dim)``),
+    logits_soft_cap (None or C > 0, see `pyruntime.kernels.soft_cap`) and sliding_window
+    (None or W >= 1, see `pyruntime.kernels.sliding_window`).
     """
 
     def __init__(self, backend: Backend, params: TilingParams, *, num_layers: int,
                  num_blocks: int, dtype: torch.dtype,
-                 logits_soft_cap: float | None = None, sinks: bool = False) -> None:
+                 logits_soft_cap: float | None = None, sinks: bool = False,
+                 sliding_window: int | None = None) -> None:
         self.logits_soft_cap = soft_cap.check(logits_soft_cap, error=AttentionInputError)
+        self.sliding_window = _sliding_window.check(sliding_window, error=AttentionInputError)
         if dtype not in DTYPES:
             raise AttentionInputError(f"dtype must be one of {DTYPES}, got {dtype}")
         if num_layers < 1 or num_blocks < 1:

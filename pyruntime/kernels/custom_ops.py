@@ -10,8 +10,10 @@ on the current stream. The AI-CPU tiling op's NPU build is not here.
 - ``plan_tiling(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, params, causal)``
 - ``paged_attention(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
   step_epoch, tiling_in, out, partial_out, partial_lse, params, scale, causal,
-  logits_soft_cap=None, sinks=None)`` (every core; ``logits_soft_cap``: None or C > 0, see
-  `pyruntime.kernels.soft_cap`; ``sinks``: None or float32 ``[num_q_heads]`` attention sinks)
+  logits_soft_cap=None, sinks=None, sliding_window=None)`` (every core; ``logits_soft_cap``:
+  None or C > 0, see `pyruntime.kernels.soft_cap`; ``sinks``: None or float32
+  ``[num_q_heads]`` attention sinks; ``sliding_window``: None or W >= 1, see
+  `pyruntime.kernels.sliding_window`)
 - ``attention_combine(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse,
   params, sinks=None)`` (the same sinks as the attention's)
 """
@@ -50,21 +52,22 @@ def ops():
                         step_epoch: Tensor, tiling_in: Tensor, out: Tensor, partial_out: Tensor,
                         partial_lse: Tensor, params: list[int], scale: float,
                         causal: bool, logits_soft_cap: float | None = None,
-                        sinks: Tensor | None = None) -> None:
+                        sinks: Tensor | None = None,
+                        sliding_window: int | None = None) -> None:
         for core in range(kernels.params_from(tuple(params)).num_cores):
             kernels.attention_body(
                 core, query=query, key_cache=key_cache, value_cache=value_cache,
                 block_table=block_table, cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv,
                 step_epoch=step_epoch, tiling_in=tiling_in, out=out, partial_out=partial_out,
                 partial_lse=partial_lse, params=params, scale=scale, causal=causal,
-                logits_soft_cap=logits_soft_cap, sinks=sinks)
+                logits_soft_cap=logits_soft_cap, sinks=sinks, sliding_window=sliding_window)
 
     paged_attention.register_kernel("privateuseone")(kernels.attention_npu)
 
     @paged_attention.register_fake
     def _(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, step_epoch,
           tiling_in, out, partial_out, partial_lse, params, scale, causal,
-          logits_soft_cap=None, sinks=None) -> None:
+          logits_soft_cap=None, sinks=None, sliding_window=None) -> None:
         return None
 
     @torch.library.custom_op(f"{NAMESPACE}::attention_combine", mutates_args=("out",))

@@ -33,7 +33,10 @@ computes one attention layer::
 with it off the C code runs exactly as it does without the argument. ``sinks`` (None, the
 default, is off) is a float32 ``[num_q_heads]`` tensor of attention-sink logits (gpt-oss): pass
 the same tensor to the cores and to :func:`attention_finalize` (attention_ref.h, WHAT A ROW
-COMPUTES).
+COMPUTES). ``sliding_window=W`` (every core entry point; None or 0, the default, is off;
+causal only) lets the query at position p see only the keys ``p - W < j <= p``
+(`pyruntime.kernels.sliding_window`); the cores read no kv block below a unit's window, whatever
+blocks the tiling gives them, and :class:`BlockLog` records the blocks they read.
 
 For graph mode, :class:`BoundAttention` checks the static buffers once and then launches
 each core or the combine step with a single C call (a few microseconds of Python).
@@ -65,6 +68,7 @@ import numpy as np
 import torch
 
 from pyruntime import tiling as _tiling
+from pyruntime.kernels import sliding_window as _sliding_window
 from pyruntime.kernels import soft_cap as _soft_cap
 
 # pyruntime.tiling is the one importer of the cffi module; take ffi/lib from it.
@@ -251,6 +255,7 @@ class BoundAttention:
         causal: bool = True,
         logits_soft_cap: float | None = None,
         sinks: torch.Tensor | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         self._c_params = params._c_params()
         self._tiling = _tiling_ptr(params, self._c_params, tiling_buffer)
@@ -306,12 +311,14 @@ class BoundAttention:
         self._kv_len = seqlens_kv.numel()
         flags = _lib.AICPU_TILING_CAUSAL if causal else 0
         scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+        window = _sliding_window.kernel_arg(sliding_window, causal=causal)
         self._core_args = (
             flags,
             self._dtype,
             scale,
             _soft_cap.kernel_arg(logits_soft_cap),
             self._sinks,
+            window,
             _ptr("const void *", query),
             _ptr("const void *", key_cache),
             _ptr("const void *", value_cache),
@@ -467,6 +474,7 @@ def attention_core(
     causal: bool = True,
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> int:
     """Run AI Core ``core``'s share of one attention layer, as the tiling assigns it.
 
@@ -496,6 +504,11 @@ def attention_core(
             (gpt-oss): query head h's softmax denominator gains ``exp(sinks[h] - m)`` (the sink
             adds no value). Whole units add it here; split units add it in
             :func:`attention_finalize`, which must be given the same tensor.
+        sliding_window: None or 0 (off, the default), or W >= 1 (needs ``causal``): the query
+            at kv position p sees only the keys ``p - W < j <= p``. No kv block below a unit's
+            window is read or checked, whatever blocks the tiling gives the core (a tiling that
+            knows no window gives a unit all its blocks; a piece left with none writes an empty
+            partial, which the finalize merges with weight 0).
 
     Returns:
         The C status: OK, the tiling's status if it is not OK (nothing was done), E_TILING
@@ -504,15 +517,50 @@ def attention_core(
 
     Raises:
         TypeError: a tensor argument has the wrong type or dtype.
-        ValueError: a wrong shape, device, contiguity, core index or buffer size, or a soft
-            cap that is not None or a positive finite number.
+        ValueError: a wrong shape, device, contiguity, core index or buffer size, a soft
+            cap that is not None or a positive finite number, or a sliding window that is not
+            None or an int >= 0, or is given without ``causal``.
     """
     bound = _bind_checked(params, tiling_buffer, query=query, key_cache=key_cache,
                           value_cache=value_cache, block_table=block_table,
                           cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, out=out,
                           partial_out=partial_out, partial_lse=partial_lse, scale=scale,
-                          causal=causal, logits_soft_cap=logits_soft_cap, sinks=sinks)
+                          causal=causal, logits_soft_cap=logits_soft_cap, sinks=sinks,
+                          sliding_window=sliding_window)
     return bound.core(int(core))
+
+
+class BlockLog:
+    """Records the kv blocks the C cores read, for tests (``aicpu_attention_set_block_log``).
+
+    Within ``with BlockLog() as log:`` every kv block a core, sibling or span call reads is
+    logged as ``(request, kv_head, q_tile, block)`` (block: the block-table column); a call
+    that fuses kv heads logs the block once per head. Process-wide and not thread-safe: run
+    the cores one at a time inside the block, and do not nest logs.
+
+    Attributes (after the block ends):
+        count: int, every read (also those past ``capacity``).
+        reads: int64 numpy array ``[min(count, capacity), 4]``.
+    """
+
+    def __init__(self, capacity: int = 1 << 16) -> None:
+        self.capacity = int(capacity)
+        self._log = _ffi.new("int32_t[]", 4 * self.capacity)
+        self._count = _ffi.new("int32_t *", 0)
+        self.count = 0
+        self.reads = np.zeros((0, 4), dtype=np.int64)
+
+    def __enter__(self):  # returns self (typing.Self needs Python 3.11)
+        self._count[0] = 0
+        _lib.aicpu_attention_set_block_log(self._log, self.capacity, self._count)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _lib.aicpu_attention_set_block_log(_ffi.NULL, 0, _ffi.NULL)
+        self.count = int(self._count[0])
+        n = min(self.count, self.capacity)
+        flat = np.frombuffer(_ffi.buffer(self._log, 4 * 4 * n), dtype=np.int32)
+        self.reads = flat.reshape(n, 4).astype(np.int64)
 
 
 def num_sibling_sets(params) -> int:
@@ -539,6 +587,7 @@ def attention_core_siblings(
     causal: bool = True,
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> int:
     """Run the cores ``first_core, first_core + Q, ...`` (Q = :func:`num_sibling_sets`) in one
     C call, fusing the kv heads when the tiling cuts every head alike.
@@ -550,7 +599,8 @@ def attention_core_siblings(
                           value_cache=value_cache, block_table=block_table,
                           cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, out=out,
                           partial_out=partial_out, partial_lse=partial_lse, scale=scale,
-                          causal=causal, logits_soft_cap=logits_soft_cap, sinks=sinks)
+                          causal=causal, logits_soft_cap=logits_soft_cap, sinks=sinks,
+                          sliding_window=sliding_window)
     return bound.core_siblings(int(first_core))
 
 

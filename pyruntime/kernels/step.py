@@ -101,7 +101,8 @@ def is_stale(tiling_buf: torch.Tensor, step_epoch: Any) -> bool:
 
 def attention_body(core: int, *, query, key_cache, value_cache, block_table, cu_seqlens_q,
                    seqlens_kv, step_epoch, tiling_in, out, partial_out, partial_lse, params,
-                   scale, causal, logits_soft_cap=None, sinks=None) -> None:
+                   scale, causal, logits_soft_cap=None, sinks=None,
+                   sliding_window=None) -> None:
     """AI Core `core`: its share of one layer, as the tiling assigns it (none if stale)."""
     tiling_in, params = _tensor(tiling_in), params_from(tuple(params))
     if is_stale(tiling_in, step_epoch):
@@ -111,7 +112,7 @@ def attention_body(core: int, *, query, key_cache, value_cache, block_table, cu_
         value_cache=value_cache, block_table=block_table, cu_seqlens_q=_tensor(cu_seqlens_q),
         seqlens_kv=_tensor(seqlens_kv), out=out, partial_out=partial_out,
         partial_lse=partial_lse, scale=scale, causal=causal, logits_soft_cap=logits_soft_cap,
-        sinks=sinks)
+        sinks=sinks, sliding_window=sliding_window)
     _check(status, params, tiling_in, f"attention core {core}")
 
 
@@ -130,14 +131,14 @@ def combine_body(core: int, *, cu_seqlens_q, step_epoch, tiling_in, out, partial
 
 def _triton_attention_args(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
                            step_epoch, tiling_in, out, partial_out, partial_lse, scale,
-                           causal, logits_soft_cap, sinks) -> dict:
+                           causal, logits_soft_cap, sinks, sliding_window=None) -> dict:
     return {"tiling_in": _tensor(tiling_in), "step_epoch": _tensor(step_epoch),
             "query": query, "key_cache": key_cache,
             "value_cache": value_cache, "block_table": block_table,
             "cu_seqlens_q": _tensor(cu_seqlens_q), "seqlens_kv": _tensor(seqlens_kv),
             "out": out, "partial_out": partial_out, "partial_lse": partial_lse,
             "scale": scale, "causal": causal, "logits_soft_cap": logits_soft_cap,
-            "sinks": sinks}
+            "sinks": sinks, "sliding_window": sliding_window}
 
 
 def _check_all(statuses: torch.Tensor, params, tiling_in, what: str) -> None:
@@ -149,14 +150,15 @@ def _check_all(statuses: torch.Tensor, params, tiling_in, what: str) -> None:
 
 def attention_triton(*, query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
                      step_epoch, tiling_in, out, partial_out, partial_lse, params, scale,
-                     causal, logits_soft_cap=None, sinks=None) -> None:
+                     causal, logits_soft_cap=None, sinks=None, sliding_window=None) -> None:
     """Every AI Core in one Triton launch (CPU tensors: interpreted); checks the statuses.
 
     The kernel itself compares the tiling's epoch with ``step_epoch`` (no work when stale)."""
     params = params_from(tuple(params))
     args = _triton_attention_args(query, key_cache, value_cache, block_table, cu_seqlens_q,
                                   seqlens_kv, step_epoch, tiling_in, out, partial_out,
-                                  partial_lse, scale, causal, logits_soft_cap, sinks)
+                                  partial_lse, scale, causal, logits_soft_cap, sinks,
+                                  sliding_window)
     status = triton_launch.launch_attention(params, **args)
     _check_all(status, params, args["tiling_in"], "attention core")
 
@@ -190,7 +192,7 @@ def status_buffer(device: torch.device, kernel: str, size: int) -> torch.Tensor:
 
 def attention_npu(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
                   step_epoch, tiling_in, out, partial_out, partial_lse, params, scale,
-                  causal, logits_soft_cap=None, sinks=None) -> None:
+                  causal, logits_soft_cap=None, sinks=None, sliding_window=None) -> None:
     """The NPU implementation of ``paged_attention``: one Triton launch on the current stream.
 
     Thin on purpose (a capture records the launch): the statuses go to `status_buffer`
@@ -202,7 +204,7 @@ def attention_npu(query, key_cache, value_cache, block_table, cu_seqlens_q, seql
         params, **_triton_attention_args(query, key_cache, value_cache, block_table,
                                          cu_seqlens_q, seqlens_kv, step_epoch, tiling_in,
                                          out, partial_out, partial_lse, scale, causal,
-                                         logits_soft_cap, sinks),
+                                         logits_soft_cap, sinks, sliding_window),
         core_status=status_buffer(out.device, "attention", params.num_cores))
 
 
@@ -269,21 +271,25 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
 
     `tiling_in`, `cu_seqlens_q`, `seqlens_kv` and `step_epoch` (int32 ``[1]``) are device
     buffers (device tiling) or numpy arrays passed by value inside the tasks (host update).
-    The layer's scale, logits soft cap and sinks are the buffers' (`StaticBuffers`); the
-    sinks (when there are any) go to both kernels, and are passed only then, so a layer
-    without sinks launches with exactly the arguments it had before.
+    The layer's scale, logits soft cap, sinks and sliding window are the buffers'
+    (`StaticBuffers`); the sinks (when there are any) go to both kernels, the window (when
+    there is one) to the attention only (an empty piece's lse is -inf, which the combine
+    merges as it is), and each is passed only then, so a layer without them launches with
+    exactly the arguments it had before.
     """
     key_cache, value_cache = buffers.kv_caches[layer]
     out, params = buffers.outputs[layer], params_list(buffers.params)
     workspace = {"partial_out": buffers.partial_out, "partial_lse": buffers.partial_lse}
     sinks = {} if buffers.sinks is None else {"sinks": buffers.sinks[layer]}
+    window = getattr(buffers, "sliding_window", None)
+    window = {} if window is None else {"sliding_window": window}
     backend.launch(ATTENTION, {
         "query": buffers.queries[layer], "key_cache": key_cache, "value_cache": value_cache,
         "block_table": buffers.block_table, "cu_seqlens_q": cu_seqlens_q,
         "seqlens_kv": seqlens_kv, "step_epoch": step_epoch, "tiling_in": tiling_in, "out": out,
         **workspace,
         "params": params, "scale": buffers.scale, "causal": causal,
-        "logits_soft_cap": buffers.logits_soft_cap, **sinks,
+        "logits_soft_cap": buffers.logits_soft_cap, **sinks, **window,
     }, num_cores=buffers.params.num_cores, stream=stream)
     backend.launch(COMBINE, {"cu_seqlens_q": cu_seqlens_q, "step_epoch": step_epoch,
                              "tiling_in": tiling_in, "out": out, **workspace, "params": params,

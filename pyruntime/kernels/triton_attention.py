@@ -68,6 +68,18 @@ Constraints this code relies on, with their sources (check them on hardware):
   row gets it once: a whole unit adds it when it normalises (``_segment``); a piece stores its
   lse without it and the combine merges the sink as one more piece (lse = sink, output 0).
   With ``USE_SINKS`` off neither branch is compiled. The soft cap caps scores, not the sink.
+- The sliding window (``USE_WINDOW``, a compile-time switch of the attention kernel;
+  ``sliding_window``, the window W, an int32 runtime scalar read only when it is on; causal
+  only): the row at position p sees only the keys ``p - W < j <= p`` (the model's window, as
+  Hugging Face's masks and vLLM's FlashAttention ``(W - 1, 0)``). Rows of a unit start their
+  windows at different positions, so the mask is per row; a row block reads no block below
+  its lowest window start, and a unit none below ``first = max(0, p0 - W + 1) // block_size``
+  (p0 its first row's position), whatever the tiling's blocks: an ABI v4 tiling gives every
+  unit all its blocks, from v5 a unit's blocks are [first, last) in absolute columns; both
+  work, told apart by the core record where the block index alone is ambiguous (the C
+  reference's ``begins_inside``). A piece left with no block writes lse = -inf, which the
+  combine already merges with weight 0, so the combine kernel has no window switch. With it
+  off nothing is compiled.
 - Device-side checks never read out of bounds: every index read from the tiling or the length
   arrays is range-checked before it addresses memory, and a block id outside
   ``[0, num_blocks)`` turns the segment into zeros (``lse = +inf`` for a piece), as in the C
@@ -152,16 +164,19 @@ def _soft_cap(s, cap):
 
 @triton.jit
 def _segment(query, key_cache, value_cache, block_table, out, partial_out, partial_lse, scale,
-             soft_cap, sinks, r, h, t, kb, ke, slot, blocks_ok, q_start, q_len, kv_len,
-             NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-             BLOCK_SIZE: tl.constexpr, MAX_BLOCKS_PER_REQ: tl.constexpr, Q_TILE: tl.constexpr,
-             CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr,
-             USE_SINKS: tl.constexpr):
+             soft_cap, sinks, sliding_window, r, h, t, kb, ke, slot, blocks_ok, q_start, q_len,
+             kv_len, NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+             HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_BLOCKS_PER_REQ: tl.constexpr,
+             Q_TILE: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr,
+             USE_SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr, USE_WINDOW: tl.constexpr):
     """Kv blocks [kb, ke) of unit (r, h, t): its rows (token in tile, group member) attend with
     kv head h. A whole unit (slot < 0) writes its output rows; a piece writes slot ``slot``.
     With USE_SOFT_CAP every score is capped to ``soft_cap * tanh(s / soft_cap)`` first; with
-    USE_SINKS a whole unit's row adds ``exp(sinks[q head] - m)`` to its denominator."""
+    USE_SINKS a whole unit's row adds ``exp(sinks[q head] - m)`` to its denominator; with
+    USE_WINDOW (causal only) the row at position p sees only ``p - sliding_window < j <= p``,
+    and no block below the row block's lowest window start is read (an empty range leaves the
+    rows unseen: a piece then writes lse = -inf and a zero output)."""
     GROUP: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
     tok0 = t * Q_TILE
     ntok = tl.minimum(q_len - tok0, Q_TILE)
@@ -186,10 +201,15 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
             limit = tl.where(row_ok, kv_len, 0)
         kv_hi = tl.minimum(tl.max(limit, axis=0), ke * BLOCK_SIZE)
         b_hi = tl.where(blocks_ok, tl.minimum(ke, tl.cdiv(kv_hi, BLOCK_SIZE)), kb)
+        b_lo = kb
+        if USE_WINDOW:   # the row sees [lower, limit); the first row of the block starts lowest
+            lower = tl.maximum(limit - sliding_window, 0)
+            lo_min = tl.min(tl.where(row_ok, lower, kv_hi), axis=0)
+            b_lo = tl.maximum(kb, lo_min // BLOCK_SIZE)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for b in range(kb, b_hi):
+        for b in range(b_lo, b_hi):
             block_id = tl.load(bt_row + b).to(tl.int64)
             for c0 in range(0, BLOCK_SIZE, BLOCK_N):
                 offs_n = c0 + tl.arange(0, BLOCK_N)       # token in the cache block
@@ -203,7 +223,11 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
                 s = tl.dot(q, tl.trans(k)) * scale
                 if USE_SOFT_CAP:   # after the scale, before the mask (vLLM's order)
                     s = _soft_cap(s, soft_cap)
-                s = tl.where(pos[None, :] < limit[:, None], s, float("-inf"))
+                if USE_WINDOW:
+                    s = tl.where((pos[None, :] < limit[:, None])
+                                 & (pos[None, :] >= lower[:, None]), s, float("-inf"))
+                else:
+                    s = tl.where(pos[None, :] < limit[:, None], s, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(s, axis=1))
                 m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing
                 alpha = tl.exp(m_i - m_use)
@@ -242,7 +266,8 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
 @triton.jit
 def paged_attention_kernel(
     tiling, step_epoch, query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
-    out, partial_out, partial_lse, core_status, scale, soft_cap, sinks, num_blocks,
+    out, partial_out, partial_lse, core_status, scale, soft_cap, sinks, sliding_window,
+    num_blocks,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, MAX_BATCH: tl.constexpr, MAX_TOKENS: tl.constexpr,
     MAX_BLOCKS_PER_REQ: tl.constexpr, NUM_CORES: tl.constexpr, Q_TILE: tl.constexpr,
@@ -259,13 +284,15 @@ def paged_attention_kernel(
     COMB_NUM_PIECES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
 ):
     """Program ``pid`` = AI Core ``pid``: walk the core's range [begin, end) of the tiling.
 
     Tensors as in ``attention_ref.h`` (TENSORS); ``step_epoch`` int32 [1] is the epoch the
     host wrote beside this step's lengths; ``soft_cap`` (fp32, > 0) is the logits soft cap,
     read only when ``USE_SOFT_CAP``; ``sinks`` (fp32 [num_q_heads]) the attention sinks, read
-    only when ``USE_SINKS``. ``core_status[pid]`` receives OK, the tiling's
+    only when ``USE_SINKS``; ``sliding_window`` (int32 W >= 1, causal only) the sliding window,
+    read only when ``USE_WINDOW``. ``core_status[pid]`` receives OK, the tiling's
     own status when it is not OK (nothing done), E_STALE (the tiling was planned for another
     step: nothing done), E_TILING (the buffer or lengths do not match; nothing more done) or
     E_BLOCK_ID (the affected segments are zeros, the rest computed).
@@ -323,8 +350,25 @@ def paged_attention_kernel(
                     at_end = (h == e_h) & (r == e_r) & (t == e_t)
                     kb = tl.where(at_begin, b_k, 0)
                     ke = tl.where(at_end, e_k, num_kv_blocks)
-                    if ke > kb:
-                        piece = (kb > 0) | (ke < num_kv_blocks)
+                    kr = kb             # the first block read
+                    inside = kb > 0     # the core begins inside a unit the tiling cut
+                    has_segment = ke > kb
+                    if USE_WINDOW:
+                        # the unit's first block in its first row's window (the C
+                        # window_first_block). A tiling that knows no window (ABI v4) starts
+                        # units at 0, one planned with it (v5) at `first`: 0 < k <= first is a
+                        # unit start there unless the record says otherwise (the C
+                        # begins_inside and walk_range: a continuation has a slot; an end
+                        # there is a cut only while segments remain)
+                        first = tl.maximum(kv_len - q_len + t * Q_TILE - sliding_window + 1,
+                                           0) // BLOCK_SIZE
+                        kr = tl.maximum(kb, first)
+                        inside = (kb > first) | ((kb > 0) & (first_slot >= 0))
+                        names_start = at_end & (ke > 0) & (ke <= first) & (walked
+                                                                           == num_segments)
+                        has_segment = has_segment & ~names_start
+                    if has_segment:
+                        piece = inside | (ke < num_kv_blocks)
                         # only a core's first segment starts inside a unit, only its last ends
                         # inside one (aicpu_tiling.h, core record)
                         slot = tl.where(piece, tl.where(walked == 0, first_slot, last_slot), -1)
@@ -333,18 +377,19 @@ def paged_attention_kernel(
                         status = tl.where(seg_ok, status, E_TILING)
                         if seg_ok:
                             bad_ids = kb * 0
-                            for b in range(kb, ke):
+                            for b in range(kr, ke):   # only the blocks read are checked
                                 block_id = tl.load(block_table + r * MAX_BLOCKS_PER_REQ + b)
                                 bad_ids += ((block_id < 0) | (block_id >= num_blocks)).to(
                                     tl.int32)
                             blocks_ok = bad_ids == 0
                             status = tl.where(blocks_ok | (status != OK), status, E_BLOCK_ID)
                             _segment(query, key_cache, value_cache, block_table, out,
-                                     partial_out, partial_lse, scale, soft_cap, sinks, r, h,
-                                     t, kb, ke, slot, blocks_ok, q_start, q_len, kv_len,
-                                     NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
-                                     MAX_BLOCKS_PER_REQ, Q_TILE, CAUSAL, BLOCK_M, BLOCK_N,
-                                     BLOCK_D, UPCAST_DOT, USE_SOFT_CAP, USE_SINKS)
+                                     partial_out, partial_lse, scale, soft_cap, sinks,
+                                     sliding_window, r, h, t, kr, ke, slot, blocks_ok, q_start,
+                                     q_len, kv_len, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM,
+                                     BLOCK_SIZE, MAX_BLOCKS_PER_REQ, Q_TILE, CAUSAL, BLOCK_M,
+                                     BLOCK_N, BLOCK_D, UPCAST_DOT, USE_SOFT_CAP, USE_SINKS,
+                                     USE_WINDOW)
                         walked += 1
         status = tl.where((status == OK) & (walked != num_segments), E_TILING, status)
     tl.store(core_status + pid, status)

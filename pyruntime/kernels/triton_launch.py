@@ -65,6 +65,7 @@ from typing import Any
 import torch
 
 from pyruntime import tiling as _tiling
+from pyruntime.kernels import sliding_window as _sliding_window
 from pyruntime.kernels import soft_cap as _soft_cap
 
 _KERNELS = "pyruntime.kernels.triton_attention"
@@ -271,6 +272,7 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
                      block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse,
                      scale: float, causal: bool, logits_soft_cap: float | None = None,
                      sinks: torch.Tensor | None = None,
+                     sliding_window: int | None = None,
                      core_status: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the attention grid (``params.num_cores`` programs) once; returns core_status.
 
@@ -290,18 +292,25 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
             attention-sink logits on the output's device (the kernel compiled with
             ``USE_SINKS``): whole units add them to their rows' denominators; pass the same
             tensor to :func:`launch_combine`, which adds them to split units' rows.
+        sliding_window: None or 0 (off: the kernel compiled without the window) or W >= 1
+            with ``causal``: the query at kv position p sees only the keys ``p - W < j <= p``
+            (compiled with ``USE_WINDOW``, W passed as an int32 runtime scalar). No kv block
+            below a unit's window is read or checked, whatever blocks the tiling gives it; the
+            combine needs no window (an empty piece has lse -inf).
         core_status: int32 ``[num_cores]`` the programs write their status to (OK, the
             tiling's status, E_TILING or E_BLOCK_ID, the C reference's codes, or E_STALE);
             allocated when None. Device side: read it only after the stream has run.
 
     Raises:
         TypeError, ValueError: wrong dtypes or shapes, (CPU tensors) length arrays shorter
-            than the tiling's live batch, or a soft cap that is not None or a positive finite
-            number; checked before launching.
+            than the tiling's live batch, a soft cap that is not None or a positive finite
+            number, or a sliding window that is not None or an int >= 0, or is given without
+            ``causal``; checked before launching.
         TritonUnavailableError: see :func:`kernels`.
     """
     _check_shapes(params, query, key_cache, value_cache, out)
     soft_cap = _soft_cap.kernel_arg(logits_soft_cap)
+    window = _sliding_window.kernel_arg(sliding_window, causal=bool(causal))
     sinks_ptr = _sinks_arg(params, sinks, out, partial_lse)
     words = _words(tiling_in)
     cu_seqlens_q, seqlens_kv = _int32("cu_seqlens_q", cu_seqlens_q), _int32("seqlens_kv",
@@ -315,9 +324,10 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
         module.paged_attention_kernel[(params.num_cores,)](
             words, _int32("step_epoch", step_epoch), query, key_cache, value_cache,
             _int32("block_table", block_table), cu_seqlens_q, seqlens_kv, out,
-            partial_out, partial_lse, core_status, float(scale), soft_cap, sinks_ptr,
+            partial_out, partial_lse, core_status, float(scale), soft_cap, sinks_ptr, window,
             int(key_cache.shape[0]), **constants(params, bool(causal)), **block_shapes(params),
-            UPCAST_DOT=upcast, USE_SOFT_CAP=soft_cap > 0.0, USE_SINKS=sinks is not None)
+            UPCAST_DOT=upcast, USE_SOFT_CAP=soft_cap > 0.0, USE_SINKS=sinks is not None,
+            USE_WINDOW=window > 0)
     return core_status
 
 

@@ -58,15 +58,16 @@ def run_decode_loop(attn, batcher: ContinuousBatcher, *, steps: int, check: bool
     Each step fills every layer's query with fresh N(0, query_scale**2) values (a larger scale
     gives larger scores, e.g. for a logits soft cap to bend), steps `attn`, calls
     `attn.check()` and, when `check`, compares every layer's output with the float64
-    per-request reference (`max_rel_err`), with the attention's `logits_soft_cap` and `sinks`
-    (read at each step: the caller may fill them) when it has them. `on_step(i, batch,
-    outputs)` is called after each step when given.
+    per-request reference (`max_rel_err`), with the attention's `logits_soft_cap`,
+    `sliding_window` and `sinks` (read at each step: the caller may fill them) when it has
+    them. `on_step(i, batch, outputs)` is called after each step when given.
     """
     gen = torch.Generator().manual_seed(seed)
     stats = LoopStats(max_rel_err=0.0 if check else float("nan"))
     scale = attn.params.head_dim ** -0.5
     soft_cap = getattr(attn, "logits_soft_cap", None)
     sinks = getattr(attn, "sinks", None)
+    window = getattr(attn, "sliding_window", None)
     for i, batch in zip(range(steps), batcher):
         for q in attn.queries:
             q.copy_(query_scale * torch.randn(q.shape, generator=gen))
@@ -85,7 +86,8 @@ def run_decode_loop(attn, batcher: ContinuousBatcher, *, steps: int, check: bool
                 want = reference_attention(attn.queries[layer], k, v, batch.block_table,
                                            batch.cu_seqlens_q, batch.seqlens_kv, scale=scale,
                                            causal=attn.causal, logits_soft_cap=soft_cap,
-                                           sinks=None if sinks is None else sinks[layer])
+                                           sinks=None if sinks is None else sinks[layer],
+                                           sliding_window=window)
                 stats.max_rel_err = max(stats.max_rel_err, relative_error(out, want))
         if on_step is not None:
             on_step(i, batch, outputs)

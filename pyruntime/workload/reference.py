@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pyruntime.kernels import sliding_window as _sliding_window
+
 
 def _f64(t: torch.Tensor) -> np.ndarray:
     # via float32: exact for every storage dtype, and far faster than bf16 -> float64; a
@@ -17,7 +19,8 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
                         seqlens_kv: np.ndarray, *, scale: float, causal: bool = True,
                         band: tuple[int, int] | None = None,
                         logits_soft_cap: float | None = None,
-                        sinks: torch.Tensor | np.ndarray | None = None) -> np.ndarray:
+                        sinks: torch.Tensor | np.ndarray | None = None,
+                        sliding_window: int | None = None) -> np.ndarray:
     """float64 ``[max_tokens, num_q_heads, head_dim]``; rows of no request are zero.
 
     Args:
@@ -25,7 +28,9 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
         block_table: int ``[max_batch, max_blocks_per_req]``; cu_seqlens_q int
             ``[batch + 1]``; seqlens_kv int ``[batch]``.
         band: ``(before, after)``: the query at kv position p sees only the keys
-            p - before .. p + after (FIA's sparse_mode 4 with pre_tokens, next_tokens).
+            p - before .. p + after (FIA's sparse_mode 4 with pre_tokens, next_tokens). With
+            ``before = W`` that is W + 1 keys, vLLM-Ascend's host path for a window W; the
+            model's window is ``sliding_window``.
         logits_soft_cap: None (off) or C > 0: every score ``s = scale * q . k`` becomes
             ``C * tanh(s / C)`` before the mask and the softmax (vLLM's definition; float64
             throughout, C taken as given).
@@ -34,7 +39,16 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
             sink, and the sink adds no value: ``p_j = exp(s_j - m) / (exp(sinks[h] - m) +
             sum_k exp(s_k - m))`` (vLLM's ``sinks``; the soft cap, when on, caps the scores and
             not the sink).
+        sliding_window: None or 0 (off), or W >= 1 with ``causal``: the query at kv position p
+            sees only the keys j with ``p - W < j <= p`` (W keys; Hugging Face's masks, vLLM's
+            FlashAttention window ``(W - 1, 0)``). Block-table entries of blocks that no row's
+            window reaches are not read (they may be stale, as when a serving engine frees
+            them).
+
+    Raises:
+        ValueError: ``sliding_window`` with ``causal=False``, negative or not an int.
     """
+    window = _sliding_window.check(sliding_window, causal=causal)
     # a float64 host reference: device tensors come to the host once, before any indexing
     query, key_cache, value_cache = (t.detach().cpu() for t in (query, key_cache, value_cache))
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
@@ -48,17 +62,24 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
         q_len = q1 - q0
         if q_len == 0:
             continue
-        blocks = torch.from_numpy(np.ascontiguousarray(block_table[r, : -(-kv_len // block_size)]))
-        k = _f64(key_cache[blocks]).reshape(-1, num_kv_heads, head_dim)[:kv_len]
-        v = _f64(value_cache[blocks]).reshape(-1, num_kv_heads, head_dim)[:kv_len]
+        # the first block any row sees (0 without a window): kv positions start at base
+        first = _sliding_window.first_block(kv_len, q_len, 0, window, int(block_size))
+        base = first * int(block_size)
+        blocks = torch.from_numpy(
+            np.ascontiguousarray(block_table[r, first : -(-kv_len // block_size)]))
+        k = _f64(key_cache[blocks]).reshape(-1, num_kv_heads, head_dim)[: kv_len - base]
+        v = _f64(value_cache[blocks]).reshape(-1, num_kv_heads, head_dim)[: kv_len - base]
         k = np.repeat(k, group, axis=1)  # [kv_len, Hq, D]
         v = np.repeat(v, group, axis=1)
         s = np.einsum("qhd,khd->hqk", _f64(query[q0:q1]), k) * scale
         if logits_soft_cap is not None:
             s = logits_soft_cap * np.tanh(s / logits_soft_cap)
-        pos, at = np.arange(kv_len)[None, :], (kv_len - q_len + np.arange(q_len))[:, None]
+        pos = np.arange(base, kv_len)[None, :]
+        at = (kv_len - q_len + np.arange(q_len))[:, None]
         if causal:
             s = np.where((pos <= at)[None], s, -np.inf)
+        if window is not None:
+            s = np.where((pos > at - window)[None], s, -np.inf)
         if band is not None:
             s = np.where(((pos >= at - band[0]) & (pos <= at + band[1]))[None], s, -np.inf)
         m = s.max(axis=-1, keepdims=True)
