@@ -66,7 +66,7 @@ from pyruntime.kernels import soft_cap
 from pyruntime.tiling import TilingParams
 
 __all__ = ["MODES", "PLACEMENTS", "AttentionClosedError", "AttentionError", "AttentionInputError",
-           "AttentionStateError", "FrozenSizeError", "StaticAttention"]
+           "AttentionStateError", "FrozenSizeError", "StaticAttention", "StaticMLAAttention"]
 
 MODES = ("device_tiling", "host_update")
 
@@ -213,13 +213,14 @@ class StaticAttention:
                     "so it cannot apply the window; use mode='device_tiling' (our kernels "
                     "apply it)")
             self.mode, self.causal, self.placement = mode, causal, placement
-            # MERGE: the tiling branch adds TilingParams(sliding_window=); pass
-            # sliding_window=self.sliding_window here (the one place the params are built)
+            # The window is a tiling parameter (ABI v5): each unit's blocks, and so its cost and
+            # its place in the work order, are only those its rows' windows touch.
             self.params = TilingParams(
                 num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                 block_size=block_size, max_batch=max_batch, max_tokens=max_tokens,
                 max_blocks_per_req=max_blocks_per_req,
-                num_cores=num_cores or backend.default_num_cores, q_tile=q_tile)
+                num_cores=num_cores or backend.default_num_cores, q_tile=q_tile,
+                sliding_window=self.sliding_window)
             self._buffers = StaticBuffers(backend, self.params, num_layers=num_layers,
                                           num_blocks=num_blocks, dtype=dtype,
                                           logits_soft_cap=self.logits_soft_cap, sinks=sinks,
@@ -363,3 +364,13 @@ class StaticAttention:
     def graph(self):
         """The captured backend graph (for profiling and tests)."""
         return self._live()[1].graph
+
+
+def __getattr__(name: str):
+    """`pyruntime.attention.StaticMLAAttention`, imported on first use: pyruntime.mla_attention
+    builds on StaticAttention, so importing it here eagerly would be circular."""
+    if name == "StaticMLAAttention":
+        from pyruntime.mla_attention import StaticMLAAttention
+
+        return StaticMLAAttention
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
