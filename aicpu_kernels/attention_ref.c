@@ -445,6 +445,8 @@ typedef struct {
     float soft_cap; /* > 0: the logits soft cap C; 0: off (soft_cap_of) */
     const float *sinks; /* [num_q_heads] attention-sink logits, or NULL (off) */
     int32_t window;     /* sliding window W > 0 (causal only), or 0 (off) */
+    const aicpu_attention_kv_int8 *kv_int8; /* int8 caches and their scales, or NULL (off) */
+    size_t kv_bytes;    /* bytes of one cache element: 1 for int8 caches, else the dtype's */
     const void *query, *key_cache, *value_cache;
     const int32_t *block_table, *cu, *kv;
     void *out;
@@ -546,7 +548,7 @@ static void prefetch_head(const core_ctx *c, const chunk_prefetch *pf, const uns
                           int32_t head_at, int32_t lo, int32_t hi) {
     if (hi > pf->n) hi = pf->n;
     if (hi > lo)
-        c->k->prefetch_rows(base + (size_t)head_at * dtype_bytes(c->dtype) + lo * pf->stride,
+        c->k->prefetch_rows(base + (size_t)head_at * c->kv_bytes + lo * pf->stride,
                             hi - lo, pf->head_bytes, pf->stride);
 }
 
@@ -564,13 +566,31 @@ static void cap_scores(float *s, ptrdiff_t sn, int32_t nr, const int32_t *nv, fl
     }
 }
 
+/*
+ * The int8 KV cache: n rows of head_dim int8 values, `stride` elements apart, dequantised into
+ * contiguous fp32, dst[j d + x] = (src_j[x] - offset[x]) * scale[x] (vLLM-Ascend's C8: the
+ * cache holds round(x / scale + offset), attention_v1.py _quantize_kv_to_int8). The variant's
+ * kernels then read fp32 rows, so no variant has int8 code of its own.
+ */
+static void dequant_rows(float *restrict dst, const int8_t *src, int32_t n, int32_t d,
+                         ptrdiff_t stride, const float *restrict scale,
+                         const float *restrict offset) {
+    int32_t j, x;
+    for (j = 0; j < n; j++) {
+        const int8_t *restrict row = src + j * stride;
+        float *restrict o = dst + (ptrdiff_t)j * d;
+        for (x = 0; x < d; x++) o[x] = ((float)row[x] - offset[x]) * scale[x];
+    }
+}
+
 static void process_chunk(const core_ctx *c, const float *qs, float *acc, float *sbuf, float *m,
                           float *l, const int32_t *lower, const int32_t *limit,
                           const int32_t *head_at, int32_t nr,
-                          int32_t c0, int32_t n, const void *kraw, const void *vraw,
-                          ptrdiff_t stride, float *kbuf, float *vbuf, const chunk_prefetch *pf) {
+                          int32_t c0, int32_t n, int32_t h0, const void *kraw,
+                          const void *vraw, ptrdiff_t stride, float *kbuf, float *vbuf,
+                          const chunk_prefetch *pf) {
     const int32_t d = c->p->head_dim;
-    const size_t esize = dtype_bytes(c->dtype);
+    const size_t esize = c->kv_bytes;
     chunk_prefetch this_chunk;
     int32_t nv[MAX_ROWS], below[MAX_ROWS];
     int32_t i, e, x;
@@ -603,8 +623,18 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
             prefetch_head(c, ahead, ahead->v, ahead_at, 0, ahead->n);
             continue;
         }
-        c->k->scores(sbuf + (size_t)i * n, n, qs + (size_t)i * d, e - i, nv + i, kp, c->dtype,
-                     stride, d, kbuf);
+        if (c->kv_int8 != NULL) {
+            /* int8: this head's K rows to fp32 in kbuf, read by the variant as an fp32 cache
+             * (its scratch is then vbuf, free until the V rows) */
+            const size_t at = (size_t)(h0 + head_at[i] / d) * d;
+            dequant_rows(kbuf, (const int8_t *)kp, jmax, d, stride, c->kv_int8->k_scale + at,
+                         c->kv_int8->k_offset + at);
+            c->k->scores(sbuf + (size_t)i * n, n, qs + (size_t)i * d, e - i, nv + i, kbuf,
+                         AICPU_ATTENTION_FP32, d, d, vbuf);
+        } else {
+            c->k->scores(sbuf + (size_t)i * n, n, qs + (size_t)i * d, e - i, nv + i, kp,
+                         c->dtype, stride, d, kbuf);
+        }
         if (c->soft_cap > 0.0f) cap_scores(sbuf + (size_t)i * n, n, e - i, nv + i, c->soft_cap);
         if (c->window > 0) {
             for (r = i; r < e; r++) {
@@ -630,8 +660,16 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
         }
         /* probability-weighted V rows */
         prefetch_head(c, ahead, ahead->v, ahead_at, 0, half);
-        c->k->accumulate(acc + (size_t)i * d, e - i, nv + i, sbuf + (size_t)i * n, n, vp,
-                         c->dtype, stride, d, vbuf);
+        if (c->kv_int8 != NULL) { /* as for K; kbuf is free now and serves as the scratch */
+            const size_t at = (size_t)(h0 + head_at[i] / d) * d;
+            dequant_rows(vbuf, (const int8_t *)vp, jmax, d, stride, c->kv_int8->v_scale + at,
+                         c->kv_int8->v_offset + at);
+            c->k->accumulate(acc + (size_t)i * d, e - i, nv + i, sbuf + (size_t)i * n, n, vbuf,
+                             AICPU_ATTENTION_FP32, d, d, kbuf);
+        } else {
+            c->k->accumulate(acc + (size_t)i * d, e - i, nv + i, sbuf + (size_t)i * n, n, vp,
+                             c->dtype, stride, d, vbuf);
+        }
         prefetch_head(c, ahead, ahead->v, ahead_at, half, ahead->n);
     }
 }
@@ -672,7 +710,7 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
     const int32_t rows = sg->nh * per_head, width = sg->nh * d;
     const int32_t row_block = QO_FLOATS / d < MAX_ROWS ? QO_FLOATS / d : MAX_ROWS;
     const ptrdiff_t token_stride = (ptrdiff_t)p->num_kv_heads * d;
-    const size_t esize = dtype_bytes(c->dtype);
+    const size_t esize = dtype_bytes(c->dtype), kvsize = c->kv_bytes;
     const int32_t *bt_row = c->block_table + (size_t)sg->r * p->max_blocks_per_req;
     const int32_t shift = c->causal ? sg->rl.kv_len - sg->rl.q_len : 0;
     float qs[QO_FLOATS], acc[QO_FLOATS], kbuf[KV_FLOATS], vbuf[KV_FLOATS];
@@ -721,24 +759,24 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
                     int32_t nc0 = c0 + chunk, nb = b;
                     pf.n = 0;
                     pf.k = pf.v = NULL;
-                    pf.head_bytes = (size_t)d * esize;
-                    pf.stride = token_stride * (ptrdiff_t)esize;
+                    pf.head_bytes = (size_t)d * kvsize;
+                    pf.stride = token_stride * (ptrdiff_t)kvsize;
                     if (nc0 >= p1 && b + 1 < sg->ke && (b + 1) * bs < kv_hi) {
                         nb = b + 1;
                         nc0 = nb * bs;
                     }
                     if (nc0 < kv_hi && nc0 < (nb + 1) * bs) {
                         size_t at = (((size_t)bt_row[nb] * bs + (size_t)(nc0 - nb * bs)) *
-                                         p->num_kv_heads + sg->h) * d * esize;
+                                         p->num_kv_heads + sg->h) * d * kvsize;
                         pf.n = kv_hi - nc0 < chunk ? kv_hi - nc0 : chunk;
                         if (pf.n > (nb + 1) * bs - nc0) pf.n = (nb + 1) * bs - nc0;
                         pf.k = (const unsigned char *)c->key_cache + at;
                         pf.v = (const unsigned char *)c->value_cache + at;
                     }
                 }
-                process_chunk(c, qs, acc, sbuf, m, l, lower, limit, head_at, nr, c0, n,
-                              (const char *)c->key_cache + tok_at * esize,
-                              (const char *)c->value_cache + tok_at * esize, token_stride, kbuf,
+                process_chunk(c, qs, acc, sbuf, m, l, lower, limit, head_at, nr, c0, n, sg->h,
+                              (const char *)c->key_cache + tok_at * kvsize,
+                              (const char *)c->value_cache + tok_at * kvsize, token_stride, kbuf,
                               vbuf, &pf);
             }
         }
@@ -970,10 +1008,13 @@ static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk
 /* The checks every entry point makes before reading the core table: AICPU_TILING_OK, or the
  * status to return. */
 static int layer_check(const aicpu_tiling_params *params, const int32_t *tiling, uint32_t flags,
-                       int32_t dtype, int32_t num_blocks, int32_t window) {
+                       int32_t dtype, int32_t num_blocks, int32_t window,
+                       const aicpu_attention_kv_int8 *kv_int8) {
     if (params == NULL || tiling == NULL || aicpu_tiling_params_check(params) != AICPU_TILING_OK ||
         !dtype_ok(dtype) || num_blocks < 0 || window < 0 ||
-        (window > 0 && (flags & AICPU_TILING_CAUSAL) == 0))
+        (window > 0 && (flags & AICPU_TILING_CAUSAL) == 0) ||
+        (kv_int8 != NULL && (kv_int8->k_scale == NULL || kv_int8->k_offset == NULL ||
+                             kv_int8->v_scale == NULL || kv_int8->v_offset == NULL)))
         return AICPU_ATTENTION_E_ARGS;
     if (!header_ok(params, tiling)) return AICPU_ATTENTION_E_TILING;
     if (tiling[AICPU_TILING_HDR_STATUS] != AICPU_TILING_OK) return tiling[AICPU_TILING_HDR_STATUS];
@@ -992,7 +1033,8 @@ static float soft_cap_of(float soft_cap) {
 
 static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t flags,
                      int32_t dtype, float scale, float soft_cap, const float *sinks,
-                     int32_t window, const void *query, const void *key_cache,
+                     int32_t window, const aicpu_attention_kv_int8 *kv_int8,
+                     const void *query, const void *key_cache,
                      const void *value_cache, int32_t num_blocks,
                      const int32_t *block_table, const int32_t *cu_seqlens_q,
                      const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -1007,6 +1049,8 @@ static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t fl
     c->soft_cap = soft_cap_of(soft_cap);
     c->sinks = sinks;
     c->window = window;
+    c->kv_int8 = kv_int8;
+    c->kv_bytes = kv_int8 != NULL ? 1 : dtype_bytes(dtype);
     c->k = isa_kernels(aicpu_attention_isa_active());
     c->query = query;
     c->key_cache = key_cache;
@@ -1040,7 +1084,8 @@ static int core_idle(const int32_t *rec) {
 
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
                          uint32_t flags, int32_t dtype, float scale, float soft_cap,
-                         const float *sinks, int32_t sliding_window, const void *query,
+                         const float *sinks, int32_t sliding_window,
+                         const aicpu_attention_kv_int8 *kv_int8, const void *query,
                          const void *key_cache, const void *value_cache, int32_t num_blocks,
                          const int32_t *block_table, const int32_t *cu_seqlens_q,
                          const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -1053,15 +1098,15 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
     if (params != NULL && aicpu_tiling_params_check(params) == AICPU_TILING_OK &&
         (core < 0 || core >= params->num_cores))
         return AICPU_ATTENTION_E_ARGS;
-    status = layer_check(params, tiling, flags, dtype, num_blocks, sliding_window);
+    status = layer_check(params, tiling, flags, dtype, num_blocks, sliding_window, kv_int8);
     if (status != AICPU_TILING_OK) return status;
     rec = core_record(tiling, core);
     if (core_idle(rec)) return AICPU_TILING_OK;
     if (!tensors_given(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out))
         return AICPU_ATTENTION_E_ARGS;
-    ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, sliding_window, query, key_cache,
-             value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
-             partial_lse);
+    ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, sliding_window, kv_int8, query,
+             key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv, out,
+             partial_out, partial_lse);
     mode.heads = 0;
     mode.slot_step = 0;
     mode.run = 1;
@@ -1124,8 +1169,9 @@ static int siblings_match(const aicpu_tiling_params *params, const int32_t *tili
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
                                   int32_t first_core, uint32_t flags, int32_t dtype, float scale,
                                   float soft_cap, const float *sinks, int32_t sliding_window,
-                                  const void *query, const void *key_cache,
-                                  const void *value_cache, int32_t num_blocks,
+                                  const aicpu_attention_kv_int8 *kv_int8, const void *query,
+                                  const void *key_cache, const void *value_cache,
+                                  int32_t num_blocks,
                                   const int32_t *block_table, const int32_t *cu_seqlens_q,
                                   const int32_t *seqlens_kv, void *out, float *partial_out,
                                   float *partial_lse) {
@@ -1139,7 +1185,7 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
     q = sets;
     slot_step = 0;
     fusable = heads > 1 && layer_check(params, tiling, flags, dtype, num_blocks,
-                                       sliding_window) == AICPU_TILING_OK;
+                                       sliding_window, kv_int8) == AICPU_TILING_OK;
     if (fusable) {
         int32_t num_slots = tiling[AICPU_TILING_HDR_NUM_SLOTS];
         fusable = num_slots >= 0 && num_slots % heads == 0;
@@ -1154,7 +1200,7 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
         const int32_t *rec = core_record(tiling, first_core);
         int32_t batch = tiling[AICPU_TILING_HDR_BATCH];
         if (core_idle(rec)) return AICPU_TILING_OK; /* and so are its siblings (checked) */
-        ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, sliding_window, query,
+        ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, sliding_window, kv_int8, query,
                  key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv, out,
                  partial_out, partial_lse);
         mode.heads = heads;
@@ -1171,7 +1217,7 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
     /* not fusable: each core of the set on its own, as the per-core loop would run them */
     for (h = 0; h < heads; h++) {
         int s = aicpu_attention_core(params, tiling, first_core + h * q, flags, dtype, scale,
-                                     soft_cap, sinks, sliding_window, query, key_cache,
+                                     soft_cap, sinks, sliding_window, kv_int8, query, key_cache,
                                      value_cache, num_blocks,
                                      block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
                                      partial_lse);
@@ -1253,7 +1299,8 @@ static void run_span_whole(const core_ctx *c, const int32_t *tiling, int32_t fir
 int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
                               int32_t first_core, int32_t num_cores, uint32_t flags,
                               int32_t dtype, float scale, float soft_cap, const float *sinks,
-                              int32_t sliding_window, const void *query, const void *key_cache,
+                              int32_t sliding_window, const aicpu_attention_kv_int8 *kv_int8,
+                              const void *query, const void *key_cache,
                               const void *value_cache, int32_t num_blocks,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -1264,14 +1311,15 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
         first_core < 0 || num_cores < 1 || first_core > params->num_cores - num_cores)
         return AICPU_ATTENTION_E_ARGS;
     if (num_cores > 1 && tiling != NULL &&
-        layer_check(params, tiling, flags, dtype, num_blocks, sliding_window) == AICPU_TILING_OK &&
+        layer_check(params, tiling, flags, dtype, num_blocks, sliding_window, kv_int8) ==
+            AICPU_TILING_OK &&
         tensors_given(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out)) {
         core_ctx c;
         walk_mode mode;
         const int32_t *live = NULL; /* the last non-idle record so far */
         int32_t batch = tiling[AICPU_TILING_HDR_BATCH], first_live = -1, last_live = -1;
         int fusable = 1;
-        ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, sliding_window, query,
+        ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, sliding_window, kv_int8, query,
                  key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv, out,
                  partial_out, partial_lse);
         mode.heads = 0;
@@ -1310,7 +1358,7 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
     /* not fusable: each core on its own, as the per-core loop would run them */
     for (core = first_core; core < first_core + num_cores; core++) {
         int s = aicpu_attention_core(params, tiling, core, flags, dtype, scale, soft_cap, sinks,
-                                     sliding_window, query,
+                                     sliding_window, kv_int8, query,
                                      key_cache, value_cache, num_blocks, block_table,
                                      cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
         if (status == AICPU_TILING_OK) status = s;

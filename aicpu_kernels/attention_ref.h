@@ -106,6 +106,22 @@ extern "C" {
 #define AICPU_ATTENTION_E_BLOCK_ID 34 /* a block-table entry read is not in [0, num_blocks) */
 /* AICPU_ATTENTION_E_ISA (35) is returned only by aicpu_attention_set_isa, see below. */
 
+/*
+ * The int8 KV cache (vLLM's kv_cache_dtype "int8"; vLLM-Ascend's C8). With kv_int8 != NULL the
+ * caches hold int8 values (TENSORS, with int8 for dtype) and K value x of kv head h, dim d
+ * means (x - k_offset[h][d]) * k_scale[h][d] (V likewise): per-channel scale and offset, each
+ * fp32 [num_kv_heads][head_dim]. That is vLLM-Ascend 0.30.0rc2's convention
+ * (vllm_ascend/attention/attention_v1.py: _quantize_kv_to_int8 stores
+ * clamp(round(x / scale + offset), -128, 127), the dense path dequantises (x - offset) * scale;
+ * its FIA path passes the scale only, which a zero offset covers). The kernel dequantises in
+ * fp32 and accumulates in fp32; query, output and dtype are unchanged. All four pointers must
+ * be given (AICPU_ATTENTION_E_ARGS otherwise). NULL: the caches are dtype, and the results are
+ * bit-for-bit those of a build without the int8 cache.
+ */
+typedef struct {
+    const float *k_scale, *k_offset, *v_scale, *v_offset; /* [num_kv_heads][head_dim] each */
+} aicpu_attention_kv_int8;
+
 /* Stack bytes one call uses, roughly (scratch for fp32 copies of query, K, V, scores). */
 #define AICPU_ATTENTION_STACK_BYTES 229376
 
@@ -126,6 +142,9 @@ extern "C" {
  *   sliding_window  0 (off) or W >= 1: each row sees its last W kv positions (WHAT A ROW
  *                 COMPUTES); only with AICPU_TILING_CAUSAL. Block-table entries below a unit's
  *                 window are neither read nor checked
+ *   kv_int8       NULL (the caches are dtype) or the scales and offsets of int8 caches (see
+ *                 aicpu_attention_kv_int8): each chunk of K and V rows is dequantised to fp32
+ *                 before the variant's kernels read it
  *   query, key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv
  *                 see TENSORS; num_blocks is the caches' dim 0
  *   out           whole units write their rows here, converted to dtype (round to nearest even)
@@ -148,12 +167,13 @@ extern "C" {
  *                               lse = +inf, which makes finalize zero the whole unit), the other
  *                               segments are computed, and this status is returned
  *     for (c = 0; c < params.num_cores; c++) status |= aicpu_attention_core(&params, tiling, c,
- *         AICPU_TILING_CAUSAL, AICPU_ATTENTION_BF16, scale, 0.0f, NULL, 0, q, k, v, nblk, bt, cu, kv,
- *         out, po, pl);
+ *         AICPU_TILING_CAUSAL, AICPU_ATTENTION_BF16, scale, 0.0f, NULL, 0, NULL, q, k, v, nblk,
+ *         bt, cu, kv, out, po, pl);
  */
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
                          uint32_t flags, int32_t dtype, float scale, float soft_cap,
-                         const float *sinks, int32_t sliding_window, const void *query,
+                         const float *sinks, int32_t sliding_window,
+                         const aicpu_attention_kv_int8 *kv_int8, const void *query,
                          const void *key_cache, const void *value_cache, int32_t num_blocks,
                          const int32_t *block_table, const int32_t *cu_seqlens_q,
                          const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -197,7 +217,7 @@ int32_t aicpu_attention_num_sibling_sets(const aicpu_tiling_params *params);
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
                                   int32_t first_core, uint32_t flags, int32_t dtype, float scale,
                                   float soft_cap, const float *sinks, int32_t sliding_window,
-                                  const void *query, const void *key_cache,
+                                  const aicpu_attention_kv_int8 *kv_int8, const void *query, const void *key_cache,
                                   const void *value_cache, int32_t num_blocks,
                                   const int32_t *block_table, const int32_t *cu_seqlens_q,
                                   const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -235,7 +255,8 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
 int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
                               int32_t first_core, int32_t num_cores, uint32_t flags,
                               int32_t dtype, float scale, float soft_cap, const float *sinks,
-                              int32_t sliding_window, const void *query, const void *key_cache,
+                              int32_t sliding_window, const aicpu_attention_kv_int8 *kv_int8,
+                              const void *query, const void *key_cache,
                               const void *value_cache, int32_t num_blocks,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,

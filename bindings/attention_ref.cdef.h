@@ -10,9 +10,17 @@
 
 #define AICPU_ATTENTION_STACK_BYTES ...
 
+typedef struct {
+    const float *k_scale;
+    const float *k_offset;
+    const float *v_scale;
+    const float *v_offset;
+} aicpu_attention_kv_int8;
+
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
                          uint32_t flags, int32_t dtype, float scale, float soft_cap,
-                         const float *sinks, int32_t sliding_window, const void *query,
+                         const float *sinks, int32_t sliding_window,
+                         const aicpu_attention_kv_int8 *kv_int8, const void *query,
                          const void *key_cache, const void *value_cache, int32_t num_blocks,
                          const int32_t *block_table, const int32_t *cu_seqlens_q,
                          const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -21,7 +29,7 @@ int32_t aicpu_attention_num_sibling_sets(const aicpu_tiling_params *params);
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
                                   int32_t first_core, uint32_t flags, int32_t dtype, float scale,
                                   float soft_cap, const float *sinks, int32_t sliding_window,
-                                  const void *query, const void *key_cache,
+                                  const aicpu_attention_kv_int8 *kv_int8, const void *query, const void *key_cache,
                                   const void *value_cache, int32_t num_blocks,
                                   const int32_t *block_table, const int32_t *cu_seqlens_q,
                                   const int32_t *seqlens_kv, void *out, float *partial_out,
@@ -29,7 +37,8 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
 int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
                               int32_t first_core, int32_t num_cores, uint32_t flags,
                               int32_t dtype, float scale, float soft_cap, const float *sinks,
-                              int32_t sliding_window, const void *query, const void *key_cache,
+                              int32_t sliding_window, const aicpu_attention_kv_int8 *kv_int8,
+                              const void *query, const void *key_cache,
                               const void *value_cache, int32_t num_blocks,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,

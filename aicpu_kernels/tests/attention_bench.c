@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
         t0 = now();
         for (c = 0; c < cores; c++)
             if (aicpu_attention_core(&p, tiling, c, AICPU_TILING_CAUSAL, dtype, 0.088f, 0.0f, NULL,
-                                     0, q, kc, vc, num_blocks, bt, cu, kv, out, po, pl))
+                                     0, NULL, q, kc, vc, num_blocks, bt, cu, kv, out, po, pl))
                 return 2;
         if (aicpu_attention_finalize(&p, tiling, dtype, cu, out, po, pl, NULL)) return 3;
         times[i] = now() - t0;

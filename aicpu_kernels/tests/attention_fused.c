@@ -102,7 +102,7 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
         if (how == SIBLINGS) {
             st[j] = aicpu_attention_core_siblings(p, pb->tiling, j, pb->call_flags, pb->dtype,
                                                   scale, pb->soft_cap, pb->sinks, pb->window,
-                                                  q, pb->k, pb->v,
+                                                  NULL, q, pb->k, pb->v,
                                                   pb->num_blocks, pb->bt, pb->cu, pb->kv, out,
                                                   ws ? po : NULL, ws ? pl : NULL);
             continue;
@@ -111,7 +111,7 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
             st[j] = aicpu_attention_core_span(p, pb->tiling, span_at[j],
                                               span_at[j + 1] - span_at[j], pb->call_flags,
                                               pb->dtype, scale, pb->soft_cap, pb->sinks,
-                                              pb->window, q, pb->k, pb->v,
+                                              pb->window, NULL, q, pb->k, pb->v,
                                               pb->num_blocks, pb->bt, pb->cu, pb->kv, out,
                                               ws ? po : NULL, ws ? pl : NULL);
             continue;
@@ -121,7 +121,8 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
              how == SIBLINGS_REF ? c < p->num_cores : c < span_at[j + 1];
              c += how == SIBLINGS_REF ? sets : 1) {
             int s = aicpu_attention_core(p, pb->tiling, c, pb->call_flags, pb->dtype, scale,
-                                         pb->soft_cap, pb->sinks, pb->window, q, pb->k, pb->v,
+                                         pb->soft_cap, pb->sinks, pb->window, NULL, q, pb->k,
+                                         pb->v,
                                          pb->num_blocks, pb->bt, pb->cu, pb->kv, out, ws ? po : NULL, ws ? pl : NULL);
             if (st[j] == AICPU_TILING_OK) st[j] = s;
         }

@@ -61,7 +61,8 @@ static int run(const aicpu_tiling_params *p, const int32_t *tiling, int32_t dtyp
     int status;
     for (c = 0; c < p->num_cores; c++) {
         status = aicpu_attention_core(p, tiling, c, AICPU_TILING_CAUSAL, dtype,
-                                      1.0f / sqrtf((float)p->head_dim), cap, sinks, 0, q, k, v,
+                                      1.0f / sqrtf((float)p->head_dim), cap, sinks, 0, NULL, q, k,
+                                      v,
                                       num_blocks, bt, cu, kv, out, po, pl);
         if (status) return status;
     }

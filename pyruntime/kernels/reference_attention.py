@@ -37,6 +37,9 @@ COMPUTES). ``sliding_window=W`` (every core entry point; None or 0, the default,
 causal only) lets the query at position p see only the keys ``p - W < j <= p``
 (`pyruntime.kernels.sliding_window`); the cores read no kv block below a unit's window, whatever
 blocks the tiling gives them, and :class:`BlockLog` records the blocks they read.
+``kv_scales=(k_scale, k_offset, v_scale, v_offset)`` (every core entry point; None, the
+default, is off) makes the caches int8, a stored x meaning ``(x - offset) * scale`` per kv head
+and dim (`pyruntime.kernels.kv_quant`, vLLM-Ascend's C8); the cores dequantise in fp32.
 
 For graph mode, :class:`BoundAttention` checks the static buffers once and then launches
 each core or the combine step with a single C call (a few microseconds of Python).
@@ -69,6 +72,7 @@ import torch
 
 from pyruntime import tiling as _tiling
 from pyruntime.kernels import sliding_window as _sliding_window
+from pyruntime.kernels import kv_quant as _kv_quant
 from pyruntime.kernels import soft_cap as _soft_cap
 
 # pyruntime.tiling is the one importer of the cffi module; take ffi/lib from it.
@@ -256,6 +260,7 @@ class BoundAttention:
         logits_soft_cap: float | None = None,
         sinks: torch.Tensor | None = None,
         sliding_window: int | None = None,
+        kv_scales: tuple[torch.Tensor, ...] | None = None,
     ) -> None:
         self._c_params = params._c_params()
         self._tiling = _tiling_ptr(params, self._c_params, tiling_buffer)
@@ -271,6 +276,7 @@ class BoundAttention:
             partial_out,
             partial_lse,
             sinks,
+            kv_scales,
         )
         self.num_cores = int(params.num_cores)
         #: Sibling sets (see :meth:`core_siblings`): P / H when P % H == 0, else P.
@@ -294,13 +300,21 @@ class BoundAttention:
         if query is None:
             return
         _tensor("query", query, out.dtype, shape)
-        _tensor("key_cache", key_cache, out.dtype)
+        kv_dtype = out.dtype if kv_scales is None else torch.int8
+        self._kv_int8 = _ffi.NULL
+        if kv_scales is not None:
+            # the C struct holds the four pointers; _keep holds the tensors
+            kv_scales = _kv_quant.check_scales(kv_scales, hkv, d, device=torch.device("cpu"))
+            self._kv_int8 = _ffi.new("aicpu_attention_kv_int8 *", {
+                name: _ptr("const float *", t) for name, t in
+                zip(("k_scale", "k_offset", "v_scale", "v_offset"), kv_scales)})
+        _tensor("key_cache", key_cache, kv_dtype)
         if key_cache.dim() != 4 or tuple(key_cache.shape[1:]) != (int(params.block_size), hkv, d):
             raise ValueError(
                 f"key_cache must have shape [num_blocks, {params.block_size}, {hkv}, {d}], "
                 f"got {list(key_cache.shape)}"
             )
-        _tensor("value_cache", value_cache, out.dtype, key_cache.shape)
+        _tensor("value_cache", value_cache, kv_dtype, key_cache.shape)
         if key_cache.shape[0] >= 2**31:
             raise ValueError("key_cache has more than 2**31 - 1 blocks")
         bt_shape = (int(params.max_batch), int(params.max_blocks_per_req))
@@ -319,6 +333,7 @@ class BoundAttention:
             _soft_cap.kernel_arg(logits_soft_cap),
             self._sinks,
             window,
+            self._kv_int8,
             _ptr("const void *", query),
             _ptr("const void *", key_cache),
             _ptr("const void *", value_cache),
@@ -475,6 +490,7 @@ def attention_core(
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    kv_scales: tuple[torch.Tensor, ...] | None = None,
 ) -> int:
     """Run AI Core ``core``'s share of one attention layer, as the tiling assigns it.
 
@@ -486,7 +502,8 @@ def attention_core(
             ``params.tiling_bytes`` bytes, or a ``pyruntime.tiling.Tiling`` (its buffer).
         core: 0 <= core < params.num_cores.
         query: [max_tokens, num_q_heads, head_dim], float32, float16 or bfloat16.
-        key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], query's dtype.
+        key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], query's dtype,
+            or int8 with ``kv_scales``.
         block_table: int32 [max_batch, max_blocks_per_req]; only rows of live requests are read.
         cu_seqlens_q: int32, 1-D, at least batch + 1 entries (batch = the tiling's live batch).
         seqlens_kv: int32, 1-D, at least batch entries.
@@ -509,6 +526,10 @@ def attention_core(
             window is read or checked, whatever blocks the tiling gives the core (a tiling that
             knows no window gives a unit all its blocks; a piece left with none writes an empty
             partial, which the finalize merges with weight 0).
+        kv_scales: None (the caches have query's dtype, the default) or the int8 KV cache's
+            ``(k_scale, k_offset, v_scale, v_offset)``, float32 ``[num_kv_heads, head_dim]``
+            each: the caches are int8 and a stored x means ``(x - offset) * scale`` per kv
+            head and dim (vLLM-Ascend's C8; `pyruntime.kernels.kv_quant`), dequantised in fp32.
 
     Returns:
         The C status: OK, the tiling's status if it is not OK (nothing was done), E_TILING
@@ -526,7 +547,7 @@ def attention_core(
                           cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, out=out,
                           partial_out=partial_out, partial_lse=partial_lse, scale=scale,
                           causal=causal, logits_soft_cap=logits_soft_cap, sinks=sinks,
-                          sliding_window=sliding_window)
+                          sliding_window=sliding_window, kv_scales=kv_scales)
     return bound.core(int(core))
 
 
@@ -588,6 +609,7 @@ def attention_core_siblings(
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    kv_scales: tuple[torch.Tensor, ...] | None = None,
 ) -> int:
     """Run the cores ``first_core, first_core + Q, ...`` (Q = :func:`num_sibling_sets`) in one
     C call, fusing the kv heads when the tiling cuts every head alike.
@@ -600,7 +622,7 @@ def attention_core_siblings(
                           cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, out=out,
                           partial_out=partial_out, partial_lse=partial_lse, scale=scale,
                           causal=causal, logits_soft_cap=logits_soft_cap, sinks=sinks,
-                          sliding_window=sliding_window)
+                          sliding_window=sliding_window, kv_scales=kv_scales)
     return bound.core_siblings(int(first_core))
 
 

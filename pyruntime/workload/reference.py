@@ -20,7 +20,8 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
                         band: tuple[int, int] | None = None,
                         logits_soft_cap: float | None = None,
                         sinks: torch.Tensor | np.ndarray | None = None,
-                        sliding_window: int | None = None) -> np.ndarray:
+                        sliding_window: int | None = None,
+                        kv_scales: tuple[torch.Tensor, ...] | None = None) -> np.ndarray:
     """float64 ``[max_tokens, num_q_heads, head_dim]``; rows of no request are zero.
 
     Args:
@@ -44,6 +45,10 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
             FlashAttention window ``(W - 1, 0)``). Block-table entries of blocks that no row's
             window reaches are not read (they may be stale, as when a serving engine frees
             them).
+        kv_scales: None (the caches hold values) or ``(k_scale, k_offset, v_scale, v_offset)``,
+            each ``[Hkv, D]``: the caches are int8 and a stored x means
+            ``(x - offset) * scale`` per kv head and dim (vLLM-Ascend's C8;
+            `pyruntime.kernels.kv_quant`), computed in float64.
 
     Raises:
         ValueError: ``sliding_window`` with ``causal=False``, negative or not an int.
@@ -69,6 +74,10 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
             np.ascontiguousarray(block_table[r, first : -(-kv_len // block_size)]))
         k = _f64(key_cache[blocks]).reshape(-1, num_kv_heads, head_dim)[: kv_len - base]
         v = _f64(value_cache[blocks]).reshape(-1, num_kv_heads, head_dim)[: kv_len - base]
+        if kv_scales is not None:
+            k_scale, k_offset, v_scale, v_offset = (_f64(t)[None] for t in kv_scales)
+            k = (k - k_offset) * k_scale
+            v = (v - v_offset) * v_scale
         k = np.repeat(k, group, axis=1)  # [kv_len, Hq, D]
         v = np.repeat(v, group, axis=1)
         s = np.einsum("qhd,khd->hqk", _f64(query[q0:q1]), k) * scale
