@@ -80,6 +80,14 @@ Constraints this code relies on, with their sources (check them on hardware):
   reference's ``begins_inside``). A piece left with no block writes lse = -inf, which the
   combine already merges with weight 0, so the combine kernel has no window switch. With it
   off nothing is compiled.
+- The int8 KV cache (``KV_INT8``, a compile-time switch of the attention kernel; ``k_scale``,
+  ``k_offset``, ``v_scale``, ``v_offset``, fp32 ``[num_kv_heads][head_dim]`` pointers read only
+  when it is on): the caches hold int8 and a stored x of kv head h, dim d means
+  ``(x - offset[h][d]) * scale[h][d]`` (vLLM-Ascend 0.30.0rc2's C8,
+  ``vllm_ascend/attention/attention_v1.py``: ``_quantize_kv_to_int8`` stores
+  ``round(x / scale + offset)``). Each K and V tile is dequantised in fp32 and rounded to the
+  query's dtype for the cube, the operands an fp16/bf16 cache would give; accumulation stays
+  fp32. The combine is unchanged. With it off nothing is compiled.
 - Device-side checks never read out of bounds: every index read from the tiling or the length
   arrays is range-checked before it addresses memory, and a block id outside
   ``[0, num_blocks)`` turns the segment into zeros (``lse = +inf`` for a piece), as in the C
@@ -164,19 +172,23 @@ def _soft_cap(s, cap):
 
 @triton.jit
 def _segment(query, key_cache, value_cache, block_table, out, partial_out, partial_lse, scale,
-             soft_cap, sinks, sliding_window, r, h, t, kb, ke, slot, blocks_ok, q_start, q_len,
-             kv_len, NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+             soft_cap, sinks, sliding_window, k_scale, k_offset, v_scale, v_offset, r, h, t, kb,
+             ke, slot, blocks_ok, q_start, q_len, kv_len, NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
              HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_BLOCKS_PER_REQ: tl.constexpr,
              Q_TILE: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr,
-             USE_SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr, USE_WINDOW: tl.constexpr):
+             USE_SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr, USE_WINDOW: tl.constexpr,
+             KV_INT8: tl.constexpr):
     """Kv blocks [kb, ke) of unit (r, h, t): its rows (token in tile, group member) attend with
     kv head h. A whole unit (slot < 0) writes its output rows; a piece writes slot ``slot``.
     With USE_SOFT_CAP every score is capped to ``soft_cap * tanh(s / soft_cap)`` first; with
     USE_SINKS a whole unit's row adds ``exp(sinks[q head] - m)`` to its denominator; with
     USE_WINDOW (causal only) the row at position p sees only ``p - sliding_window < j <= p``,
     and no block below the row block's lowest window start is read (an empty range leaves the
-    rows unseen: a piece then writes lse = -inf and a zero output)."""
+    rows unseen: a piece then writes lse = -inf and a zero output). With KV_INT8 the caches are
+    int8 and each K and V tile is dequantised in fp32, ``(x - offset) * scale`` with kv head h's
+    per-dim scale and offset, then rounded to the query's dtype for the dot, as an fp16/bf16
+    cache would be read."""
     GROUP: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
     tok0 = t * Q_TILE
     ntok = tl.minimum(q_len - tok0, Q_TILE)
@@ -185,6 +197,12 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     bt_row = block_table + r * MAX_BLOCKS_PER_REQ
+    if KV_INT8:   # kv head h's per-channel scales and offsets, [1, BLOCK_D] each, once a segment
+        ch = h * HEAD_DIM + offs_d
+        k_sc = tl.load(k_scale + ch, mask=d_ok, other=0.0)[None, :]
+        k_off = tl.load(k_offset + ch, mask=d_ok, other=0.0)[None, :]
+        v_sc = tl.load(v_scale + ch, mask=d_ok, other=0.0)[None, :]
+        v_off = tl.load(v_offset + ch, mask=d_ok, other=0.0)[None, :]
     for m0 in range(0, rows, BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)           # row = token in tile * GROUP + member
         row_ok = offs_m < rows
@@ -218,6 +236,8 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
                 kv_at = ((block_id * BLOCK_SIZE + offs_n) * NUM_KV_HEADS + h) * HEAD_DIM
                 kv_mask = kv_ok[:, None] & d_ok[None, :]
                 k = tl.load(key_cache + kv_at[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+                if KV_INT8:
+                    k = ((k.to(tl.float32) - k_off) * k_sc).to(q.dtype)
                 if UPCAST_DOT:
                     k = k.to(tl.float32)
                 s = tl.dot(q, tl.trans(k)) * scale
@@ -235,6 +255,8 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
                 l_i = l_i * alpha + tl.sum(p, axis=1)
                 v = tl.load(value_cache + kv_at[:, None] + offs_d[None, :], mask=kv_mask,
                             other=0.0)
+                if KV_INT8:
+                    v = ((v.to(tl.float32) - v_off) * v_sc).to(out.dtype.element_ty)
                 p = p.to(v.dtype)
                 if UPCAST_DOT:
                     p = p.to(tl.float32)
@@ -267,7 +289,7 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
 def paged_attention_kernel(
     tiling, step_epoch, query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
     out, partial_out, partial_lse, core_status, scale, soft_cap, sinks, sliding_window,
-    num_blocks,
+    num_blocks, k_scale, k_offset, v_scale, v_offset,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, MAX_BATCH: tl.constexpr, MAX_TOKENS: tl.constexpr,
     MAX_BLOCKS_PER_REQ: tl.constexpr, NUM_CORES: tl.constexpr, Q_TILE: tl.constexpr,
@@ -284,7 +306,7 @@ def paged_attention_kernel(
     COMB_NUM_PIECES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr,
-    USE_WINDOW: tl.constexpr,
+    USE_WINDOW: tl.constexpr, KV_INT8: tl.constexpr,
 ):
     """Program ``pid`` = AI Core ``pid``: walk the core's range [begin, end) of the tiling.
 
@@ -292,7 +314,9 @@ def paged_attention_kernel(
     host wrote beside this step's lengths; ``soft_cap`` (fp32, > 0) is the logits soft cap,
     read only when ``USE_SOFT_CAP``; ``sinks`` (fp32 [num_q_heads]) the attention sinks, read
     only when ``USE_SINKS``; ``sliding_window`` (int32 W >= 1, causal only) the sliding window,
-    read only when ``USE_WINDOW``. ``core_status[pid]`` receives OK, the tiling's
+    read only when ``USE_WINDOW``; ``k_scale``, ``k_offset``, ``v_scale``, ``v_offset`` (fp32
+    [num_kv_heads][head_dim]) the int8 caches' dequantisation, read only when ``KV_INT8`` (then
+    the caches are int8). ``core_status[pid]`` receives OK, the tiling's
     own status when it is not OK (nothing done), E_STALE (the tiling was planned for another
     step: nothing done), E_TILING (the buffer or lengths do not match; nothing more done) or
     E_BLOCK_ID (the affected segments are zeros, the rest computed).
@@ -385,11 +409,12 @@ def paged_attention_kernel(
                             status = tl.where(blocks_ok | (status != OK), status, E_BLOCK_ID)
                             _segment(query, key_cache, value_cache, block_table, out,
                                      partial_out, partial_lse, scale, soft_cap, sinks,
-                                     sliding_window, r, h, t, kr, ke, slot, blocks_ok, q_start,
-                                     q_len, kv_len, NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM,
-                                     BLOCK_SIZE, MAX_BLOCKS_PER_REQ, Q_TILE, CAUSAL, BLOCK_M,
-                                     BLOCK_N, BLOCK_D, UPCAST_DOT, USE_SOFT_CAP, USE_SINKS,
-                                     USE_WINDOW)
+                                     sliding_window, k_scale, k_offset, v_scale, v_offset, r,
+                                     h, t, kr, ke, slot, blocks_ok, q_start, q_len, kv_len,
+                                     NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
+                                     MAX_BLOCKS_PER_REQ, Q_TILE, CAUSAL, BLOCK_M, BLOCK_N,
+                                     BLOCK_D, UPCAST_DOT, USE_SOFT_CAP, USE_SINKS, USE_WINDOW,
+                                     KV_INT8)
                         walked += 1
         status = tl.where((status == OK) & (walked != num_segments), E_TILING, status)
     tl.store(core_status + pid, status)

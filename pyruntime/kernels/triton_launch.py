@@ -65,6 +65,7 @@ from typing import Any
 import torch
 
 from pyruntime import tiling as _tiling
+from pyruntime.kernels import kv_quant as _kv_quant
 from pyruntime.kernels import sliding_window as _sliding_window
 from pyruntime.kernels import soft_cap as _soft_cap
 
@@ -211,7 +212,7 @@ def _int32(name: str, value) -> torch.Tensor:
     return value
 
 
-def _check_shapes(params, query, key_cache, value_cache, out) -> None:
+def _check_shapes(params, query, key_cache, value_cache, out, kv_int8: bool = False) -> None:
     shape = (params.max_tokens, params.num_q_heads, params.head_dim)
     if out.dtype not in DTYPES:
         raise TypeError(f"out must have one of the dtypes {DTYPES}, got {out.dtype}")
@@ -222,8 +223,9 @@ def _check_shapes(params, query, key_cache, value_cache, out) -> None:
         return
     cache = (params.block_size, params.num_kv_heads, params.head_dim)
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dtype != out.dtype or not t.is_contiguous():
-            raise TypeError(f"{name} must be contiguous {out.dtype}, got {t.dtype}")
+        want = out.dtype if name == "query" or not kv_int8 else torch.int8
+        if t.dtype != want or not t.is_contiguous():
+            raise TypeError(f"{name} must be contiguous {want}, got {t.dtype}")
     if tuple(query.shape) != shape:
         raise ValueError(f"query must have shape {list(shape)}, got {list(query.shape)}")
     if key_cache.dim() != 4 or tuple(key_cache.shape[1:]) != cache:
@@ -273,6 +275,7 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
                      scale: float, causal: bool, logits_soft_cap: float | None = None,
                      sinks: torch.Tensor | None = None,
                      sliding_window: int | None = None,
+                     kv_scales: tuple[torch.Tensor, ...] | None = None,
                      core_status: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the attention grid (``params.num_cores`` programs) once; returns core_status.
 
@@ -297,6 +300,11 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
             (compiled with ``USE_WINDOW``, W passed as an int32 runtime scalar). No kv block
             below a unit's window is read or checked, whatever blocks the tiling gives it; the
             combine needs no window (an empty piece has lse -inf).
+        kv_scales: None (off: the caches have the query's dtype, the kernel compiled without
+            int8) or ``(k_scale, k_offset, v_scale, v_offset)``, float32 ``[num_kv_heads,
+            head_dim]`` each on the output's device: the caches are int8 and a stored x means
+            ``(x - offset) * scale`` (`pyruntime.kernels.kv_quant`; compiled with ``KV_INT8``).
+            The combine needs nothing.
         core_status: int32 ``[num_cores]`` the programs write their status to (OK, the
             tiling's status, E_TILING or E_BLOCK_ID, the C reference's codes, or E_STALE);
             allocated when None. Device side: read it only after the stream has run.
@@ -308,7 +316,14 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
             ``causal``; checked before launching.
         TritonUnavailableError: see :func:`kernels`.
     """
-    _check_shapes(params, query, key_cache, value_cache, out)
+    _check_shapes(params, query, key_cache, value_cache, out, kv_int8=kv_scales is not None)
+    if kv_scales is None:   # never read: the kernel is compiled without KV_INT8
+        kv_scales = (partial_lse,) * 4
+        kv_int8 = False
+    else:
+        kv_scales = _kv_quant.check_scales(kv_scales, params.num_kv_heads, params.head_dim,
+                                           device=out.device)
+        kv_int8 = True
     soft_cap = _soft_cap.kernel_arg(logits_soft_cap)
     window = _sliding_window.kernel_arg(sliding_window, causal=bool(causal))
     sinks_ptr = _sinks_arg(params, sinks, out, partial_lse)
@@ -325,9 +340,9 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
             words, _int32("step_epoch", step_epoch), query, key_cache, value_cache,
             _int32("block_table", block_table), cu_seqlens_q, seqlens_kv, out,
             partial_out, partial_lse, core_status, float(scale), soft_cap, sinks_ptr, window,
-            int(key_cache.shape[0]), **constants(params, bool(causal)), **block_shapes(params),
-            UPCAST_DOT=upcast, USE_SOFT_CAP=soft_cap > 0.0, USE_SINKS=sinks is not None,
-            USE_WINDOW=window > 0)
+            int(key_cache.shape[0]), *kv_scales, **constants(params, bool(causal)),
+            **block_shapes(params), UPCAST_DOT=upcast, USE_SOFT_CAP=soft_cap > 0.0,
+            USE_SINKS=sinks is not None, USE_WINDOW=window > 0, KV_INT8=kv_int8)
     return core_status
 
 
