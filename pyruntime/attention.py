@@ -15,6 +15,9 @@ gives every layer a float32 ``[num_q_heads]`` attention-sink tensor, ``attn.sink
 filled in place like the queries: each query head's softmax denominator gains
 ``exp(sink - m)``. ``sliding_window=W`` (Gemma 2/3, Mistral, gpt-oss) lets the query at
 position p see only the keys ``p - W < j <= p``, in every mode, with sinks and the soft cap.
+``kv_cache_dtype="int8"`` (vLLM-Ascend's C8) makes the KV caches int8 with per-layer,
+per-channel scales and offsets, ``attn.kv_scales[layer] = (k_scale, k_offset, v_scale,
+v_offset)``, filled in place: a stored x means ``(x - offset) * scale``.
 
 Lifetime: `close()` (or leaving a ``with`` block) resets the graph, gives back the streams
 and frees the buffers; ``owns_backend=True`` also closes the backend. A dropped instance
@@ -61,6 +64,7 @@ from pyruntime.graph_attention.errors import (
     FrozenSizeError,
 )
 from pyruntime.graph_attention.host_update import HostUpdatePath
+from pyruntime.kernels import kv_quant as _kv_quant
 from pyruntime.kernels import sliding_window as _sliding_window
 from pyruntime.kernels import soft_cap
 from pyruntime.tiling import TilingParams
@@ -128,6 +132,20 @@ class StaticAttention:
             ``mode="host_update"`` on a FIA backend (the NPU backend): torch_npu documents
             FIA's ``pre_tokens`` and ``sparse_mode`` as having no effect when a request has
             one query token (decode), so that path cannot apply the window.
+        kv_cache_dtype: ``"auto"`` (the default: the caches have ``dtype``, exactly today's
+            kernels) or ``"int8"`` (vLLM's name; vLLM-Ascend's C8): ``kv_caches`` are int8,
+            still ND ``[num_blocks, block_size, num_kv_heads, head_dim]``, and every layer
+            gets ``kv_scales[layer] = (k_scale, k_offset, v_scale, v_offset)``, float32
+            ``[num_kv_heads, head_dim]`` device tensors (scales 1, offsets 0 until the caller
+            fills them in place, like ``queries``). A stored K value x of kv head h, dim d
+            means ``(x - k_offset[h, d]) * k_scale[h, d]`` (V likewise): vLLM-Ascend's
+            convention, whose ``_quantize_kv_to_int8`` stores ``round(x / scale + offset)``
+            (`pyruntime.kernels.kv_quant.quantize` does the same). The kernels dequantise in
+            fp32 and accumulate in fp32; queries and outputs keep ``dtype``. Works with every
+            other variant. Not with ``mode="host_update"`` on a FIA backend (the NPU
+            backend): our FIA call passes no antiquant arguments, and torch_npu documents
+            FIA's TND layout (the one we call) as not supporting antiquant (伪量化) and the
+            per-channel key/value antiquant modes as unsupported for multi-token queries.
 
     Attributes:
         placement: the device-tiling placement (None for host_update).
@@ -141,6 +159,10 @@ class StaticAttention:
         sinks: with ``sinks=True``, the list of per-layer float32 ``[num_q_heads]`` sink
             tensors (fill them in place); None with ``sinks=False``.
         sliding_window: the window W as an int, or None (also for ``sliding_window=0``).
+        kv_cache_dtype: ``"auto"`` or ``"int8"``.
+        kv_scales: with ``kv_cache_dtype="int8"``, the list of per-layer ``(k_scale, k_offset,
+            v_scale, v_offset)`` float32 ``[num_kv_heads, head_dim]`` tensors (fill them in
+            place); None with ``"auto"``.
         last_step_host_seconds: host time of the last step (copies, replay launch,
             updates), excluding the wait for device results: the CPU time of the calling
             thread (``time.thread_time``), i.e. host busy time. The step's host part runs
@@ -155,7 +177,9 @@ class StaticAttention:
             host_update on a FIA backend (raised before anything is allocated); ``sinks`` that
             is not a bool, or True with host_update on a FIA backend (raised likewise); a
             sliding_window that is not None or an int >= 0, or given with ``causal=False`` or
-            with host_update on a FIA backend (raised likewise);
+            with host_update on a FIA backend (raised likewise); a kv_cache_dtype other than
+            "auto" or "int8" ("fp8" included), or "int8" with host_update on a FIA backend
+            (raised likewise);
         pyruntime.tiling.TilingParamsError: shapes out of the tiling kernel's range.
         AttentionClosedError: (from every method and buffer attribute) used after `close()`.
     """
@@ -166,7 +190,8 @@ class StaticAttention:
                  dtype: torch.dtype, causal: bool = True, num_cores: int | None = None,
                  q_tile: int | None = None, placement: str | None = None,
                  owns_backend: bool = False, logits_soft_cap: float | None = None,
-                 sinks: bool = False, sliding_window: int | None = None) -> None:
+                 sinks: bool = False, sliding_window: int | None = None,
+                 kv_cache_dtype: str = "auto") -> None:
         self.backend, self.owns_backend = backend, bool(owns_backend)
         self._closed = False
         self._buffers = self._path = None
@@ -212,6 +237,21 @@ class StaticAttention:
                     "pre_tokens and sparse_mode have no effect for one-token (decode) queries, "
                     "so it cannot apply the window; use mode='device_tiling' (our kernels "
                     "apply it)")
+            self.kv_cache_dtype = _kv_quant.check(kv_cache_dtype, error=AttentionInputError)
+            if (self.kv_cache_dtype == "int8" and mode == "host_update"
+                    and backend.host_update_attention == "fia"):
+                # torch_npu 2.10.0.post4, _op_plugin_docs.py, npu_fused_infer_attention_score:
+                # input_layout TND "不支持...伪量化" (no antiquant in TND, the layout our call
+                # uses), and key_antiquant_mode "Q_S大于等于2时仅支持传入值为1" (per-token
+                # only for multi-token queries, where our scales are per channel). vLLM-Ascend's own
+                # C8 FIA call (attention_v1.py _forward_c8_decode) takes the NZ cache, BNSD
+                # and the scale only.
+                raise AttentionInputError(
+                    "kv_cache_dtype='int8' with mode='host_update' on the "
+                    f"{backend.name} backend: its host path is torch_npu's FIA in the TND "
+                    "layout, which torch_npu documents as not supporting antiquant (and "
+                    "per-channel antiquant not at all for multi-token queries); use "
+                    "mode='device_tiling' (our kernels dequantise the int8 caches)")
             self.mode, self.causal, self.placement = mode, causal, placement
             # The window is a tiling parameter (ABI v5): each unit's blocks, and so its cost and
             # its place in the work order, are only those its rows' windows touch.
@@ -224,7 +264,8 @@ class StaticAttention:
             self._buffers = StaticBuffers(backend, self.params, num_layers=num_layers,
                                           num_blocks=num_blocks, dtype=dtype,
                                           logits_soft_cap=self.logits_soft_cap, sinks=sinks,
-                                          sliding_window=self.sliding_window)
+                                          sliding_window=self.sliding_window,
+                                          kv_cache_dtype=self.kv_cache_dtype)
             path = HostUpdatePath if mode == "host_update" else DEVICE_TILING_PATHS[placement]
             self._path = path(backend, self._buffers, causal=causal)
         except BaseException:
@@ -240,6 +281,10 @@ class StaticAttention:
     outputs = property(lambda self: self._live()[0].outputs)
     sinks = property(lambda self: self._live()[0].sinks,
                      doc="Per-layer float32 [num_q_heads] sink tensors (sinks=True), or None.")
+    kv_scales = property(lambda self: self._live()[0].kv_scales,
+                         doc="Per-layer (k_scale, k_offset, v_scale, v_offset) float32 "
+                             "[num_kv_heads, head_dim] tensors (kv_cache_dtype='int8'), or "
+                             "None.")
     block_table = property(lambda self: self._live()[0].block_table,
                            doc="The static device block table the graph reads.")
 

@@ -182,9 +182,9 @@ def test_c_fused_calls_match_the_per_core_loop():
 def test_c_bad_kv_scales_raise():
     case = Int8Case("decode_split", torch.float16)
     po, pl = ra.partial_buffers(case.params)
-    args = dict(query=case.query, key_cache=case.key_cache, value_cache=case.value_cache,
-                block_table=case.block_table, cu_seqlens_q=case.cu, seqlens_kv=case.kv,
-                out=torch.empty_like(case.query), partial_out=po, partial_lse=pl)
+    args = {"query": case.query, "key_cache": case.key_cache, "value_cache": case.value_cache,
+            "block_table": case.block_table, "cu_seqlens_q": case.cu, "seqlens_kv": case.kv,
+            "out": torch.empty_like(case.query), "partial_out": po, "partial_lse": pl}
     k_scale = case.kv_scales[0]
     for bad in (case.kv_scales[:3], (k_scale.double(),) + case.kv_scales[1:],
                 (k_scale[:1],) + case.kv_scales[1:], "int8"):

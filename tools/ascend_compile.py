@@ -17,11 +17,12 @@ script runs twice: in the project environment it computes the kernels' compile-t
 (from `pyruntime.kernels.triton_launch`, so the tiling ABI is read, never typed), then it runs
 itself with ``--inner`` in the venv, which imports only ``triton`` and the kernel source file.
 
-Kernels: the attention kernel five times (plain, with the logits soft cap, ``USE_SOFT_CAP``,
+Kernels: the attention kernel six times (plain, with the logits soft cap, ``USE_SOFT_CAP``,
 with attention sinks, ``USE_SINKS``, with the sliding window, ``USE_WINDOW``, and with the
-window and sinks together, gpt-oss's windowed layers; reported as ``paged_attention_kernel``,
-``paged_attention_kernel[soft_cap]``, ``paged_attention_kernel[sinks]``,
-``paged_attention_kernel[window]`` and ``paged_attention_kernel[window+sinks]``) and the combine
+window and sinks together, gpt-oss's windowed layers, and with the int8 KV cache, ``KV_INT8``;
+reported as ``paged_attention_kernel``, ``paged_attention_kernel[soft_cap]``,
+``paged_attention_kernel[sinks]``, ``paged_attention_kernel[window]``,
+``paged_attention_kernel[window+sinks]`` and ``paged_attention_kernel[int8_kv]``) and the combine
 kernel twice (``attention_combine_kernel`` and ``attention_combine_kernel[sinks]``; neither the
 soft cap nor the window touches it).
 
@@ -103,9 +104,10 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
                       "seqlens_kv": "*i32", "out": store, "partial_out": "*fp32",
                       "partial_lse": "*fp32", "core_status": "*i32", "scale": "fp32",
                       "soft_cap": "fp32", "sinks": "*fp32", "sliding_window": "i32",
-                      "num_blocks": "i32"},
+                      "num_blocks": "i32", "k_scale": "*fp32", "k_offset": "*fp32",
+                      "v_scale": "*fp32", "v_offset": "*fp32"},
         "constants": {**consts, **shapes, "UPCAST_DOT": False, "USE_SOFT_CAP": False,
-                      "USE_SINKS": False, "USE_WINDOW": False},
+                      "USE_SINKS": False, "USE_WINDOW": False, "KV_INT8": False},
     }
     # the logits soft cap variant: the same function compiled with USE_SOFT_CAP
     soft_capped = {**attention, "label": "paged_attention_kernel[soft_cap]",
@@ -119,6 +121,10 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
     window_sinks = {**attention, "label": "paged_attention_kernel[window+sinks]",
                     "constants": {**attention["constants"], "USE_WINDOW": True,
                                   "USE_SINKS": True}}
+    # the int8 KV cache (KV_INT8): int8 caches, per-channel fp32 scales and offsets
+    int8_kv = {**attention, "label": "paged_attention_kernel[int8_kv]",
+               "signature": {**attention["signature"], "key_cache": "*i8", "value_cache": "*i8"},
+               "constants": {**attention["constants"], "KV_INT8": True}}
     combine = {
         "name": "attention_combine_kernel",
         "signature": {"tiling": "*i32", "step_epoch": "*i32", "cu_seqlens_q": "*i32",
@@ -130,7 +136,8 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
     }
     combine_sinks = {**combine, "label": "attention_combine_kernel[sinks]",
                      "constants": {**combine["constants"], "USE_SINKS": True}}
-    return [attention, soft_capped, sinks, window, window_sinks, combine, combine_sinks]
+    return [attention, soft_capped, sinks, window, window_sinks, int8_kv, combine,
+            combine_sinks]
 
 
 # One TP-8 rank of DeepSeek-V3 / R1 (128 heads / 8; kv_lora_rank 512, qk_rope_head_dim 64),

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from pyruntime.backends import Backend
+from pyruntime.kernels import kv_quant as _kv_quant
 from pyruntime.kernels import sliding_window as _sliding_window
 from pyruntime.kernels import soft_cap
 from pyruntime.tiling import TilingParams
@@ -60,7 +61,7 @@ class StaticBuffers:
     Attributes (device buffers):
         queries: ``num_layers`` x ``[max_tokens, num_q_heads, head_dim]`` dtype.
         kv_caches: ``num_layers`` x ``(k, v)``, each ``[num_blocks, block_size,
-            num_kv_heads, head_dim]`` dtype.
+            num_kv_heads, head_dim]`` dtype (int8 with ``kv_cache_dtype="int8"``).
         outputs: ``num_layers`` x ``[max_tokens, num_q_heads, head_dim]`` dtype.
         block_table: int32 ``[max_batch, max_blocks_per_req]``.
         lengths: int32 ``[2 + (max_batch + 1) + max_batch]``: step epoch, live batch,
@@ -73,6 +74,10 @@ class StaticBuffers:
 
         sinks: ``num_layers`` x float32 ``[num_q_heads]`` attention-sink logits (zeros until
             the caller fills them in place), or None when made with ``sinks=False``.
+        kv_scales: with ``kv_cache_dtype="int8"``, ``num_layers`` x ``(k_scale, k_offset,
+            v_scale, v_offset)``, each float32 ``[num_kv_heads, head_dim]`` (scales 1 and
+            offsets 0 until the caller fills them in place; a stored x means
+            ``(x - offset) * scale``, `pyruntime.kernels.kv_quant`); None with ``"auto"``.
 
     Attributes (layer constants every launch passes): scale (``1 / sqrt(head_dim)``),
     logits_soft_cap (None or C > 0, see `pyruntime.kernels.soft_cap`) and sliding_window
@@ -82,8 +87,9 @@ class StaticBuffers:
     def __init__(self, backend: Backend, params: TilingParams, *, num_layers: int,
                  num_blocks: int, dtype: torch.dtype,
                  logits_soft_cap: float | None = None, sinks: bool = False,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | None = None, kv_cache_dtype: str = "auto") -> None:
         self.logits_soft_cap = soft_cap.check(logits_soft_cap, error=AttentionInputError)
+        self.kv_cache_dtype = _kv_quant.check(kv_cache_dtype, error=AttentionInputError)
         self.sliding_window = _sliding_window.check(sliding_window, error=AttentionInputError)
         if dtype not in DTYPES:
             raise AttentionInputError(f"dtype must be one of {DTYPES}, got {dtype}")
@@ -103,7 +109,17 @@ class StaticBuffers:
         row = (p.max_tokens, p.num_q_heads, p.head_dim)
         cache = (num_blocks, p.block_size, p.num_kv_heads, p.head_dim)
         self.queries = [alloc(row, dtype) for _ in range(num_layers)]
-        self.kv_caches = [(alloc(cache, dtype), alloc(cache, dtype)) for _ in range(num_layers)]
+        cache_dtype = torch.int8 if self.kv_cache_dtype == "int8" else dtype
+        self.kv_caches = [(alloc(cache, cache_dtype), alloc(cache, cache_dtype))
+                          for _ in range(num_layers)]
+        self.kv_scales = None
+        if self.kv_cache_dtype == "int8":
+            channels = (p.num_kv_heads, p.head_dim)
+            self.kv_scales = [tuple(alloc(channels, torch.float32) for _ in range(4))
+                              for _ in range(num_layers)]
+            for k_scale, _, v_scale, _ in self.kv_scales:   # the identity until filled
+                k_scale.fill_(1.0)
+                v_scale.fill_(1.0)
         self.outputs = [alloc(row, dtype) for _ in range(num_layers)]
         self.sinks = ([alloc((p.num_q_heads,), torch.float32) for _ in range(num_layers)]
                       if sinks else None)
@@ -132,6 +148,7 @@ class StaticBuffers:
         self._allocated.clear()
         self.queries, self.kv_caches, self.outputs = [], [], []
         self.sinks = None if self.sinks is None else []
+        self.kv_scales = None if self.kv_scales is None else []
         self.block_table = self.lengths = self.tiling = None
         self.step_epoch = self.batch = self.cu_seqlens_q = self.seqlens_kv = None
         self.partial_out = self.partial_lse = None

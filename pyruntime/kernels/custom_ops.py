@@ -10,10 +10,13 @@ on the current stream. The AI-CPU tiling op's NPU build is not here.
 - ``plan_tiling(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, params, causal)``
 - ``paged_attention(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
   step_epoch, tiling_in, out, partial_out, partial_lse, params, scale, causal,
-  logits_soft_cap=None, sinks=None, sliding_window=None)`` (every core; ``logits_soft_cap``:
+  logits_soft_cap=None, sinks=None, sliding_window=None, k_scale=None, k_offset=None,
+  v_scale=None, v_offset=None)`` (every core; ``logits_soft_cap``:
   None or C > 0, see `pyruntime.kernels.soft_cap`; ``sinks``: None or float32
   ``[num_q_heads]`` attention sinks; ``sliding_window``: None or W >= 1, see
-  `pyruntime.kernels.sliding_window`)
+  `pyruntime.kernels.sliding_window`; ``k_scale``, ``k_offset``, ``v_scale``, ``v_offset``:
+  None, or the int8 caches' float32 ``[num_kv_heads, head_dim]`` scales and offsets, see
+  `pyruntime.kernels.kv_quant`)
 - ``attention_combine(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse,
   params, sinks=None)`` (the same sinks as the attention's)
 """
@@ -53,21 +56,25 @@ def ops():
                         partial_lse: Tensor, params: list[int], scale: float,
                         causal: bool, logits_soft_cap: float | None = None,
                         sinks: Tensor | None = None,
-                        sliding_window: int | None = None) -> None:
+                        sliding_window: int | None = None, k_scale: Tensor | None = None,
+                        k_offset: Tensor | None = None, v_scale: Tensor | None = None,
+                        v_offset: Tensor | None = None) -> None:
         for core in range(kernels.params_from(tuple(params)).num_cores):
             kernels.attention_body(
                 core, query=query, key_cache=key_cache, value_cache=value_cache,
                 block_table=block_table, cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv,
                 step_epoch=step_epoch, tiling_in=tiling_in, out=out, partial_out=partial_out,
                 partial_lse=partial_lse, params=params, scale=scale, causal=causal,
-                logits_soft_cap=logits_soft_cap, sinks=sinks, sliding_window=sliding_window)
+                logits_soft_cap=logits_soft_cap, sinks=sinks, sliding_window=sliding_window,
+                k_scale=k_scale, k_offset=k_offset, v_scale=v_scale, v_offset=v_offset)
 
     paged_attention.register_kernel("privateuseone")(kernels.attention_npu)
 
     @paged_attention.register_fake
     def _(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, step_epoch,
           tiling_in, out, partial_out, partial_lse, params, scale, causal,
-          logits_soft_cap=None, sinks=None, sliding_window=None) -> None:
+          logits_soft_cap=None, sinks=None, sliding_window=None, k_scale=None, k_offset=None,
+          v_scale=None, v_offset=None) -> None:
         return None
 
     @torch.library.custom_op(f"{NAMESPACE}::attention_combine", mutates_args=("out",))

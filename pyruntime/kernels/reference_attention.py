@@ -71,8 +71,8 @@ import numpy as np
 import torch
 
 from pyruntime import tiling as _tiling
-from pyruntime.kernels import sliding_window as _sliding_window
 from pyruntime.kernels import kv_quant as _kv_quant
+from pyruntime.kernels import sliding_window as _sliding_window
 from pyruntime.kernels import soft_cap as _soft_cap
 
 # pyruntime.tiling is the one importer of the cffi module; take ffi/lib from it.

@@ -99,11 +99,22 @@ def is_stale(tiling_buf: torch.Tensor, step_epoch: Any) -> bool:
     return int(words[tiling.HDR_EPOCH]) != int(_tensor(step_epoch)[0])
 
 
+def _kv_scales(k_scale, k_offset, v_scale, v_offset) -> tuple | None:
+    """The int8 caches' ``(k_scale, k_offset, v_scale, v_offset)`` the consumers take, or None
+    when the caches are not int8 (all four None). The ops take them as four arguments: a custom
+    op's schema has no optional list of tensors."""
+    scales = (k_scale, k_offset, v_scale, v_offset)
+    return None if all(t is None for t in scales) else scales
+
+
 def attention_body(core: int, *, query, key_cache, value_cache, block_table, cu_seqlens_q,
                    seqlens_kv, step_epoch, tiling_in, out, partial_out, partial_lse, params,
                    scale, causal, logits_soft_cap=None, sinks=None,
-                   sliding_window=None) -> None:
-    """AI Core `core`: its share of one layer, as the tiling assigns it (none if stale)."""
+                   sliding_window=None, k_scale=None, k_offset=None, v_scale=None,
+                   v_offset=None) -> None:
+    """AI Core `core`: its share of one layer, as the tiling assigns it (none if stale).
+    ``k_scale`` .. ``v_offset``: None, or the int8 caches' float32 ``[num_kv_heads, head_dim]``
+    scales and offsets (`pyruntime.kernels.kv_quant`)."""
     tiling_in, params = _tensor(tiling_in), params_from(tuple(params))
     if is_stale(tiling_in, step_epoch):
         return  # combine zeroes the output; check() reports StaleTilingError
@@ -112,7 +123,8 @@ def attention_body(core: int, *, query, key_cache, value_cache, block_table, cu_
         value_cache=value_cache, block_table=block_table, cu_seqlens_q=_tensor(cu_seqlens_q),
         seqlens_kv=_tensor(seqlens_kv), out=out, partial_out=partial_out,
         partial_lse=partial_lse, scale=scale, causal=causal, logits_soft_cap=logits_soft_cap,
-        sinks=sinks, sliding_window=sliding_window)
+        sinks=sinks, sliding_window=sliding_window,
+        kv_scales=_kv_scales(k_scale, k_offset, v_scale, v_offset))
     _check(status, params, tiling_in, f"attention core {core}")
 
 
@@ -131,14 +143,15 @@ def combine_body(core: int, *, cu_seqlens_q, step_epoch, tiling_in, out, partial
 
 def _triton_attention_args(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
                            step_epoch, tiling_in, out, partial_out, partial_lse, scale,
-                           causal, logits_soft_cap, sinks, sliding_window=None) -> dict:
+                           causal, logits_soft_cap, sinks, sliding_window=None,
+                           kv_scales=None) -> dict:
     return {"tiling_in": _tensor(tiling_in), "step_epoch": _tensor(step_epoch),
             "query": query, "key_cache": key_cache,
             "value_cache": value_cache, "block_table": block_table,
             "cu_seqlens_q": _tensor(cu_seqlens_q), "seqlens_kv": _tensor(seqlens_kv),
             "out": out, "partial_out": partial_out, "partial_lse": partial_lse,
             "scale": scale, "causal": causal, "logits_soft_cap": logits_soft_cap,
-            "sinks": sinks, "sliding_window": sliding_window}
+            "sinks": sinks, "sliding_window": sliding_window, "kv_scales": kv_scales}
 
 
 def _check_all(statuses: torch.Tensor, params, tiling_in, what: str) -> None:
@@ -150,7 +163,8 @@ def _check_all(statuses: torch.Tensor, params, tiling_in, what: str) -> None:
 
 def attention_triton(*, query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
                      step_epoch, tiling_in, out, partial_out, partial_lse, params, scale,
-                     causal, logits_soft_cap=None, sinks=None, sliding_window=None) -> None:
+                     causal, logits_soft_cap=None, sinks=None, sliding_window=None,
+                     k_scale=None, k_offset=None, v_scale=None, v_offset=None) -> None:
     """Every AI Core in one Triton launch (CPU tensors: interpreted); checks the statuses.
 
     The kernel itself compares the tiling's epoch with ``step_epoch`` (no work when stale)."""
@@ -158,7 +172,8 @@ def attention_triton(*, query, key_cache, value_cache, block_table, cu_seqlens_q
     args = _triton_attention_args(query, key_cache, value_cache, block_table, cu_seqlens_q,
                                   seqlens_kv, step_epoch, tiling_in, out, partial_out,
                                   partial_lse, scale, causal, logits_soft_cap, sinks,
-                                  sliding_window)
+                                  sliding_window,
+                                  _kv_scales(k_scale, k_offset, v_scale, v_offset))
     status = triton_launch.launch_attention(params, **args)
     _check_all(status, params, args["tiling_in"], "attention core")
 
@@ -192,7 +207,8 @@ def status_buffer(device: torch.device, kernel: str, size: int) -> torch.Tensor:
 
 def attention_npu(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
                   step_epoch, tiling_in, out, partial_out, partial_lse, params, scale,
-                  causal, logits_soft_cap=None, sinks=None, sliding_window=None) -> None:
+                  causal, logits_soft_cap=None, sinks=None, sliding_window=None,
+                  k_scale=None, k_offset=None, v_scale=None, v_offset=None) -> None:
     """The NPU implementation of ``paged_attention``: one Triton launch on the current stream.
 
     Thin on purpose (a capture records the launch): the statuses go to `status_buffer`
@@ -204,7 +220,8 @@ def attention_npu(query, key_cache, value_cache, block_table, cu_seqlens_q, seql
         params, **_triton_attention_args(query, key_cache, value_cache, block_table,
                                          cu_seqlens_q, seqlens_kv, step_epoch, tiling_in,
                                          out, partial_out, partial_lse, scale, causal,
-                                         logits_soft_cap, sinks, sliding_window),
+                                         logits_soft_cap, sinks, sliding_window,
+                                         _kv_scales(k_scale, k_offset, v_scale, v_offset)),
         core_status=status_buffer(out.device, "attention", params.num_cores))
 
 
@@ -271,10 +288,10 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
 
     `tiling_in`, `cu_seqlens_q`, `seqlens_kv` and `step_epoch` (int32 ``[1]``) are device
     buffers (device tiling) or numpy arrays passed by value inside the tasks (host update).
-    The layer's scale, logits soft cap, sinks and sliding window are the buffers'
-    (`StaticBuffers`); the sinks (when there are any) go to both kernels, the window (when
-    there is one) to the attention only (an empty piece's lse is -inf, which the combine
-    merges as it is), and each is passed only then, so a layer without them launches with
+    The layer's scale, logits soft cap, sinks, sliding window and int8 KV scales are the
+    buffers' (`StaticBuffers`); the sinks (when there are any) go to both kernels, the window
+    and the int8 scales (when there are any) to the attention only (an empty piece's lse is
+    -inf, which the combine merges as it is), and each is passed only then, so a layer without them launches with
     exactly the arguments it had before.
     """
     key_cache, value_cache = buffers.kv_caches[layer]
@@ -283,13 +300,16 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
     sinks = {} if buffers.sinks is None else {"sinks": buffers.sinks[layer]}
     window = getattr(buffers, "sliding_window", None)
     window = {} if window is None else {"sliding_window": window}
+    kv_scales = getattr(buffers, "kv_scales", None)   # int8 caches: this layer's scales
+    kv_scales = {} if kv_scales is None else dict(zip(
+        ("k_scale", "k_offset", "v_scale", "v_offset"), kv_scales[layer]))
     backend.launch(ATTENTION, {
         "query": buffers.queries[layer], "key_cache": key_cache, "value_cache": value_cache,
         "block_table": buffers.block_table, "cu_seqlens_q": cu_seqlens_q,
         "seqlens_kv": seqlens_kv, "step_epoch": step_epoch, "tiling_in": tiling_in, "out": out,
         **workspace,
         "params": params, "scale": buffers.scale, "causal": causal,
-        "logits_soft_cap": buffers.logits_soft_cap, **sinks, **window,
+        "logits_soft_cap": buffers.logits_soft_cap, **sinks, **window, **kv_scales,
     }, num_cores=buffers.params.num_cores, stream=stream)
     backend.launch(COMBINE, {"cu_seqlens_q": cu_seqlens_q, "step_epoch": step_epoch,
                              "tiling_in": tiling_in, "out": out, **workspace, "params": params,

@@ -15,6 +15,8 @@ import statistics
 
 import torch
 
+from pyruntime.kernels import kv_quant
+
 from .batching import ContinuousBatcher
 from .reference import reference_attention, relative_error
 
@@ -44,11 +46,18 @@ class LoopStats:
 
 
 def randomize(attn, *, seed: int = 0) -> None:
-    """Fill every layer's KV cache with N(0, 1) values (in place, storage dtype)."""
+    """Fill every layer's KV cache with N(0, 1) values (in place, storage dtype; int8 caches
+    get them quantised with the layer's current ``attn.kv_scales``, vLLM-Ascend's rule)."""
     gen = torch.Generator().manual_seed(seed)
-    for k, v in attn.kv_caches:
-        k.copy_(torch.randn(k.shape, generator=gen))
-        v.copy_(torch.randn(v.shape, generator=gen))
+    kv_scales = getattr(attn, "kv_scales", None)
+    for layer, (k, v) in enumerate(attn.kv_caches):
+        k_values, v_values = (torch.randn(k.shape, generator=gen) for _ in range(2))
+        if kv_scales is not None:
+            k_scale, k_offset, v_scale, v_offset = (t.cpu() for t in kv_scales[layer])
+            k_values = kv_quant.quantize(k_values, k_scale, k_offset)
+            v_values = kv_quant.quantize(v_values, v_scale, v_offset)
+        k.copy_(k_values)
+        v.copy_(v_values)
 
 
 def run_decode_loop(attn, batcher: ContinuousBatcher, *, steps: int, check: bool = True,
@@ -59,8 +68,8 @@ def run_decode_loop(attn, batcher: ContinuousBatcher, *, steps: int, check: bool
     gives larger scores, e.g. for a logits soft cap to bend), steps `attn`, calls
     `attn.check()` and, when `check`, compares every layer's output with the float64
     per-request reference (`max_rel_err`), with the attention's `logits_soft_cap`,
-    `sliding_window` and `sinks` (read at each step: the caller may fill them) when it has
-    them. `on_step(i, batch, outputs)` is called after each step when given.
+    `sliding_window`, `sinks` and int8 `kv_scales` (read at each step: the caller may fill
+    them) when it has them. `on_step(i, batch, outputs)` is called after each step when given.
     """
     gen = torch.Generator().manual_seed(seed)
     stats = LoopStats(max_rel_err=0.0 if check else float("nan"))
@@ -68,6 +77,7 @@ def run_decode_loop(attn, batcher: ContinuousBatcher, *, steps: int, check: bool
     soft_cap = getattr(attn, "logits_soft_cap", None)
     sinks = getattr(attn, "sinks", None)
     window = getattr(attn, "sliding_window", None)
+    kv_scales = getattr(attn, "kv_scales", None)
     for i, batch in zip(range(steps), batcher):
         for q in attn.queries:
             q.copy_(query_scale * torch.randn(q.shape, generator=gen))
@@ -87,7 +97,9 @@ def run_decode_loop(attn, batcher: ContinuousBatcher, *, steps: int, check: bool
                                            batch.cu_seqlens_q, batch.seqlens_kv, scale=scale,
                                            causal=attn.causal, logits_soft_cap=soft_cap,
                                            sinks=None if sinks is None else sinks[layer],
-                                           sliding_window=window)
+                                           sliding_window=window,
+                                           kv_scales=None if kv_scales is None
+                                           else kv_scales[layer])
                 stats.max_rel_err = max(stats.max_rel_err, relative_error(out, want))
         if on_step is not None:
             on_step(i, batch, outputs)
