@@ -50,6 +50,7 @@ def test_kernels_lower_to_hivm_and_stop_only_for_hivmc(tmp_path):
     assert kinds["paged_attention_kernel[sinks]"].startswith("MIX")   # USE_SINKS
     assert kinds["paged_attention_kernel[window]"].startswith("MIX")   # USE_WINDOW
     assert kinds["paged_attention_kernel[window+sinks]"].startswith("MIX")
+    assert kinds["paged_attention_kernel[int8_kv]"].startswith("MIX")   # KV_INT8
     assert kinds["attention_combine_kernel"].startswith("AIV")
     assert kinds["attention_combine_kernel[sinks]"].startswith("AIV")
     assert run.returncode == 0
