@@ -45,8 +45,10 @@ Constraints this code relies on, with their sources (check them on hardware):
   decode tiles (q_tile 1: BLOCK_M 16, BLOCK_N 128); the combine in 105 / 28 KiB (the
   highest static ``pointer_cast`` offsets of ``module.hivm.opt.mlir``, reported by
   ``tools/ascend_compile.py [--q-tile 1]``). With ``USE_SOFT_CAP`` the attention kernel plans
-  181 KiB and 135 KiB; with ``USE_SINKS`` 180.3 and 103.8 KiB, the combine 107 and 29 KiB. It fits, with little room at the default tiles, so larger tiles (or
-  more per-score work) need that check again.
+  181 KiB and 135 KiB; with ``USE_SINKS`` 180.3 and 103.8 KiB, the combine 107 and 29 KiB; with
+  ``KV_INT8`` 190.0 and 184.0 KiB (the int8 -> bf16 casts lower through f32 tiles). It fits,
+  with little room at the default tiles (and for int8 at both), so larger tiles (or more
+  per-score work) need that check again.
 - The last axis of every tile is head_dim (contiguous in query, caches, output and
   partials), the alignment the guide asks for ("Aligning the Size of the Tail Axis").
 - Upstream interpreter bug worked around by ``UPCAST_DOT``: ``tl.dot`` on bf16 operands
