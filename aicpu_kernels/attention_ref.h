@@ -158,7 +158,8 @@ typedef struct {
  *   AICPU_TILING_OK             the core's segments are written
  *   the tiling's status         when it is not AICPU_TILING_OK; nothing is read or written
  *   AICPU_ATTENTION_E_ARGS      bad arguments (sliding_window < 0, or > 0 without
- *                               AICPU_TILING_CAUSAL); nothing is read or written
+ *                               AICPU_TILING_CAUSAL; kv_int8 with a NULL pointer); nothing is
+ *                               read or written
  *   AICPU_ATTENTION_E_TILING    the buffer is not a tiling for these params and flags, or the
  *                               lengths differ from those it was planned from; the core stops
  *                               at the first inconsistent segment
@@ -174,7 +175,8 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
                          uint32_t flags, int32_t dtype, float scale, float soft_cap,
                          const float *sinks, int32_t sliding_window,
                          const aicpu_attention_kv_int8 *kv_int8, const void *query,
-                         const void *key_cache, const void *value_cache, int32_t num_blocks,
+                         const void *key_cache, const void *value_cache,
+                         int32_t num_blocks,
                          const int32_t *block_table, const int32_t *cu_seqlens_q,
                          const int32_t *seqlens_kv, void *out, float *partial_out,
                          float *partial_lse);
@@ -217,8 +219,9 @@ int32_t aicpu_attention_num_sibling_sets(const aicpu_tiling_params *params);
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
                                   int32_t first_core, uint32_t flags, int32_t dtype, float scale,
                                   float soft_cap, const float *sinks, int32_t sliding_window,
-                                  const aicpu_attention_kv_int8 *kv_int8, const void *query, const void *key_cache,
-                                  const void *value_cache, int32_t num_blocks,
+                                  const aicpu_attention_kv_int8 *kv_int8, const void *query,
+                                  const void *key_cache, const void *value_cache,
+                         int32_t num_blocks,
                                   const int32_t *block_table, const int32_t *cu_seqlens_q,
                                   const int32_t *seqlens_kv, void *out, float *partial_out,
                                   float *partial_lse);

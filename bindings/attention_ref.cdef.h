@@ -21,7 +21,8 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
                          uint32_t flags, int32_t dtype, float scale, float soft_cap,
                          const float *sinks, int32_t sliding_window,
                          const aicpu_attention_kv_int8 *kv_int8, const void *query,
-                         const void *key_cache, const void *value_cache, int32_t num_blocks,
+                         const void *key_cache, const void *value_cache,
+                         int32_t num_blocks,
                          const int32_t *block_table, const int32_t *cu_seqlens_q,
                          const int32_t *seqlens_kv, void *out, float *partial_out,
                          float *partial_lse);
@@ -29,8 +30,9 @@ int32_t aicpu_attention_num_sibling_sets(const aicpu_tiling_params *params);
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
                                   int32_t first_core, uint32_t flags, int32_t dtype, float scale,
                                   float soft_cap, const float *sinks, int32_t sliding_window,
-                                  const aicpu_attention_kv_int8 *kv_int8, const void *query, const void *key_cache,
-                                  const void *value_cache, int32_t num_blocks,
+                                  const aicpu_attention_kv_int8 *kv_int8, const void *query,
+                                  const void *key_cache, const void *value_cache,
+                         int32_t num_blocks,
                                   const int32_t *block_table, const int32_t *cu_seqlens_q,
                                   const int32_t *seqlens_kv, void *out, float *partial_out,
                                   float *partial_lse);

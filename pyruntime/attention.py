@@ -243,9 +243,9 @@ class StaticAttention:
                 # torch_npu 2.10.0.post4, _op_plugin_docs.py, npu_fused_infer_attention_score:
                 # input_layout TND "不支持...伪量化" (no antiquant in TND, the layout our call
                 # uses), and key_antiquant_mode "Q_S大于等于2时仅支持传入值为1" (per-token
-                # only for multi-token queries, where our scales are per channel). vLLM-Ascend's own
-                # C8 FIA call (attention_v1.py _forward_c8_decode) takes the NZ cache, BNSD
-                # and the scale only.
+                # only for multi-token queries, where our scales are per channel).
+                # vLLM-Ascend's own C8 FIA call (attention_v1.py _forward_c8_decode) takes the
+                # NZ cache, BNSD and the scale only.
                 raise AttentionInputError(
                     "kv_cache_dtype='int8' with mode='host_update' on the "
                     f"{backend.name} backend: its host path is torch_npu's FIA in the TND "
@@ -281,7 +281,7 @@ class StaticAttention:
     outputs = property(lambda self: self._live()[0].outputs)
     sinks = property(lambda self: self._live()[0].sinks,
                      doc="Per-layer float32 [num_q_heads] sink tensors (sinks=True), or None.")
-    kv_scales = property(lambda self: self._live()[0].kv_scales,
+    kv_scales = property(lambda self: getattr(self._live()[0], "kv_scales", None),
                          doc="Per-layer (k_scale, k_offset, v_scale, v_offset) float32 "
                              "[num_kv_heads, head_dim] tensors (kv_cache_dtype='int8'), or "
                              "None.")

@@ -244,3 +244,28 @@ def test_triton_checks_the_int8_arguments():
     case.key_cache = case.key_cache.to(torch.float16)   # int8 scales with an fp16 cache
     with pytest.raises(TypeError):
         case.run_triton()
+
+
+def test_c_refuses_an_incomplete_scale_struct():
+    """The C entry points check the struct themselves: a NULL scale or offset is E_ARGS, and
+    nothing is written."""
+    case = Int8Case("decode_split", torch.float32)
+    out = torch.full_like(case.query, 7.0)
+    po, pl = ra.partial_buffers(case.params)
+    bound = ra.BoundAttention(case.params, case.plan, query=case.query, key_cache=case.key_cache,
+                              value_cache=case.value_cache, block_table=case.block_table,
+                              cu_seqlens_q=case.cu, seqlens_kv=case.kv, out=out, partial_out=po,
+                              partial_lse=pl, kv_scales=case.kv_scales)
+    args = list(bound._core_args)
+    at = args.index(bound._kv_int8)
+    for missing in ("k_scale", "k_offset", "v_scale", "v_offset"):
+        fields = {name: getattr(bound._kv_int8, name)
+                  for name in ("k_scale", "k_offset", "v_scale", "v_offset")}
+        fields[missing] = ra._ffi.NULL
+        args[at] = ra._ffi.new("aicpu_attention_kv_int8 *", fields)
+        for core in range(case.params.num_cores):
+            status = ra._lib.aicpu_attention_core(bound._c_params, bound._tiling, core, *args)
+            assert status == ra.E_ARGS, missing
+        assert ra._lib.aicpu_attention_core_span(bound._c_params, bound._tiling, 0,
+                                                 case.params.num_cores, *args) == ra.E_ARGS
+    assert bool((out == 7.0).all())

@@ -148,7 +148,8 @@ class StaticBuffers:
         self._allocated.clear()
         self.queries, self.kv_caches, self.outputs = [], [], []
         self.sinks = None if self.sinks is None else []
-        self.kv_scales = None if self.kv_scales is None else []
+        # getattr: a subclass (MLABuffers) may not run this __init__ and have no scales
+        self.kv_scales = None if getattr(self, "kv_scales", None) is None else []
         self.block_table = self.lengths = self.tiling = None
         self.step_epoch = self.batch = self.cu_seqlens_q = self.seqlens_kv = None
         self.partial_out = self.partial_lse = None

@@ -291,8 +291,8 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
     The layer's scale, logits soft cap, sinks, sliding window and int8 KV scales are the
     buffers' (`StaticBuffers`); the sinks (when there are any) go to both kernels, the window
     and the int8 scales (when there are any) to the attention only (an empty piece's lse is
-    -inf, which the combine merges as it is), and each is passed only then, so a layer without them launches with
-    exactly the arguments it had before.
+    -inf, which the combine merges as it is), and each is passed only then, so a layer
+    without them launches with exactly the arguments it had before.
     """
     key_cache, value_cache = buffers.kv_caches[layer]
     out, params = buffers.outputs[layer], params_list(buffers.params)

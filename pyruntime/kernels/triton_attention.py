@@ -175,12 +175,12 @@ def _soft_cap(s, cap):
 @triton.jit
 def _segment(query, key_cache, value_cache, block_table, out, partial_out, partial_lse, scale,
              soft_cap, sinks, sliding_window, k_scale, k_offset, v_scale, v_offset, r, h, t, kb,
-             ke, slot, blocks_ok, q_start, q_len, kv_len, NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-             HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_BLOCKS_PER_REQ: tl.constexpr,
-             Q_TILE: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr,
-             USE_SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr, USE_WINDOW: tl.constexpr,
-             KV_INT8: tl.constexpr):
+             ke, slot, blocks_ok, q_start, q_len, kv_len, NUM_Q_HEADS: tl.constexpr,
+             NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+             MAX_BLOCKS_PER_REQ: tl.constexpr, Q_TILE: tl.constexpr, CAUSAL: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+             UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr,
+             USE_WINDOW: tl.constexpr, KV_INT8: tl.constexpr):
     """Kv blocks [kb, ke) of unit (r, h, t): its rows (token in tile, group member) attend with
     kv head h. A whole unit (slot < 0) writes its output rows; a piece writes slot ``slot``.
     With USE_SOFT_CAP every score is capped to ``soft_cap * tanh(s / soft_cap)`` first; with
