@@ -62,8 +62,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
     else:
         spec = f", {report['spec_tokens']} speculative tokens" if report["spec_tokens"] else ""
-        print(f"vLLM-Ascend {report['vllm_ascend']} on {report['device']}, placement "
-              f"{report['placement']}{spec}, {report['steps']} decode steps after capture")
+        print(f"vLLM-Ascend {report['vllm_ascend']} on {report['device']}, layer set "
+              f"{report['model']}, placement {report['placement']}{spec}, {report['steps']} "
+              "decode steps after capture")
         for layer in report["layers"]:
             reason = f" ({layer['reason']})" if layer["reason"] else ""
             if layer.get("logits_soft_cap") and layer["path"] == "device":
@@ -82,5 +83,8 @@ def run(args: argparse.Namespace) -> int:
         if report.get("steps_with_split_units") is not None:
             print(f"steps whose tiling split a unit (the combine ran): "
                   f"{report['steps_with_split_units']} of {report['steps']}")
+        if report.get("tilings_per_graph") is not None:
+            print(f"tilings per graph (one per distinct window): {report['tilings_per_graph']}, "
+                  f"planned by {report['tiling_launches_per_step']:g} AI-CPU launch per step")
         print("verdict: " + ("pass" if report["ok"] else "fail"))
     return 0 if report["ok"] else 1

@@ -104,7 +104,8 @@ class Shape:
     spec_tokens: int = 0
     #: the layer set (:data:`MODELS`; "mixed" is this default one)
     model: str = "mixed"
-    #: the trace's kv lengths are folded into [kv_min, capacity] (past the window on most steps)
+    #: the trace's kv lengths are folded into [kv_min, capacity]; above 1 down from the capacity
+    #: (past the window on most steps)
     kv_min: int = 1
 
     @property
@@ -133,16 +134,16 @@ MODELS: dict[str, dict] = {
     "mixed": {},
     "gpt-oss": {"num_layers": 4, "windowed_layers": (0, 2), "sliding_window": 128,
                 "soft_capped_layers": (), "sink_layers": (0, 1, 2, 3),
-                "max_blocks_per_req": 24, "num_blocks": 200},
+                "max_blocks_per_req": 24, "num_blocks": 200, "kv_min": 64},
     "gemma2": {"num_layers": 2, "windowed_layers": (0,), "sliding_window": 4096,
                "soft_capped_layers": (0, 1), "logits_soft_cap": 50.0, "sink_layers": (),
                "num_heads": 8, "num_kv_heads": 4, "head_size": 256, "block_size": 128,
-               "max_blocks_per_req": 36, "num_blocks": 76, "max_reqs": 2, "buckets": (2, 4),
+               "max_blocks_per_req": 36, "num_blocks": 148, "max_reqs": 4, "buckets": (2, 4),
                "kv_min": 3584},
     "gemma3": {"num_layers": 6, "windowed_layers": _gemma3_windowed(6), "sliding_window": 1024,
                "soft_capped_layers": (), "sink_layers": (), "num_heads": 8, "num_kv_heads": 4,
-               "head_size": 256, "block_size": 128, "max_blocks_per_req": 12, "num_blocks": 28,
-               "max_reqs": 2, "buckets": (2, 4), "kv_min": 512},
+               "head_size": 256, "block_size": 128, "max_blocks_per_req": 12, "num_blocks": 52,
+               "max_reqs": 4, "buckets": (2, 4), "kv_min": 512},
 }
 
 
@@ -164,6 +165,11 @@ class Run:
     #: replayed steps whose tiling split a unit over cores, so that the combine merged its
     #: pieces (and added the sinks of those rows); None without the hook or the NPU engine
     steps_with_split_units: int | None = None
+    #: the most tilings a graph key holds (one per distinct window of its layers) and the
+    #: AI-CPU launches per replayed step that plan them (pre-replay: counted at each step;
+    #: graph: captured per key, each replay runs them); None without the NPU engine
+    tilings_per_graph: int | None = None
+    tiling_launches_per_step: float | None = None
 
 
 def report(before: Run, after: Run) -> dict:
@@ -187,7 +193,9 @@ def report(before: Run, after: Run) -> dict:
            "updates_per_step_host_layers": after.updates_per_step - on_ours,
            "max_rel_err": after.max_rel_err, "max_rel_err_before": before.max_rel_err,
            "tolerance": TOLERANCE, "seconds": round(before.seconds + after.seconds, 1),
-           "steps_with_split_units": after.steps_with_split_units}
+           "steps_with_split_units": after.steps_with_split_units,
+           "tilings_per_graph": after.tilings_per_graph,
+           "tiling_launches_per_step": after.tiling_launches_per_step}
     out["ok"] = bool(device_layers > 0 and on_ours == 0 and after.max_rel_err <= TOLERANCE)
     return out
 
@@ -446,16 +454,20 @@ class _Runner:
 
 def _trace_steps(shape: Shape, steps: int, seed: int):
     """Decode batches (q_len 1) of random size whose kv lengths are the bundled trace's
-    context lengths folded into the dry run's small cache (1 + (context - 1) mod capacity)."""
+    context lengths folded into the dry run's small cache (1 + (context - 1) mod capacity;
+    with ``kv_min`` > 1, capacity - (context - 1) mod (capacity - kv_min + 1))."""
     import numpy as np
 
     from pyruntime.workload.trace import load_trace
 
     rng = np.random.default_rng(seed)
     cap, q = shape.max_blocks_per_req * shape.block_size, shape.q_len
-    low = max(1, shape.kv_min)
-    lengths = [max(q, low + (max(r.context_tokens, 1) - 1) % (cap - low + 1))
-               for r in load_trace(limit=500)]
+    low, span = max(1, shape.kv_min), cap - max(1, shape.kv_min) + 1
+    # with a kv_min (the model sets) folded down from the capacity, so that the trace's mostly
+    # short contexts land past the window
+    lengths = [max(q, (low + offset) if low == 1 else (cap - offset))
+               for offset in ((max(r.context_tokens, 1) - 1) % span
+                              for r in load_trace(limit=500))]
     most = min(shape.max_reqs, max(shape.buckets) // q)
     for _ in range(steps):
         n = int(rng.integers(1, most + 1))
@@ -510,6 +522,7 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
 
     engine = activation._state.engine if hooked and activation._state is not None else None
     split_steps = 0 if hasattr(engine, "keys") else None  # the NPU engine's per-key buffers
+    launches_before = getattr(engine, "tiling_launches", 0)
     layer_err = [0.0] * shape.num_layers
     #: per sink layer, the smallest distance over the steps of the answer without the sinks
     sinks_distance = [None if sinks is None else float("inf") for sinks in runner.sinks]
@@ -554,6 +567,12 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
                 window_steps[i] += max(kv_lens) > window
         done += 1
     max_err = max(layer_err)
+    tilings_per_graph = launches_per_step = None
+    if split_steps is not None and engine.keys:
+        tilings_per_graph = max(len(key.tilings) for key in engine.keys.values())
+        launches_per_step = (engine.tiling_launches / len(engine.keys)
+                             if placement == "graph"
+                             else (engine.tiling_launches - launches_before) / max(done, 1))
     status = hook.status()
     if hooked and status.engine != f"npu-{placement}":
         raise DryRunError(f"the hook captured into engine {status.engine}, not npu-{placement}")
@@ -587,7 +606,8 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
                spec_tokens=shape.spec_tokens, model=shape.model, layers=layers, steps=done,
                updates_per_step=counter.count / max(done, 1),
                max_rel_err=max_err, seconds=round(time.perf_counter() - started, 1),
-               steps_with_split_units=split_steps)
+               steps_with_split_units=split_steps, tilings_per_graph=tilings_per_graph,
+               tiling_launches_per_step=launches_per_step)
 
 
 def run_in_child(*, hooked: bool, placement: str, steps: int, spec_tokens: int = 0,
