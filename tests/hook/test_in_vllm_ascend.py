@@ -158,8 +158,9 @@ def test_real_config_layer_sets_run_wholly_on_the_device_path(model, release, pl
                                                               spec_tokens):
     """gpt-oss / Gemma 2 / Gemma 3-shaped layer sets: every layer captured on the device path
     (the windowed ones included), zero host updates per step, the windows biting (kv past the
-    window on every step), one tiling per distinct window planned by one AI-CPU launch per
-    step, and every output within the tolerance of float64 with the model's W keys."""
+    window on some steps, and the answer without the window far off), one tiling per distinct
+    window planned by one AI-CPU launch per step, and every output within the tolerance of
+    float64 with the model's W keys."""
     env = _env(release)
     python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
     proc = subprocess.run([str(python), "-m", "pyruntime.cli", "hook-dryrun", "--json",
@@ -183,7 +184,7 @@ def test_real_config_layer_sets_run_wholly_on_the_device_path(model, release, pl
     for layer in layers:
         assert layer["max_rel_err"] <= report["tolerance"] == 1e-4, layer
         if layer["sliding_window"] is not None:  # the window bit, and mattered
-            assert layer["steps_past_window"] == report["steps"], layer
+            assert 0 < layer["steps_past_window"] <= report["steps"], layer
             assert layer["window_distance"] > 100 * report["tolerance"], layer
     assert report["tilings_per_graph"] == 2 and report["tiling_launches_per_step"] == 1
     assert report["ok"] and proc.returncode == 0
