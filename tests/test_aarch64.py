@@ -16,6 +16,7 @@ the reason, except under CI (``CI=true``), where a missing tool is a failure.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
@@ -48,6 +49,7 @@ from pyruntime.aarch64.kernel import (
     EmulatedKernel,
     args_format,
     args_layout,
+    max_plans,
     params_words,
     plan_signature,
 )
@@ -284,6 +286,31 @@ def test_entry_live_batch_and_plumbing(emu, live):
     assert got.status == KERNEL_OK
     assert got.buffer == want
     assert status == (0 if 0 <= used <= 4 else lib.AICPU_TILING_E_BATCH)
+
+
+def test_entry_plans_more_tilings_in_one_launch(emu):
+    """ABI v3: one launch plans the block's own tiling and each of ``more`` (one per distinct
+    sliding window: gpt-oss's full and 128-token layers) from the same lengths, live batch and
+    epoch; each buffer is what the host build plans for its own params."""
+    full = TilingParams(**LLAMA_8B, max_batch=4, max_tokens=8, max_blocks_per_req=64,
+                        num_cores=6)
+    windows = [dataclasses.replace(full, sliding_window=w) for w in (128, 1, 4096)]
+    cu, kv = [0, 1, 2, 4, 5], [300, 1, 4000, 77]
+    got = emu.launch_entry(full, cu, kv, 4, live_batch=3, step_epoch=9, more=windows)
+    assert got.status == KERNEL_OK
+    for params, buffer in zip([full, *windows], [got.buffer, *got.more_buffers], strict=True):
+        status, want = host_raw(params_words(params), cu, kv, 3, True, params.tiling_bytes, 9)
+        assert status == 0 and buffer == want
+    assert got.more_buffers[0] != got.buffer  # the window changed the plan (kv 4000 > 128)
+    # a further plan whose buffer is too small fails the launch (E_BUFFER) like the first
+    got = emu.launch_entry(full, cu, kv, 4, more=[(windows[0], 64)])
+    assert got.status == KERNEL_INVALID
+    assert got.more_buffers[0] == bytes([FILL]) * 64
+    # num_more past the block's capacity: refused before anything is planned
+    got = emu.launch_entry(full, cu, kv, 4, num_more=max_plans())
+    assert (got.status, got.buffer) == (KERNEL_INVALID, bytes([FILL]) * full.tiling_bytes)
+    with pytest.raises(ValueError, match="holds 3"):
+        emu.launch_entry(full, cu, kv, 4, more=[full] * max_plans())
 
 
 def test_entry_rejects_bad_blocks(emu):

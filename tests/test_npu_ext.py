@@ -165,20 +165,24 @@ def test_runtime_op_info_names_the_device_function_and_so():
     assert op["kernelSo"] == so == Path(OP_INFO_JSON).with_suffix(".so").name
 
 
-def test_cpp_kernel_matches_the_python_schema():
-    """PlanTilingNpu's parameters are the schema's, in order, with matching C++ types."""
+@pytest.mark.parametrize("op, kernel", [("plan_tiling", "PlanTilingNpu"),
+                                        ("plan_tilings", "PlanTilingsNpu")])
+def test_cpp_kernel_matches_the_python_schema(op, kernel):
+    """The kernel's parameters are the schema's, in order, with matching C++ types."""
     from pyruntime.kernels import custom_ops
 
-    schema = custom_ops.ops().plan_tiling.default._schema
+    schema = getattr(custom_ops.ops(), op).default._schema
     source = (EXT / "plan_tiling_op.cpp").read_text()
-    params = re.search(r"void PlanTilingNpu\(([^)]*)\)", source).group(1)
+    params = re.search(rf"void {kernel}\(([^)]*)\)", source).group(1)
     cpp = [re.match(r"\s*(.*?)\s*&?\s*(\w+)\s*$", p.replace("&", " ")).groups()
            for p in params.split(",")]
-    # SymInt[] prints as List[int]; the kernel takes concrete ints (IntArrayRef).
-    kinds = {"Tensor": "const at::Tensor", "List[int]": "c10::IntArrayRef", "bool": "bool"}
+    # SymInt[] prints as List[int]; the kernel takes concrete ints (IntArrayRef); a Tensor[]
+    # (plan_tilings' tiling_outs) is an at::TensorList.
+    kinds = {"Tensor": "const at::Tensor", "List[int]": "c10::IntArrayRef", "bool": "bool",
+             "List[Tensor]": "at::TensorList"}
     want = [(kinds[str(a.type)], a.name) for a in schema.arguments]
     assert [(t.strip(), n) for t, n in cpp] == want
-    assert 'm.impl("plan_tiling", &PlanTilingNpu)' in source
+    assert f'm.impl("{op}", &{kernel})' in source
 
 
 @pytest.mark.slow

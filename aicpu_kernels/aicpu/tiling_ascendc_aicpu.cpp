@@ -4,7 +4,8 @@
  *
  * The host launches it with one argument block (tiling_kernel_args.h):
  *     aicpu_tiling_kernel<<<1, nullptr, aicpu_stream>>>(&args, sizeof(args));
- * It reads the live batch (when given) from device memory, calls aicpu_tiling_plan() on
+ * It plans every tiling the block names (the first and args.num_more more: ABI v3). It
+ * reads the live batch (when given) from device memory, calls aicpu_tiling_plan() on
  * the device addresses in the block, and ends with AscendC::DataStoreBarrier() so the
  * tiling is visible in HBM before the event that releases the AI Core attention kernel.
  *
@@ -50,6 +51,20 @@ extern "C" __global__ __aicpu__ uint32_t aicpu_tiling_kernel(void *args)
             epoch, a->flags, reinterpret_cast<void *>(static_cast<uintptr_t>(a->buffer)),
             static_cast<size_t>(a->buffer_bytes));
         result = aicpu_tiling_kernel_result(status);
+        /* The further plans of this launch (one per distinct sliding window): the same
+         * lengths, batch, epoch and flags; each its own params and buffer. */
+        for (uint32_t i = 0; i < a->num_more; ++i) {
+            const aicpu_tiling_kernel_plan &m = a->more[i];
+            const int more_status = aicpu_tiling_plan(
+                &m.params,
+                reinterpret_cast<const int32_t *>(static_cast<uintptr_t>(a->cu_seqlens_q)),
+                reinterpret_cast<const int32_t *>(static_cast<uintptr_t>(a->seqlens_kv)),
+                batch, epoch, a->flags, reinterpret_cast<void *>(static_cast<uintptr_t>(m.buffer)),
+                static_cast<size_t>(m.buffer_bytes));
+            if (aicpu_tiling_kernel_result(more_status) != AICPU_TILING_KERNEL_OK) {
+                result = AICPU_TILING_KERNEL_INVALID;
+            }
+        }
     }
     /* Make the tiling (and the header status) globally visible before the task ends. */
     AscendC::DataStoreBarrier();

@@ -20,6 +20,11 @@
  *     aicpu_tiling_kernel<<<1, nullptr, aicpu_stream>>>(&args, sizeof(args));
  *     aclrtRecordEvent(ev, aicpu_stream);  aclrtStreamWaitEvent(aicore_stream, ev);
  *
+ *   More plans in the same launch (ABI v3: one tiling per distinct sliding window of a
+ *   graph, gpt-oss's full and 128-token layers): args.num_more = k (k < MAX_PLANS) and
+ *   args.more[i] = {buffer, buffer_bytes, params} for each further tiling; they read the
+ *   same lengths, live batch and epoch as the first.
+ *
  *   The AI-CPU kernel and the AI Core attention kernel must not share a stream: order
  *   them with an event record / wait (docs/design.md section 1). `args` itself is copied at
  *   launch, so it may live on the host stack; under graph capture the device addresses
@@ -30,7 +35,8 @@
  *   epoch      = step_epoch ? *(const int32_t *)step_epoch : 0
  *   aicpu_tiling_plan(&params, cu_seqlens_q, seqlens_kv, batch_used, epoch, flags,
  *                     buffer, buffer_bytes)
- *   then AscendC::DataStoreBarrier(). See aicpu_tiling_kernel_check() for the plumbing
+ *   then the same for each more[i] (its params, buffer, buffer_bytes; the same lengths,
+ *   batch_used, epoch and flags), then AscendC::DataStoreBarrier(). See aicpu_tiling_kernel_check() for the plumbing
  *   checks made before the call, and AICPU_TILING_KERNEL_* for its return values.
  */
 #ifndef AICPU_TILING_KERNEL_ARGS_H
@@ -49,7 +55,11 @@ extern "C" {
 #define AICPU_TILING_ADDR(p) ((uint64_t)(uintptr_t)(p))
 
 /* Version of this argument block's layout; bump on any change. */
-#define AICPU_TILING_KERNEL_ARGS_VERSION 2 /* 2: step_epoch */
+#define AICPU_TILING_KERNEL_ARGS_VERSION 3 /* 2: step_epoch; 3: more plans */
+
+/* Tilings one launch can plan (the first plus AICPU_TILING_KERNEL_MAX_PLANS - 1 in `more`):
+ * a graph needs one per distinct sliding window of its layers (gpt-oss: 2, Gemma 2/3: 2). */
+#define AICPU_TILING_KERNEL_MAX_PLANS 4
 
 /*
  * Return values of both AI-CPU entry points (the classic kernel returns the matching
@@ -65,6 +75,13 @@ extern "C" {
  */
 #define AICPU_TILING_KERNEL_OK 0u
 #define AICPU_TILING_KERNEL_INVALID 1u
+
+/* One further plan of a launch: its tiling buffer and its static parameters. */
+typedef struct aicpu_tiling_kernel_plan {
+    uint64_t buffer;        /* device address of its tiling buffer, 4-byte aligned */
+    uint64_t buffer_bytes;  /* its size in bytes */
+    aicpu_tiling_params params; /* its static parameters, by value */
+} aicpu_tiling_kernel_plan;
 
 typedef struct aicpu_tiling_kernel_args {
     uint32_t args_bytes;    /* sizeof(aicpu_tiling_kernel_args) */
@@ -82,11 +99,19 @@ typedef struct aicpu_tiling_kernel_args {
     uint64_t step_epoch;    /* device address of one int32 (the step epoch the host wrote
                                beside the lengths, echoed in the tiling header), or 0 */
     aicpu_tiling_params params; /* static parameters, by value */
+    uint32_t num_more;      /* further plans in more[], 0 .. AICPU_TILING_KERNEL_MAX_PLANS - 1 */
+    uint32_t reserved;      /* 0 */
+    aicpu_tiling_kernel_plan more[AICPU_TILING_KERNEL_MAX_PLANS - 1];
 } aicpu_tiling_kernel_args;
 
 /* Layout checks (C99 has no static_assert: a negative array size fails the build). */
+typedef char aicpu_tiling_kernel_plan_size_check
+    [(sizeof(aicpu_tiling_kernel_plan) == 16 + sizeof(aicpu_tiling_params)) ? 1 : -1];
 typedef char aicpu_tiling_kernel_args_size_check
-    [(sizeof(aicpu_tiling_kernel_args) == 64 + sizeof(aicpu_tiling_params)) ? 1 : -1];
+    [(sizeof(aicpu_tiling_kernel_args) == 64 + sizeof(aicpu_tiling_params) + 8
+                                              + (AICPU_TILING_KERNEL_MAX_PLANS - 1)
+                                                    * sizeof(aicpu_tiling_kernel_plan))
+         ? 1 : -1];
 typedef char aicpu_tiling_kernel_args_params_check
     [(offsetof(aicpu_tiling_kernel_args, params) == 64 && sizeof(aicpu_tiling_params) == 64)
          ? 1 : -1];
@@ -127,6 +152,44 @@ static inline uint32_t aicpu_tiling_kernel_check(const aicpu_tiling_kernel_args 
     }
     if (args->live_batch != 0 && args->batch < args->params.max_batch) {
         return AICPU_TILING_KERNEL_INVALID;
+    }
+    if (args->num_more > AICPU_TILING_KERNEL_MAX_PLANS - 1) {
+        return AICPU_TILING_KERNEL_INVALID;
+    }
+    {
+        uint32_t i;
+        for (i = 0; i < args->num_more; ++i) {
+            const aicpu_tiling_kernel_plan *m = &args->more[i];
+            if (m->buffer == 0
+                || (args->live_batch != 0 && args->batch < m->params.max_batch)) {
+                return AICPU_TILING_KERNEL_INVALID;
+            }
+        }
+    }
+    return AICPU_TILING_KERNEL_OK;
+}
+
+/* Set plan `index` (0: the block's own fields, else more[index - 1]) of a launch; returns
+ * AICPU_TILING_KERNEL_INVALID when index is out of range. Grows num_more to cover it. */
+static inline uint32_t aicpu_tiling_kernel_args_set_plan(aicpu_tiling_kernel_args *args,
+                                                         uint32_t index,
+                                                         const aicpu_tiling_params *params,
+                                                         uint64_t buffer, uint64_t buffer_bytes)
+{
+    if (index >= AICPU_TILING_KERNEL_MAX_PLANS) {
+        return AICPU_TILING_KERNEL_INVALID;
+    }
+    if (index == 0) {
+        args->params = *params;
+        args->buffer = buffer;
+        args->buffer_bytes = buffer_bytes;
+    } else {
+        args->more[index - 1].params = *params;
+        args->more[index - 1].buffer = buffer;
+        args->more[index - 1].buffer_bytes = buffer_bytes;
+        if (args->num_more < index) {
+            args->num_more = index;
+        }
     }
     return AICPU_TILING_KERNEL_OK;
 }

@@ -18,6 +18,13 @@
  *                               written (every caller allocates it as uint8 bytes)
  *   params        the 13 aicpu_tiling_params fields in header order, sliding_window last
  *                               (ABI v5; reserved words 0)
+ * Its array form, one AI-CPU launch planning several tilings from the same lengths, live
+ * batch and epoch (one per distinct sliding window of a graph; argument block ABI v3):
+ *     aicpu_tiling::plan_tilings(Tensor cu_seqlens_q, Tensor seqlens_kv, Tensor batch,
+ *                                Tensor step_epoch, Tensor(a!)[] tiling_outs, SymInt[] params,
+ *                                bool causal) -> ()
+ *   tiling_outs   1 .. AICPU_TILING_KERNEL_MAX_PLANS tiling buffers, each as tiling_out
+ *   params        13 fields per tiling_outs entry, concatenated in its order
  * and one more op, defined here, to load the AI-CPU binary once before capture:
  *     aicpu_tiling::npu_load_tiling_kernel(str op_info_json) -> ()
  * Errors are c10::Error (RuntimeError in Python) naming the offending argument.
@@ -94,44 +101,62 @@ void NpuLoadTilingKernel(c10::string_view op_info_json)
     TORCH_CHECK(rc == 0, "npu_load_tiling_kernel: ", launcher.LastError());
 }
 
-void PlanTilingNpu(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
-                   const at::Tensor &batch, const at::Tensor &step_epoch,
-                   const at::Tensor &tiling_out, c10::IntArrayRef params, bool causal)
+/* One tiling's 13 params fields (starting at `first`) into the C struct, checked. */
+void ReadParams(c10::IntArrayRef params, int64_t first, aicpu_tiling_params &p)
 {
-    TORCH_CHECK(static_cast<int64_t>(params.size()) == kParamFields, "plan_tiling: params has ",
-                params.size(), " values, expected ", kParamFields);
-    aicpu_tiling_params p;
     int32_t *fields = &p.num_q_heads; /* 16 int32 words, no padding (aicpu_tiling.h) */
     for (int64_t i = 0; i < 16; ++i) {
-        const int64_t v = i < kParamFields ? params[i] : 0;
-        TORCH_CHECK(v >= INT32_MIN && v <= INT32_MAX, "plan_tiling: params[", i, "] = ", v,
-                    " is outside int32");
+        const int64_t v = i < kParamFields ? params[first + i] : 0;
+        TORCH_CHECK(v >= INT32_MIN && v <= INT32_MAX, "plan_tiling: params[", first + i,
+                    "] = ", v, " is outside int32");
         fields[i] = static_cast<int32_t>(v);
     }
     TORCH_CHECK(aicpu_tiling_params_check(&p) == AICPU_TILING_OK,
                 "plan_tiling: invalid tiling params (see pyruntime.tiling.TilingParams)");
+}
+
+/* Both ops: check every tensor, fill one argument block with every plan, launch it once. */
+void PlanTilings(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
+                 const at::Tensor &batch, const at::Tensor &step_epoch,
+                 at::TensorList tiling_outs, c10::IntArrayRef params, bool causal)
+{
+    const int64_t plans = static_cast<int64_t>(tiling_outs.size());
+    TORCH_CHECK(plans >= 1 && plans <= AICPU_TILING_KERNEL_MAX_PLANS, "plan_tiling: ", plans,
+                " tiling buffers, one launch plans 1 to ", AICPU_TILING_KERNEL_MAX_PLANS);
+    TORCH_CHECK(static_cast<int64_t>(params.size()) == kParamFields * plans,
+                "plan_tiling: params has ", params.size(), " values, expected ", kParamFields,
+                " per tiling buffer");
+    aicpu_tiling_params p[AICPU_TILING_KERNEL_MAX_PLANS];
+    int32_t max_batch = 0; /* the arrays must hold every plan's max_batch */
+    for (int64_t k = 0; k < plans; ++k) {
+        ReadParams(params, k * kParamFields, p[k]);
+        max_batch = p[k].max_batch > max_batch ? p[k].max_batch : max_batch;
+    }
     const int64_t n = seqlens_kv.numel();
     CheckInt32Npu(cu_seqlens_q, "cu_seqlens_q", n + 1);
-    CheckInt32Npu(seqlens_kv, "seqlens_kv", p.max_batch);
+    CheckInt32Npu(seqlens_kv, "seqlens_kv", max_batch);
     CheckInt32Npu(batch, "batch", 1);
     CheckInt32Npu(step_epoch, "step_epoch", 1);
-    const int64_t tiling_bytes = static_cast<int64_t>(aicpu_tiling_bytes(&p));
-    CheckTilingBuffer(tiling_out, "tiling_out", tiling_bytes);
-    TORCH_CHECK(cu_seqlens_q.device() == tiling_out.device() &&
-                    seqlens_kv.device() == tiling_out.device() &&
-                    batch.device() == tiling_out.device() &&
-                    step_epoch.device() == tiling_out.device(),
-                "plan_tiling: every tensor must be on the same NPU");
-
     aicpu_tiling_kernel_args args;
-    aicpu_tiling_kernel_args_init(&args, &p, causal ? AICPU_TILING_CAUSAL : 0u);
+    aicpu_tiling_kernel_args_init(&args, &p[0], causal ? AICPU_TILING_CAUSAL : 0u);
+    for (int64_t k = 0; k < plans; ++k) {
+        const at::Tensor &tiling_out = tiling_outs[k];
+        CheckTilingBuffer(tiling_out, "tiling_out",
+                          static_cast<int64_t>(aicpu_tiling_bytes(&p[k])));
+        TORCH_CHECK(cu_seqlens_q.device() == tiling_out.device() &&
+                        seqlens_kv.device() == tiling_out.device() &&
+                        batch.device() == tiling_out.device() &&
+                        step_epoch.device() == tiling_out.device(),
+                    "plan_tiling: every tensor must be on the same NPU");
+        aicpu_tiling_kernel_args_set_plan(&args, static_cast<uint32_t>(k), &p[k],
+                                          AICPU_TILING_ADDR(tiling_out.data_ptr()),
+                                          static_cast<uint64_t>(tiling_out.nbytes()));
+    }
     args.cu_seqlens_q = AICPU_TILING_ADDR(cu_seqlens_q.data_ptr());
     args.seqlens_kv = AICPU_TILING_ADDR(seqlens_kv.data_ptr());
     args.live_batch = AICPU_TILING_ADDR(batch.data_ptr());
     args.step_epoch = AICPU_TILING_ADDR(step_epoch.data_ptr());
     args.batch = static_cast<int32_t>(n);
-    args.buffer = AICPU_TILING_ADDR(tiling_out.data_ptr());
-    args.buffer_bytes = static_cast<uint64_t>(tiling_out.nbytes());
     TORCH_CHECK(aicpu_tiling_kernel_check(&args) == AICPU_TILING_KERNEL_OK,
                 "plan_tiling: the argument block is invalid (arrays shorter than max_batch?)");
     TORCH_CHECK(Launcher().Loaded(), "plan_tiling: the AI-CPU tiling kernel is not loaded; "
@@ -140,7 +165,7 @@ void PlanTilingNpu(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
 
     /* The caller stream, read here (it waits for torch_npu's queue to submit earlier work);
      * the launch itself goes through the queue so it stays in order with other NPU ops. */
-    aclrtStream caller = c10_npu::getCurrentNPUStream(tiling_out.device().index()).stream();
+    aclrtStream caller = c10_npu::getCurrentNPUStream(tiling_outs[0].device().index()).stream();
     at_npu::native::OpCommand::RunOpApiV2("AicpuTilingPlan", [args, caller]() -> int {
         std::lock_guard<std::mutex> lock(LauncherMutex());
         auto &launcher = Launcher();
@@ -148,6 +173,21 @@ void PlanTilingNpu(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
         TORCH_CHECK(rc == 0, "plan_tiling: ", launcher.LastError());
         return rc;
     });
+}
+
+void PlanTilingNpu(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
+                   const at::Tensor &batch, const at::Tensor &step_epoch,
+                   const at::Tensor &tiling_out, c10::IntArrayRef params, bool causal)
+{
+    PlanTilings(cu_seqlens_q, seqlens_kv, batch, step_epoch, at::TensorList(tiling_out), params,
+                causal);
+}
+
+void PlanTilingsNpu(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
+                    const at::Tensor &batch, const at::Tensor &step_epoch,
+                    at::TensorList tiling_outs, c10::IntArrayRef params, bool causal)
+{
+    PlanTilings(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_outs, params, causal);
 }
 
 } // namespace
@@ -161,4 +201,5 @@ TORCH_LIBRARY_FRAGMENT(aicpu_tiling, m)
 TORCH_LIBRARY_IMPL(aicpu_tiling, PrivateUse1, m)
 {
     m.impl("plan_tiling", &PlanTilingNpu);
+    m.impl("plan_tilings", &PlanTilingsNpu);
 }

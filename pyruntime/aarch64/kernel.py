@@ -26,7 +26,8 @@ from .emulator import Machine
 
 FILL = 0xA5
 _C_FORMATS = {"uint32_t": "I", "int32_t": "i", "uint64_t": "Q", "int64_t": "q",
-              "aicpu_tiling_params": "16i"}  # fmt: skip
+              "aicpu_tiling_params": "16i",
+              "aicpu_tiling_kernel_plan": "QQ16i"}  # fmt: skip
 
 
 def _strip_comments(text: str) -> str:
@@ -52,8 +53,29 @@ def args_layout() -> tuple[tuple[str, str], ...]:
     host compiler's offsetof()."""
     text = _strip_comments((toolchain.AICPU / "tiling_kernel_args.h").read_text())
     body = re.search(r"typedef struct aicpu_tiling_kernel_args \{(.*?)\}", text, re.DOTALL)
-    fields = re.findall(r"(\w+)\s+(\w+)\s*;", body.group(1))
-    return tuple((name, _C_FORMATS[ctype]) for ctype, name in fields)
+    fields = re.findall(r"(\w+)\s+(\w+)\s*(?:\[([^\]]*)\])?\s*;", body.group(1))
+    # an array field (``more[AICPU_TILING_KERNEL_MAX_PLANS - 1]``): its format repeated
+    return tuple((name, _C_FORMATS[ctype] * (_array_length(text, size) if size else 1))
+                 for ctype, name, size in fields)
+
+
+def _array_length(text: str, expression: str) -> int:
+    """An array size of the header: ``MACRO``, a number, or ``MACRO - n``."""
+    def value(token: str) -> int:
+        token = token.strip()
+        if token.isdigit():
+            return int(token)
+        return int(re.search(rf"#define {token} (\d+)", text).group(1))
+
+    first, minus, rest = expression.partition("-")
+    return value(first) - (value(rest) if minus else 0)
+
+
+def max_plans() -> int:
+    """AICPU_TILING_KERNEL_MAX_PLANS as written in tiling_kernel_args.h: the tilings one
+    launch of the entry plans (the block's own and ``more``)."""
+    text = (toolchain.AICPU / "tiling_kernel_args.h").read_text()
+    return _array_length(text, "AICPU_TILING_KERNEL_MAX_PLANS")
 
 
 def args_format() -> str:
@@ -82,6 +104,8 @@ class EmulatedPlan:
     buffer: bytes
     instructions: int
     stack_bytes: int
+    #: launch_entry with ``more``: each further plan's whole buffer after the call
+    more_buffers: tuple[bytes, ...] = ()
 
 
 def params_words(params) -> list[int]:
@@ -196,7 +220,8 @@ class EmulatedKernel:
     def launch_entry(self, params, cu_seqlens_q: Sequence[int], seqlens_kv: Sequence[int],
                      batch: int, *, live_batch: int | None = None,
                      step_epoch: int | None = None, causal: bool = True,
-                     buffer_bytes: int | None = None, **int32_buffers: int) -> EmulatedPlan:
+                     buffer_bytes: int | None = None, more: Sequence = (),
+                     num_more: int | None = None, **int32_buffers: int) -> EmulatedPlan:
         """``aicpu_tiling_kernel(&args)``: the Ascend C / runtime-route entry point.
 
         Args:
@@ -205,6 +230,11 @@ class EmulatedKernel:
             live_batch: when given, the int32 the block's ``live_batch`` address points at.
             step_epoch: when given, the int32 the block's ``step_epoch`` address points at
                 (the kernel then echoes it; without it the epoch is 0).
+            more: further plans of the same launch (ABI v3's ``more[]``), each a TilingParams
+                or ``(params, buffer_bytes)``: their buffers come back in ``more_buffers``.
+                More than the block holds raises ValueError.
+            num_more: the block's ``num_more`` field (default: ``len(more)``; another value
+                tests the entry's checks).
             int32_buffers: further address fields of the block, by name: each gets a fresh
                 one-int32 buffer holding the value (fields not given stay 0).
 
@@ -230,15 +260,31 @@ class EmulatedKernel:
             }
             for name, value in int32_buffers.items():  # further device addresses, by name
                 fields[name] = m.place(struct.pack("<i", value))
+            slots = max_plans() - 1
+            if len(more) > slots:
+                raise ValueError(f"{len(more)} further plans: the block holds {slots}")
+            placed = []  # (address, size) of each further plan's buffer
+            plan_words = []
+            for entry in more:
+                more_params, more_size = entry if isinstance(entry, tuple) else (entry, None)
+                more_size = (more_size if more_size is not None
+                             else getattr(more_params, "tiling_bytes", 64))
+                placed.append((m.place(bytes([FILL]) * more_size), more_size))
+                plan_words.append([*placed[-1], *params_words(more_params)])
+            plan_words += [[0] * 18] * (slots - len(more))
+            fields["num_more"] = len(more) if num_more is None else num_more
             values = []
             for name, _ in args_layout():
                 if name == "params":
                     values.extend(params_words(params))
+                elif name == "more":
+                    values.extend(v for words in plan_words for v in words)
                 else:
                     values.append(fields.get(name, 0))
             block = struct.pack(args_format(), *values)
             result = m.call("aicpu_tiling_kernel", [m.place(block)])
             return EmulatedPlan(result.x0 & 0xFFFF_FFFF, m.read(buffer, size),
-                                result.instructions, result.stack_bytes)
+                                result.instructions, result.stack_bytes,
+                                tuple(m.read(a, n) for a, n in placed))
         finally:
             m.release()

@@ -2,9 +2,12 @@
 
 Per graph key (a vLLM-Ascend graph and its token bucket) the engine owns static device
 buffers: the tiling, the step epoch, the live batch and the split-KV partials. Per layer it
-enqueues our attention and combine ops reading that tiling. The tiling task
-(``torch.ops.aicpu_tiling.plan_tiling``, the torch_npu extension's AI-CPU launch, which
-forks to its own flag-0 stream and joins back with sync events) runs:
+enqueues our attention and combine ops reading that tiling. A graph whose layers have
+several sliding windows (gpt-oss: none and 128) has one tiling per distinct window, all
+planned by the same task from the key's length buffers and epoch, and each layer reads its
+window's. The tiling task (``torch.ops.aicpu_tiling.plan_tiling``, or ``plan_tilings`` for
+several tilings in one launch: the torch_npu extension's AI-CPU launch, which forks to its own
+flag-0 stream and joins back with sync events) runs:
 
 * placement ``graph``: captured once per key, in the graph, before the key's first layer;
 * placement ``pre-replay``: not captured; `before_replay` launches it once per step on the
@@ -25,7 +28,7 @@ AI Core op computes anything the AI-CPU task reads. Never run on an NPU.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -39,12 +42,15 @@ from .errors import BackendError
 
 @dataclass
 class _KeyBuffers:
-    params: tiling.TilingParams
+    params: tiling.TilingParams  # the first window's (``windows[0]``)
     capture: AttentionCapture  # the key's first layer: its length buffers are the key's
-    tiling: torch.Tensor
+    tiling: torch.Tensor  # the first window's
     epoch: torch.Tensor
     partial_out: torch.Tensor
     partial_lse: torch.Tensor
+    #: sliding window (None: none) -> (its params, its tiling buffer), one per distinct
+    #: window of the graph's layers, planned together by the key's one tiling task
+    tilings: dict = field(default_factory=dict)
 
 
 class NpuTilingEngine:
@@ -66,6 +72,9 @@ class NpuTilingEngine:
     applies_logits_soft_cap = True
     #: our attention and combine kernels add a layer's attention sinks (`AttentionCapture`)
     applies_sinks = True
+    #: our attention applies a layer's sliding window, the model's W keys, over a tiling
+    #: planned for that window (`AttentionCapture`)
+    applies_sliding_window = True
 
     def __init__(self, placement: str, *, num_cores: int, ops: Any = None,
                  launch: Callable[[Callable[[], None]], None] | None = None,
@@ -95,7 +104,12 @@ class NpuTilingEngine:
             block_size=c.block_size, max_batch=int(c.seq_lens.numel()),
             max_tokens=int(c.query.shape[0]), max_blocks_per_req=int(c.block_table.shape[1]),
             num_cores=self.num_cores)
-        slots = max(1, params.max_partial_slots)
+        # one tiling per distinct window the graph's layers have (ABI v5: a windowed tiling
+        # costs and cuts only the blocks its rows see); all share the key's lengths and epoch
+        windows = sorted({c.sliding_window, *c.graph_windows}, key=lambda w: w or 0)
+        tilings = {w: replace(params, sliding_window=w or 0) for w in windows}
+        params = tilings[windows[0]]
+        slots = max(1, max(t.max_partial_slots for t in tilings.values()))
 
         # Allocation only: this runs inside vLLM's capture, where a zeros()/fill_() would be
         # a captured task re-run at every replay (wiping the tiling under pre-replay,
@@ -105,17 +119,26 @@ class NpuTilingEngine:
         def empty(shape, dtype):
             return torch.empty(shape, dtype=dtype, device=device)
 
-        return _KeyBuffers(params, c, empty((params.tiling_bytes,), torch.uint8),
+        buffers = {w: (t, empty((t.tiling_bytes,), torch.uint8)) for w, t in tilings.items()}
+        return _KeyBuffers(params, c, buffers[windows[0]][1],
                            empty((1,), torch.int32),
                            empty((slots, params.q_tile, params.group, params.head_dim),
                                  torch.float32),
-                           empty((slots, params.q_tile, params.group), torch.float32))
+                           empty((slots, params.q_tile, params.group), torch.float32),
+                           buffers)
 
     def _plan(self, key: _KeyBuffers) -> None:
         c = key.capture
-        self.ops.plan_tiling(cu_seqlens_q=c.query_start_loc, seqlens_kv=c.seq_lens,
-                             batch=c.batch, step_epoch=key.epoch, tiling_out=key.tiling,
-                             params=kernels.params_list(key.params), causal=c.causal)
+        lengths = {"cu_seqlens_q": c.query_start_loc, "seqlens_kv": c.seq_lens,
+                   "batch": c.batch, "step_epoch": key.epoch, "causal": c.causal}
+        if len(key.tilings) <= 1:
+            self.ops.plan_tiling(tiling_out=key.tiling, params=kernels.params_list(key.params),
+                                 **lengths)
+        else:  # every window's tiling in the one AI-CPU launch of the step
+            planned = list(key.tilings.values())
+            self.ops.plan_tilings(tiling_outs=[t for _, t in planned],
+                                  params=[v for p, _ in planned for v in kernels.params_list(p)],
+                                  **lengths)
         self.tiling_launches += 1
 
     def capture_attention(self, capture: AttentionCapture) -> None:
@@ -130,24 +153,33 @@ class NpuTilingEngine:
                 key.params.num_q_heads, key.params.num_kv_heads, key.params.head_dim):
             raise BackendError(f"layer {c.layer_name}: head geometry differs from the first "
                                "layer of its graph; one tiling serves one geometry")
-        p = key.params
+        if c.sliding_window not in key.tilings:
+            # the tiling task plans the windows known when the key's first layer was captured
+            # (graph: it is captured right then); a layer with another window cannot join
+            raise BackendError(f"layer {c.layer_name}: sliding window {c.sliding_window} is "
+                               "not among the windows this graph's tiling task plans "
+                               f"({sorted(w or 0 for w in key.tilings)}; 0: none)")
+        p, tiling_in = key.tilings[c.sliding_window]
         cache = (c.key_cache.shape[0], p.block_size, p.num_kv_heads, p.head_dim)
         out = c.output.view(c.output.shape[0], p.num_q_heads, p.head_dim)
         common = {"cu_seqlens_q": c.query_start_loc, "step_epoch": key.epoch,
-                  "tiling_in": key.tiling, "out": out, "partial_out": key.partial_out,
+                  "tiling_in": tiling_in, "out": out, "partial_out": key.partial_out,
                   "partial_lse": key.partial_lse, "params": kernels.params_list(p)}
 
         # the layer's own sinks tensor to both kernels (the sink enters each row once: where a
         # whole unit normalises it, or in the combine for split rows); passed only when the
         # layer has sinks, so other layers launch with exactly the arguments they had before
         sinks = {} if c.sinks is None else {"sinks": c.sinks}
+        # the window to the attention only (as StaticAttention's step), likewise only when set
+        window = {} if c.sliding_window is None else {"sliding_window": c.sliding_window}
 
         def attention() -> None:
             self.ops.paged_attention(query=c.query, key_cache=c.key_cache.view(cache),
                                      value_cache=c.value_cache.view(cache),
                                      block_table=c.block_table, seqlens_kv=c.seq_lens,
                                      scale=c.scale, causal=c.causal,
-                                     logits_soft_cap=c.logits_soft_cap, **sinks, **common)
+                                     logits_soft_cap=c.logits_soft_cap, **sinks, **window,
+                                     **common)
             self.ops.attention_combine(**sinks, **common)
 
         self.launch(attention)
@@ -168,11 +200,14 @@ class NpuTilingEngine:
         """The tiling errors of the last step per key (reads every tiling header back)."""
         found = {}
         for graph_key, key in self.keys.items():
-            planned = kernels.tiling_status(key.params, key.tiling.cpu())
-            if planned.epoch != self.epoch:
-                found[graph_key] = tiling.StaleTilingError(planned.epoch, self.epoch)
-            elif planned.error is not None:
-                found[graph_key] = planned.error
+            for params, buffer in key.tilings.values():  # the first error of the key
+                planned = kernels.tiling_status(params, buffer.cpu())
+                if planned.epoch != self.epoch:
+                    found[graph_key] = tiling.StaleTilingError(planned.epoch, self.epoch)
+                elif planned.error is not None:
+                    found[graph_key] = planned.error
+                if graph_key in found:
+                    break
         return found
 
 

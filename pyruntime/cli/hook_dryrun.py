@@ -31,6 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="decode steps replayed after capture (default: 6)")
     p.add_argument("--spec-tokens", type=int, default=0,
                    help="speculative decode: each request verifies 1 + N tokens (default: 0)")
+    p.add_argument("--model", choices=("mixed", "gpt-oss", "gemma2", "gemma3"),
+                   default="mixed",
+                   help="the layer set: mixed (default: plain, windowed, soft-capped and sink "
+                        "layers), or one from a real config: gpt-oss (window 128 / full, sinks), "
+                        "gemma2 (window 4096 / full, soft cap 50), gemma3 (window 1024 on 5 "
+                        "of 6 layers)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=run)
     return p
@@ -46,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         dryrun.check_real_vllm_ascend()
         options = {"placement": args.placement, "steps": args.steps,
-                   "spec_tokens": args.spec_tokens}
+                   "spec_tokens": args.spec_tokens, "model": args.model}
         before = dryrun.run_in_child(hooked=False, **options)
         after = dryrun.run_in_child(hooked=True, **options)
     except dryrun.DryRunError as exc:
@@ -56,14 +62,18 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
     else:
         spec = f", {report['spec_tokens']} speculative tokens" if report["spec_tokens"] else ""
-        print(f"vLLM-Ascend {report['vllm_ascend']} on {report['device']}, placement "
-              f"{report['placement']}{spec}, {report['steps']} decode steps after capture")
+        print(f"vLLM-Ascend {report['vllm_ascend']} on {report['device']}, layer set "
+              f"{report['model']}, placement {report['placement']}{spec}, {report['steps']} "
+              "decode steps after capture")
         for layer in report["layers"]:
             reason = f" ({layer['reason']})" if layer["reason"] else ""
             if layer.get("logits_soft_cap") and layer["path"] == "device":
                 reason += f" (logits soft cap {layer['logits_soft_cap']:g}, applied)"
             if layer.get("sinks") and layer["path"] == "device":
                 reason += f" (attention sinks, applied; captured by {layer['entry']})"
+            if layer.get("sliding_window") and layer["path"] == "device":
+                reason += (f" (sliding window {layer['sliding_window']}: the model's W keys, "
+                           f"past the window on {layer['steps_past_window']} steps)")
             print(f"  {layer['name']}: {layer['path']}{reason}")
         print(f"graph task updates per step: {report['updates_per_step_before']:g} without the "
               f"hook; with it {report['updates_per_step_after']:g} on the device-path layers "
@@ -73,5 +83,8 @@ def run(args: argparse.Namespace) -> int:
         if report.get("steps_with_split_units") is not None:
             print(f"steps whose tiling split a unit (the combine ran): "
                   f"{report['steps_with_split_units']} of {report['steps']}")
+        if report.get("tilings_per_graph") is not None:
+            print(f"tilings per graph (one per distinct window): {report['tilings_per_graph']}, "
+                  f"planned by {report['tiling_launches_per_step']:g} AI-CPU launch per step")
         print("verdict: " + ("pass" if report["ok"] else "fail"))
     return 0 if report["ok"] else 1

@@ -25,6 +25,26 @@ cannot host-update a graph that mixes layers with and without sinks, as this one
 ``forward_context.sinks`` stays False for the same reason: the dry run's host-path layer (the
 windowed one) is FIA v1. For the same reason the dry run has no windowed layer with sinks.
 
+Sliding windows take the device path too (the model's W keys; vLLM-Ascend's FIA keeps W + 1,
+so a windowed layer's reference is the one of the path it took). Besides this mixed set
+(``--model mixed``), three layer sets from real configs, every layer on the device path
+(``--model``, :data:`MODELS`), with kv lengths past the window on most steps:
+
+* ``gpt-oss``: gpt-oss-20b's geometry, window 128 on the even layers and none on the odd ones,
+  sinks on every layer (vLLM ``gpt_oss.py``: ``sliding_window = config.sliding_window if
+  self.layer_idx % 2 == 0 else None``, ``sinks`` on every layer; transformers
+  ``GptOssConfig.sliding_window = 128``): one graph, two tilings planned by one launch.
+* ``gemma2``: Gemma 2 (transformers ``Gemma2Config`` defaults, gemma-2-2b: 8 query heads, 4 KV
+  heads, head_dim 256, ``query_pre_attn_scalar`` 256, ``sliding_window`` 4096 on the even
+  layers, ``attn_logit_softcapping`` 50.0 on every layer; vLLM ``gemma2.py`` passes
+  ``logits_soft_cap=config.attn_logit_softcapping`` and ``per_layer_sliding_window``), block
+  size 128.
+* ``gemma3``: Gemma 3 (transformers ``Gemma3TextConfig``: 8 / 4 / 256, ``sliding_window_pattern``
+  6: layer i is sliding unless (i + 1) % 6 == 0, no soft cap; ``sliding_window`` 1024 as
+  google/gemma-3-4b-it and -12b-it's ``config.json`` set it; vLLM ``gemma3.py``), block size 128.
+
+Gemma's geometry differs from gpt-oss's, so each set is its own run (one geometry per graph).
+
 What stands in for vLLM's engine here: the model config (a namespace with the fields these
 classes read: no model is loaded), the layers (namespaces with ``layer_name`` and unit KV
 scales), the queries and the KV cache (random, written outside the graph, so
@@ -55,8 +75,8 @@ class DryRunError(RuntimeError):
 @dataclass
 class Shape:
     """A small decoder: ``num_layers`` GQA layers in float32 with gpt-oss-20b's attention
-    geometry; the layers at ``windowed_layers`` have a sliding window, which the hook leaves on
-    vLLM-Ascend's host-update path (a mixed graph); the layers at ``soft_capped_layers`` have a
+    geometry; the layers at ``windowed_layers`` have a sliding window, which the device path
+    applies with the model's W keys (vLLM-Ascend's path keeps W + 1); the layers at ``soft_capped_layers`` have a
     logits soft cap, which vLLM-Ascend's path ignores and the device path applies; the layers
     at ``sink_layers`` have attention sinks (float32 ``[num_heads]``, the model dtype, as vLLM
     makes gpt-oss's ``sinks`` parameter), which vLLM-Ascend captures through FIA v2."""
@@ -82,10 +102,49 @@ class Shape:
     buckets: tuple[int, ...] = (4, 8)
     #: speculative decode (MTP): every request verifies 1 + spec_tokens query tokens
     spec_tokens: int = 0
+    #: the layer set (:data:`MODELS`; "mixed" is this default one)
+    model: str = "mixed"
+    #: the trace's kv lengths are folded into [kv_min, capacity]; above 1 down from the capacity
+    #: (past the window on most steps)
+    kv_min: int = 1
 
     @property
     def q_len(self) -> int:
         return 1 + self.spec_tokens
+
+    @classmethod
+    def of(cls, model: str = "mixed", spec_tokens: int = 0) -> Shape:
+        """The layer set `model` (:data:`MODELS`).
+
+        Raises:
+            DryRunError: an unknown model.
+        """
+        if model not in MODELS:
+            raise DryRunError(f"unknown --model {model!r}; choose from {', '.join(MODELS)}")
+        return cls(spec_tokens=spec_tokens, model=model, **MODELS[model])
+
+
+def _gemma3_windowed(num_layers: int) -> tuple[int, ...]:
+    # transformers Gemma3TextConfig: "sliding_attention" if (i + 1) % pattern, pattern 6
+    return tuple(i for i in range(num_layers) if (i + 1) % 6)
+
+
+#: the layer sets of ``--model`` besides "mixed" (the Shape defaults): see the module docstring
+MODELS: dict[str, dict] = {
+    "mixed": {},
+    "gpt-oss": {"num_layers": 4, "windowed_layers": (0, 2), "sliding_window": 128,
+                "soft_capped_layers": (), "sink_layers": (0, 1, 2, 3),
+                "max_blocks_per_req": 24, "num_blocks": 200, "kv_min": 64},
+    "gemma2": {"num_layers": 2, "windowed_layers": (0,), "sliding_window": 4096,
+               "soft_capped_layers": (0, 1), "logits_soft_cap": 50.0, "sink_layers": (),
+               "num_heads": 8, "num_kv_heads": 4, "head_size": 256, "block_size": 128,
+               "max_blocks_per_req": 36, "num_blocks": 148, "max_reqs": 4, "buckets": (2, 4),
+               "kv_min": 3584},
+    "gemma3": {"num_layers": 6, "windowed_layers": _gemma3_windowed(6), "sliding_window": 1024,
+               "soft_capped_layers": (), "sink_layers": (), "num_heads": 8, "num_kv_heads": 4,
+               "head_size": 256, "block_size": 128, "max_blocks_per_req": 12, "num_blocks": 52,
+               "max_reqs": 4, "buckets": (2, 4), "kv_min": 512},
+}
 
 
 @dataclass
@@ -97,6 +156,7 @@ class Run:
     device: str
     placement: str
     spec_tokens: int = 0
+    model: str = "mixed"
     layers: list[dict] = field(default_factory=list)
     steps: int = 0
     updates_per_step: float = 0.0
@@ -105,6 +165,11 @@ class Run:
     #: replayed steps whose tiling split a unit over cores, so that the combine merged its
     #: pieces (and added the sinks of those rows); None without the hook or the NPU engine
     steps_with_split_units: int | None = None
+    #: the most tilings a graph key holds (one per distinct window of its layers) and the
+    #: AI-CPU launches per replayed step that plan them (pre-replay: counted at each step;
+    #: graph: captured per key, each replay runs them); None without the NPU engine
+    tilings_per_graph: int | None = None
+    tiling_launches_per_step: float | None = None
 
 
 def report(before: Run, after: Run) -> dict:
@@ -121,14 +186,16 @@ def report(before: Run, after: Run) -> dict:
                   if layer["path"] == "device")
     out = {"schema": SCHEMA, "vllm_ascend": after.vllm_ascend, "device": after.device,
            "placement": after.placement, "spec_tokens": after.spec_tokens,
-           "layers": after.layers,
+           "model": after.model, "layers": after.layers,
            "device_layers": device_layers, "steps": after.steps,
            "updates_per_step_before": before.updates_per_step,
            "updates_per_step_after": on_ours,
            "updates_per_step_host_layers": after.updates_per_step - on_ours,
            "max_rel_err": after.max_rel_err, "max_rel_err_before": before.max_rel_err,
            "tolerance": TOLERANCE, "seconds": round(before.seconds + after.seconds, 1),
-           "steps_with_split_units": after.steps_with_split_units}
+           "steps_with_split_units": after.steps_with_split_units,
+           "tilings_per_graph": after.tilings_per_graph,
+           "tiling_launches_per_step": after.tiling_launches_per_step}
     out["ok"] = bool(device_layers > 0 and on_ours == 0 and after.max_rel_err <= TOLERANCE)
     return out
 
@@ -387,14 +454,20 @@ class _Runner:
 
 def _trace_steps(shape: Shape, steps: int, seed: int):
     """Decode batches (q_len 1) of random size whose kv lengths are the bundled trace's
-    context lengths folded into the dry run's small cache (1 + (context - 1) mod capacity)."""
+    context lengths folded into the dry run's small cache (1 + (context - 1) mod capacity;
+    with ``kv_min`` > 1, capacity - (context - 1) mod (capacity - kv_min + 1))."""
     import numpy as np
 
     from pyruntime.workload.trace import load_trace
 
     rng = np.random.default_rng(seed)
     cap, q = shape.max_blocks_per_req * shape.block_size, shape.q_len
-    lengths = [max(q, 1 + (max(r.context_tokens, 1) - 1) % cap) for r in load_trace(limit=500)]
+    low, span = max(1, shape.kv_min), cap - max(1, shape.kv_min) + 1
+    # with a kv_min (the model sets) folded down from the capacity, so that the trace's mostly
+    # short contexts land past the window
+    lengths = [max(q, (low + offset) if low == 1 else (cap - offset))
+               for offset in ((max(r.context_tokens, 1) - 1) % span
+                              for r in load_trace(limit=500))]
     most = min(shape.max_reqs, max(shape.buckets) // q)
     for _ in range(steps):
         n = int(rng.integers(1, most + 1))
@@ -449,9 +522,14 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
 
     engine = activation._state.engine if hooked and activation._state is not None else None
     split_steps = 0 if hasattr(engine, "keys") else None  # the NPU engine's per-key buffers
+    launches_before = getattr(engine, "tiling_launches", 0)
     layer_err = [0.0] * shape.num_layers
     #: per sink layer, the smallest distance over the steps of the answer without the sinks
     sinks_distance = [None if sinks is None else float("inf") for sinks in runner.sinks]
+    #: per windowed layer, the largest distance over the steps of the answer without the
+    #: window, and the steps in which some kv length passed the window (it bit)
+    window_distance = [None if w is None else 0.0 for w in runner.windows]
+    window_steps = [None if w is None else 0 for w in runner.windows]
     for q_lens, kv_lens in _trace_steps(shape, steps, seed):
         for q in runner.queries:
             q.copy_(torch.randn(q.shape, generator=runner.gen))
@@ -465,10 +543,13 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
         rows = int(cu[-1])
         for i in runner.run_layers:
             k, v = runner.kv[i]
-            # a windowed layer, on vLLM-Ascend's path: FIA's band [p - W, p] (W + 1 keys)
+            # a windowed layer: the model's W keys on the device path; on vLLM-Ascend's path
+            # FIA's band [p - W, p] (W + 1 keys)
             window = runner.windows[i]
+            on_device = hooked and runner.names[i] not in on_host
             options = {"scale": shape.head_size ** -0.5, "logits_soft_cap": applied_caps[i],
-                       "band": None if window is None else (window, 0)}
+                       "band": None if window is None or on_device else (window, 0),
+                       "sliding_window": window if on_device else None}
             inputs = (runner.queries[i].cpu(), k.cpu(), v.cpu(), table.numpy(), cu,
                       np.array(kv_lens, np.int32))
             sinks = None if runner.sinks[i] is None else runner.sinks[i].detach().cpu()
@@ -478,8 +559,20 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
             if sinks is not None:  # what an engine that dropped the sinks would be off by
                 without = torch.from_numpy(reference_attention(*inputs, **options)[:rows])
                 sinks_distance[i] = min(sinks_distance[i], relative_error(without, expected))
+            if window is not None:  # what an engine that dropped the window would be off by
+                unwindowed = {**options, "band": None, "sliding_window": None}
+                without = torch.from_numpy(
+                    reference_attention(*inputs, **unwindowed, sinks=sinks)[:rows])
+                window_distance[i] = max(window_distance[i], relative_error(without, expected))
+                window_steps[i] += max(kv_lens) > window
         done += 1
     max_err = max(layer_err)
+    tilings_per_graph = launches_per_step = None
+    if split_steps is not None and engine.keys:
+        tilings_per_graph = max(len(key.tilings) for key in engine.keys.values())
+        launches_per_step = (engine.tiling_launches / len(engine.keys)
+                             if placement == "graph"
+                             else (engine.tiling_launches - launches_before) / max(done, 1))
     status = hook.status()
     if hooked and status.engine != f"npu-{placement}":
         raise DryRunError(f"the hook captured into engine {status.engine}, not npu-{placement}")
@@ -506,15 +599,19 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
         layer["entry"] = entries.get(layer["name"])  # the vLLM-Ascend entry that captured it
         layer["max_rel_err"] = layer_err[i] if i in runner.run_layers else None
         layer["sinks_distance"] = sinks_distance[i] if i in runner.run_layers else None
+        layer["sliding_window"] = runner.windows[i]
+        layer["window_distance"] = window_distance[i] if i in runner.run_layers else None
+        layer["steps_past_window"] = window_steps[i] if i in runner.run_layers else None
     return Run(hooked=hooked, vllm_ascend=version, device=device, placement=placement,
-               spec_tokens=shape.spec_tokens, layers=layers, steps=done,
+               spec_tokens=shape.spec_tokens, model=shape.model, layers=layers, steps=done,
                updates_per_step=counter.count / max(done, 1),
                max_rel_err=max_err, seconds=round(time.perf_counter() - started, 1),
-               steps_with_split_units=split_steps)
+               steps_with_split_units=split_steps, tilings_per_graph=tilings_per_graph,
+               tiling_launches_per_step=launches_per_step)
 
 
 def run_in_child(*, hooked: bool, placement: str, steps: int, spec_tokens: int = 0,
-                 timeout_s: float = 600) -> Run:
+                 model: str = "mixed", timeout_s: float = 600) -> Run:
     """`run` in a fresh interpreter (the twin and the hook are once per process)."""
     import json
     import subprocess
@@ -522,7 +619,7 @@ def run_in_child(*, hooked: bool, placement: str, steps: int, spec_tokens: int =
 
     env = {k: v for k, v in os.environ.items() if k != "AICPU_TILING"}  # no autostart hook
     cmd = [sys.executable, "-m", "pyruntime.hook.dryrun", "--placement", placement,
-           "--steps", str(steps), "--spec-tokens", str(spec_tokens),
+           "--steps", str(steps), "--spec-tokens", str(spec_tokens), "--model", model,
            *([] if hooked else ["--no-hook"])]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
                           check=False)
@@ -542,10 +639,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--placement", default="graph", choices=("graph", "pre-replay"))
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--spec-tokens", type=int, default=0)
+    parser.add_argument("--model", default="mixed", choices=tuple(MODELS))
     parser.add_argument("--no-hook", action="store_true")
     args = parser.parse_args(argv)
     result = run(placement=args.placement, steps=args.steps, hooked=not args.no_hook,
-                 shape=Shape(spec_tokens=args.spec_tokens))
+                 shape=Shape.of(args.model, spec_tokens=args.spec_tokens))
     print(json.dumps(result.__dict__))
     return 0
 

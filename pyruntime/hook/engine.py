@@ -54,6 +54,13 @@ class AttentionCapture:
     value (`pyruntime.workload.reference.reference_attention`). It is the tensor the model
     holds, not a copy: the kernels read it at every replay. The patch set sends a layer with
     sinks only to an engine whose ``applies_sinks`` is True.
+    ``sliding_window``: None (none) or the layer's W >= 1: a query at kv position p sees the
+    keys j with ``p - W < j <= p`` (W keys: the model's definition,
+    `pyruntime.kernels.sliding_window`; vLLM-Ascend's FIA band keeps W + 1). ``graph_windows``:
+    every distinct window (None for none) of the model's layers the hook has seen built, so
+    that the tiling task captured with a graph's first layer plans one tiling per window the
+    graph can hold. The patch set sends a windowed layer only to an engine whose
+    ``applies_sliding_window`` is True.
     """
 
     graph_key: Hashable
@@ -74,6 +81,8 @@ class AttentionCapture:
     causal: bool
     logits_soft_cap: float | None = None
     sinks: Any = None
+    sliding_window: int | None = None
+    graph_windows: tuple = ()
 
 
 @runtime_checkable
@@ -92,6 +101,10 @@ class TilingEngine(Protocol):
     # Optional: ``applies_sinks: bool`` (absent means False): True when capture_attention
     # passes ``capture.sinks`` to its kernels. Layers with sinks keep vLLM-Ascend's host path
     # (FIA v2) on an engine without it.
+    #
+    # Optional: ``applies_sliding_window: bool`` (absent means False): True when
+    # capture_attention passes ``capture.sliding_window`` to its kernels (and plans a tiling
+    # per window of ``capture.graph_windows``). Windowed layers keep the host path otherwise.
     #
     # Optional: ``before_replay(num_tokens: int | None) -> None``, called before every
     # replay of a graph that holds device-tiled layers (after ACLGraphWrapper's own

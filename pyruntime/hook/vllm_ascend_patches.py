@@ -43,8 +43,20 @@ full-graph path, main model):
   narrows to the host-path layers, and 0.29-0.30 update each ``register_task``'d task
   (``FIAV2ParamProvider``), which a device-path layer never registers.
 
-Everything else keeps the original path: sliding window (with or without sinks),
-KV-cache quantization (C8 / non-"auto" dtypes), ALiBi, KV compression, non-decoder
+* Sliding window (with or without sinks): vLLM-Ascend keeps the window on the
+  implementation (``AscendAttentionBackendImpl.__init__``: ``self.sliding_window =
+  sliding_window``) and hands FIA ``sparse_mode=4, pre_tokens=self.sliding_window,
+  next_tokens=0`` in ``full_graph_fia`` and ``full_graph_fia_v2`` (vLLM-Ascend 0.23.0.post1
+  and 0.30.0rc2 ``attention_v1.py``), whose band ``[p - W, p]`` holds W + 1 keys. A windowed
+  layer takes the device path when the engine applies the window
+  (``applies_sliding_window``), with the model's W keys (vLLM's FlashAttention path,
+  ``window_size = (W - 1, 0)``; `pyruntime.kernels.sliding_window`), and the hook logs once
+  for that layer that it keeps W keys where vLLM-Ascend's FIA keeps W + 1. The patched
+  ``__init__`` records every layer's window, so that the tiling task captured with a graph's
+  first layer plans one tiling per distinct window (gpt-oss: none and 128). A windowed layer
+  built before the hook was installed has no record and keeps vLLM-Ascend's path.
+
+Everything else keeps the original path: KV-cache quantization (C8 / non-"auto" dtypes), ALiBi, KV compression, non-decoder
 attention, subclasses (context parallel, C8), speculative draft graphs, paged-attention
 decode and MLA (a different implementation class), and sinks our kernels cannot read in place
 (not float32: gpt-oss's are the model dtype; see ``_sinks_reason``). Each such layer is
@@ -100,6 +112,10 @@ class PatchState:
     soft_capped_layers: set[str] = field(default_factory=set)
     #: device-path layer name -> the patched entry that captured it (the last one)
     device_entries: dict[str, str] = field(default_factory=dict)
+    #: every distinct sliding window (None: none) of the layers built since installation
+    windows: set = field(default_factory=set)
+    #: layers captured on the device path with a sliding window (each logged once)
+    windowed_layers: set[str] = field(default_factory=set)
 
     def whole_graph_device_tiled(self, num_tokens: int) -> bool:
         """True when graph ``num_tokens`` has device-tiled layers and no host-path FIA."""
@@ -142,9 +158,10 @@ LENGTHS_ATTR = "_aicpu_tiling_lengths"
 SOFT_CAP_ATTR = "_aicpu_tiling_logits_soft_cap"
 
 
-def make_init(original: Any) -> Any:
+def make_init(original: Any, windows: set | None = None) -> Any:
     """Wrap ``AscendAttentionBackendImpl.__init__``: run it, then record its
-    ``logits_soft_cap`` argument as ``SOFT_CAP_ATTR`` (nothing else changes)."""
+    ``logits_soft_cap`` argument as ``SOFT_CAP_ATTR`` and add the ``sliding_window`` it kept
+    to ``windows`` (nothing else changes)."""
     sig = inspect.signature(original)
 
     @functools.wraps(original)
@@ -155,8 +172,18 @@ def make_init(original: Any) -> Any:
         except TypeError:  # the original accepted the call, so this never happens
             cap = None
         setattr(self, SOFT_CAP_ATTR, cap)
+        if windows is not None:  # the window every release keeps: self.sliding_window
+            windows.add(layer_window(self))
 
     return __init__
+
+
+def layer_window(impl: Any) -> Any:
+    """The layer's sliding window as vLLM-Ascend keeps it (``impl.sliding_window``), None
+    for none: vLLM's convention (None or 0, FlashAttention's ``window_size`` (-1, -1)) and
+    vLLM-Ascend's (``pre_tokens = self.sliding_window or SWA_INT_MAX``) treat 0 as off."""
+    window = getattr(impl, "sliding_window", None)
+    return None if window is None or (not isinstance(window, bool) and window == 0) else window
 
 
 def layer_soft_cap(impl: Any) -> Any:
@@ -207,12 +234,14 @@ def make_build(original: Any, state: PatchState) -> Any:
 def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata: Any,
                        query_device: Any = None, *,
                        applies_soft_cap: bool = False,
-                       applies_sinks: bool = False) -> str | None:
+                       applies_sinks: bool = False,
+                       applies_sliding_window: bool = False) -> str | None:
     """Why this layer must keep the host-update path, or ``None`` if we handle it.
 
     ``applies_soft_cap``: the engine applies a layer's logits soft cap (a capped layer keeps
     the host path otherwise). ``applies_sinks``: the engine adds a layer's attention sinks
-    (a layer with sinks keeps the host path otherwise).
+    (a layer with sinks keeps the host path otherwise). ``applies_sliding_window``: the engine
+    applies a layer's sliding window (a windowed layer keeps the host path otherwise).
 
     The metadata is checked first: without the builder's persistent buffers nothing else
     matters (and an implementation that ``__init__`` did not build, as vLLM-Ascend's own unit
@@ -231,17 +260,15 @@ def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata:
     if getattr(extra_ctx, "is_draft_model", False):
         return "speculative draft-model graphs are not supported"
     try:
-        return (_impl_reason(impl, attn_metadata) or _soft_cap_reason(impl, applies_soft_cap)
+        return (_impl_reason(impl, attn_metadata)
+                or _window_reason(impl, applies_sliding_window)
+                or _soft_cap_reason(impl, applies_soft_cap)
                 or _sinks_reason(impl, query_device, applies_sinks))
     except AttributeError as exc:
         return f"the implementation has no attribute {exc.name!r} (not built by its __init__)"
 
 
 def _impl_reason(impl: Any, attn_metadata: Any) -> str | None:
-    if impl.sliding_window is not None:
-        # gpt-oss's windowed layers have sinks too: the sinks alone would not keep them here
-        also = " (with attention sinks)" if impl.sinks is not None else ""
-        return f"sliding window ({impl.sliding_window}){also} is not supported"
     if (getattr(impl, "enable_c8_quant", False)
             or str(impl.kv_cache_dtype) not in SUPPORTED_KV_DTYPES):
         return f"KV-cache quantization (kv_cache_dtype={impl.kv_cache_dtype!r}) is not supported"
@@ -253,6 +280,30 @@ def _impl_reason(impl: Any, attn_metadata: Any) -> str | None:
         return f"attention type {impl.attn_type!r} is not supported"
     if not getattr(attn_metadata, "causal", True):
         return "non-causal attention is not supported"
+    return None
+
+
+def _window_reason(impl: Any, applies_sliding_window: bool) -> str | None:
+    """Why the layer's sliding window keeps it on the host path, or None (no window, or one
+    the engine applies over a tiling the graph's task plans)."""
+    from pyruntime.kernels import sliding_window as _window
+
+    # read as an attribute: an implementation without it keeps the host path, named
+    window = None if impl.sliding_window is None else layer_window(impl)
+    if window is None:
+        return None
+    # gpt-oss's windowed layers have sinks too: the sinks alone would not keep them here
+    also = " (with attention sinks)" if impl.sinks is not None else ""
+    try:
+        _window.check(window)
+    except ValueError:
+        return f"sliding_window={window!r}{also} is not an int >= 1"
+    if not applies_sliding_window:
+        return (f"sliding window ({window}){also}: the tiling engine does not apply it (no "
+                "applies_sliding_window), so the layer keeps vLLM-Ascend's path")
+    if not hasattr(impl, SOFT_CAP_ATTR):
+        return (f"sliding window ({window}){also}: the layer was built before the hook was "
+                "installed, so the graphs' tiling task does not plan its window")
     return None
 
 
@@ -309,6 +360,15 @@ def _note_soft_cap(state: PatchState, impl: Any, cap: float) -> None:
                  "vLLM-Ascend's on purpose", name, cap)
 
 
+def _note_window(state: PatchState, impl: Any, window: int) -> None:
+    name = layer_name(impl)
+    if name not in state.windowed_layers:
+        state.windowed_layers.add(name)
+        log.info("aicpu-tiling: layer %s takes the device path with sliding_window=%d: each "
+                 "query sees its last %d keys (the model's window), where vLLM-Ascend's FIA "
+                 "(pre_tokens=%d) keeps %d", name, window, window, window, window + 1)
+
+
 def _note_host_path(state: PatchState, impl: Any, reason: str) -> None:
     key = (layer_name(impl), reason)
     if key not in state.host_layers:
@@ -361,13 +421,15 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
 
     applies_soft_cap = bool(getattr(state.engine, "applies_logits_soft_cap", False))
     applies_sinks = bool(getattr(state.engine, "applies_sinks", False))
+    applies_window = bool(getattr(state.engine, "applies_sliding_window", False))
 
     def device_capture(self, entry, query, key, value, attn_metadata, output):
         """Capture the layer on the device path and return what vLLM-Ascend's entry returns,
         ``(output, num_tokens)``; or None (noted once) when it keeps the host path."""
         reason = unsupported_reason(self, impl_cls, extra_ctx(), attn_metadata, query.device,
                                     applies_soft_cap=applies_soft_cap,
-                                    applies_sinks=applies_sinks)
+                                    applies_sinks=applies_sinks,
+                                    applies_sliding_window=applies_window)
         if reason is not None:
             _note_host_path(state, self, reason)
             return None
@@ -380,6 +442,9 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
         cap = layer_soft_cap(self)  # checked by unsupported_reason: None or C > 0, finite
         if cap is not None:
             _note_soft_cap(state, self, float(cap))
+        window = layer_window(self)  # checked by unsupported_reason: None or W >= 1, recorded
+        if window is not None:
+            _note_window(state, self, int(window))
         state.engine.capture_attention(
             AttentionCapture(
                 graph_key=graph_key,
@@ -400,6 +465,9 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
                 causal=bool(attn_metadata.causal),
                 logits_soft_cap=None if cap is None else float(cap),
                 sinks=self.sinks,  # checked by unsupported_reason: None or what our kernels read
+                sliding_window=None if window is None else int(window),
+                graph_windows=tuple(sorted({int(w) if w else None for w in state.windows},
+                                           key=lambda w: w or 0)),
             )
         )
         state.device_layers[graph_key].add(layer_name(self))
@@ -452,7 +520,7 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
     ledger.replace(builder_cls, "build", make_build(orig_build, state))
     state.impl_cls = impl_cls
     state.graph_params_fn = graph_params
-    ledger.replace(impl_cls, "__init__", make_init(orig_init))
+    ledger.replace(impl_cls, "__init__", make_init(orig_init, state.windows))
     ledger.replace(impl_cls, "forward", forward)
     ledger.replace(impl_cls, "full_graph_fia", full_graph_fia)
     ledger.replace(impl_cls, "full_graph_fia_v2", full_graph_fia_v2)

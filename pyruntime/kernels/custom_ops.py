@@ -8,6 +8,9 @@ that they mutate their output buffers). The CPU implementations run the kernels 
 on the current stream. The AI-CPU tiling op's NPU build is not here.
 
 - ``plan_tiling(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, params, causal)``
+- ``plan_tilings(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_outs, params, causal)``:
+  several tilings from the same lengths in one AI-CPU launch (one per distinct sliding
+  window of a graph); ``params`` is each tiling's flat params list, concatenated
 - ``paged_attention(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
   step_epoch, tiling_in, out, partial_out, partial_lse, params, scale, causal,
   logits_soft_cap=None, sinks=None, sliding_window=None, k_scale=None, k_offset=None,
@@ -46,6 +49,20 @@ def ops():
 
     @plan_tiling.register_fake
     def _(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, params, causal) -> None:
+        return None
+
+    @torch.library.custom_op(f"{NAMESPACE}::plan_tilings", mutates_args=("tiling_outs",))
+    def plan_tilings(cu_seqlens_q: Tensor, seqlens_kv: Tensor, batch: Tensor,
+                     step_epoch: Tensor, tiling_outs: list[Tensor], params: list[int],
+                     causal: bool) -> None:
+        for out, one in zip(tiling_outs, kernels.split_params(params, len(tiling_outs)),
+                            strict=True):
+            kernels.tiling_body(cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, batch=batch,
+                                step_epoch=step_epoch, tiling_out=out, params=one,
+                                causal=causal)
+
+    @plan_tilings.register_fake
+    def _(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_outs, params, causal) -> None:
         return None
 
     @torch.library.custom_op(f"{NAMESPACE}::paged_attention",

@@ -36,6 +36,7 @@ which the backend reports as a device task failure at the next synchronize.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,19 @@ def params_from(values: tuple[int, ...]) -> tiling.TilingParams:
 def params_list(params: tiling.TilingParams) -> list[int]:
     """The flat int list of `params` (the inverse of `params_from`); shared, do not mutate."""
     return list(params.as_dict().values())
+
+
+def split_params(params: Sequence[int], count: int) -> list[list[int]]:
+    """`count` flat params lists concatenated (``plan_tilings``' ``params``), split back.
+
+    Raises:
+        ValueError: ``params`` does not hold `count` lists of one params list's length.
+    """
+    width = len(tiling.TilingParams.__dataclass_fields__)
+    if count < 1 or len(params) != count * width:
+        raise ValueError(f"params has {len(params)} values for {count} tilings, expected "
+                         f"{width} per tiling")
+    return [list(params[i * width:(i + 1) * width]) for i in range(count)]
 
 
 def _tensor(value: Any) -> torch.Tensor:

@@ -2,7 +2,8 @@
 the AI-CPU binary it launches.
 
 ``torch.ops.load_library(<twin extension>)`` registers what ``plan_tiling_op.cpp`` registers:
-the PrivateUse1 kernel of ``aicpu_tiling::plan_tiling``, with every ``TORCH_CHECK`` of that
+the PrivateUse1 kernels of ``aicpu_tiling::plan_tiling`` and its array form ``plan_tilings``
+(one launch, several tilings: argument block ABI v3), with every ``TORCH_CHECK`` of that
 file as a check here (a test reads the C++ and matches them one by one), and
 ``aicpu_tiling::npu_load_tiling_kernel(op_info_json)``, which loads the AI-CPU binary the way
 CANN's ``aclrtBinaryLoadFromFile`` does in CPU kernel mode 1 (hicann/runtime
@@ -147,54 +148,86 @@ def _check_contiguous(t: torch.Tensor, name: str) -> None:
 def plan_tiling_npu(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, params,
                     causal) -> None:
     """The PrivateUse1 kernel of ``aicpu_tiling::plan_tiling`` (``PlanTilingNpu``)."""
+    _plan_tilings(cu_seqlens_q, seqlens_kv, batch, step_epoch, [tiling_out], params, causal)
+
+
+def plan_tilings_npu(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_outs, params,
+                     causal) -> None:
+    """The PrivateUse1 kernel of ``aicpu_tiling::plan_tilings`` (``PlanTilingsNpu``): one
+    AI-CPU launch planning every tiling of ``tiling_outs`` (argument block ABI v3)."""
+    _plan_tilings(cu_seqlens_q, seqlens_kv, batch, step_epoch, list(tiling_outs), params,
+                  causal)
+
+
+def _read_params(params, first: int):
+    # ReadParams in plan_tiling_op.cpp
     from pyruntime import tiling
 
-    if len(params) != PARAM_FIELDS:
-        raise RuntimeError(f"plan_tiling: params has {len(params)} values, expected "
-                           f"{PARAM_FIELDS}")
-    for i, v in enumerate(params):
+    words = params[first:first + PARAM_FIELDS]
+    for i, v in enumerate(words):
         if not _INT32_MIN <= int(v) <= _INT32_MAX:
-            raise RuntimeError(f"plan_tiling: params[{i}] = {v} is outside int32")
+            raise RuntimeError(f"plan_tiling: params[{first + i}] = {v} is outside int32")
     try:
-        p = tiling.TilingParams(*[int(v) for v in params])
+        return tiling.TilingParams(*[int(v) for v in words])
     except (ValueError, tiling.TilingError) as exc:
         raise RuntimeError("plan_tiling: invalid tiling params (see "
                            f"pyruntime.tiling.TilingParams): {exc}") from exc
+
+
+def _plan_tilings(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_outs, params,
+                  causal) -> None:
+    """``PlanTilings`` of plan_tiling_op.cpp, check for check in its order."""
+    from pyruntime.aarch64.kernel import max_plans
+
+    plans = len(tiling_outs)
+    if not 1 <= plans <= max_plans():
+        raise RuntimeError(f"plan_tiling: {plans} tiling buffers, one launch plans 1 to "
+                           f"{max_plans()}")
+    if len(params) != PARAM_FIELDS * plans:
+        raise RuntimeError(f"plan_tiling: params has {len(params)} values, expected "
+                           f"{PARAM_FIELDS} per tiling buffer")
+    ps = [_read_params(params, k * PARAM_FIELDS) for k in range(plans)]
     n = seqlens_kv.numel() if isinstance(seqlens_kv, torch.Tensor) else 0
     _check_int32_npu(cu_seqlens_q, "cu_seqlens_q", n + 1)
-    _check_int32_npu(seqlens_kv, "seqlens_kv", p.max_batch)
+    _check_int32_npu(seqlens_kv, "seqlens_kv", max(p.max_batch for p in ps))
     _check_int32_npu(batch, "batch", 1)
     _check_int32_npu(step_epoch, "step_epoch", 1)
-    _check_npu(tiling_out, "tiling_out")
-    _check_contiguous(tiling_out, "tiling_out")
-    nbytes = tiling_out.numel() * tiling_out.element_size()
-    if nbytes < p.tiling_bytes:
-        raise RuntimeError(f"plan_tiling: tiling_out holds {nbytes} bytes, needs at least "
-                           f"{p.tiling_bytes}")
-    # one twin device: the C++'s same-device check always holds here
-    if n > p.max_batch:  # aicpu_tiling_kernel_check(): the block's batch fits max_batch
+    sizes = []
+    for p, tiling_out in zip(ps, tiling_outs, strict=True):
+        _check_npu(tiling_out, "tiling_out")
+        _check_contiguous(tiling_out, "tiling_out")
+        nbytes = tiling_out.numel() * tiling_out.element_size()
+        if nbytes < p.tiling_bytes:
+            raise RuntimeError(f"plan_tiling: tiling_out holds {nbytes} bytes, needs at least "
+                               f"{p.tiling_bytes}")
+        sizes.append(nbytes)
+        # one twin device: the C++'s same-device check always holds here
+    if n > min(p.max_batch for p in ps):  # aicpu_tiling_kernel_check(): every plan's
         raise RuntimeError("plan_tiling: the argument block is invalid (arrays shorter than "
                            "max_batch?)")
     if _launcher.path is None:
         raise RuntimeError("plan_tiling: the AI-CPU tiling kernel is not loaded; call "
                            "torch.ops.aicpu_tiling.npu_load_tiling_kernel(<dir>/"
                            "libaicpu_tiling_runtime.json) before capturing")
-    _enqueue_launch(p, cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, n, nbytes,
+    _enqueue_launch(ps, cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_outs, n, sizes,
                     bool(causal))
 
 
-def _enqueue_launch(p, cu, kv, batch, epoch, out, n: int, nbytes: int, causal: bool) -> None:
+def _enqueue_launch(ps, cu, kv, batch, epoch, outs, n: int, sizes, causal: bool) -> None:
     dev = twin.device()
     caller, side = dev.current_stream(), _launcher.stream
     if caller.open_group is not None:
         raise twin.CaptureViolation("aicpu_tiling_kernel: an AI-CPU task cannot join a task "
                                     "group (CANN updates AI Core tasks only)")
     ev_in, ev_out = _launcher.events
-    cu_i, kv_i, batch_i, epoch_i, out_i = (twin.inner(t) for t in (cu, kv, batch, epoch, out))
+    cu_i, kv_i, batch_i, epoch_i = (twin.inner(t) for t in (cu, kv, batch, epoch))
+    outs_i = [twin.inner(t) for t in outs]
 
     def run() -> None:  # what the AI-CPU does with the argument block's addresses
-        buffer = _run_entry(p, cu_i, kv_i, n, int(batch_i[0]), int(epoch_i[0]), causal, nbytes)
-        out_i.view(-1).view(torch.uint8)[:nbytes].copy_(torch.from_numpy(buffer.copy()))
+        buffers = _run_entry(ps, cu_i, kv_i, n, int(batch_i[0]), int(epoch_i[0]), causal,
+                             sizes)
+        for out_i, buffer, nbytes in zip(outs_i, buffers, sizes, strict=True):
+            out_i.view(-1).view(torch.uint8)[:nbytes].copy_(torch.from_numpy(buffer.copy()))
 
     dev.record_event(ev_in, caller)
     dev.wait_event(ev_in, side)
@@ -206,22 +239,24 @@ def _enqueue_launch(p, cu, kv, batch, epoch, out, n: int, nbytes: int, causal: b
 _emulated = None
 
 
-def _run_entry(p, cu, kv, n: int, live_batch: int, epoch: int, causal: bool,
-               nbytes: int) -> np.ndarray:
-    """The AI-CPU entry on device memory: the AArch64 build in the emulator."""
+def _run_entry(ps, cu, kv, n: int, live_batch: int, epoch: int, causal: bool,
+               sizes) -> list[np.ndarray]:
+    """The AI-CPU entry on device memory: the AArch64 build in the emulator, one launch
+    of one argument block planning every tiling (``more`` holds all but the first)."""
     global _emulated
     if _emulated is None:
         from pyruntime.aarch64.kernel import EmulatedKernel
 
         _emulated = EmulatedKernel()
-    run = _emulated.launch_entry(p, cu[: n + 1].tolist(), kv[:n].tolist(), n,
+    run = _emulated.launch_entry(ps[0], cu[: n + 1].tolist(), kv[:n].tolist(), n,
                                  live_batch=live_batch, step_epoch=epoch, causal=causal,
-                                 buffer_bytes=nbytes)
+                                 buffer_bytes=sizes[0],
+                                 more=list(zip(ps[1:], sizes[1:], strict=True)))
     if run.status != 0:
         # the entry refused the block: the device reports an AI-CPU exception
         raise twin.TwinError(f"the AI-CPU entry refused its argument block (status "
                              f"{run.status}): error 507018")
-    return np.frombuffer(run.buffer, dtype=np.uint8)
+    return [np.frombuffer(b, dtype=np.uint8) for b in (run.buffer, *run.more_buffers)]
 
 
 def register() -> None:
@@ -236,4 +271,5 @@ def register() -> None:
     fragment.define("npu_load_tiling_kernel(str op_info_json) -> ()")
     fragment.impl("npu_load_tiling_kernel", load_binary, "CompositeExplicitAutograd")
     fragment.impl("plan_tiling", plan_tiling_npu, "PrivateUse1")
+    fragment.impl("plan_tilings", plan_tilings_npu, "PrivateUse1")
     _library = fragment

@@ -7,11 +7,16 @@ both, cached under ``~/.cache/aicpu-tiling/vllm-envs``). There:
 * ``aicpu-tiling hook-dryrun --json``: vLLM-Ascend's own ``AscendAttentionMetadataBuilder``,
   ``AscendAttentionBackendImpl`` and ``ACLGraphWrapper`` capture and replay a small decoder
   on the NPU twin, without and with the hook (the real engine, the AI-CPU tiling kernel in
-  the AArch64 emulator): every plain layer moves and is no longer updated (the soft-capped
-  one too, with its cap applied, and the gpt-oss-shaped layer with attention sinks, which
-  vLLM-Ascend captures through ``full_graph_fia_v2``, with its sinks applied), the
-  sliding-window layer keeps vLLM-Ascend's path and its update in the same graph, and every
-  output matches float64. With an engine that drops the sinks the dry run fails.
+  the AArch64 emulator): every layer moves and is no longer updated (the soft-capped one
+  too, with its cap applied; the gpt-oss-shaped layer with attention sinks, which
+  vLLM-Ascend captures through ``full_graph_fia_v2``, with its sinks applied; the
+  sliding-window layer with the model's W keys), and every output matches float64. With an
+  engine that drops the sinks the dry run fails; with one that does not apply windows the
+  windowed layer keeps vLLM-Ascend's path and its update in the same graph.
+* ``--model gpt-oss|gemma2|gemma3``: layer sets from the real configs (windows 128 / 4096 /
+  1024, sinks, soft cap 50), every layer on the device path, kv lengths past the window, one
+  tiling per distinct window planned by one AI-CPU launch per step, zero host updates. With
+  an engine that drops the window the dry run fails.
 * ``tools/run_vllm_ascend_ut.py --both``: vLLM-Ascend's own unit tests of the classes we
   patch, without and with the hook applied: no outcome differs.
 
@@ -74,10 +79,13 @@ def test_hook_dryrun_in_vllm_ascends_own_classes(release, placement, spec_tokens
     assert report["schema"] == "aicpu-tiling/hook-dryrun"
     assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
     assert report["placement"] == placement and report["spec_tokens"] == spec_tokens
-    # layer 1 has a sliding window: it stays on vLLM-Ascend's path, in the same graph
-    assert [layer["path"] for layer in report["layers"]] == ["device", "host", "device",
-                                                             "device", "device"], report["layers"]
-    assert "sliding window" in report["layers"][1]["reason"]
+    # every layer takes the device path; layer 1 has a sliding window of 24 (its error below
+    # is against the model's W keys, and the window bit on some steps)
+    assert [layer["path"] for layer in report["layers"]] == ["device"] * 5, report["layers"]
+    assert [layer["sliding_window"] for layer in report["layers"]] == [None, 24, None, None,
+                                                                       None]
+    assert report["layers"][1]["steps_past_window"] > 0
+    assert report["layers"][1]["window_distance"] > 100 * report["tolerance"]
     # layer 2 has a logits soft cap of 2.0, which vLLM-Ascend's path ignores: on the device
     # path it is applied, and the error below is against the capped float64 reference (an
     # engine that dropped the cap would be far outside the tolerance)
@@ -88,8 +96,8 @@ def test_hook_dryrun_in_vllm_ascends_own_classes(release, placement, spec_tokens
     # its error below is against the float64 reference with the sinks, and the answer
     # without them is far outside the tolerance at every step
     assert [layer["sinks"] for layer in report["layers"]] == [False] * 4 + [True]
-    assert [layer["entry"] for layer in report["layers"]] == [
-        "full_graph_fia", None, "full_graph_fia", "full_graph_fia", "full_graph_fia_v2"]
+    assert [layer["entry"] for layer in report["layers"]] == ["full_graph_fia"] * 4 + [
+        "full_graph_fia_v2"]
     sink_layer = report["layers"][4]
     assert sink_layer["max_rel_err"] <= report["tolerance"]
     assert sink_layer["sinks_distance"] > 100 * report["tolerance"]
@@ -100,8 +108,10 @@ def test_hook_dryrun_in_vllm_ascends_own_classes(release, placement, spec_tokens
     # (its FIA v2 is not modelled by the twin)
     assert report["updates_per_step_before"] == 4
     assert report["updates_per_step_after"] == 0  # none of the device-path layers
-    assert [layer["updates_per_step"] for layer in report["layers"]] == [0, 1, 0, 0, 0]
-    assert report["updates_per_step_host_layers"] == 1
+    assert [layer["updates_per_step"] for layer in report["layers"]] == [0] * 5
+    assert report["updates_per_step_host_layers"] == 0
+    # one graph, two windows (none and 24): two tilings, one AI-CPU launch per step
+    assert report["tilings_per_graph"] == 2 and report["tiling_launches_per_step"] == 1
     assert report["max_rel_err"] <= report["tolerance"] == 1e-4
     assert report["max_rel_err_before"] <= 1e-4  # its own path is right on the twin too
     assert report["ok"] and proc.returncode == 0
@@ -129,6 +139,104 @@ def test_a_dropped_sink_is_caught(release):
     assert sink_layer["max_rel_err"] > 100 * 1e-4
     assert sink_layer["max_rel_err"] >= 0.99 * sink_layer["sinks_distance"]
     assert all(layer["max_rel_err"] <= 1e-4 for layer in run["layers"][:4])
+
+
+#: per real-config set: each layer's window, the soft cap of every layer, each layer's sinks
+MODEL_SETS = {
+    # vLLM gpt_oss.py: window on even layers, sinks on every layer; GptOssConfig window 128
+    "gpt-oss": ([128, None, 128, None], None, [True] * 4),
+    # Gemma2Config: window 4096 on even layers, attn_logit_softcapping 50 on every layer
+    "gemma2": ([4096, None], 50.0, [False] * 2),
+    # Gemma3TextConfig pattern 6: sliding unless (i + 1) % 6 == 0; window 1024 (gemma-3-4b/12b)
+    "gemma3": ([1024] * 5 + [None], None, [False] * 6),
+}
+
+
+#: gpt-oss (two windows and sinks in one graph) on every release x placement x q_len pair of
+#: DRYRUNS; each Gemma set on two of them that between them cover both releases, both
+#: placements and q_len 1 and 2 (each run is about 40 s; docs/hook-variants.md has all twelve)
+MODEL_RUNS = ([("gpt-oss", *run) for run in DRYRUNS]
+              + [("gemma2", *DRYRUNS[0]), ("gemma2", RELEASES[1], "pre-replay", 1),
+                 ("gemma3", *DRYRUNS[1]), ("gemma3", RELEASES[1], "graph", 0)])
+
+
+@pytest.mark.parametrize("model, release, placement, spec_tokens", MODEL_RUNS)
+def test_real_config_layer_sets_run_wholly_on_the_device_path(model, release, placement,
+                                                              spec_tokens):
+    """gpt-oss / Gemma 2 / Gemma 3-shaped layer sets: every layer captured on the device path
+    (the windowed ones included), zero host updates per step, the windows biting (kv past the
+    window on some steps, and the answer without the window far off), one tiling per distinct
+    window planned by one AI-CPU launch per step, and every output within the tolerance of
+    float64 with the model's W keys."""
+    env = _env(release)
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    proc = subprocess.run([str(python), "-m", "pyruntime.cli", "hook-dryrun", "--json",
+                           "--model", model, "--placement", placement, "--spec-tokens",
+                           str(spec_tokens), "--steps", "4"],
+                          capture_output=True, text=True, env=_clean_env(tree), cwd=REPO,
+                          timeout=600, check=False)
+    start = proc.stdout.find("{")
+    assert start >= 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout[start:])
+    windows, cap, sinks = MODEL_SETS[model]
+    layers = report["layers"]
+    assert report["model"] == model and report["vllm_ascend"] == release
+    assert report["placement"] == placement and report["spec_tokens"] == spec_tokens
+    assert [layer["path"] for layer in layers] == ["device"] * len(windows), layers
+    assert [layer["sliding_window"] for layer in layers] == windows
+    assert [layer["logits_soft_cap"] for layer in layers] == [cap] * len(windows)
+    assert [layer["sinks"] for layer in layers] == sinks
+    assert [layer["updates_per_step"] for layer in layers] == [0] * len(windows)
+    assert report["updates_per_step_after"] == 0 == report["updates_per_step_host_layers"]
+    for layer in layers:
+        assert layer["max_rel_err"] <= report["tolerance"] == 1e-4, layer
+        if layer["sliding_window"] is not None:  # the window bit, and mattered
+            assert 0 < layer["steps_past_window"] <= report["steps"], layer
+            assert layer["window_distance"] > 100 * report["tolerance"], layer
+    assert report["tilings_per_graph"] == 2 and report["tiling_launches_per_step"] == 1
+    assert report["ok"] and proc.returncode == 0
+
+
+def _dryrun_with_engine(release: str, factory: str, model: str) -> dict:
+    env = _env(release)
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    environ = _clean_env(tree)
+    environ["PYTHONPATH"] = os.pathsep.join([environ["PYTHONPATH"], str(REPO / "tests" / "hook")])
+    environ["AICPU_TILING_ENGINE"] = f"dryrun_windowless_engine:{factory}"
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun", "--placement", "graph",
+                           "--steps", "3", "--model", model], capture_output=True, text=True,
+                          env=environ, cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    return json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_dropped_window_is_caught(release):
+    """The gpt-oss set with an engine that drops every layer's window (while declaring
+    applies_sliding_window): the windowed layers still take the device path, and the dry run
+    sees them outside the tolerance, by about the distance of the unwindowed answer."""
+    run = _dryrun_with_engine(release, "make", "gpt-oss")
+    for layer in run["layers"]:
+        assert layer["path"] == "device"
+        if layer["sliding_window"] is None:
+            assert layer["max_rel_err"] <= 1e-4
+        else:
+            assert layer["max_rel_err"] > 100 * 1e-4
+            assert layer["max_rel_err"] >= 0.99 * layer["window_distance"]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_windows_an_engine_does_not_apply_keep_vllm_ascends_path_in_a_mixed_graph(release):
+    """The mixed set with an engine without applies_sliding_window: the windowed layer keeps
+    vLLM-Ascend's path (FIA's W + 1 keys, its reference) and its update, in a graph whose
+    other layers are device-tiled and not updated."""
+    run = _dryrun_with_engine(release, "make_host_windows", "mixed")
+    assert [layer["path"] for layer in run["layers"]] == ["device", "host", "device", "device",
+                                                          "device"]
+    assert "no applies_sliding_window" in run["layers"][1]["reason"]
+    assert [layer["updates_per_step"] for layer in run["layers"]] == [0, 1, 0, 0, 0]
+    assert run["max_rel_err"] <= 1e-4
 
 
 @pytest.mark.parametrize("release", RELEASES)

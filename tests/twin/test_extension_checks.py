@@ -97,6 +97,21 @@ for name in ("cu_seqlens_q", "seqlens_kv", "batch", "step_epoch", "tiling_out"):
         attempt(f"{name} dtype", **{name: torch.zeros(t.shape, dtype=torch.int64,
                                                       device="npu")})
 attempt("params count", params=step.params_list(p)[:5])
+def attempt_many(key, outs, params):  # the array form: one launch, several tilings
+    kwargs = {k: v for k, v in good.items() if k not in ("tiling_out", "params")}
+    try:
+        torch.ops.aicpu_tiling.plan_tilings(**kwargs, tiling_outs=outs, params=params)
+        out[key] = "accepted"
+    except RuntimeError as exc:
+        out[key] = str(exc)
+buf = good["tiling_out"]
+attempt_many("plans none", [], [])
+attempt_many("plans too many", [buf] * 5, step.params_list(p) * 5)
+attempt_many("plans params", [buf, buf.clone()], step.params_list(p))
+windowed = step.params_list(p)[:-1] + [64]  # sliding_window is the last field
+attempt_many("plans valid", [buf, buf.clone()], step.params_list(p) + windowed)
+attempt_many("plans small", [buf, buf[:8]], step.params_list(p) + windowed)
+
 attempt("params int32", params=[2**40] + step.params_list(p)[1:])
 attempt("params invalid", params=[0] + step.params_list(p)[1:])
 attempt("argument block", seqlens_kv=torch.zeros(5, dtype=torch.int32, device="npu"),
@@ -118,8 +133,10 @@ def twin_messages(tmp_path_factory) -> dict[str, str]:
 
 def test_the_parser_finds_every_check():
     checks = cpp_checks()
-    # CheckInt32Npu: 4 per int32 argument; CheckTilingBuffer: 3; the loader: 1; PlanTilingNpu: 7
-    assert len(checks) == 4 * len(INT32_ARGS) + 3 + 1 + 7, checks
+    # CheckInt32Npu: 4 per int32 argument; CheckTilingBuffer: 3; the loader: 1; ReadParams: 2;
+    # PlanTilings: 6 (the plan count, the params count, same device, the argument block,
+    # loaded, the launcher's own)
+    assert len(checks) == 4 * len(INT32_ARGS) + 3 + 1 + 2 + 6, checks
     assert "plan_tiling: tiling_out must be contiguous" in checks
 
 
@@ -136,3 +153,13 @@ def test_each_cpp_check_has_a_twin_counterpart(check, twin_messages):
 def test_a_valid_call_is_accepted(twin_messages):
     assert twin_messages["valid"] == "accepted"
     assert "before capturing" in twin_messages["not loaded"]
+
+
+def test_the_array_form_checks_each_tiling(twin_messages):
+    """plan_tilings: 1 to AICPU_TILING_KERNEL_MAX_PLANS tilings, 13 params each, each buffer
+    sized for its own params; two tilings (a full and a windowed one) in one launch pass."""
+    assert twin_messages["plans valid"] == "accepted"
+    assert "0 tiling buffers, one launch plans 1 to 4" in twin_messages["plans none"]
+    assert "5 tiling buffers, one launch plans 1 to 4" in twin_messages["plans too many"]
+    assert "expected 13 per tiling buffer" in twin_messages["plans params"]
+    assert "tiling_out holds 8 bytes" in twin_messages["plans small"]
