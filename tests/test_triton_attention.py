@@ -485,3 +485,27 @@ def test_launcher_docstring_example_runs():
 
     code = triton_launch.__doc__.split("Example (CPU, interpreted)::\n")[1]
     exec(textwrap.dedent(code), {})  # noqa: S102 (our own docstring)
+
+
+@pytest.mark.parametrize("sink_dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_model_dtype_sinks_are_read_in_place_as_their_fp32_values(sink_dtype):
+    """gpt-oss keeps its sinks in the model dtype (vLLM loads them under the model's default
+    dtype), and the hook hands the kernels the layer's own tensor. Both consumers must read a
+    bf16/fp16 sink as exactly its fp32 value: the same bits out as fp32 sinks holding the
+    rounded values, split units included, and far from the unrounded fp32 sinks' answer
+    would be if the rounding were lost (checked: the rounding moves the sinks)."""
+    name = "decode_gqa_split"
+    hq = CASES[name]["hq"]
+    wide = 3.1 + 0.37 * torch.arange(hq, dtype=torch.float32)   # not representable in 8 bits
+    narrow = wide.to(sink_dtype)
+    assert not torch.equal(narrow.float(), wide), "the rounding does not move the sinks"
+    model = Case(np.random.default_rng(7), dtype=torch.float32, sinks=narrow, **CASES[name])
+    widened = Case(np.random.default_rng(7), dtype=torch.float32, sinks=narrow.float(),
+                   **CASES[name])
+    plan = model.tiling()
+    assert plan.combine_records(), "no split unit: the combine's sink is not tested"
+    c_model, c_widened = model.run(plan)[0], widened.run(plan)[0]
+    t_model, t_widened = run_triton(model, plan)[0], run_triton(widened, plan)[0]
+    assert torch.equal(c_model, c_widened) and torch.equal(t_model, t_widened)
+    vs_ref, vs_c = errors(widened, t_model, c_model)
+    assert vs_ref <= TOL[torch.float32] and vs_c <= TOL[torch.float32]

@@ -78,8 +78,8 @@ class Shape:
     geometry; the layers at ``windowed_layers`` have a sliding window, which the device path
     applies with the model's W keys (vLLM-Ascend's path keeps W + 1); the layers at ``soft_capped_layers`` have a
     logits soft cap, which vLLM-Ascend's path ignores and the device path applies; the layers
-    at ``sink_layers`` have attention sinks (float32 ``[num_heads]``, the model dtype, as vLLM
-    makes gpt-oss's ``sinks`` parameter), which vLLM-Ascend captures through FIA v2."""
+    at ``sink_layers`` have attention sinks (``[num_heads]`` in ``sink_dtype``), which
+    vLLM-Ascend captures through FIA v2."""
 
     num_layers: int = 5
     windowed_layers: tuple[int, ...] = (1,)
@@ -91,6 +91,10 @@ class Shape:
     #: the sinks are drawn uniformly from this range: large enough that the answer without
     #: them is far outside the tolerance at every step (reported as ``sinks_distance``)
     sink_range: tuple[float, float] = (1.0, 4.0)
+    #: bfloat16, as a served gpt-oss holds them: vLLM makes ``sinks`` a parameter of the model
+    #: dtype (``gpt_oss.py``, built under ``set_default_torch_dtype``) and FIA v2 takes
+    #: ``learnable_sink`` in bfloat16 only; our kernels read them in place, widened on load
+    sink_dtype: str = "bfloat16"
     #: gpt-oss-20b: num_attention_heads 64, num_key_value_heads 8, head_dim 64
     num_heads: int = 64
     num_kv_heads: int = 8
@@ -336,8 +340,9 @@ class _Runner:
         low, high = s.sink_range
         # vLLM's gpt_oss.py: a [num_heads] parameter of the model dtype on the device, filled
         # by the weight loader before the graphs are captured
+        sink_dtype = getattr(torch, s.sink_dtype)
         self.sinks = [torch.nn.Parameter((low + (high - low) * torch.rand(
-            s.num_heads, generator=gen)).to(self.device), requires_grad=False)
+            s.num_heads, generator=gen)).to(self.device, sink_dtype), requires_grad=False)
             if i in s.sink_layers else None for i in range(s.num_layers)]
         with set_current_vllm_config(cfg):
             self.impls = [attention.AscendAttentionBackendImpl(
@@ -552,7 +557,7 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
                        "sliding_window": window if on_device else None}
             inputs = (runner.queries[i].cpu(), k.cpu(), v.cpu(), table.numpy(), cu,
                       np.array(kv_lens, np.int32))
-            sinks = None if runner.sinks[i] is None else runner.sinks[i].detach().cpu()
+            sinks = None if runner.sinks[i] is None else runner.sinks[i].detach().cpu().float()
             expected = reference_attention(*inputs, **options, sinks=sinks)[:rows]
             got = outs[i].view(-1, shape.num_heads, shape.head_size)[:rows]
             layer_err[i] = max(layer_err[i], relative_error(got, expected))

@@ -324,12 +324,13 @@ def _soft_cap_reason(impl: Any, applies_soft_cap: bool) -> str | None:
 def _sinks_reason(impl: Any, query_device: Any, applies_sinks: bool) -> str | None:
     """Why the layer's sinks keep it on the host path, or None (no sinks, or sinks our
     kernels read as they are). The kernels read the layer's own tensor at every replay, so it
-    must already be what they take: float32 ``[num_heads]``, contiguous, on the query's device
-    (`pyruntime.kernels.triton_launch`). gpt-oss's sinks are a parameter of the model dtype
-    (vLLM ``gpt_oss.py``: ``torch.empty(num_attention_heads // tp_size)``, built under
-    ``set_default_torch_dtype(model_config.dtype)``, ``model_loader/base_loader.py``) and vLLM-Ascend's FIA v2 takes ``learnable_sink`` in bfloat16 only (torch_npu
-    ``_op_plugin_docs.py``), so a bfloat16 model's sink layers stay here until the kernels
-    read bfloat16 sinks: no copy is made, which would have to be refreshed at every replay."""
+    must already be what they take: a contiguous ``[num_heads]`` tensor on the query's
+    device, float32 or a model dtype (`pyruntime.kernels.reference_attention.SINK_DTYPES`;
+    the kernels widen each sink to fp32 as they load it). gpt-oss's sinks are a parameter of
+    the model dtype (vLLM ``gpt_oss.py``: ``torch.empty(num_attention_heads // tp_size)``,
+    built under ``set_default_torch_dtype(model_config.dtype)``,
+    ``model_loader/base_loader.py``), and vLLM-Ascend's FIA v2 takes ``learnable_sink`` in
+    bfloat16 only (torch_npu ``_op_plugin_docs.py``): a bf16 model's sinks are read in place."""
     import torch
 
     sinks = impl.sinks
@@ -340,9 +341,11 @@ def _sinks_reason(impl: Any, query_device: Any, applies_sinks: bool) -> str | No
                 "the layer keeps vLLM-Ascend's FIA v2 path")
     if not isinstance(sinks, torch.Tensor):
         return f"attention sinks of type {type(sinks).__name__} are not a tensor"
-    if sinks.dtype != torch.float32:
-        return (f"attention sinks in {sinks.dtype}: our kernels read float32 sinks and the "
-                "hook hands them the layer's own tensor, never a copy")
+    from pyruntime.kernels.reference_attention import SINK_DTYPES
+
+    if sinks.dtype not in SINK_DTYPES:
+        return (f"attention sinks in {sinks.dtype}: our kernels read float32, bfloat16 or "
+                "float16 sinks and the hook hands them the layer's own tensor, never a copy")
     if tuple(sinks.shape) != (impl.num_heads,) or not sinks.is_contiguous():
         return (f"attention sinks of shape {list(sinks.shape)} (contiguous: "
                 f"{sinks.is_contiguous()}): our kernels read a contiguous [{impl.num_heads}]")

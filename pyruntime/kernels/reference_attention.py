@@ -85,6 +85,10 @@ E_TILING: int = _lib.AICPU_ATTENTION_E_TILING
 E_BLOCK_ID: int = _lib.AICPU_ATTENTION_E_BLOCK_ID
 
 #: Storage dtype -> the C dtype code. Accumulation is always float32.
+#: the sink dtypes both consumers take: float32, or the model dtypes gpt-oss keeps its sinks in
+#: (vLLM builds the model under set_default_torch_dtype, so a bf16 model has bf16 sinks)
+SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 DTYPE_CODES: dict[torch.dtype, int] = {
     torch.float32: _lib.AICPU_ATTENTION_FP32,
     torch.float16: _lib.AICPU_ATTENTION_FP16,
@@ -294,7 +298,11 @@ class BoundAttention:
         self._cu = _ptr("const int32_t *", cu_seqlens_q)
         self._out = _ptr("void *", out)
         if sinks is not None:
-            _tensor("sinks", sinks, torch.float32, (hq,))
+            _tensor("sinks", sinks, shape=(hq,), dtypes=SINK_DTYPES)
+            # The C code reads fp32; a bf16/fp16 sink vector (num_q_heads values) is widened
+            # here, at each call, so it is never stale (the Triton kernels widen on load).
+            sinks = sinks.float()
+        self._sinks_f32 = sinks  # keeps the widened copy alive while the pointer is in use
         self._sinks = _ptr("const float *", sinks)
         self._core_args = None
         if query is None:

@@ -269,7 +269,7 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
         l_safe = tl.where(seen, l_i, 1.0)     # no 1/0 or log(0) even in discarded lanes
         inv = tl.where(seen, 1.0 / l_safe, 0.0)
         if USE_SINKS:   # the row's only sink term when the unit is whole; a piece's lse has none
-            sink = tl.load(sinks + q_head, mask=row_ok, other=0.0)
+            sink = tl.load(sinks + q_head, mask=row_ok, other=0.0).to(tl.float32)
             m_fin = tl.where(seen, m_i, 0.0)
             den = l_safe + tl.exp(sink - m_fin)   # +inf (sink far above m): inv 0, the limit
             inv = tl.where(seen & (slot < 0), 1.0 / den, inv)
@@ -521,7 +521,7 @@ def attention_combine_kernel(
                 usable = (mx > float("-inf")) & (mx < float("inf"))   # +inf: a poisoned piece
                 q_head = h * GROUP + offs_m % GROUP
                 if USE_SINKS:   # the sink: one more piece, lse = sink, output 0
-                    sink = tl.load(sinks + q_head, mask=row_ok, other=0.0)
+                    sink = tl.load(sinks + q_head, mask=row_ok, other=0.0).to(tl.float32)
                     mx = tl.maximum(mx, sink)
                 mx_use = tl.where(usable, mx, 0.0)
                 acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)

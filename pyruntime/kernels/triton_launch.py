@@ -66,6 +66,7 @@ import torch
 
 from pyruntime import tiling as _tiling
 from pyruntime.kernels import kv_quant as _kv_quant
+from pyruntime.kernels.reference_attention import SINK_DTYPES
 from pyruntime.kernels import sliding_window as _sliding_window
 from pyruntime.kernels import soft_cap as _soft_cap
 
@@ -260,8 +261,9 @@ def _sinks_arg(params, sinks, out, placeholder):
         return placeholder
     if not isinstance(sinks, torch.Tensor):
         raise TypeError(f"sinks must be a torch.Tensor or None, got {type(sinks).__name__}")
-    if sinks.dtype != torch.float32:
-        raise TypeError(f"sinks must have dtype torch.float32, got {sinks.dtype}")
+    if sinks.dtype not in SINK_DTYPES:
+        raise TypeError(f"sinks must have dtype {' or '.join(map(str, SINK_DTYPES))}, got "
+                        f"{sinks.dtype}")
     if tuple(sinks.shape) != (params.num_q_heads,) or not sinks.is_contiguous():
         raise ValueError(f"sinks must be a contiguous [{params.num_q_heads}] tensor, got shape "
                          f"{list(sinks.shape)}")

@@ -47,6 +47,9 @@ def _reason(impl, *, applies_sinks=True):
 
 def test_float32_sinks_of_the_layer_take_the_device_path():
     assert _reason(_Impl(torch.zeros(HEADS))) is None
+    # a bf16 model (vLLM loads gpt-oss's sinks in the model dtype): read in place, widened on load
+    assert _reason(_Impl(torch.zeros(HEADS, dtype=torch.bfloat16))) is None
+    assert _reason(_Impl(torch.zeros(HEADS, dtype=torch.float16))) is None
     # vLLM's gpt_oss.py holds them as a Parameter (requires_grad=False)
     assert _reason(_Impl(torch.nn.Parameter(torch.zeros(HEADS), requires_grad=False))) is None
     assert _reason(_Impl(None)) is None
@@ -54,8 +57,8 @@ def test_float32_sinks_of_the_layer_take_the_device_path():
 
 @pytest.mark.parametrize("sinks, applies, words", [
     (torch.zeros(HEADS), False, "does not add them (no applies_sinks)"),
-    (torch.zeros(HEADS, dtype=torch.bfloat16), True, "attention sinks in torch.bfloat16"),
-    (torch.zeros(HEADS, dtype=torch.float16), True, "attention sinks in torch.float16"),
+    (torch.zeros(HEADS, dtype=torch.float64), True, "attention sinks in torch.float64"),
+    (torch.zeros(HEADS, dtype=torch.int32), True, "attention sinks in torch.int32"),
     (torch.zeros(HEADS + 1), True, f"of shape [{HEADS + 1}]"),
     (torch.zeros(HEADS, 2)[:, 0], True, "contiguous: False"),
     ([0.0] * HEADS, True, "of type list are not a tensor"),
