@@ -105,6 +105,8 @@ class Run:
     #: replayed steps whose tiling split a unit over cores, so that the combine merged its
     #: pieces (and added the sinks of those rows); None without the hook or the NPU engine
     steps_with_split_units: int | None = None
+    #: update calls the hook skipped (its graphs' layers all ours); the MLA run reports it
+    updates_skipped: int | None = None
 
 
 def report(before: Run, after: Run) -> dict:

@@ -100,6 +100,10 @@ class PatchState:
     soft_capped_layers: set[str] = field(default_factory=set)
     #: device-path layer name -> the patched entry that captured it (the last one)
     device_entries: dict[str, str] = field(default_factory=dict)
+    #: MLA layers captured on the device path (`vllm_ascend_mla`)
+    mla_layers: set[str] = field(default_factory=set)
+    #: ``AscendMLAImpl`` once ``mla_v1`` is patched
+    mla_impl_cls: type | None = None
 
     def whole_graph_device_tiled(self, num_tokens: int) -> bool:
         """True when graph ``num_tokens`` has device-tiled layers and no host-path FIA."""
