@@ -28,6 +28,7 @@ MLA layer per step: ``update_graph_params`` zips its layers with ``attn_params[n
 from __future__ import annotations
 
 import importlib
+import os
 import time
 import types
 from dataclasses import dataclass
@@ -344,6 +345,8 @@ def report(after: Run) -> dict:
     distance = min((layer["rope_distance"] for layer in after.layers), default=0.0)
     out = {"schema": "aicpu-tiling/hook-dryrun-mla", "vllm_ascend": after.vllm_ascend,
            "device": after.device, "placement": after.placement,
+           # the twin's AI Core bodies: "reference" (C, the default here) or "triton"
+           "aicore_body": os.environ.get("AICPU_TILING_TWIN_AICORE"),
            "spec_tokens": after.spec_tokens, "layers": after.layers,
            "device_layers": device_layers, "steps": after.steps,
            "updates_per_step_after": after.updates_per_step,
@@ -355,6 +358,31 @@ def report(after: Run) -> dict:
                      and after.updates_skipped > 0
                      and after.max_rel_err <= TOLERANCE and distance > TOLERANCE)
     return out
+
+
+def run_in_child(*, placement: str, steps: int, spec_tokens: int = 0, fault: str | None = None,
+                 env: dict | None = None, timeout_s: float = 600) -> dict:
+    """`run` in a fresh interpreter (the twin and the hook are once per process); returns
+    its :func:`report`.
+
+    Raises:
+        DryRunError: the child failed (its last line of stderr).
+    """
+    import json
+    import subprocess
+    import sys
+
+    env = env or {k: v for k, v in os.environ.items() if k != "AICPU_TILING"}
+    cmd = [sys.executable, "-m", "pyruntime.hook.dryrun_mla", "--placement", placement,
+           "--steps", str(steps), "--spec-tokens", str(spec_tokens),
+           *(["--fault", fault] if fault else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
+                          check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DryRunError(f"the MLA run failed: {tail}")
+    return json.loads(lines[-1])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,3 +144,75 @@ def test_vllm_ascends_own_unit_tests_pass_alike_with_the_hook(release, tmp_path)
     assert hooked["hook"]["state"] == "active", hooked["hook"]
     assert report["without_hook"]["counts"]["passed"] > 0
     assert report["differences"] == [], report["differences"]
+
+
+@pytest.mark.parametrize("release, placement, spec_tokens", DRYRUNS)
+def test_mla_dryrun_in_vllm_ascends_own_mla_impl(release, placement, spec_tokens):
+    """``hook-dryrun --model mla``: vLLM-Ascend's own ``AscendMLAImpl._forward_decode`` (and
+    ``_v_up_proj``) at one TP-8 rank of DeepSeek-V3 (16 heads, 512 + 64) captured on the device
+    path, replayed with trace batches, zero task updates, against float64 absorbed MLA."""
+    env = _env(release)
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    proc = subprocess.run([str(python), "-m", "pyruntime.cli", "hook-dryrun", "--model", "mla",
+                           "--json", "--placement", placement, "--steps", "3",
+                           "--spec-tokens", str(spec_tokens)],
+                          capture_output=True, text=True, env=_clean_env(tree), cwd=REPO,
+                          timeout=600, check=False)
+    start = proc.stdout.find("{")
+    assert start >= 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout[start:])
+    assert report["schema"] == "aicpu-tiling/hook-dryrun-mla"
+    assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
+    assert report["placement"] == placement and report["spec_tokens"] == spec_tokens
+    assert [layer["path"] for layer in report["layers"]] == ["device"] * 3, report["layers"]
+    assert [layer["entry"] for layer in report["layers"]] == ["_forward_decode"] * 3
+    assert report["updates_per_step_after"] == 0
+    # the MLA update_graph_params ran after every replay and was skipped each time
+    assert report["updates_skipped"] == report["steps"] == 3
+    assert 0 < report["steps_with_split_units"] <= report["steps"]
+    assert report["max_rel_err"] <= report["tolerance"] == 1e-4
+    # dropping the rope part of the scores would be far outside the tolerance
+    assert report["rope_distance"] > 100 * report["tolerance"]
+    assert report["ok"] and proc.returncode == 0
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_an_mla_engine_that_drops_the_rope_is_caught(release):
+    """The same MLA run with an engine that hands our kernels a zero ``q_pe``: the layers still
+    take the device path, and the dry run fails, off by about the distance of the rope-less
+    answer."""
+    from pyruntime.hook import dryrun_mla
+
+    env = _env(release)
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    environ = _clean_env(tree)
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun_mla", "--steps", "2",
+                           "--fault", "drop-rope"], capture_output=True, text=True,
+                          env=environ, cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    report = json.loads(lines[-1])
+    assert [layer["path"] for layer in report["layers"]] == ["device"] * 3
+    assert report["max_rel_err"] > 100 * dryrun_mla.TOLERANCE
+    assert report["max_rel_err"] >= 0.5 * report["rope_distance"]
+    assert not report["ok"]
+
+
+def test_mla_dryrun_with_the_triton_mla_kernels_on_the_twin():
+    """The newest release, MTP, with the twin running our AI Core ops' Triton bodies
+    (``triton_mla.mla_decode_kernel`` and the combine, launched by `mla_step` on the NPU
+    path, interpreted) instead of the C reference."""
+    env = _env(RELEASES[1])
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    environ = _clean_env(tree)
+    environ["AICPU_TILING_TWIN_AICORE"] = "triton"
+    environ.pop("TRITON_INTERPRET", None)  # the twin's Triton driver runs device launches
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun_mla", "--steps", "1",
+                           "--spec-tokens", "1"], capture_output=True, text=True, env=environ,
+                          cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    report = json.loads(lines[-1])
+    assert report["aicore_body"] == "triton"
+    assert [layer["path"] for layer in report["layers"]] == ["device"] * 3
+    assert report["max_rel_err"] <= report["tolerance"] and report["ok"]
