@@ -56,6 +56,20 @@ MODULE = "vllm_ascend.attention.mla_v1"
 IMPL = "AscendMLAImpl"
 BUILDER = "AscendMLAMetadataBuilder"
 
+#: ``_forward_decode``'s parameters per signature (0.30.0rc2; 0.23.0.post1), a prefix
+FORWARD_DECODE_PARAMS = (("self", "decode_preprocess_res", "block_size", "attn_metadata"),
+                         ("self", "q_nope", "q_pe", "k_nope", "k_pe", "block_size",
+                          "attn_metadata"))
+#: ``update_graph_params``' leading parameters (a staticmethod in every release)
+UPDATE_PARAMS = ("update_stream", "forward_context", "num_tokens")
+#: ``self.<name>`` attributes of ``AscendMLAImpl`` read without a default (assigned in its
+#: ``__init__``); ``fa_quant_layer``, ``pcp_enabled``, ``is_pcp_decode_sharded`` and
+#: ``num_heads_padded`` are read with one, since not every release has them
+IMPL_ATTRIBUTES = ("num_heads", "num_kv_heads", "scale", "kv_lora_rank", "qk_rope_head_dim",
+                   "enable_kv_nz", "speculative_config")
+#: module globals of ``mla_v1`` the patch reads
+MODULE_GLOBALS = ("_EXTRA_CTX", IMPL, BUILDER, "AscendMLABackend")
+
 #: dtypes our MLA kernels store (`pyruntime.kernels.triton_launch.DTYPES`)
 _DTYPES = ("torch.float16", "torch.bfloat16", "torch.float32")
 
