@@ -48,7 +48,6 @@ from types import ModuleType
 from typing import Any
 
 from . import vllm_ascend_patches as gqa
-from .patching import PatchLedger  # noqa: F401 - the ledger type of PatchState
 
 log = logging.getLogger("pyruntime.hook")
 

@@ -46,8 +46,8 @@ full-graph path, main model):
 Everything else keeps the original path: sliding window (with or without sinks),
 KV-cache quantization (C8 / non-"auto" dtypes), ALiBi, KV compression, non-decoder
 attention, subclasses (context parallel, C8), speculative draft graphs, paged-attention
-decode and MLA (a different implementation class), and sinks our kernels cannot read in place
-(not float32: gpt-oss's are the model dtype; see ``_sinks_reason``). Each such layer is
+decode, MLA (a different implementation class: its patch is `vllm_ascend_mla`), and sinks our
+kernels cannot read in place (not float32: gpt-oss's are the model dtype; see ``_sinks_reason``). Each such layer is
 logged once with its reason.
 """
 
