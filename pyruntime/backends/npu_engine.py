@@ -124,9 +124,6 @@ class NpuTilingEngine:
         """Enqueue (the key's tiling task under ``graph``, then) this layer's attention."""
         c = capture
         key = self.keys.get(c.graph_key)
-        if c.graph_key in self.mla_lora:
-            raise BackendError(f"layer {c.layer_name}: its graph's tiling is planned for MLA "
-                               "layers; one tiling serves one geometry")
         if key is None:
             key = self.keys[c.graph_key] = self._buffers(c)
             if self.placement == "graph":
@@ -192,18 +189,21 @@ class NpuTilingEngine:
         layers; the kernels read the layer's caches in place and write ``capture.output``.
 
         Raises:
-            BackendError: the layer's geometry differs from its graph's first MLA layer, or
-                the graph key already holds GQA layers (one tiling serves one geometry).
+            BackendError: the layer's geometry differs from its graph's first MLA layer (one
+                tiling serves one geometry).
         """
         c = capture
-        key = self.keys.get(c.graph_key)
+        # the MLA layers of a graph key have a tiling of their own, beside any GQA layers' (a
+        # graph mixing both gets two tiling tasks per step)
+        mla_key = mla_graph_key(c.graph_key)
+        key = self.keys.get(mla_key)
         geometry = (c.num_heads, 1, c.kv_lora_rank + c.qk_rope_head_dim)
         if key is None:
-            key = self.keys[c.graph_key] = self._mla_buffers(c)
-            self.mla_lora[c.graph_key] = c.kv_lora_rank
+            key = self.keys[mla_key] = self._mla_buffers(c)
+            self.mla_lora[mla_key] = c.kv_lora_rank
             if self.placement == "graph":
                 self.launch(lambda k=key: self._plan(k))
-        elif (self.mla_lora.get(c.graph_key) != c.kv_lora_rank or geometry != (
+        elif (self.mla_lora.get(mla_key) != c.kv_lora_rank or geometry != (
                 key.params.num_q_heads, key.params.num_kv_heads, key.params.head_dim)):
             raise BackendError(f"layer {c.layer_name}: MLA geometry differs from the first "
                                "layer of its graph; one tiling serves one geometry")
@@ -244,5 +244,14 @@ class NpuTilingEngine:
         return found
 
 
+def mla_graph_key(graph_key: Hashable) -> Hashable:
+    """The engine's key for the MLA layers of vLLM-Ascend graph key ``(graph, num_tokens)``."""
+    return (*graph_key, "mla") if isinstance(graph_key, tuple) else (graph_key, None, "mla")
+
+
 def _tokens_of(graph_key: Hashable) -> int | None:
-    return graph_key[1] if isinstance(graph_key, tuple) and len(graph_key) == 2 else None
+    """The token bucket of a key: ``(graph, num_tokens)`` or its MLA key."""
+    if isinstance(graph_key, tuple) and (
+            len(graph_key) == 2 or (len(graph_key) == 3 and graph_key[2] == "mla")):
+        return graph_key[1]
+    return None
