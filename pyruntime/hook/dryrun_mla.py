@@ -59,6 +59,10 @@ class MLAShape:
     scale: float = 192 ** -0.5
     #: an engine fault for the negative test: "drop-rope" zeroes q_pe before our kernels
     fault: str | None = None
+    #: layers built with ``enable_kv_nz`` (the NZ cache layout), which the hook leaves on
+    #: vLLM-Ascend's path: a mixed graph. Their FIA v2 call goes to `FiaV2Recorder` (the twin
+    #: does not model it), so their outputs are not checked, only their task updates
+    host_layers: tuple[int, ...] = ()
 
     @property
     def q_len(self) -> int:
@@ -89,6 +93,50 @@ def reference(q_nope, q_pe, kv_c, k_pe, table, q_lens, kv_lens, scale):
             rows.append(torch.softmax(s, dim=-1) @ c[:visible])
         start += q
     return torch.stack(rows)
+
+
+class FiaV2Recorder:
+    """Stands in for ``torch_npu.npu_fused_infer_attention_score_v2`` (and its workspace
+    query) in a mixed-graph run: each call is one AI Core task on the current stream that
+    writes zeros (no numerics: the twin does not model FIA v2), so vLLM-Ascend's own capture
+    and ``update_graph_params`` run their task-group and task-update protocol around it, and
+    the twin checks it. It records the query buffer each task-update call reads."""
+
+    LABEL = "npu_fused_infer_attention_score_v2 (recorder)"
+
+    def __init__(self) -> None:
+        self.updated_queries: list[int] = []
+
+    def install(self) -> None:
+        import torch
+        import torch_npu
+
+        from pyruntime.npu_twin import device as twin
+
+        def issue(query, out):
+            dev = twin.device()
+            if dev.current_stream().updating is not None:
+                self.updated_queries.append(query.data_ptr())
+            targets = [twin.inner(t) for t in out]
+
+            def run() -> None:
+                for t in targets:
+                    t.zero_()
+            dev.enqueue(twin.Work("aicore", self.LABEL, run))
+
+        class _Packet:
+            def __call__(self, query, key, value, **options):
+                raise NotImplementedError("eager FIA v2 is not needed by the dry run")
+
+            @staticmethod
+            def out(query, key, value, *, workspace=None, out, **options):
+                issue(query, out)
+                return out
+
+        torch_npu.npu_fused_infer_attention_score_v2 = _Packet()
+        torch_npu._npu_fused_infer_attention_score_v2_get_max_workspace = (
+            lambda query, *args, **kwargs: torch.empty(1024, dtype=torch.uint8,
+                                                       device=query.device))
 
 
 class _MLARunner:
@@ -132,6 +180,8 @@ class _MLARunner:
                 qk_head_dim=s.qk_nope_head_dim + s.qk_rope_head_dim, v_head_dim=s.v_head_dim,
                 rotary_emb=None, q_b_proj=None, q_proj=None, kv_b_proj=None, o_proj=None,
                 layer_name=name) for name in self.names]
+        for i in s.host_layers:  # ascend_config.enable_kv_nz, as __init__ reads it
+            self.impls[i].enable_kv_nz = True
         for impl in self.impls:  # process_weights_after_loading's W_UV: [N, L, V]
             impl.W_UV = torch.randn(s.num_heads, s.kv_lora_rank, s.v_head_dim,
                                     generator=gen).div_(s.kv_lora_rank ** 0.5).to(dev)
@@ -276,6 +326,9 @@ def run(*, placement: str = "graph", steps: int = 4, seed: int = 0,
         raise DryRunError(f"the hook did not install: {installed.reason}")
     shape = shape or MLAShape()
     counter = _UpdateCounter(torch)
+    recorder = FiaV2Recorder()
+    if shape.host_layers:
+        recorder.install()
     for module in ("vllm_ascend.ops", "vllm_ascend.attention.attention_v1",
                    "vllm_ascend.compilation.acl_graph", "vllm_ascend.attention.mla_v1"):
         importlib.import_module(module)
@@ -290,6 +343,7 @@ def run(*, placement: str = "graph", steps: int = 4, seed: int = 0,
     runner = _MLARunner(shape, seed)
     runner.capture()
     counter.reset()
+    recorder.updated_queries.clear()
     split_steps = 0
     errors = [0.0] * shape.num_layers
     rope_distance = float("inf")
@@ -305,6 +359,8 @@ def run(*, placement: str = "graph", steps: int = 4, seed: int = 0,
         split_steps += _split_this_step(engine)
         rows = int(np.sum(q_lens))
         for i in range(shape.num_layers):
+            if i in shape.host_layers:
+                continue  # its FIA v2 is the recorder's: nothing to compare
             k_nope, k_pe = (t.cpu() for t in runner.kv[i])
             q_nope, q_pe = runner.q_nope[i].cpu(), runner.q_pe[i].cpu()
             latent = reference(q_nope, q_pe, k_nope[:, :, 0], k_pe[:, :, 0], table, q_lens,
@@ -325,10 +381,14 @@ def run(*, placement: str = "graph", steps: int = 4, seed: int = 0,
         raise DryRunError(f"the hook captured into engine {status.engine}, not npu-{placement}")
     host = dict(status.host_path_layers)
     entries = status.device_entries
+    updated = [sum(ptr == q.data_ptr() for ptr in recorder.updated_queries) / max(done, 1)
+               for q in runner.q_nope]
     layers = [{"name": n, "path": "device" if n in entries else "host" if n in host else
                "not captured", "reason": host.get(n),
-               "entry": entries.get(n), "max_rel_err": errors[i],
-               "rope_distance": rope_distance, "updates_per_step": None}
+               "entry": entries.get(n),
+               "max_rel_err": None if i in shape.host_layers else errors[i],
+               "rope_distance": rope_distance,
+               "updates_per_step": updated[i] if shape.host_layers else None}
               for i, n in enumerate(runner.names)]
     return Run(hooked=True, vllm_ascend=metadata.version("vllm-ascend"), device=device,
                placement=placement, spec_tokens=shape.spec_tokens, layers=layers, steps=done,
@@ -342,20 +402,31 @@ def report(after: Run) -> dict:
     path, zero task updates per step, the outputs within `TOLERANCE` of float64, and the
     reference without the rope part farther than that from it (the check can fail)."""
     device_layers = sum(1 for layer in after.layers if layer["path"] == "device")
+    host_layers = sum(1 for layer in after.layers if layer["path"] == "host")
     distance = min((layer["rope_distance"] for layer in after.layers), default=0.0)
+    # in a mixed graph: the task updates fall on the host-path layers only, one each a step
+    on_ours = sum(layer["updates_per_step"] or 0 for layer in after.layers
+                  if layer["path"] == "device")
     out = {"schema": "aicpu-tiling/hook-dryrun-mla", "vllm_ascend": after.vllm_ascend,
            "device": after.device, "placement": after.placement,
            # the twin's AI Core bodies: "reference" (C, the default here) or "triton"
            "aicore_body": os.environ.get("AICPU_TILING_TWIN_AICORE"),
            "spec_tokens": after.spec_tokens, "layers": after.layers,
            "device_layers": device_layers, "steps": after.steps,
-           "updates_per_step_after": after.updates_per_step,
+           "host_layers": host_layers,
+           # on the device-path layers (every update is the host-path layers' otherwise)
+           "updates_per_step_after": on_ours if host_layers else after.updates_per_step,
+           "updates_per_step_all": after.updates_per_step,
            "updates_skipped": after.updates_skipped,
            "max_rel_err": after.max_rel_err, "rope_distance": distance,
            "tolerance": TOLERANCE, "seconds": after.seconds,
            "steps_with_split_units": after.steps_with_split_units}
-    out["ok"] = bool(device_layers == len(after.layers) and after.updates_per_step == 0
-                     and after.updates_skipped > 0
+    host_updates = [layer["updates_per_step"] for layer in after.layers
+                    if layer["path"] == "host"]
+    out["ok"] = bool(device_layers + host_layers == len(after.layers) and device_layers > 0
+                     and after.updates_per_step == host_layers and on_ours == 0
+                     and all(u == 1 for u in host_updates)
+                     and (after.updates_skipped > 0 or host_layers > 0)
                      and after.max_rel_err <= TOLERANCE and distance > TOLERANCE)
     return out
 
@@ -395,9 +466,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--spec-tokens", type=int, default=0)
     parser.add_argument("--fault", choices=("drop-rope",), default=None)
+    parser.add_argument("--host-layers", default="",
+                        help="comma-separated layer indices built with enable_kv_nz (a mixed "
+                             "graph)")
     args = parser.parse_args(argv)
+    host = tuple(int(i) for i in args.host_layers.split(",") if i)
     result = run(placement=args.placement, steps=args.steps,
-                 shape=MLAShape(spec_tokens=args.spec_tokens, fault=args.fault))
+                 shape=MLAShape(spec_tokens=args.spec_tokens, fault=args.fault,
+                                host_layers=host))
     print(json.dumps(report(result)))
     return 0
 

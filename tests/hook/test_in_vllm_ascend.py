@@ -216,3 +216,28 @@ def test_mla_dryrun_with_the_triton_mla_kernels_on_the_twin():
     assert report["aicore_body"] == "triton"
     assert [layer["path"] for layer in report["layers"]] == ["device"] * 3
     assert report["max_rel_err"] <= report["tolerance"] and report["ok"]
+
+
+@pytest.mark.parametrize("release, placement, spec_tokens",
+                         [(RELEASES[0], "pre-replay", 1), (RELEASES[1], "graph", 0)])
+def test_a_mixed_mla_graph_updates_only_the_host_path_layer(release, placement, spec_tokens):
+    """Layer 1 is built with ``enable_kv_nz`` (the NZ cache layout): it keeps vLLM-Ascend's
+    path in the same graph as two device-path MLA layers. vLLM-Ascend's own capture and its
+    own ``update_graph_params`` (narrowed by the hook to the host-path layers) run their task
+    group and task update around a recording stand-in for FIA v2, which the twin does not
+    model: one update per step, on layer 1's query, none on ours; ours match float64."""
+    env = _env(release)
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun_mla", "--steps", "2",
+                           "--host-layers", "1", "--placement", placement,
+                           "--spec-tokens", str(spec_tokens)], capture_output=True, text=True,
+                          env=_clean_env(tree), cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    report = json.loads(lines[-1])
+    assert [layer["path"] for layer in report["layers"]] == ["device", "host", "device"]
+    assert "enable_kv_nz" in report["layers"][1]["reason"]
+    assert [layer["updates_per_step"] for layer in report["layers"]] == [0, 1, 0]
+    assert report["updates_per_step_all"] == 1 and report["updates_per_step_after"] == 0
+    assert report["layers"][1]["max_rel_err"] is None  # the stand-in computes nothing
+    assert report["max_rel_err"] <= report["tolerance"] and report["ok"]
