@@ -388,7 +388,10 @@ def run(*, placement: str = "graph", steps: int = 4, seed: int = 0,
                "entry": entries.get(n),
                "max_rel_err": None if i in shape.host_layers else errors[i],
                "rope_distance": rope_distance,
-               "updates_per_step": updated[i] if shape.host_layers else None}
+               "updates_per_step": updated[i] if shape.host_layers else None,
+               "num_heads": shape.num_heads,
+               "num_heads_padded": int(getattr(runner.impls[i], "num_heads_padded",
+                                               shape.num_heads))}
               for i, n in enumerate(runner.names)]
     return Run(hooked=True, vllm_ascend=metadata.version("vllm-ascend"), device=device,
                placement=placement, spec_tokens=shape.spec_tokens, layers=layers, steps=done,
@@ -469,11 +472,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-layers", default="",
                         help="comma-separated layer indices built with enable_kv_nz (a mixed "
                              "graph)")
+    parser.add_argument("--num-heads", type=int, default=16,
+                        help="query heads per rank (default 16: DeepSeek-V3 at TP 8); one "
+                             "that is not a power of two takes vLLM-Ascend's head padding")
     args = parser.parse_args(argv)
     host = tuple(int(i) for i in args.host_layers.split(",") if i)
     result = run(placement=args.placement, steps=args.steps,
                  shape=MLAShape(spec_tokens=args.spec_tokens, fault=args.fault,
-                                host_layers=host))
+                                host_layers=host, num_heads=args.num_heads))
     print(json.dumps(report(result)))
     return 0
 

@@ -241,3 +241,23 @@ def test_a_mixed_mla_graph_updates_only_the_host_path_layer(release, placement, 
     assert report["updates_per_step_all"] == 1 and report["updates_per_step_after"] == 0
     assert report["layers"][1]["max_rel_err"] is None  # the stand-in computes nothing
     assert report["max_rel_err"] <= report["tolerance"] and report["ok"]
+
+
+def test_mla_with_heads_that_are_not_a_power_of_two():
+    """20 heads per rank (GLM-4.7-Flash's count, vLLM-Ascend's comment in
+    ``AscendMLAImpl.__init__``): vLLM-Ascend pads the heads to 32 for FIA
+    (``num_heads_padded``) and slices its output back (``attn_output[: self.num_heads]``); the
+    hook writes the first 20 heads of an output of the padded shape and hands the same slice
+    to ``_v_up_proj``."""
+    env = _env(RELEASES[1])
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun_mla", "--steps", "2",
+                           "--num-heads", "20", "--spec-tokens", "1"], capture_output=True,
+                          text=True, env=_clean_env(tree), cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    report = json.loads(lines[-1])
+    assert [layer["path"] for layer in report["layers"]] == ["device"] * 3
+    assert {(layer["num_heads"], layer["num_heads_padded"]) for layer in report["layers"]} == {
+        (20, 32)}
+    assert report["max_rel_err"] <= report["tolerance"] and report["ok"]
