@@ -155,10 +155,21 @@ def mla_unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metad
     return None
 
 
+def mla_layer_name(impl: Any) -> str:
+    """The layer's name as the forward context's ``attn_metadata`` keys it (what
+    ``update_graph_params`` zips): the ``layer_name`` the last ``forward`` call received (the
+    patched ``forward`` records it), else ``AscendMLAImpl``'s own ``self.layer_name``
+    (``kwargs.get("layer_name")`` in ``__init__``, None when vLLM does not pass it), else a
+    name made from the instance."""
+    recorded = getattr(impl, gqa.LAYER_NAME_ATTR, None)
+    own = getattr(impl, "layer_name", None)
+    return recorded or (own if isinstance(own, str) and own else gqa.layer_name(impl))
+
+
 def _note_host_path(state: Any, impl: Any, reason: str) -> None:
-    name = getattr(impl, "layer_name", None)
-    if isinstance(name, str) and not hasattr(impl, "_aicpu_tiling_layer_name"):
-        impl._aicpu_tiling_layer_name = name  # so the GQA helper logs vLLM's layer name
+    name = mla_layer_name(impl)
+    if getattr(impl, gqa.LAYER_NAME_ATTR, None) is None:
+        setattr(impl, gqa.LAYER_NAME_ATTR, name)  # the GQA helper logs under this name
     gqa._note_host_path(state, impl, reason)
 
 
@@ -192,6 +203,7 @@ def patch_mla(module: ModuleType, state: Any, acl_graph: ModuleType) -> None:
     _, _, orig_decode = ledger.resolve(module, f"{IMPL}._forward_decode")
     _, _, orig_update_sm = ledger.resolve(module, f"{IMPL}.update_graph_params")
     _, _, orig_build = ledger.resolve(module, f"{BUILDER}.build")
+    _, _, orig_forward = ledger.resolve(module, f"{IMPL}.forward")
     orig_update = getattr(orig_update_sm, "__func__", orig_update_sm)
     decode_sig = inspect.signature(orig_decode)
     update_sig = inspect.signature(orig_update)
@@ -225,8 +237,7 @@ def patch_mla(module: ModuleType, state: Any, acl_graph: ModuleType) -> None:
         ours = torch.empty((num_tokens, h, lora), dtype=q_pe.dtype, device=q_pe.device)
         lengths = getattr(attn_metadata, gqa.LENGTHS_ATTR)
         key = gqa._graph_key(graph_params(), num_tokens)
-        # AscendMLAImpl keeps vLLM's layer name (``self.layer_name = kwargs.get("layer_name")``)
-        name = getattr(self, "layer_name", None) or gqa.layer_name(self)
+        name = mla_layer_name(self)
         state.engine.capture_mla(MLACapture(
             graph_key=key, layer_name=name, q_nope=q_nope, q_pe=q_pe, kv_c_cache=kv_c,
             k_pe_cache=k_pe, block_table=lengths.block_table,
@@ -240,6 +251,14 @@ def patch_mla(module: ModuleType, state: Any, acl_graph: ModuleType) -> None:
         state.mla_layers.add(name)
         out = attn_output[:h] if padded > h else attn_output
         return self._v_up_proj(out)
+
+    @functools.wraps(orig_forward)
+    def forward(self, layer_name, *args, **kwargs):
+        # forward(self, layer_name, hidden_states, kv_cache, attn_metadata, output) in both
+        # releases: the name the forward context's attn_metadata is keyed by
+        if isinstance(layer_name, str):
+            setattr(self, gqa.LAYER_NAME_ATTR, layer_name)
+        return orig_forward(self, layer_name, *args, **kwargs)
 
     @functools.wraps(orig_decode)
     def _forward_decode(*args, **kwargs):
@@ -264,6 +283,7 @@ def patch_mla(module: ModuleType, state: Any, acl_graph: ModuleType) -> None:
         return orig_update(*bound.args, **bound.kwargs)
 
     ledger.replace(builder_cls, "build", gqa.make_build(orig_build, state))
+    ledger.replace(impl_cls, "forward", forward)
     ledger.replace(impl_cls, "_forward_decode", _forward_decode)
     ledger.replace(impl_cls, "update_graph_params", staticmethod(update_graph_params))
     state.mla_impl_cls = impl_cls

@@ -115,10 +115,14 @@ class PatchState:
         return not graph_params.attn_params.get(num_tokens)
 
 
+#: The attribute the patched ``forward`` methods set: the vLLM layer name last seen.
+LAYER_NAME_ATTR = "_aicpu_tiling_layer_name"
+
+
 def layer_name(impl: Any) -> str:
     """A stable name for an attention implementation instance (vLLM layer name if seen)."""
     return (
-        getattr(impl, "_aicpu_tiling_layer_name", None) or f"<{type(impl).__name__}@{id(impl):#x}>"
+        getattr(impl, LAYER_NAME_ATTR, None) or f"<{type(impl).__name__}@{id(impl):#x}>"
     )
 
 

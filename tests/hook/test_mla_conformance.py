@@ -50,6 +50,8 @@ def test_the_mla_targets_exist_in_every_release(release):
                for d in update.decorator_list)
     assert param_names(update)[: len(mla.UPDATE_PARAMS)] == mla.UPDATE_PARAMS
     assert "graph_task_update_begin" in ast.unparse(update)
+    # forward(self, layer_name, ...): the patched forward records the name
+    assert param_names(find_def(tree, f"{mla.IMPL}.forward"))[:2] == ("self", "layer_name")
     build = find_def(tree, f"{mla.BUILDER}.build")
     assert "common_attn_metadata" in param_names(build)
     attrs = _assigned_self_attrs(find_def(tree, f"{mla.IMPL}.__init__"))

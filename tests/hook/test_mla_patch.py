@@ -85,3 +85,15 @@ def test_a_missing_attribute_is_named():
     impl = Impl()
     del impl.enable_kv_nz
     assert "'enable_kv_nz'" in reason(impl=impl)
+
+
+def test_the_layer_name_is_the_forward_contexts_key():
+    """update_graph_params zips the forward context's attn_metadata keys with the captured
+    tasks, so our layers must be named by those keys: the name forward() received wins, then
+    AscendMLAImpl's own layer_name (None when vLLM does not pass one), then the instance."""
+    impl = Impl(layer_name=None)
+    assert mla.mla_layer_name(impl).startswith("<Impl@")
+    impl.layer_name = "model.layers.3.self_attn.attn"
+    assert mla.mla_layer_name(impl) == "model.layers.3.self_attn.attn"
+    setattr(impl, gqa.LAYER_NAME_ATTR, "model.layers.3.self_attn")
+    assert mla.mla_layer_name(impl) == "model.layers.3.self_attn"
