@@ -261,3 +261,42 @@ def test_mla_with_heads_that_are_not_a_power_of_two():
     assert {(layer["num_heads"], layer["num_heads_padded"]) for layer in report["layers"]} == {
         (20, 32)}
     assert report["max_rel_err"] <= report["tolerance"] and report["ok"]
+
+
+MLA_PATCH_ROUND_TRIP = """
+from pyruntime import npu_twin
+npu_twin.activate()
+import importlib, json
+from pyruntime import hook
+import vllm_ascend.ops
+m = importlib.import_module("vllm_ascend.attention.mla_v1")
+def targets():
+    return [m.AscendMLAImpl.__dict__[n] for n in ("_forward_decode", "update_graph_params",
+                                                 "forward")] + [m.AscendMLAMetadataBuilder.__dict__["build"]]
+class Engine:
+    name = "stand-in"
+    def capture_attention(self, capture): pass
+    def capture_mla(self, capture): pass
+before = targets()
+report = hook.install(engine_factory=lambda: (Engine(), None))
+patched = [a is not b for a, b in zip(before, targets())]
+modules = hook.status().patched_modules
+hook.uninstall()
+restored = [a is b for a, b in zip(before, targets())]
+print(json.dumps({"patched": patched, "restored": restored, "modules": modules}))
+"""
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_mla_patch_installs_and_uninstalls_in_the_real_module(release):
+    """The four MLA targets are replaced when mla_v1 is imported under the hook, and
+    uninstall() puts back exactly the originals."""
+    env = _env(release)
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    proc = subprocess.run([str(python), "-c", MLA_PATCH_ROUND_TRIP], capture_output=True,
+                          text=True, env=_clean_env(tree), cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    result = json.loads(lines[-1])
+    assert "vllm_ascend.attention.mla_v1" in result["modules"]
+    assert result["patched"] == [True] * 4 and result["restored"] == [True] * 4
