@@ -12,8 +12,13 @@ both, cached under ``~/.cache/aicpu-tiling/vllm-envs``). There:
   vLLM-Ascend captures through ``full_graph_fia_v2``, with its sinks applied), the
   sliding-window layer keeps vLLM-Ascend's path and its update in the same graph, and every
   output matches float64. With an engine that drops the sinks the dry run fails.
+* ``aicpu-tiling hook-dryrun --model mla`` (and ``python -m pyruntime.hook.dryrun_mla``):
+  vLLM-Ascend's own ``AscendMLAImpl`` at one TP-8 rank of DeepSeek-V3 captured on the device
+  path, zero task updates, against float64 absorbed MLA; a mixed graph (an NZ-cache layer on
+  vLLM-Ascend's path, updated once a step); 20 heads (padded); the Triton MLA bodies; an
+  engine that drops the rope part is caught; the patch installs and uninstalls exactly.
 * ``tools/run_vllm_ascend_ut.py --both``: vLLM-Ascend's own unit tests of the classes we
-  patch, without and with the hook applied: no outcome differs.
+  patch (``test_mla_v1.py`` included), without and with the hook applied: no outcome differs.
 
 Without an environment the tests skip, except under ``CI=true``, where they fail.
 """
