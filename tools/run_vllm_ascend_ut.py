@@ -43,6 +43,8 @@ REPO = TOOLS.parent
 DEFAULT_TESTS = (
     "tests/ut/compilation/test_acl_graph.py",
     "tests/ut/attention/test_attention_v1.py",
+    # the MLA patch (pyruntime/hook/vllm_ascend_mla.py): tests/ut/attention/a2/ in 0.23
+    "tests/ut/attention/test_mla_v1.py",
 )
 RESULTS_ENV = "AICPU_TILING_UT_RESULTS"
 HOOK_REPORT_ENV = "AICPU_TILING_UT_HOOK_REPORT"

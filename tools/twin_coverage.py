@@ -70,6 +70,64 @@ def _engine_scenario(placement: str) -> None:
         raise AssertionError("a second geometry in one graph key was accepted")
 
 
+def _mla_engine_scenario(placement: str) -> None:
+    """The vLLM engine's MLA capture (`capture_mla`) as the MLA hook drives it: two MLA
+    layers of one graph key captured inside torch.npu.graph, replayed twice, against float64
+    absorbed MLA; a second MLA geometry in the key refused."""
+    import dataclasses
+
+    import torch
+
+    from pyruntime.backends import npu_kernels
+    from pyruntime.backends.npu_engine import NpuTilingEngine
+    from pyruntime.hook.dryrun_mla import reference
+    from pyruntime.hook.vllm_ascend_mla import MLACapture
+
+    npu_kernels.load()
+    engine = NpuTilingEngine(placement, num_cores=4)
+    heads, lora, rope, block, tokens, batch = 4, 32, 16, 16, 4, 4
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to("npu")
+
+    table_cpu = torch.randperm(16, generator=gen).int().reshape(batch, 4)
+    table = table_cpu.to("npu")
+    cu = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32).to("npu")
+    kv_lens = [5, 17, 33, 0]  # the last slot: uniform padding (trailing)
+    lens = torch.tensor(kv_lens, dtype=torch.int32).to("npu")
+    live = torch.tensor([batch], dtype=torch.int32).to("npu")
+    layers = [MLACapture(("graph", tokens), f"mla{i}", rand(tokens, heads, lora),
+                         rand(tokens, heads, rope), rand(16, block, 1, lora),
+                         rand(16, block, 1, rope), table, cu, lens, live,
+                         torch.zeros(tokens, heads, lora, device="npu"), heads, lora, rope,
+                         block, (lora + rope) ** -0.5) for i in range(2)]
+    stream, graph = torch.npu.Stream(), torch.npu.NPUGraph()
+    with torch.npu.graph(graph, stream=stream):
+        for layer in layers:
+            engine.capture_mla(layer)
+    for _ in range(2):
+        engine.before_replay(tokens)
+        graph.replay()
+    torch.npu.synchronize()
+    assert not engine.errors(), engine.errors()
+    for c in layers:
+        want = reference(c.q_nope.cpu(), c.q_pe.cpu(), c.kv_c_cache.cpu()[:, :, 0],
+                         c.k_pe_cache.cpu()[:, :, 0], table_cpu, [1, 1, 1], kv_lens[:3],
+                         c.scale)
+        got = c.output.cpu()
+        assert float((got[:3].double() - want).abs().max()) < 1e-5
+        assert not got[3:].any()  # the padding slot's rows are zero
+    odd = dataclasses.replace(layers[0], num_heads=heads * 2)
+    try:
+        with torch.npu.graph(torch.npu.NPUGraph(), stream=stream):
+            engine.capture_mla(odd)
+    except Exception as exc:  # noqa: BLE001 - the geometry check must refuse it
+        assert "MLA geometry" in str(exc), exc
+    else:
+        raise AssertionError("a second MLA geometry in one graph key was accepted")
+
+
 def scenarios() -> dict[str, str]:
     """Run every scenario; name -> "ok" or the error."""
     import torch
@@ -100,6 +158,7 @@ def scenarios() -> dict[str, str]:
         attempt(f"selfcheck {name}", check(fn))
     for placement in ("graph", "pre-replay"):
         attempt(f"engine {placement}", lambda p=placement: _engine_scenario(p))
+        attempt(f"mla engine {placement}", lambda p=placement: _mla_engine_scenario(p))
 
     def abort():
         stream, x = be.stream(), be.alloc([2], torch.float32)

@@ -95,6 +95,8 @@ class NpuTilingEngine:
         self.epoch = 0
         self._host_epoch = torch.zeros(1, dtype=torch.int32)
         self.tiling_launches = 0
+        #: graph key -> kv_lora_rank of the MLA keys (`capture_mla`)
+        self.mla_lora: dict[Hashable, int] = {}
 
     # ---- capture ----------------------------------------------------------------------------
     def _buffers(self, c: AttentionCapture) -> _KeyBuffers:
@@ -184,6 +186,72 @@ class NpuTilingEngine:
 
         self.launch(attention)
 
+    def _mla_buffers(self, c) -> _KeyBuffers:
+        from pyruntime.mla_attention import mla_tiling_params
+
+        params = mla_tiling_params(
+            num_heads=c.num_heads, kv_lora_rank=c.kv_lora_rank,
+            qk_rope_head_dim=c.qk_rope_head_dim, block_size=c.block_size,
+            max_batch=int(c.seq_lens.numel()), max_tokens=int(c.q_nope.shape[0]),
+            max_blocks_per_req=int(c.block_table.shape[1]), num_cores=self.num_cores)
+        slots = max(1, params.max_partial_slots)
+
+        def empty(shape, dtype):  # allocation only, as in _buffers
+            return torch.empty(shape, dtype=dtype, device=c.q_nope.device)
+
+        # the key's length buffers, as an AttentionCapture for _plan (always causal: decode)
+        lengths = AttentionCapture(
+            graph_key=c.graph_key, layer_name=c.layer_name, query=c.q_nope, key_cache=None,
+            value_cache=None, block_table=c.block_table, query_start_loc=c.query_start_loc,
+            seq_lens=c.seq_lens, batch=c.batch, output=c.output, num_heads=c.num_heads,
+            num_kv_heads=1, head_size=params.head_dim, block_size=c.block_size, scale=c.scale,
+            causal=True)
+        return _KeyBuffers(params, lengths, empty((params.tiling_bytes,), torch.uint8),
+                           empty((1,), torch.int32),
+                           empty((slots, params.q_tile, params.group, c.kv_lora_rank),
+                                 torch.float32),
+                           empty((slots, params.q_tile, params.group), torch.float32))
+
+    def capture_mla(self, capture) -> None:
+        """Enqueue (the key's tiling task under ``graph``, then) one MLA layer's decode.
+
+        ``capture``: a `pyruntime.hook.vllm_ascend_mla.MLACapture`. The key's tiling is
+        planned as GQA with one kv head and ``head_dim = kv_lora_rank + qk_rope_head_dim``
+        (`pyruntime.mla_attention.mla_tiling_params`), once per step, shared by the graph's MLA
+        layers; the kernels read the layer's caches in place and write ``capture.output``.
+
+        Raises:
+            BackendError: the layer's geometry differs from its graph's first MLA layer (one
+                tiling serves one geometry).
+        """
+        c = capture
+        # the MLA layers of a graph key have a tiling of their own, beside any GQA layers' (a
+        # graph mixing both gets two tiling tasks per step)
+        mla_key = mla_graph_key(c.graph_key)
+        key = self.keys.get(mla_key)
+        geometry = (c.num_heads, 1, c.kv_lora_rank + c.qk_rope_head_dim)
+        if key is None:
+            key = self.keys[mla_key] = self._mla_buffers(c)
+            self.mla_lora[mla_key] = c.kv_lora_rank
+            if self.placement == "graph":
+                self.launch(lambda k=key: self._plan(k))
+        elif (self.mla_lora.get(mla_key) != c.kv_lora_rank or geometry != (
+                key.params.num_q_heads, key.params.num_kv_heads, key.params.head_dim)):
+            raise BackendError(f"layer {c.layer_name}: MLA geometry differs from the first "
+                               "layer of its graph; one tiling serves one geometry")
+        common = {"cu_seqlens_q": c.query_start_loc, "step_epoch": key.epoch,
+                  "tiling_in": key.tiling, "out": c.output, "partial_out": key.partial_out,
+                  "partial_lse": key.partial_lse, "params": kernels.params_list(key.params),
+                  "kv_lora_rank": c.kv_lora_rank}
+
+        def attention() -> None:
+            self.ops.mla_attention(q_nope=c.q_nope, q_pe=c.q_pe, kv_c_cache=c.kv_c_cache,
+                                   k_pe_cache=c.k_pe_cache, block_table=c.block_table,
+                                   seqlens_kv=c.seq_lens, scale=c.scale, causal=True, **common)
+            self.ops.mla_combine(**common)
+
+        self.launch(attention)
+
     # ---- every step -------------------------------------------------------------------------
     def before_replay(self, num_tokens: int | None = None) -> None:
         """Before a graph replays: a new step epoch; under ``pre-replay`` also the tiling of
@@ -211,5 +279,14 @@ class NpuTilingEngine:
         return found
 
 
+def mla_graph_key(graph_key: Hashable) -> Hashable:
+    """The engine's key for the MLA layers of vLLM-Ascend graph key ``(graph, num_tokens)``."""
+    return (*graph_key, "mla") if isinstance(graph_key, tuple) else (graph_key, None, "mla")
+
+
 def _tokens_of(graph_key: Hashable) -> int | None:
-    return graph_key[1] if isinstance(graph_key, tuple) and len(graph_key) == 2 else None
+    """The token bucket of a key: ``(graph, num_tokens)`` or its MLA key."""
+    if isinstance(graph_key, tuple) and (
+            len(graph_key) == 2 or (len(graph_key) == 3 and graph_key[2] == "mla")):
+        return graph_key[1]
+    return None

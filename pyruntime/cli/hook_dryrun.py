@@ -31,12 +31,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="decode steps replayed after capture (default: 6)")
     p.add_argument("--spec-tokens", type=int, default=0,
                    help="speculative decode: each request verifies 1 + N tokens (default: 0)")
-    p.add_argument("--model", choices=("mixed", "gpt-oss", "gemma2", "gemma3"),
+    p.add_argument("--model", choices=("mixed", "gpt-oss", "gemma2", "gemma3", "mla"),
                    default="mixed",
                    help="the layer set: mixed (default: plain, windowed, soft-capped and sink "
                         "layers), or one from a real config: gpt-oss (window 128 / full, sinks), "
                         "gemma2 (window 4096 / full, soft cap 50), gemma3 (window 1024 on 5 "
-                        "of 6 layers)")
+                        "of 6 layers), mla (DeepSeek-V3-shaped MLA layers through "
+                        "vLLM-Ascend's AscendMLAImpl; hooked run only: the twin does not model "
+                        "its FIA v2 MLA call)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=run)
     return p
@@ -49,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--steps must be at least 1")
     if not 0 <= args.spec_tokens <= 3:
         raise CliError("--spec-tokens must be 0 to 3 (the dry run's buckets hold 8 tokens)")
+    if args.model == "mla":
+        return _run_mla(args)
     try:
         dryrun.check_real_vllm_ascend()
         options = {"placement": args.placement, "steps": args.steps,
@@ -86,5 +90,34 @@ def run(args: argparse.Namespace) -> int:
         if report.get("tilings_per_graph") is not None:
             print(f"tilings per graph (one per distinct window): {report['tilings_per_graph']}, "
                   f"planned by {report['tiling_launches_per_step']:g} AI-CPU launch per step")
+        print("verdict: " + ("pass" if report["ok"] else "fail"))
+    return 0 if report["ok"] else 1
+
+
+def _run_mla(args: argparse.Namespace) -> int:
+    from pyruntime.hook import dryrun, dryrun_mla
+
+    try:
+        dryrun.check_real_vllm_ascend()
+        report = dryrun_mla.run_in_child(placement=args.placement, steps=args.steps,
+                                         spec_tokens=args.spec_tokens)
+    except dryrun.DryRunError as exc:
+        raise CliError(str(exc)) from exc
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        spec = f", {report['spec_tokens']} speculative tokens" if report["spec_tokens"] else ""
+        print(f"vLLM-Ascend {report['vllm_ascend']} on {report['device']}, MLA, placement "
+              f"{report['placement']}{spec}, {report['steps']} decode steps after capture")
+        for layer in report["layers"]:
+            reason = f" ({layer['reason']})" if layer["reason"] else ""
+            print(f"  {layer['name']}: {layer['path']}{reason}")
+        print(f"graph task updates per step: {report['updates_per_step_after']:g} "
+              f"({report['updates_skipped']} MLA update calls skipped)")
+        print(f"max relative error against float64 absorbed MLA: {report['max_rel_err']:.2e} "
+              f"(tolerance {report['tolerance']:g}; without the rope part "
+              f"{report['rope_distance']:.2e})")
+        print(f"steps whose tiling split a unit (the combine ran): "
+              f"{report['steps_with_split_units']} of {report['steps']}")
         print("verdict: " + ("pass" if report["ok"] else "fail"))
     return 0 if report["ok"] else 1

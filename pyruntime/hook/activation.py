@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from . import registry
+from . import vllm_ascend_mla as mla
 from . import vllm_ascend_patches as patches
 from . import vllm_ascend_targets as targets
 from .engine import TilingEngine, load_engine
@@ -100,6 +101,11 @@ def _on_import(name: str, module: ModuleType) -> None:
 
                 acl_graph = importlib.import_module(targets.ACL_GRAPH)
                 patches.patch_attention(module, state, acl_graph)
+        elif name == mla.MODULE:
+            if state.mla_impl_cls is not getattr(module, mla.IMPL, None):
+                import importlib
+
+                mla.patch_mla(module, state, importlib.import_module(targets.ACL_GRAPH))
         else:
             patches.patch_importer(module, state)
         if name not in state.patched_modules:
@@ -127,7 +133,7 @@ def install(
         _installed = True
         _engine_factory = engine_factory or load_engine
         _report = Report(installed=True)
-        names = (targets.ACL_GRAPH, targets.ATTENTION, *targets.IMPORTERS)
+        names = (targets.ACL_GRAPH, targets.ATTENTION, mla.MODULE, *targets.IMPORTERS)
         for name in names:
             _callbacks[name] = _make_callback(name)
     for name in names:  # may fire at once for modules already imported

@@ -174,6 +174,8 @@ class Run:
     #: graph: captured per key, each replay runs them); None without the NPU engine
     tilings_per_graph: int | None = None
     tiling_launches_per_step: float | None = None
+    #: update calls the hook skipped (its graphs' layers all ours); the MLA run reports it
+    updates_skipped: int | None = None
 
 
 def report(before: Run, after: Run) -> dict:

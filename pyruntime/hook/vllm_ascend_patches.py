@@ -58,8 +58,8 @@ full-graph path, main model):
 
 Everything else keeps the original path: KV-cache quantization (C8 / non-"auto" dtypes), ALiBi, KV compression, non-decoder
 attention, subclasses (context parallel, C8), speculative draft graphs, paged-attention
-decode and MLA (a different implementation class), and sinks our kernels cannot read in place
-(not float32: gpt-oss's are the model dtype; see ``_sinks_reason``). Each such layer is
+decode, MLA (a different implementation class: its patch is `vllm_ascend_mla`), and sinks our
+kernels cannot read in place (not fp32/bf16/fp16, not ``[num_heads]``; see ``_sinks_reason``). Each such layer is
 logged once with its reason.
 """
 
@@ -116,6 +116,10 @@ class PatchState:
     windows: set = field(default_factory=set)
     #: layers captured on the device path with a sliding window (each logged once)
     windowed_layers: set[str] = field(default_factory=set)
+    #: MLA layers captured on the device path (`vllm_ascend_mla`)
+    mla_layers: set[str] = field(default_factory=set)
+    #: ``AscendMLAImpl`` once ``mla_v1`` is patched
+    mla_impl_cls: type | None = None
 
     def whole_graph_device_tiled(self, num_tokens: int) -> bool:
         """True when graph ``num_tokens`` has device-tiled layers and no host-path FIA."""
@@ -127,10 +131,14 @@ class PatchState:
         return not graph_params.attn_params.get(num_tokens)
 
 
+#: The attribute the patched ``forward`` methods set: the vLLM layer name last seen.
+LAYER_NAME_ATTR = "_aicpu_tiling_layer_name"
+
+
 def layer_name(impl: Any) -> str:
     """A stable name for an attention implementation instance (vLLM layer name if seen)."""
     return (
-        getattr(impl, "_aicpu_tiling_layer_name", None) or f"<{type(impl).__name__}@{id(impl):#x}>"
+        getattr(impl, LAYER_NAME_ATTR, None) or f"<{type(impl).__name__}@{id(impl):#x}>"
     )
 
 

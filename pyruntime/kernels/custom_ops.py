@@ -22,6 +22,7 @@ on the current stream. The AI-CPU tiling op's NPU build is not here.
   `pyruntime.kernels.kv_quant`)
 - ``attention_combine(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse,
   params, sinks=None)`` (the same sinks as the attention's)
+- ``mla_attention`` and ``mla_combine``: MLA decode (`mla_step`), see `_register_mla`
 """
 
 from __future__ import annotations
@@ -109,4 +110,73 @@ def ops():
           sinks=None) -> None:
         return None
 
+    _register_mla()
     return getattr(torch.ops, NAMESPACE)
+
+
+def _register_mla() -> None:
+    """The MLA decode ops (`mla_step`): the same tiling, one latent kv head.
+
+    - ``mla_attention(q_nope, q_pe, kv_c_cache, k_pe_cache, block_table, cu_seqlens_q,
+      seqlens_kv, step_epoch, tiling_in, out, partial_out, partial_lse, params, kv_lora_rank,
+      scale, causal)``: every core; shapes as `triton_mla_launch.launch_mla_attention`
+    - ``mla_combine(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse, params,
+      kv_lora_rank)``
+    """
+    from . import mla_step
+
+    @torch.library.custom_op(f"{NAMESPACE}::mla_attention",
+                             mutates_args=("out", "partial_out", "partial_lse"))
+    def mla_attention(q_nope: Tensor, q_pe: Tensor, kv_c_cache: Tensor, k_pe_cache: Tensor,
+                      block_table: Tensor, cu_seqlens_q: Tensor, seqlens_kv: Tensor,
+                      step_epoch: Tensor, tiling_in: Tensor, out: Tensor, partial_out: Tensor,
+                      partial_lse: Tensor, params: list[int], kv_lora_rank: int, scale: float,
+                      causal: bool) -> None:
+        for core in range(kernels.params_from(tuple(params)).num_cores):
+            mla_step.mla_attention_body(
+                core, q_nope=q_nope, q_pe=q_pe, kv_c_cache=kv_c_cache, k_pe_cache=k_pe_cache,
+                block_table=block_table, cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv,
+                step_epoch=step_epoch, tiling_in=tiling_in, out=out, partial_out=partial_out,
+                partial_lse=partial_lse, params=params, kv_lora_rank=kv_lora_rank, scale=scale,
+                causal=causal)
+
+    def mla_attention_npu(q_nope, q_pe, kv_c_cache, k_pe_cache, block_table, cu_seqlens_q,
+                          seqlens_kv, step_epoch, tiling_in, out, partial_out, partial_lse,
+                          params, kv_lora_rank, scale, causal) -> None:
+        mla_step.mla_attention_npu(
+            q_nope=q_nope, q_pe=q_pe, kv_c_cache=kv_c_cache, k_pe_cache=k_pe_cache,
+            block_table=block_table, cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv,
+            step_epoch=step_epoch, tiling_in=tiling_in, out=out, partial_out=partial_out,
+            partial_lse=partial_lse, params=params, kv_lora_rank=kv_lora_rank, scale=scale,
+            causal=causal)
+
+    mla_attention.register_kernel("privateuseone")(mla_attention_npu)
+
+    @mla_attention.register_fake
+    def _(q_nope, q_pe, kv_c_cache, k_pe_cache, block_table, cu_seqlens_q, seqlens_kv,
+          step_epoch, tiling_in, out, partial_out, partial_lse, params, kv_lora_rank, scale,
+          causal) -> None:
+        return None
+
+    @torch.library.custom_op(f"{NAMESPACE}::mla_combine", mutates_args=("out",))
+    def mla_combine(cu_seqlens_q: Tensor, step_epoch: Tensor, tiling_in: Tensor, out: Tensor,
+                    partial_out: Tensor, partial_lse: Tensor, params: list[int],
+                    kv_lora_rank: int) -> None:
+        mla_step.mla_combine_body(0, cu_seqlens_q=cu_seqlens_q, step_epoch=step_epoch,
+                                  tiling_in=tiling_in, out=out, partial_out=partial_out,
+                                  partial_lse=partial_lse, params=params,
+                                  kv_lora_rank=kv_lora_rank)
+
+    def mla_combine_npu(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse,
+                        params, kv_lora_rank) -> None:
+        mla_step.mla_combine_npu(cu_seqlens_q=cu_seqlens_q, step_epoch=step_epoch,
+                                 tiling_in=tiling_in, out=out, partial_out=partial_out,
+                                 partial_lse=partial_lse, params=params,
+                                 kv_lora_rank=kv_lora_rank)
+
+    mla_combine.register_kernel("privateuseone")(mla_combine_npu)
+
+    @mla_combine.register_fake
+    def _(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse, params,
+          kv_lora_rank) -> None:
+        return None

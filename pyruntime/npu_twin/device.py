@@ -643,7 +643,9 @@ def _dispatch(func, args, kwargs):
 #: the Triton body (``AICPU_TILING_TWIN_AICORE=reference``: minutes instead of hours for the
 #: self-check's attention checks; the Triton bodies run under ``triton``)
 REFERENCE_BODIES = ("aicpu_tiling.paged_attention.default",
-                    "aicpu_tiling.attention_combine.default")
+                    "aicpu_tiling.attention_combine.default",
+                    "aicpu_tiling.mla_attention.default",
+                    "aicpu_tiling.mla_combine.default")
 
 
 def _queue_reference_body(dev: Device, func, args, kwargs) -> None:

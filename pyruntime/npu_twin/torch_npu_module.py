@@ -83,7 +83,31 @@ def build() -> types.ModuleType:
     module._C = c
     module.npu_fused_infer_attention_score = _FiaPacket(fia.register())
     module._npu_fused_infer_attention_score_get_max_workspace = fia.get_max_workspace
+    module.npu_transpose_batchmatmul = transpose_batchmatmul
     return module
+
+
+def transpose_batchmatmul(input, weight, *, bias=None, scale=None, perm_x1=None,
+                          perm_x2=None, perm_y=None, batch_split_factor=1):
+    """``torch_npu.npu_transpose_batchmatmul(Tensor input, Tensor weight, *, Tensor?
+    bias=None, Tensor? scale=None, int[]? perm_x1=None, int[]? perm_x2=None, int[]?
+    perm_y=None, int? batch_split_factor=1)`` (torch_npu 2.10.0.post4 ``_op_plugin_docs.py``;
+    ``perm_x1`` arranges input as [B, M, K], ``perm_x2`` weight as [B, K, N]): ``y =
+    permute(permute(input, perm_x1) @ permute(weight, perm_x2), perm_y)``, as vLLM-Ascend's
+    MLA up-projection calls it (``AscendMLAImpl._v_up_proj``: ``[N, B, L] @ [N, L, V]``,
+    ``perm_y=(1, 0, 2)``). Only the permutations; bias, scale and batch_split_factor, which no
+    caller here passes, are refused."""
+    if bias is not None or scale is not None or batch_split_factor != 1:
+        raise NotImplementedError("npu_transpose_batchmatmul on the twin: bias, scale and "
+                                  "batch_split_factor are not modelled")
+    for name, t in (("input", input), ("weight", weight)):
+        if not isinstance(t, twin.NpuTensor) or t.dim() != 3:
+            raise TypeError(f"npu_transpose_batchmatmul: {name} must be a 3-d npu tensor")
+    import torch
+
+    same = (0, 1, 2)
+    y = torch.bmm(input.permute(*(perm_x1 or same)), weight.permute(*(perm_x2 or same)))
+    return y.permute(*(perm_y or same)).contiguous()
 
 
 def install() -> types.ModuleType:

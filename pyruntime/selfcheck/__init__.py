@@ -13,6 +13,8 @@ Checks, in order (each passes, fails or skips with the reason):
   and False and must tell them apart.
 * ``attention_correctness``: our attention on that placement against a float64 reference
   on trace batches (decode, spec decode, chunked prefill, padded buckets), fp32 and bf16.
+* ``mla_correctness``: ``StaticMLAAttention`` (absorbed MLA decode, issue 20) on that
+  placement against float64, fp32 and bf16, with MTP, padded buckets and split units.
 * ``attention_fia``: the same against torch_npu's FIA run eagerly (NPU only).
 * ``attention_triton``: the Triton AI Core kernels (interpreted on CPU, compiled on NPU).
 * ``host_time``: host and step time per step, host_update against device tiling at
@@ -43,6 +45,7 @@ from .context import BACKEND_LABELS, TWIN_STATE_ENV, Context, make_context, twin
 from .device_checks import aicpu_replay, tiling_kernel
 from .environment import environment
 from .kernels_check import kernels
+from .mla_checks import mla_correctness
 from .report import SCHEMA, SCHEMA_VERSION, CheckResult, Report
 
 __all__ = [
@@ -68,6 +71,7 @@ CHECKS: tuple[tuple[str, Callable[[Context], CheckResult]], ...] = (
     ("tiling_kernel", tiling_kernel),
     ("aicpu_replay", aicpu_replay),
     ("attention_correctness", attention_correctness),
+    ("mla_correctness", mla_correctness),
     ("attention_fia", attention_fia),
     ("attention_triton", attention_triton),
     ("host_time", host_time),

@@ -12,8 +12,8 @@ from pyruntime.profiler.renderers import render_text
 from pyruntime.profiler.renderers.selfcheck_table import selfcheck_tables
 from pyruntime.selfcheck.report import CheckResult, Report
 
-REQUIRED = {"tiling_kernel", "aicpu_replay", "attention_correctness", "attention_triton",
-            "host_time"}
+REQUIRED = {"tiling_kernel", "aicpu_replay", "attention_correctness", "mla_correctness",
+            "attention_triton", "host_time"}
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,8 @@ def test_cpu_selfcheck_passes_with_the_schema(cpu_report, capsys):
     assert set(by_name["attention_correctness"]["coverage_steps"]) == {
         "padded", "spec_decode", "chunked_prefill"}
     assert data["environment"]["device"]["soc"] is None
+    assert by_name["mla_correctness"]["status"] == "pass"  # registered, after the GQA check
+    assert names.index("mla_correctness") == names.index("attention_correctness") + 1
 
 
 def test_cpu_selfcheck_json_on_stdout(cli, monkeypatch):

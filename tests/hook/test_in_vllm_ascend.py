@@ -17,8 +17,13 @@ both, cached under ``~/.cache/aicpu-tiling/vllm-envs``). There:
   1024, sinks, soft cap 50), every layer on the device path, kv lengths past the window, one
   tiling per distinct window planned by one AI-CPU launch per step, zero host updates. With
   an engine that drops the window the dry run fails.
+* ``aicpu-tiling hook-dryrun --model mla`` (and ``python -m pyruntime.hook.dryrun_mla``):
+  vLLM-Ascend's own ``AscendMLAImpl`` at one TP-8 rank of DeepSeek-V3 captured on the device
+  path, zero task updates, against float64 absorbed MLA; a mixed graph (an NZ-cache layer on
+  vLLM-Ascend's path, updated once a step); 20 heads (padded); the Triton MLA bodies; an
+  engine that drops the rope part is caught; the patch installs and uninstalls exactly.
 * ``tools/run_vllm_ascend_ut.py --both``: vLLM-Ascend's own unit tests of the classes we
-  patch, without and with the hook applied: no outcome differs.
+  patch (``test_mla_v1.py`` included), without and with the hook applied: no outcome differs.
 
 Without an environment the tests skip, except under ``CI=true``, where they fail.
 """
@@ -252,3 +257,159 @@ def test_vllm_ascends_own_unit_tests_pass_alike_with_the_hook(release, tmp_path)
     assert hooked["hook"]["state"] == "active", hooked["hook"]
     assert report["without_hook"]["counts"]["passed"] > 0
     assert report["differences"] == [], report["differences"]
+
+
+@pytest.mark.parametrize("release, placement, spec_tokens", DRYRUNS)
+def test_mla_dryrun_in_vllm_ascends_own_mla_impl(release, placement, spec_tokens):
+    """``hook-dryrun --model mla``: vLLM-Ascend's own ``AscendMLAImpl._forward_decode`` (and
+    ``_v_up_proj``) at one TP-8 rank of DeepSeek-V3 (16 heads, 512 + 64) captured on the device
+    path, replayed with trace batches, zero task updates, against float64 absorbed MLA."""
+    env = _env(release)
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    proc = subprocess.run([str(python), "-m", "pyruntime.cli", "hook-dryrun", "--model", "mla",
+                           "--json", "--placement", placement, "--steps", "3",
+                           "--spec-tokens", str(spec_tokens)],
+                          capture_output=True, text=True, env=_clean_env(tree), cwd=REPO,
+                          timeout=600, check=False)
+    start = proc.stdout.find("{")
+    assert start >= 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout[start:])
+    assert report["schema"] == "aicpu-tiling/hook-dryrun-mla"
+    assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
+    assert report["placement"] == placement and report["spec_tokens"] == spec_tokens
+    assert [layer["path"] for layer in report["layers"]] == ["device"] * 3, report["layers"]
+    assert [layer["entry"] for layer in report["layers"]] == ["_forward_decode"] * 3
+    assert report["updates_per_step_after"] == 0
+    # the MLA update_graph_params ran after every replay and was skipped each time
+    assert report["updates_skipped"] == report["steps"] == 3
+    assert 0 < report["steps_with_split_units"] <= report["steps"]
+    assert report["max_rel_err"] <= report["tolerance"] == 1e-4
+    # dropping the rope part of the scores would be far outside the tolerance
+    assert report["rope_distance"] > 100 * report["tolerance"]
+    assert report["ok"] and proc.returncode == 0
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_an_mla_engine_that_drops_the_rope_is_caught(release):
+    """The same MLA run with an engine that hands our kernels a zero ``q_pe``: the layers still
+    take the device path, and the dry run fails, off by about the distance of the rope-less
+    answer."""
+    from pyruntime.hook import dryrun_mla
+
+    env = _env(release)
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    environ = _clean_env(tree)
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun_mla", "--steps", "2",
+                           "--fault", "drop-rope"], capture_output=True, text=True,
+                          env=environ, cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    report = json.loads(lines[-1])
+    assert [layer["path"] for layer in report["layers"]] == ["device"] * 3
+    assert report["max_rel_err"] > 100 * dryrun_mla.TOLERANCE
+    assert report["max_rel_err"] >= 0.5 * report["rope_distance"]
+    assert not report["ok"]
+
+
+def test_mla_dryrun_with_the_triton_mla_kernels_on_the_twin():
+    """The newest release, MTP, with the twin running our AI Core ops' Triton bodies
+    (``triton_mla.mla_decode_kernel`` and the combine, launched by `mla_step` on the NPU
+    path, interpreted) instead of the C reference."""
+    env = _env(RELEASES[1])
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    environ = _clean_env(tree)
+    environ["AICPU_TILING_TWIN_AICORE"] = "triton"
+    environ.pop("TRITON_INTERPRET", None)  # the twin's Triton driver runs device launches
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun_mla", "--steps", "1",
+                           "--spec-tokens", "1"], capture_output=True, text=True, env=environ,
+                          cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    report = json.loads(lines[-1])
+    assert report["aicore_body"] == "triton"
+    assert [layer["path"] for layer in report["layers"]] == ["device"] * 3
+    assert report["max_rel_err"] <= report["tolerance"] and report["ok"]
+
+
+@pytest.mark.parametrize("release, placement, spec_tokens",
+                         [(RELEASES[0], "pre-replay", 1), (RELEASES[1], "graph", 0)])
+def test_a_mixed_mla_graph_updates_only_the_host_path_layer(release, placement, spec_tokens):
+    """Layer 1 is built with ``enable_kv_nz`` (the NZ cache layout): it keeps vLLM-Ascend's
+    path in the same graph as two device-path MLA layers. vLLM-Ascend's own capture and its
+    own ``update_graph_params`` (narrowed by the hook to the host-path layers) run their task
+    group and task update around a recording stand-in for FIA v2, which the twin does not
+    model: one update per step, on layer 1's query, none on ours; ours match float64."""
+    env = _env(release)
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun_mla", "--steps", "2",
+                           "--host-layers", "1", "--placement", placement,
+                           "--spec-tokens", str(spec_tokens)], capture_output=True, text=True,
+                          env=_clean_env(tree), cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    report = json.loads(lines[-1])
+    assert [layer["path"] for layer in report["layers"]] == ["device", "host", "device"]
+    assert "enable_kv_nz" in report["layers"][1]["reason"]
+    assert [layer["updates_per_step"] for layer in report["layers"]] == [0, 1, 0]
+    assert report["updates_per_step_all"] == 1 and report["updates_per_step_after"] == 0
+    assert report["layers"][1]["max_rel_err"] is None  # the stand-in computes nothing
+    assert report["max_rel_err"] <= report["tolerance"] and report["ok"]
+
+
+def test_mla_with_heads_that_are_not_a_power_of_two():
+    """20 heads per rank (GLM-4.7-Flash's count, vLLM-Ascend's comment in
+    ``AscendMLAImpl.__init__``): vLLM-Ascend pads the heads to 32 for FIA
+    (``num_heads_padded``) and slices its output back (``attn_output[: self.num_heads]``); the
+    hook writes the first 20 heads of an output of the padded shape and hands the same slice
+    to ``_v_up_proj``."""
+    env = _env(RELEASES[1])
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun_mla", "--steps", "2",
+                           "--num-heads", "20", "--spec-tokens", "1"], capture_output=True,
+                          text=True, env=_clean_env(tree), cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    report = json.loads(lines[-1])
+    assert [layer["path"] for layer in report["layers"]] == ["device"] * 3
+    assert {(layer["num_heads"], layer["num_heads_padded"]) for layer in report["layers"]} == {
+        (20, 32)}
+    assert report["max_rel_err"] <= report["tolerance"] and report["ok"]
+
+
+MLA_PATCH_ROUND_TRIP = """
+from pyruntime import npu_twin
+npu_twin.activate()
+import importlib, json
+from pyruntime import hook
+import vllm_ascend.ops
+m = importlib.import_module("vllm_ascend.attention.mla_v1")
+def targets():
+    return [m.AscendMLAImpl.__dict__[n] for n in ("_forward_decode", "update_graph_params",
+                                                 "forward")] + [m.AscendMLAMetadataBuilder.__dict__["build"]]
+class Engine:
+    name = "stand-in"
+    def capture_attention(self, capture): pass
+    def capture_mla(self, capture): pass
+before = targets()
+report = hook.install(engine_factory=lambda: (Engine(), None))
+patched = [a is not b for a, b in zip(before, targets())]
+modules = hook.status().patched_modules
+hook.uninstall()
+restored = [a is b for a, b in zip(before, targets())]
+print(json.dumps({"patched": patched, "restored": restored, "modules": modules}))
+"""
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_mla_patch_installs_and_uninstalls_in_the_real_module(release):
+    """The four MLA targets are replaced when mla_v1 is imported under the hook, and
+    uninstall() puts back exactly the originals."""
+    env = _env(release)
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    proc = subprocess.run([str(python), "-c", MLA_PATCH_ROUND_TRIP], capture_output=True,
+                          text=True, env=_clean_env(tree), cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    result = json.loads(lines[-1])
+    assert "vllm_ascend.attention.mla_v1" in result["modules"]
+    assert result["patched"] == [True] * 4 and result["restored"] == [True] * 4

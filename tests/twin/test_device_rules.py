@@ -687,6 +687,38 @@ check("triton_launch_with_cpu_partial_lse_raises_host_pointer",
 check("triton_launch_on_npu_tensors_runs", lambda: eq(
     values(triton_launch.launch_combine(PARAMS, **args)), [0, 0, 0]))
 
+
+def mla_with_host(name):
+    # the MLA custom op (what the hook's MLA capture launches) with one host tensor: the
+    # Triton MLA kernel's launch is refused as the GQA one is
+    from pyruntime.kernels import reference_mla
+    from pyruntime.mla_attention import mla_tiling_params
+
+    lora, rope = 32, 16
+    p = mla_tiling_params(num_heads=4, kv_lora_rank=lora, qk_rope_head_dim=rope, block_size=16,
+                          max_batch=2, max_tokens=4, max_blocks_per_req=4, num_cores=3)
+    po, pl = reference_mla.partial_buffers(p, lora)
+    npu = dict(
+        q_nope=torch.zeros(4, 4, lora), q_pe=torch.zeros(4, 4, rope),
+        kv_c_cache=torch.zeros(8, 16, 1, lora), k_pe_cache=torch.zeros(8, 16, 1, rope),
+        block_table=torch.zeros(2, 4, dtype=torch.int32),
+        cu_seqlens_q=torch.tensor([0, 1, 3], dtype=torch.int32),
+        seqlens_kv=torch.tensor([40, 20], dtype=torch.int32),
+        step_epoch=torch.zeros(1, dtype=torch.int32),
+        tiling_in=torch.from_numpy(tiling.plan(p, [0, 1, 3], [40, 20]).buffer),
+        out=torch.zeros(4, 4, lora), partial_out=po, partial_lse=pl)
+    npu = {k: (v if k == name else v.to("npu")) for k, v in npu.items()}
+    expect(twin.HostPointerError, "mla_decode_kernel: argument on cpu",
+           lambda: torch.ops.aicpu_tiling.mla_attention(
+               **npu, params=kernels_step.params_list(p), kv_lora_rank=lora, scale=0.1,
+               causal=True))
+
+
+from pyruntime.kernels import step as kernels_step  # noqa: E402
+
+check("mla_custom_op_with_cpu_cache_raises_host_pointer",
+      lambda: mla_with_host("k_pe_cache"))
+
 # torch_npu placeholders
 check("unknown_torch_npu_name_raises_not_in_twin", lambda: expect(
     NotInTwinError, "torch_npu.npu_made_up_op is not implemented by the NPU twin",
@@ -925,6 +957,8 @@ RULES: dict[str, dict[str, str | tuple[str, str]]] = {
         "triton_launch_with_cpu_partial_lse_raises_host_pointer":
             "the same for any tensor argument",
         "triton_launch_on_npu_tensors_runs": "a launch on npu tensors runs",
+        "mla_custom_op_with_cpu_cache_raises_host_pointer":
+            "the same for the MLA Triton kernel behind the MLA custom op",
         "unknown_torch_npu_name_raises_not_in_twin":
             "names outside the twin are placeholders that raise when called",
         "unknown_torch_npu_c_name_raises_not_in_twin": "the same for torch_npu._C",

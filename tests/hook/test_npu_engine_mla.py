@@ -1,0 +1,81 @@
+"""`NpuTilingEngine.capture_mla` on CPU: its ops are our custom ops' CPU implementations (the
+C reference MLA) and its captured launches a recorded list replayed in order, so the engine's
+own logic runs for real (one tiling per graph key and step, planned for MLA geometry, shared by
+the key's MLA layers; a key of its own beside a GQA one); only the device is not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyruntime.backends import BackendError
+from pyruntime.backends.npu_engine import NpuTilingEngine, mla_graph_key
+from pyruntime.hook.dryrun_mla import reference
+from pyruntime.hook.vllm_ascend_mla import MLACapture
+
+pytest.importorskip("pyruntime.tiling", reason="needs our tiling kernels (pyruntime.tiling)")
+
+H, L, R, BS, NB, T, N, MB = 4, 32, 16, 16, 12, 6, 3, 4
+
+
+def _layer(gen, key, **overrides):
+    fields = {
+        "graph_key": key, "layer_name": "l", "q_nope": torch.randn(T, H, L, generator=gen),
+        "q_pe": torch.randn(T, H, R, generator=gen),
+        "kv_c_cache": torch.randn(NB, BS, 1, L, generator=gen),
+        "k_pe_cache": torch.randn(NB, BS, 1, R, generator=gen),
+        "block_table": torch.zeros(N, MB, dtype=torch.int32),
+        "query_start_loc": torch.zeros(N + 1, dtype=torch.int32),
+        "seq_lens": torch.zeros(N, dtype=torch.int32),
+        "batch": torch.tensor([N], dtype=torch.int32),
+        "output": torch.full((T, H, L), float("nan")), "num_heads": H, "kv_lora_rank": L,
+        "qk_rope_head_dim": R, "block_size": BS, "scale": (L + R) ** -0.5}
+    fields.update(overrides)
+    return MLACapture(**fields)
+
+
+@pytest.mark.parametrize("where", ["graph", "pre-replay"])
+def test_mla_layers_share_one_tiling_per_step_and_match_float64(where):
+    gen = torch.Generator().manual_seed(0)
+    recorded = []
+    engine = NpuTilingEngine(where, num_cores=3, launch=recorded.append)
+    key = (7, T)
+    first = _layer(gen, key)
+    shared = {k: getattr(first, k) for k in ("block_table", "query_start_loc", "seq_lens",
+                                              "batch")}
+    layers = [first, _layer(gen, key, **shared)]
+    for layer in layers:
+        engine.capture_mla(layer)
+    assert list(engine.keys) == [mla_graph_key(key)]
+    for q_lens, kv_lens in (([1, 2, 2], [40, 17, 33]), ([2, 2], [60, 3])):
+        n = len(q_lens)
+        first.query_start_loc.zero_()
+        first.query_start_loc[1: n + 1] = torch.tensor(q_lens).cumsum(0)
+        first.query_start_loc[n + 1:] = sum(q_lens)  # trailing padded slots: no tokens
+        first.seq_lens.zero_()
+        first.seq_lens[:n] = torch.tensor(kv_lens)
+        table = torch.randperm(NB, generator=gen)[: N * MB].view(N, MB).int()
+        first.block_table.copy_(table)
+        engine.before_replay(T)
+        for launch in recorded:  # the replay
+            launch()
+        rows = sum(q_lens)
+        for layer in layers:
+            want = reference(layer.q_nope, layer.q_pe, layer.kv_c_cache[:, :, 0],
+                             layer.k_pe_cache[:, :, 0], table, q_lens, kv_lens, layer.scale)
+            got = layer.output[:rows].double()
+            assert (got - want).abs().max() < 1e-5
+            assert layer.output[rows:].abs().max() == 0  # padding rows zero
+    assert engine.errors() == {}
+    assert engine.tiling_launches == 2  # one per step, for both layers
+
+
+def test_an_mla_layer_of_another_geometry_in_the_same_graph_is_refused():
+    gen = torch.Generator().manual_seed(1)
+    engine = NpuTilingEngine("graph", num_cores=3, launch=lambda fn: None)
+    engine.capture_mla(_layer(gen, (1, T)))
+    with pytest.raises(BackendError, match="MLA geometry differs"):
+        engine.capture_mla(_layer(gen, (1, T), num_heads=8, q_nope=torch.zeros(T, 8, L),
+                                  q_pe=torch.zeros(T, 8, R)))
+    engine.capture_mla(_layer(gen, (1, 2 * T)))  # another bucket: a key of its own
+    assert set(engine.keys) == {mla_graph_key((1, T)), mla_graph_key((1, 2 * T))}
