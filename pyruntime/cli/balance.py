@@ -47,7 +47,7 @@ from .sources import ContinuousBatch, SourceError
 DEFAULT_SIZES = (16, 64, 256, 1024)
 QUICK_SIZES = (16, 64)
 DEFAULT_SAMPLES = 4
-_ALL_COST_MODELS = tuple(dict.fromkeys((*COST_MODELS, *MLA_COST_MODELS)))  # GQA and MLA
+_ALL_COST_MODELS = tuple(dict.fromkeys((*COST_MODELS, *MLA_COST_MODELS, "mla_runtime")))  # GQA, MLA
 
 
 def _int_list(text: str) -> list[int]:

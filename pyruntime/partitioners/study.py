@@ -272,9 +272,17 @@ def balance_study(
 
 
 def mla_cost_table() -> dict[str, dict[str, int]]:
-    """The cost models an MLA study may use: :data:`MLA_COST_MODELS`, and ``"ours"`` (the GQA
-    defaults, unchanged: a sensitivity check of the MLA weights)."""
-    return {**MLA_COST_MODELS, "ours": COST_MODELS["ours"]}
+    """The cost models an MLA study may use: :data:`MLA_COST_MODELS`, ``"ours"`` (the GQA
+    defaults, unchanged: a sensitivity check of the MLA weights) and ``"mla_runtime"``: the
+    weights and query tile `pyruntime.mla_attention.StaticMLAAttention` plans with (a
+    64-row unit, FlashMLA's block), which are not the study's ``mla`` weights: with it the
+    study measures our tiling exactly as the runtime plans it."""
+    from pyruntime import mla_attention  # torch: imported only when an MLA study asks
+
+    runtime = {"block_size": 128, "cost_kv_load": mla_attention.MLA_COST_KV_LOAD,
+               "cost_qk_tile": mla_attention.MLA_COST_QK_TILE,
+               "cost_segment": mla_attention.MLA_COST_SEGMENT, "tile_rows": 64}
+    return {**MLA_COST_MODELS, "ours": COST_MODELS["ours"], "mla_runtime": runtime}
 
 
 def mla_balance_study(

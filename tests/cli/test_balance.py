@@ -97,6 +97,29 @@ def test_mla_geometry_table(cli):
 
 
 @needs_tiling
+def test_mla_runtime_cost_model_is_the_weights_the_runtime_plans_with(cli, tmp_path):
+    """``--cost-models mla_runtime`` scores our tiling as StaticMLAAttention plans it: its
+    weights come from pyruntime.mla_attention (one source), and its query tile is the runtime's
+    (64 rows: q_tile = 64 // heads)."""
+    from pyruntime import mla_attention
+    from pyruntime.partitioners.study import mla_cost_table
+
+    runtime = mla_cost_table()["mla_runtime"]
+    assert (runtime["cost_kv_load"], runtime["cost_qk_tile"], runtime["cost_segment"]) == (
+        mla_attention.MLA_COST_KV_LOAD, mla_attention.MLA_COST_QK_TILE,
+        mla_attention.MLA_COST_SEGMENT)
+    params = mla_attention.mla_tiling_params(num_heads=16, kv_lora_rank=512,
+                                             qk_rope_head_dim=64, block_size=128, max_batch=4,
+                                             max_tokens=16, max_blocks_per_req=4, num_cores=24)
+    assert params.q_tile == runtime["tile_rows"] // 16
+    code, out, _ = cli("bench", "balance", "--geometry", "deepseek-v3", "--quick",
+                       "--batch-sizes", "16", "--heads", "16", "--q-lens", "1",
+                       "--cost-models", "mla_runtime", "--json")  # fmt: skip
+    data = json.loads(out)
+    assert code == 0 and {c["cost_model"] for c in data["cases"]} == {"mla_runtime"}
+
+
+@needs_tiling
 def test_json_has_every_variant_and_the_verdict(cli, tmp_path):
     out_file = tmp_path / "balance.json"
     code, out, _ = cli("bench", "balance", *SMALL, "--json", "-o", str(out_file))
