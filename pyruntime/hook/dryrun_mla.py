@@ -55,6 +55,9 @@ class MLAShape:
     max_blocks_per_req: int = 3
     buckets: tuple[int, ...] = (4, 8)
     spec_tokens: int = 0
+    #: the shared trace folding (`dryrun`): kv lengths in [kv_min, capacity]; 1 keeps the
+    #: trace's own lengths (MLA has no window to reach past)
+    kv_min: int = 1
     #: DeepSeek-V3's softmax scale before YaRN's mscale: (qk_nope + rope) ** -0.5
     scale: float = 192 ** -0.5
     #: an engine fault for the negative test: "drop-rope" zeroes q_pe before our kernels

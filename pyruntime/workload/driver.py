@@ -51,7 +51,8 @@ def randomize(attn, *, seed: int = 0) -> None:
     gen = torch.Generator().manual_seed(seed)
     kv_scales = getattr(attn, "kv_scales", None)
     for layer, (k, v) in enumerate(attn.kv_caches):
-        k_values, v_values = (torch.randn(k.shape, generator=gen) for _ in range(2))
+        # each with its own shape: MLA's pair is (kv_c [.., L], k_pe [.., R])
+        k_values, v_values = (torch.randn(t.shape, generator=gen) for t in (k, v))
         if kv_scales is not None:
             k_scale, k_offset, v_scale, v_offset = (t.cpu() for t in kv_scales[layer])
             k_values = kv_quant.quantize(k_values, k_scale, k_offset)
