@@ -75,6 +75,24 @@ __all__ = ["MODES", "PLACEMENTS", "AttentionClosedError", "AttentionError", "Att
 MODES = ("device_tiling", "host_update")
 
 
+def check_mode(mode: str, placement: str | None) -> str | None:
+    """The placement a (mode, placement) pair runs with: ``"graph"`` by default for
+    ``device_tiling``, None for ``host_update``. Raises ValueError for an unknown mode or
+    placement, or a placement given with ``host_update`` (it has no tiling task)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if mode == "host_update" and placement is not None:
+        raise ValueError(f"placement={placement!r} applies to mode='device_tiling' "
+                         "only: host_update has no tiling task (drop the placement "
+                         "argument)")
+    if mode == "device_tiling":
+        placement = "graph" if placement is None else placement
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got "
+                             f"{placement!r}")
+    return placement
+
+
 class StaticAttention:
     """Paged, causal (by default) GQA attention over `num_layers` layers, captured once.
 
@@ -196,17 +214,7 @@ class StaticAttention:
         self._closed = False
         self._buffers = self._path = None
         try:
-            if mode not in MODES:
-                raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-            if mode == "host_update" and placement is not None:
-                raise ValueError(f"placement={placement!r} applies to mode='device_tiling' "
-                                 "only: host_update has no tiling task (drop the placement "
-                                 "argument)")
-            if mode == "device_tiling":
-                placement = "graph" if placement is None else placement
-                if placement not in PLACEMENTS:
-                    raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got "
-                                     f"{placement!r}")
+            placement = check_mode(mode, placement)
             self.logits_soft_cap = soft_cap.check(logits_soft_cap, error=AttentionInputError)
             if (self.logits_soft_cap is not None and mode == "host_update"
                     and backend.host_update_attention == "fia"):

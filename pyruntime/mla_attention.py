@@ -63,7 +63,7 @@ import math
 import numpy as np
 import torch
 
-from pyruntime.attention import MODES, PLACEMENTS, StaticAttention
+from pyruntime.attention import StaticAttention, check_mode
 from pyruntime.backends import Backend
 from pyruntime.graph_attention.buffers import DTYPES, StaticBuffers
 from pyruntime.graph_attention.device_tiling import DeviceTilingPath, PreReplayTilingPath
@@ -255,17 +255,7 @@ class StaticMLAAttention(StaticAttention):
         self._closed = False
         self._buffers = self._path = None
         try:
-            if mode not in MODES:
-                raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-            if mode == "host_update" and placement is not None:
-                raise ValueError(f"placement={placement!r} applies to mode='device_tiling' "
-                                 "only: host_update has no tiling task (drop the placement "
-                                 "argument)")
-            if mode == "device_tiling":
-                placement = "graph" if placement is None else placement
-                if placement not in PLACEMENTS:
-                    raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got "
-                                     f"{placement!r}")
+            placement = check_mode(mode, placement)
             if mode == "host_update" and backend.host_update_attention == "fia":
                 raise AttentionInputError(
                     f"mode='host_update' on the {backend.name} backend: its host path is "
