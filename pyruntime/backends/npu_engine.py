@@ -75,6 +75,9 @@ class NpuTilingEngine:
     #: our attention applies a layer's sliding window, the model's W keys, over a tiling
     #: planned for that window (`AttentionCapture`)
     applies_sliding_window = True
+    #: our attention reads int8 caches with per-channel scales, ND or NZ (vLLM-Ascend's C8
+    #: layers; `AttentionCapture.kv_scales`)
+    applies_kv_int8 = True
 
     def __init__(self, placement: str, *, num_cores: int, ops: Any = None,
                  launch: Callable[[Callable[[], None]], None] | None = None,
@@ -163,6 +166,14 @@ class NpuTilingEngine:
                                f"({sorted(w or 0 for w in key.tilings)}; 0: none)")
         p, tiling_in = key.tilings[c.sliding_window]
         cache = (c.key_cache.shape[0], p.block_size, p.num_kv_heads, p.head_dim)
+        # int8 caches with their scales: a 5-D (NZ, vLLM-Ascend's C8 view) cache goes to the
+        # kernels as it is, which read its layout from its rank (pyruntime.kernels.kv_quant)
+        kv_scales = {} if c.kv_scales is None else dict(
+            zip(("k_scale", "k_offset", "v_scale", "v_offset"), c.kv_scales, strict=True))
+        if c.kv_scales is not None and c.key_cache.dim() == 5:
+            key_cache, value_cache = c.key_cache, c.value_cache
+        else:
+            key_cache, value_cache = c.key_cache.view(cache), c.value_cache.view(cache)
         out = c.output.view(c.output.shape[0], p.num_q_heads, p.head_dim)
         common = {"cu_seqlens_q": c.query_start_loc, "step_epoch": key.epoch,
                   "tiling_in": tiling_in, "out": out, "partial_out": key.partial_out,
@@ -176,12 +187,12 @@ class NpuTilingEngine:
         window = {} if c.sliding_window is None else {"sliding_window": c.sliding_window}
 
         def attention() -> None:
-            self.ops.paged_attention(query=c.query, key_cache=c.key_cache.view(cache),
-                                     value_cache=c.value_cache.view(cache),
+            self.ops.paged_attention(query=c.query, key_cache=key_cache,
+                                     value_cache=value_cache,
                                      block_table=c.block_table, seqlens_kv=c.seq_lens,
                                      scale=c.scale, causal=c.causal,
                                      logits_soft_cap=c.logits_soft_cap, **sinks, **window,
-                                     **common)
+                                     **kv_scales, **common)
             self.ops.attention_combine(**sinks, **common)
 
         self.launch(attention)

@@ -31,12 +31,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="decode steps replayed after capture (default: 6)")
     p.add_argument("--spec-tokens", type=int, default=0,
                    help="speculative decode: each request verifies 1 + N tokens (default: 0)")
-    p.add_argument("--model", choices=("mixed", "gpt-oss", "gemma2", "gemma3", "mla"),
+    p.add_argument("--model", choices=("mixed", "gpt-oss", "gemma2", "gemma3", "c8", "mla"),
                    default="mixed",
                    help="the layer set: mixed (default: plain, windowed, soft-capped and sink "
                         "layers), or one from a real config: gpt-oss (window 128 / full, sinks), "
                         "gemma2 (window 4096 / full, soft cap 50), gemma3 (window 1024 on 5 "
-                        "of 6 layers), mla (DeepSeek-V3-shaped MLA layers through "
+                        "of 6 layers), c8 (Qwen3-8B-shaped layers with vLLM-Ascend's int8 "
+                        "KV cache in its NZ layout, through AscendC8AttentionBackendImpl), "
+                        "mla (DeepSeek-V3-shaped MLA layers through "
                         "vLLM-Ascend's AscendMLAImpl; hooked run only: the twin does not model "
                         "its FIA v2 MLA call)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -78,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
             if layer.get("sliding_window") and layer["path"] == "device":
                 reason += (f" (sliding window {layer['sliding_window']}: the model's W keys, "
                            f"past the window on {layer['steps_past_window']} steps)")
+            if layer.get("kv_cache_dtype") == "int8" and layer["path"] == "device":
+                reason += " (int8 KV cache, NZ layout, read in place with its scales)"
             print(f"  {layer['name']}: {layer['path']}{reason}")
         print(f"graph task updates per step: {report['updates_per_step_before']:g} without the "
               f"hook; with it {report['updates_per_step_after']:g} on the device-path layers "

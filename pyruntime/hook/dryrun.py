@@ -43,6 +43,16 @@ so a windowed layer's reference is the one of the path it took). Besides this mi
   6: layer i is sliding unless (i + 1) % 6 == 0, no soft cap; ``sliding_window`` 1024 as
   google/gemma-3-4b-it and -12b-it's ``config.json`` set it; vLLM ``gemma3.py``), block size 128.
 
+* ``c8``: vLLM-Ascend's int8 KV cache (C8) on every layer, with Qwen3-8B's attention geometry
+  (32 query heads, 8 KV heads, head_dim 128: ``Qwen/Qwen3-8B`` ``config.json``; vLLM-Ascend's
+  ``AscendC8KVCacheAttentionMethod`` names Qwen3 as its model) and block size 128 (C8 decode
+  needs a multiple of 32). The layers are vLLM-Ascend's own ``AscendC8AttentionBackendImpl``
+  under a config whose quant config has ``enable_c8_quant``; their int8 caches hold the NZ
+  layout its ``_nz_5d_view`` reads, with per-channel scales on the layer (zero offsets: see
+  `pyruntime.hook.vllm_ascend_c8`). Our kernels read those caches in place. Without the hook
+  they are not run: vLLM-Ascend's path for them is FIA with int8 NZ caches (BNSD, antiquant),
+  which the twin does not model.
+
 Gemma's geometry differs from gpt-oss's, so each set is its own run (one geometry per graph).
 
 What stands in for vLLM's engine here: the model config (a namespace with the fields these
@@ -111,6 +121,11 @@ class Shape:
     #: the trace's kv lengths are folded into [kv_min, capacity]; above 1 down from the capacity
     #: (past the window on most steps)
     kv_min: int = 1
+    #: the layers with an int8 KV cache (vLLM-Ascend's C8: ``AscendC8AttentionBackendImpl``,
+    #: int8 caches in the NZ layout, per-channel scales drawn from `c8_scale_range`)
+    c8_layers: tuple[int, ...] = ()
+    #: a K or V value of N(0, 1) quantised with scale s spans +-127 s: 3 to 5 sigma
+    c8_scale_range: tuple[float, float] = (0.025, 0.04)
 
     @property
     def q_len(self) -> int:
@@ -148,6 +163,10 @@ MODELS: dict[str, dict] = {
                "soft_capped_layers": (), "sink_layers": (), "num_heads": 8, "num_kv_heads": 4,
                "head_size": 256, "block_size": 128, "max_blocks_per_req": 12, "num_blocks": 52,
                "max_reqs": 4, "buckets": (2, 4), "kv_min": 512},
+    "c8": {"num_layers": 3, "windowed_layers": (), "soft_capped_layers": (), "sink_layers": (),
+           "c8_layers": (0, 1, 2), "num_heads": 32, "num_kv_heads": 8, "head_size": 128,
+           "block_size": 128, "max_blocks_per_req": 8, "num_blocks": 40, "max_reqs": 4,
+           "buckets": (2, 4)},
 }
 
 
@@ -319,6 +338,8 @@ class _Runner:
             cfg.speculative_config = types.SimpleNamespace(
                 method="mtp", num_speculative_tokens=s.spec_tokens, parallel_drafting=False,
                 num_speculative_tokens_per_batch_size=None, draft_model_config=None)
+        if s.c8_layers:  # the flag a C8 recipe's quant config carries (kv_c8.py, modelslim)
+            cfg.quant_config = types.SimpleNamespace(enable_c8_quant=True)
         cfg.model_config = types.SimpleNamespace(
             max_model_len=s.max_blocks_per_req * s.block_size, runner_type="generate",
             dtype=torch.float32, use_mla=False, hf_text_config=None, is_hybrid=False,
@@ -347,17 +368,30 @@ class _Runner:
             s.num_heads, generator=gen)).to(self.device, sink_dtype), requires_grad=False)
             if i in s.sink_layers else None for i in range(s.num_layers)]
         with set_current_vllm_config(cfg):
-            self.impls = [attention.AscendAttentionBackendImpl(
+            # a C8 layer: vLLM-Ascend's class, as AscendC8KVCacheAttentionMethod.create_weights
+            # swaps it in (layer.impl.__class__; it adds no __init__ of its own)
+            self.impls = [(attention.AscendC8AttentionBackendImpl if i in s.c8_layers
+                           else attention.AscendAttentionBackendImpl)(
                 s.num_heads, s.head_size, s.head_size ** -0.5, s.num_kv_heads, None, window,
-                "auto", cap, "decoder", None, sinks=sinks)
-                for window, cap, sinks in zip(self.windows, self.caps, self.sinks)]
-        #: the layers run: without the hook, not the sink layers (see the module docstring)
+                "int8" if i in s.c8_layers else "auto", cap, "decoder", None, sinks=sinks)
+                for i, (window, cap, sinks) in enumerate(zip(self.windows, self.caps,
+                                                             self.sinks))]
+        #: the layers run: without the hook, not the sink layers nor the C8 layers (see the
+        #: module docstring)
         self.run_layers = [i for i in range(s.num_layers)
-                           if hooked or self.sinks[i] is None]
+                           if hooked or (self.sinks[i] is None and i not in s.c8_layers)]
         cache = (s.num_blocks, s.block_size, s.num_kv_heads, s.head_size)
         dev = self.device
         self.kv = [(torch.randn(cache, generator=gen).to(dev),
                     torch.randn(cache, generator=gen).to(dev)) for _ in self.names]
+        self.layers = [types.SimpleNamespace(layer_name=n, _k_scale_float=1.0,
+                                             _v_scale_float=1.0) for n in self.names]
+        #: per layer, the caches the float64 reference reads: the C8 layers' dequantised ones
+        self.kv_ref = list(self.kv)
+        #: per C8 layer, the caches read as if unscaled (what an engine ignoring scales sees)
+        self.kv_unscaled: dict[int, tuple] = {}
+        for i in s.c8_layers:
+            self._make_c8(i, gen)
         t = max(s.buckets)
         self.queries = [torch.zeros(t, s.num_heads, s.head_size, device=dev)
                         for _ in self.names]
@@ -372,8 +406,6 @@ class _Runner:
         self.table_cpu = torch.zeros(s.max_reqs, s.max_blocks_per_req, dtype=i32)
         self.table = torch.zeros(s.max_reqs, s.max_blocks_per_req, dtype=i32, device=dev)
         self.slots = torch.zeros(t, dtype=torch.int64, device=dev)
-        self.layers = [types.SimpleNamespace(layer_name=n, _k_scale_float=1.0,
-                                             _v_scale_float=1.0) for n in self.names]
         acl_graph.set_graph_params(list(s.buckets))
         self.update_stream = torch.npu.Stream()
         self.updatable = hasattr(acl_graph.ACLGraphWrapper, "_updatable_graph_replay")
@@ -382,6 +414,45 @@ class _Runner:
                                                  **options)
         if self.updatable:
             self.wrapper.set_attn_backend(attention.AscendAttentionBackend)
+
+    def _make_c8(self, i: int, gen) -> None:
+        """Layer i's C8 state as vLLM-Ascend leaves it before capture: the layer's scale and
+        offset parameters (``create_weights`` + ``process_weights_after_loading``: flat, the
+        model dtype; symmetric, zero offsets), and int8 caches of vLLM-Ascend's allocated shape
+        ``[num_blocks, block_size, num_kv_heads, head_size]`` whose memory holds the NZ layout
+        ``_nz_5d_view`` reads, filled with N(0, 1) values quantised by
+        ``_quantize_kv_to_int8``'s rule. The implementation holds them as ``key_cache`` /
+        ``value_cache``, as ``_reshape_and_cache`` leaves them on its first call (the dry run
+        writes the caches outside the graph, so that is never called)."""
+        import torch
+
+        from pyruntime.kernels import kv_quant
+
+        s, dev = self.shape, self.device
+        low, high = s.c8_scale_range
+        channels = s.num_kv_heads * s.head_size
+        nd = (s.num_blocks, s.block_size, s.num_kv_heads, s.head_size)
+        nz = (s.num_blocks, s.num_kv_heads, s.head_size // 32, s.block_size, 32)
+        layer, caches, ref, unscaled = self.layers[i], [], [], []
+        for name in ("k", "v"):
+            scale = low + (high - low) * torch.rand(channels, generator=gen)
+            offset = torch.zeros(channels)
+            setattr(layer, f"{name}_cache_scale",
+                    torch.nn.Parameter(scale.to(dev), requires_grad=False))
+            setattr(layer, f"{name}_cache_offset",
+                    torch.nn.Parameter(offset.to(dev), requires_grad=False))
+            per_channel = scale.view(s.num_kv_heads, s.head_size)
+            stored = kv_quant.quantize(torch.randn(nd, generator=gen), per_channel,
+                                       offset.view(s.num_kv_heads, s.head_size))
+            memory = stored.view(s.num_blocks, s.block_size, s.num_kv_heads,
+                                 s.head_size // 32, 32).permute(0, 2, 3, 1, 4).contiguous()
+            assert memory.shape == nz
+            caches.append(memory.view(nd).to(dev))
+            ref.append((stored.double() * per_channel.double()).float())
+            unscaled.append(stored.float())
+        self.impls[i].key_cache, self.impls[i].value_cache = caches
+        self.kv[i], self.kv_ref[i] = tuple(caches), tuple(ref)
+        self.kv_unscaled[i] = tuple(unscaled)
 
     def _forward(self, metas: dict, num_tokens: int):
         for i in self.run_layers:
@@ -536,6 +607,9 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
     #: per windowed layer, the largest distance over the steps of the answer without the
     #: window, and the steps in which some kv length passed the window (it bit)
     window_distance = [None if w is None else 0.0 for w in runner.windows]
+    #: per C8 layer, the smallest distance over the steps of the answer read without scales
+    scales_distance = [float("inf") if i in shape.c8_layers else None
+                       for i in range(shape.num_layers)]
     window_steps = [None if w is None else 0 for w in runner.windows]
     for q_lens, kv_lens in _trace_steps(shape, steps, seed):
         for q in runner.queries:
@@ -549,7 +623,7 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
         cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
         rows = int(cu[-1])
         for i in runner.run_layers:
-            k, v = runner.kv[i]
+            k, v = runner.kv_ref[i]
             # a windowed layer: the model's W keys on the device path; on vLLM-Ascend's path
             # FIA's band [p - W, p] (W + 1 keys)
             window = runner.windows[i]
@@ -566,6 +640,10 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
             if sinks is not None:  # what an engine that dropped the sinks would be off by
                 without = torch.from_numpy(reference_attention(*inputs, **options)[:rows])
                 sinks_distance[i] = min(sinks_distance[i], relative_error(without, expected))
+            if i in runner.kv_unscaled:  # what an engine that dropped the C8 scales would be
+                without = torch.from_numpy(reference_attention(
+                    inputs[0], *runner.kv_unscaled[i], *inputs[3:], **options)[:rows])
+                scales_distance[i] = min(scales_distance[i], relative_error(without, expected))
             if window is not None:  # what an engine that dropped the window would be off by
                 unwindowed = {**options, "band": None, "sliding_window": None}
                 without = torch.from_numpy(
@@ -591,8 +669,11 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
               for n in runner.names]
     for i, layer in enumerate(layers):
         if i not in runner.run_layers:
-            layer.update(path="not run", reason="vLLM-Ascend's path for a layer with sinks is "
-                         "FIA v2, which the NPU twin does not model")
+            layer.update(path="not run", reason=(
+                "vLLM-Ascend's path for a C8 layer is FIA with int8 NZ caches (BNSD, "
+                "antiquant), which the NPU twin does not model" if i in shape.c8_layers else
+                "vLLM-Ascend's path for a layer with sinks is FIA v2, which the NPU twin does "
+                "not model"))
     # updates per layer: each update's FIA reads its layer's query buffer
     starts = {q.data_ptr(): name for q, name in zip(runner.queries, runner.names)}
     per_layer = {name: 0 for name in runner.names}
@@ -609,6 +690,8 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
         layer["sliding_window"] = runner.windows[i]
         layer["window_distance"] = window_distance[i] if i in runner.run_layers else None
         layer["steps_past_window"] = window_steps[i] if i in runner.run_layers else None
+        layer["kv_cache_dtype"] = "int8" if i in shape.c8_layers else "auto"
+        layer["scales_distance"] = scales_distance[i] if i in runner.run_layers else None
     return Run(hooked=hooked, vllm_ascend=version, device=device, placement=placement,
                spec_tokens=shape.spec_tokens, model=shape.model, layers=layers, steps=done,
                updates_per_step=counter.count / max(done, 1),

@@ -61,6 +61,13 @@ class AttentionCapture:
     that the tiling task captured with a graph's first layer plans one tiling per window the
     graph can hold. The patch set sends a windowed layer only to an engine whose
     ``applies_sliding_window`` is True.
+    ``kv_scales``: None (the caches hold the query's dtype) or the int8 caches' fp32
+    ``(k_scale, k_offset, v_scale, v_offset)``, each contiguous ``[num_kv_heads, head_size]``
+    on the query's device: a stored x of kv head h, dim d means ``(x - offset[h, d]) *
+    scale[h, d]`` (`pyruntime.kernels.kv_quant`). The caches are then int8, and vLLM-Ascend's
+    C8 layers hand them in their NZ layout, ``[num_blocks, num_kv_heads, head_size // 32,
+    block_size, 32]`` views of the layer's own tensors. The patch set sends such a layer only
+    to an engine whose ``applies_kv_int8`` is True.
     """
 
     graph_key: Hashable
@@ -83,6 +90,7 @@ class AttentionCapture:
     sinks: Any = None
     sliding_window: int | None = None
     graph_windows: tuple = ()
+    kv_scales: Any = None
 
 
 @runtime_checkable
@@ -105,6 +113,10 @@ class TilingEngine(Protocol):
     # Optional: ``applies_sliding_window: bool`` (absent means False): True when
     # capture_attention passes ``capture.sliding_window`` to its kernels (and plans a tiling
     # per window of ``capture.graph_windows``). Windowed layers keep the host path otherwise.
+    #
+    # Optional: ``applies_kv_int8: bool`` (absent means False): True when capture_attention
+    # reads int8 caches, 4-D ND or 5-D NZ, with ``capture.kv_scales``. C8 layers keep the host
+    # path otherwise.
     #
     # Optional: ``before_replay(num_tokens: int | None) -> None``, called before every
     # replay of a graph that holds device-tiled layers (after ACLGraphWrapper's own

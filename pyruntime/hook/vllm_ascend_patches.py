@@ -56,8 +56,15 @@ full-graph path, main model):
   first layer plans one tiling per distinct window (gpt-oss: none and 128). A windowed layer
   built before the hook was installed has no record and keeps vLLM-Ascend's path.
 
-Everything else keeps the original path: KV-cache quantization (C8 / non-"auto" dtypes), ALiBi, KV compression, non-decoder
-attention, subclasses (context parallel, C8), speculative draft graphs, paged-attention
+* C8 layers (vLLM-Ascend's int8 KV cache, ``AscendC8AttentionBackendImpl``, whose capture calls
+  the patched ``full_graph_fia`` with its ``layer``): when the engine reads int8 caches
+  (``applies_kv_int8``), our kernels read the layer's int8 caches in place in their NZ layout,
+  dequantised as vLLM-Ascend's FIA does (scale only); see `vllm_ascend_c8`. The class's own
+  ``forward`` is wrapped to make the fp32 scales our kernels read after an eager call.
+
+Everything else keeps the original path: other KV-cache quantization (non-"auto" dtypes
+besides C8's int8), C8 with a window or sinks, ALiBi, KV compression, non-decoder
+attention, other subclasses (context parallel), speculative draft graphs, paged-attention
 decode, MLA (a different implementation class: its patch is `vllm_ascend_mla`), and sinks our
 kernels cannot read in place (not fp32/bf16/fp16, not ``[num_heads]``; see ``_sinks_reason``). Each such layer is
 logged once with its reason.
@@ -76,6 +83,7 @@ from typing import Any
 
 from pyruntime.kernels import soft_cap as _soft_cap
 
+from . import vllm_ascend_c8 as _c8
 from . import vllm_ascend_targets as targets
 from .engine import AttentionCapture, TilingEngine
 from .patching import PatchLedger
@@ -120,6 +128,12 @@ class PatchState:
     mla_layers: set[str] = field(default_factory=set)
     #: ``AscendMLAImpl`` once ``mla_v1`` is patched
     mla_impl_cls: type | None = None
+    #: ``AscendC8AttentionBackendImpl`` once ``attention_v1`` is patched (None: absent)
+    c8_cls: type | None = None
+    #: C8 (int8 KV cache) layers captured on the device path (`vllm_ascend_c8`)
+    c8_layers: set[str] = field(default_factory=set)
+    #: C8 layers whose non-zero offsets were logged (each once)
+    c8_offsets_noted: set[str] = field(default_factory=set)
 
     def whole_graph_device_tiled(self, num_tokens: int) -> bool:
         """True when graph ``num_tokens`` has device-tiled layers and no host-path FIA."""
@@ -243,13 +257,19 @@ def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata:
                        query_device: Any = None, *,
                        applies_soft_cap: bool = False,
                        applies_sinks: bool = False,
-                       applies_sliding_window: bool = False) -> str | None:
+                       applies_sliding_window: bool = False,
+                       c8_cls: type | None = None, layer: Any = None,
+                       applies_kv_int8: bool = False) -> str | None:
     """Why this layer must keep the host-update path, or ``None`` if we handle it.
 
     ``applies_soft_cap``: the engine applies a layer's logits soft cap (a capped layer keeps
     the host path otherwise). ``applies_sinks``: the engine adds a layer's attention sinks
     (a layer with sinks keeps the host path otherwise). ``applies_sliding_window``: the engine
     applies a layer's sliding window (a windowed layer keeps the host path otherwise).
+    ``c8_cls``: vLLM-Ascend's ``AscendC8AttentionBackendImpl`` (None: C8 layers are a subclass
+    like any other); an instance of it is checked by `vllm_ascend_c8.c8_reason` with the vLLM
+    ``layer`` ``full_graph_fia`` received and ``applies_kv_int8`` (the engine reads int8 NZ
+    caches).
 
     The metadata is checked first: without the builder's persistent buffers nothing else
     matters (and an implementation that ``__init__`` did not build, as vLLM-Ascend's own unit
@@ -263,12 +283,14 @@ def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata:
     if query_device is not None and lengths.seq_lens.device != query_device:
         return (f"the length buffers are on {lengths.seq_lens.device}, the query on "
                 f"{query_device}")
-    if type(impl) is not impl_cls:
+    is_c8 = c8_cls is not None and type(impl) is c8_cls
+    if type(impl) is not impl_cls and not is_c8:
         return f"subclass {type(impl).__name__} (context parallel / C8) is not supported"
     if getattr(extra_ctx, "is_draft_model", False):
         return "speculative draft-model graphs are not supported"
     try:
-        return (_impl_reason(impl, attn_metadata)
+        return ((_c8.c8_reason(impl, layer, applies_kv_int8) if is_c8 else None)
+                or _impl_reason(impl, attn_metadata, c8=is_c8)
                 or _window_reason(impl, applies_sliding_window)
                 or _soft_cap_reason(impl, applies_soft_cap)
                 or _sinks_reason(impl, query_device, applies_sinks))
@@ -276,9 +298,10 @@ def unsupported_reason(impl: Any, impl_cls: type, extra_ctx: Any, attn_metadata:
         return f"the implementation has no attribute {exc.name!r} (not built by its __init__)"
 
 
-def _impl_reason(impl: Any, attn_metadata: Any) -> str | None:
-    if (getattr(impl, "enable_c8_quant", False)
-            or str(impl.kv_cache_dtype) not in SUPPORTED_KV_DTYPES):
+def _impl_reason(impl: Any, attn_metadata: Any, c8: bool = False) -> str | None:
+    # a C8 layer's int8 cache is checked by c8_reason; any other quantized cache keeps the host
+    if not c8 and (getattr(impl, "enable_c8_quant", False)
+                   or str(impl.kv_cache_dtype) not in SUPPORTED_KV_DTYPES):
         return f"KV-cache quantization (kv_cache_dtype={impl.kv_cache_dtype!r}) is not supported"
     if impl.alibi_slopes is not None:
         return "ALiBi is not supported"
@@ -433,20 +456,35 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
     applies_soft_cap = bool(getattr(state.engine, "applies_logits_soft_cap", False))
     applies_sinks = bool(getattr(state.engine, "applies_sinks", False))
     applies_window = bool(getattr(state.engine, "applies_sliding_window", False))
+    applies_kv_int8 = bool(getattr(state.engine, "applies_kv_int8", False))
+    c8_cls = _c8.c8_class(module)
 
-    def device_capture(self, entry, query, key, value, attn_metadata, output):
+    def device_capture(self, entry, query, key, value, attn_metadata, output, layer=None):
         """Capture the layer on the device path and return what vLLM-Ascend's entry returns,
         ``(output, num_tokens)``; or None (noted once) when it keeps the host path."""
+        name = getattr(layer, "layer_name", None)
+        if name is not None:  # C8's own forward does not pass through the patched one
+            self._aicpu_tiling_layer_name = name
         reason = unsupported_reason(self, impl_cls, extra_ctx(), attn_metadata, query.device,
                                     applies_soft_cap=applies_soft_cap,
                                     applies_sinks=applies_sinks,
-                                    applies_sliding_window=applies_window)
+                                    applies_sliding_window=applies_window,
+                                    c8_cls=c8_cls, layer=layer,
+                                    applies_kv_int8=applies_kv_int8)
         if reason is not None:
             _note_host_path(state, self, reason)
             return None
-        key_cache, value_cache, block_size, _, _ = self._get_fia_params(
-            key, value, attn_metadata
-        )
+        kv_scales = None
+        if c8_cls is not None and type(self) is c8_cls:
+            # the int8 NZ caches in place, with the fp32 scales and zero offsets (made before
+            # the capture by the eager forward, or here: see vllm_ascend_c8)
+            key_cache, value_cache, block_size = _c8.nz_caches(self)
+            kv_scales = _c8.kv_scales(self, layer)
+            state.c8_layers.add(layer_name(self))
+        else:
+            key_cache, value_cache, block_size, _, _ = self._get_fia_params(
+                key, value, attn_metadata
+            )
         lengths: DeviceLengths = getattr(attn_metadata, LENGTHS_ATTR)
         num_tokens = int(attn_metadata.actual_seq_lengths_q[-1])
         graph_key = _graph_key(graph_params(), num_tokens)
@@ -479,6 +517,7 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
                 sliding_window=None if window is None else int(window),
                 graph_windows=tuple(sorted({int(w) if w else None for w in state.windows},
                                            key=lambda w: w or 0)),
+                kv_scales=kv_scales,
             )
         )
         state.device_layers[graph_key].add(layer_name(self))
@@ -488,7 +527,7 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
     @functools.wraps(orig_fia)
     def full_graph_fia(self, query, key, value, attn_metadata, output, layer=None):
         captured = device_capture(self, "full_graph_fia", query, key, value, attn_metadata,
-                                  output)
+                                  output, layer)
         if captured is None:
             return orig_fia(self, query, key, value, attn_metadata, output, layer)
         return captured
@@ -539,6 +578,20 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
         impl_cls, "full_graph_pa", passthrough(orig_pa, "paged-attention decode is not supported")
     )
     ledger.replace(impl_cls, "update_graph_params", staticmethod(update_graph_params))
+    if c8_cls is not None:
+        _, _, orig_c8_forward = ledger.resolve(module, f"{_c8.C8_IMPL}.forward")
+
+        @functools.wraps(orig_c8_forward)
+        def c8_forward(self, layer, *args, **kwargs):
+            import torch
+
+            result = orig_c8_forward(self, layer, *args, **kwargs)
+            if applies_kv_int8 and not torch.npu.is_current_stream_capturing():
+                _c8.prepare_eager(self, layer, state.c8_offsets_noted)
+            return result
+
+        ledger.replace(c8_cls, "forward", c8_forward)
+    state.c8_cls = c8_cls
 
 
 class _HostLayersView:
