@@ -4,8 +4,8 @@ Usage:
   python tools/run_vllm_ascend_ut.py --release 0.30.0rc2 [--tests PATH ...] [--json OUT]
                                      [--with-hook | --both] [-k EXPR] [--no-build]
 
---tests paths are relative to the release's source tree (default: its acl_graph and
-attention_v1 unit tests; a default that a release keeps elsewhere, such as 0.23.0.post1's
+--tests paths are relative to the release's source tree (default: its acl_graph,
+attention_v1, mla_v1 and kv_c8 unit tests; a default that a release keeps elsewhere, such as 0.23.0.post1's
 tests/ut/compilation/a2/test_acl_graph.py, is found by file name under tests/ut and the
 JSON says so). The env is built first when it is missing (unless --no-build).
 
@@ -45,6 +45,9 @@ DEFAULT_TESTS = (
     "tests/ut/attention/test_attention_v1.py",
     # the MLA patch (pyruntime/hook/vllm_ascend_mla.py): tests/ut/attention/a2/ in 0.23
     "tests/ut/attention/test_mla_v1.py",
+    # the C8 patch (pyruntime/hook/vllm_ascend_c8.py): the class surgery that makes C8 layers;
+    # tests/ut/quantization/methods/ in 0.23, methods/kv_cache/ in 0.30
+    "tests/ut/quantization/methods/kv_cache/test_kv_c8.py",
 )
 RESULTS_ENV = "AICPU_TILING_UT_RESULTS"
 HOOK_REPORT_ENV = "AICPU_TILING_UT_HOOK_REPORT"
