@@ -280,9 +280,8 @@ def _classic_io(exe: Path, params: list[int], cu, kv, sizes, *, causal=True, liv
 def _gpt_oss_pair(tiling, **over):
     """gpt-oss-20b's attention shapes (64 q / 8 kv heads, head_dim 64) with no window and
     its 128-token window: the two tilings a gpt-oss graph plans per step."""
-    base = dict(num_q_heads=64, num_kv_heads=8, head_dim=64, block_size=16, max_batch=8,
-                max_tokens=32, max_blocks_per_req=64, num_cores=24)
-    base.update(over)
+    base = {"num_q_heads": 64, "num_kv_heads": 8, "head_dim": 64, "block_size": 16,
+            "max_batch": 8, "max_tokens": 32, "max_blocks_per_req": 64, "num_cores": 24, **over}
     full = tiling.TilingParams(**base)
     return [full, tiling.TilingParams(**{**base, "sliding_window": 128})]
 
@@ -295,6 +294,12 @@ def _expected(tiling, params, cu, kv, batch, *, causal, epoch):
     tiling.plan_into(params, np.asarray(cu, dtype=np.int32), np.asarray(kv, dtype=np.int32),
                      batch, out, causal=causal, epoch=epoch)
     return out.tolist()
+
+
+def _as_bytes(words):
+    import numpy as np
+
+    return np.asarray(words, dtype=np.int32).view(np.uint8)
 
 
 @pytest.mark.parametrize("live", [False, True])
@@ -316,14 +321,8 @@ def test_classic_plans_each_window_like_plan_into_and_the_oracle(driver, live):
         want = _expected(tiling, p, cu, kv, batch, causal=True, epoch=41)
         assert got == want
         assert got == tiling_oracle.oracle_plan(p, cu, kv, batch, True, epoch=41).tolist()
-        assert tiling.Tiling(p, np_bytes(got), cu, kv, True).status == tiling.OK
+        assert tiling.Tiling(p, _as_bytes(got), cu, kv, True).status == tiling.OK
     assert outs[0][24:] != outs[1][24:]
-
-
-def np_bytes(words):
-    import numpy as np
-
-    return np.asarray(words, dtype=np.int32).view(np.uint8)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -339,9 +338,9 @@ def test_classic_random_launches_match_plan_into(driver, seed):
     for _ in range(6):
         count = int(rng.integers(1, max_plans() + 1))
         causal = bool(rng.random() < 0.8)
-        base = dict(num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=16,
-                    max_batch=int(rng.integers(1, 12)), max_tokens=64, max_blocks_per_req=32,
-                    num_cores=int(rng.integers(1, 25)))
+        base = {"num_q_heads": 8, "num_kv_heads": 2, "head_dim": 128, "block_size": 16,
+                "max_batch": int(rng.integers(1, 12)), "max_tokens": 64,
+                "max_blocks_per_req": 32}
         plans = [tiling.TilingParams(**{
             **base, "num_cores": int(rng.integers(1, 25)), "q_tile": int(rng.integers(1, 9)),
             "sliding_window": int(rng.integers(1, 100)) if causal and rng.random() < 0.6
