@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "aicpu_api.h"
 #include "cann_stub_testing.h"
@@ -26,7 +27,9 @@ uint64_t Tensor::GetDataSize() const { return bytes_; }
 int64_t Tensor::NumElements() const { return elements_; }
 
 AttrValue::AttrValue(int64_t value) : value_(value) {}
+AttrValue::AttrValue(const std::vector<int64_t> &list) : value_(0), list_(list) {}
 int64_t AttrValue::GetInt() const { return value_; }
+std::vector<int64_t> AttrValue::GetListInt() const { return list_; }
 
 CpuKernelContext::CpuKernelContext(DeviceType type) { (void)type; }
 std::string CpuKernelContext::GetOpType() const { return op_; }
@@ -80,6 +83,11 @@ void CpuKernelUtils::AddOutput(CpuKernelContext &ctx, void *data, uint64_t bytes
 void CpuKernelUtils::SetAttrInt(CpuKernelContext &ctx, const std::string &name, int64_t value)
 {
     ctx.attrs_[name] = std::shared_ptr<AttrValue>(new AttrValue(value));
+}
+void CpuKernelUtils::SetAttrListInt(CpuKernelContext &ctx, const std::string &name,
+                                    const std::vector<int64_t> &values)
+{
+    ctx.attrs_[name] = std::shared_ptr<AttrValue>(new AttrValue(values));
 }
 std::shared_ptr<CpuKernel> CpuKernelUtils::CreateKernel(const std::string &type)
 {

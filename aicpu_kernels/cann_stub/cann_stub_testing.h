@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cpu_kernel.h"
 
@@ -28,6 +29,8 @@ public:
     static void AddInput(CpuKernelContext &ctx, void *data, uint64_t bytes, int64_t elements);
     static void AddOutput(CpuKernelContext &ctx, void *data, uint64_t bytes, int64_t elements);
     static void SetAttrInt(CpuKernelContext &ctx, const std::string &name, int64_t value);
+    static void SetAttrListInt(CpuKernelContext &ctx, const std::string &name,
+                               const std::vector<int64_t> &values);
     /* The kernel REGISTER_CPU_KERNEL registered under `type`, or nullptr. */
     static std::shared_ptr<CpuKernel> CreateKernel(const std::string &type);
 };

@@ -9,6 +9,7 @@
 #define CPU_KERNEL_ATTR_VALUE_H
 
 #include <cstdint>
+#include <vector>
 
 #include "cpu_types.h"
 
@@ -23,10 +24,16 @@ public:
     AttrValue &operator=(const AttrValue &) = delete;
 
     int64_t GetInt() const;
+    /* A list(int) attribute's values; empty for a scalar attribute. The real declaration:
+     * CANN's AI-CPU context, e.g. leideng/CANN-8.1.RC1 .../AICPU/Onnx/cpukernel/context/
+     * cpu_proto/attr_value.cc (AttrValue::GetListInt). */
+    std::vector<int64_t> GetListInt() const;
 
 private:
     explicit AttrValue(int64_t value);
+    explicit AttrValue(const std::vector<int64_t> &list);
     int64_t value_;
+    std::vector<int64_t> list_;
 };
 } // namespace aicpu
 

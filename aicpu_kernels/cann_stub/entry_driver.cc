@@ -561,6 +561,387 @@ bool CaseAscendCPlumbing()
     return true;
 }
 
+/* ---- classic model, several tilings per launch ---- */
+
+using Plans = std::vector<aicpu_tiling_params>;
+
+/* The `params` list attribute of these plans: each plan's fields in struct order. */
+std::vector<int64_t> ParamsList(const Plans &plans)
+{
+    std::vector<int64_t> v;
+    for (const aicpu_tiling_params &p : plans) {
+        const int32_t fields[] = {p.num_q_heads, p.num_kv_heads, p.head_dim, p.block_size,
+                                  p.max_batch, p.max_tokens, p.max_blocks_per_req,
+                                  p.num_cores, p.q_tile, p.cost_kv_load, p.cost_qk_tile,
+                                  p.cost_segment, p.sliding_window};
+        v.insert(v.end(), fields, fields + sizeof fields / sizeof fields[0]);
+    }
+    return v;
+}
+
+struct Multi {
+    bool with_live = false;       /* add input 2 */
+    int32_t live = 0;
+    bool with_epoch = false;      /* add input 3 */
+    int32_t epoch = 0;
+    bool scalar_attrs = false;    /* also set plans[0]'s fields as scalar attributes */
+    bool list_attr = true;        /* set `params` from the plans */
+    bool list_override = false;   /* set `params` to `list` instead */
+    std::vector<int64_t> list;
+};
+
+/* The classic kernel with one output per buffer in `outs` (each outs[k] holds
+ * bytes[k] / 4 words or more) and the `params` list attribute of `plans`. */
+uint32_t RunClassicMulti(const Plans &plans, uint32_t flags, Words cu, Words kv,
+                         std::vector<Words> *outs, const std::vector<size_t> &bytes,
+                         const Multi &o = Multi())
+{
+    std::shared_ptr<aicpu::CpuKernel> k = CpuKernelUtils::CreateKernel("AicpuTilingPlan");
+    if (!k) {
+        return 99;
+    }
+    auto ctx = CpuKernelUtils::NewContext("AicpuTilingPlan");
+    CpuKernelUtils::AddInput(*ctx, cu.data(), 4 * cu.size(), static_cast<int64_t>(cu.size()));
+    CpuKernelUtils::AddInput(*ctx, kv.empty() ? nullptr : kv.data(), 4 * kv.size(),
+                             static_cast<int64_t>(kv.size()));
+    int32_t live = o.live, epoch = o.epoch;
+    if (o.with_live || o.with_epoch) {
+        CpuKernelUtils::AddInput(*ctx, o.with_live ? &live : nullptr, o.with_live ? 4 : 0,
+                                 o.with_live ? 1 : 0);
+    }
+    if (o.with_epoch) {
+        CpuKernelUtils::AddInput(*ctx, &epoch, 4, 1);
+    }
+    for (size_t i = 0; i < outs->size(); ++i) {
+        CpuKernelUtils::AddOutput(*ctx, (*outs)[i].data(), bytes[i],
+                                  static_cast<int64_t>(bytes[i] / 4));
+    }
+    if (o.list_attr) {
+        CpuKernelUtils::SetAttrListInt(*ctx, "params", o.list_override ? o.list : ParamsList(plans));
+    }
+    if (o.scalar_attrs && !plans.empty()) {
+        const std::vector<int64_t> first = ParamsList(Plans(1, plans[0]));
+        const char *names[] = {"num_q_heads", "num_kv_heads", "head_dim", "block_size",
+                               "max_batch", "max_tokens", "max_blocks_per_req", "num_cores",
+                               "q_tile", "cost_kv_load", "cost_qk_tile", "cost_segment",
+                               "sliding_window"};
+        for (size_t i = 0; i < first.size(); ++i) {
+            CpuKernelUtils::SetAttrInt(*ctx, names[i], first[i]);
+        }
+    }
+    CpuKernelUtils::SetAttrInt(*ctx, "causal", (flags & AICPU_TILING_CAUSAL) ? 1 : 0);
+    return k->Compute(*ctx);
+}
+
+/* Would the kernel refuse this tiling's buffer before writing anything? (A usable params
+ * set -- valid, and no window without causal -- with a buffer under its size.) */
+bool RefusedBuffer(const aicpu_tiling_params &p, uint32_t flags, size_t bytes)
+{
+    const size_t need = aicpu_tiling_bytes(&p);
+    const bool window_without_causal = p.sliding_window > 0 && !(flags & AICPU_TILING_CAUSAL);
+    return need > 0 && !window_without_causal && bytes < need;
+}
+
+/*
+ * The multi-tiling check: one classic launch planning `plans` from the same lengths, with
+ * and without the live batch input, each with the epoch input. Expected, from direct
+ * aicpu_tiling_plan() calls: when some buffer is refused (RefusedBuffer), PARAM_INVALID
+ * and no buffer written; else each buffer holds its direct call's bytes, and the launch
+ * returns PARAM_INVALID when any direct call returned E_PARAMS or E_BUFFER, else OK.
+ */
+bool CheckMulti(const Plans &plans, uint32_t flags, const Words &cu_in, const Words &kv_in,
+                int32_t batch, const std::vector<size_t> &bytes, int32_t epoch,
+                std::vector<int> *statuses = nullptr)
+{
+    bool refused = false;
+    uint32_t want = 0;
+    std::vector<Words> direct;
+    int32_t max_batch = 0;
+    for (size_t k = 0; k < plans.size(); ++k) {
+        refused = refused || RefusedBuffer(plans[k], flags, bytes[k]);
+        Words buf(bytes[k] / 4 + 1, kSentinel);
+        const int st = aicpu_tiling_plan(&plans[k], cu_in.data(), kv_in.data(), batch, epoch,
+                                         flags, buf.data(), bytes[k]);
+        if (statuses) statuses->push_back(st);
+        want |= Expected(st);
+        direct.push_back(buf);
+        if (plans[k].max_batch > max_batch) max_batch = plans[k].max_batch;
+    }
+    if (refused) want = aicpu::KERNEL_STATUS_PARAM_INVALID;
+
+    Words cu_pad = cu_in, kv_pad = kv_in;
+    const int32_t last = cu_in.empty() ? 0 : cu_in.back();
+    const size_t cap = static_cast<size_t>(max_batch) > kv_in.size()
+                           ? static_cast<size_t>(max_batch) : kv_in.size();
+    while (kv_pad.size() < cap) kv_pad.push_back(0);
+    while (cu_pad.size() < cap + 1) cu_pad.push_back(last);
+    const bool plain_ok = batch >= 0 && static_cast<size_t>(batch) == kv_in.size()
+                          && cu_in.size() == kv_in.size() + 1;
+
+    for (int variant = 0; variant < 2; ++variant) {
+        if (variant == 0 && !plain_ok) continue;
+        std::vector<Words> outs;
+        for (size_t k = 0; k < plans.size(); ++k) outs.push_back(Words(bytes[k] / 4 + 1, kSentinel));
+        Multi o;
+        o.with_epoch = true;
+        o.epoch = epoch;
+        o.with_live = variant == 1;
+        o.live = batch;
+        const uint32_t r = variant == 0
+                               ? RunClassicMulti(plans, flags, cu_in, kv_in, &outs, bytes, o)
+                               : RunClassicMulti(plans, flags, cu_pad, kv_pad, &outs, bytes, o);
+        const char *name = variant == 0 ? "classic multi" : "classic multi+live";
+        if (r != want) {
+            char s[160];
+            std::snprintf(s, sizeof s, "%s of %zu returned %u, expected %u", name, plans.size(),
+                          r, want);
+            return Fail(s);
+        }
+        for (size_t k = 0; k < plans.size(); ++k) {
+            const Words untouched(bytes[k] / 4 + 1, kSentinel);
+            const Words &expect = refused ? untouched : direct[k];
+            if (outs[k] != expect) {
+                return Fail(std::string(name) + ": tiling " + std::to_string(k)
+                            + (refused ? " was written" : " differs from its direct call: ")
+                            + (refused ? "" : Describe(outs[k], expect)));
+            }
+        }
+    }
+    return true;
+}
+
+std::vector<size_t> Sizes(const Plans &plans)
+{
+    std::vector<size_t> v;
+    for (const aicpu_tiling_params &p : plans) v.push_back(4 * BufWords(p));
+    return v;
+}
+
+bool CaseMultiPlan()
+{
+    /* gpt-oss's two tilings (no window and a window) from one launch, then the most one
+     * launch plans, with different windows, cores and batch capacities. */
+    aicpu_tiling_params full = BaseParams(), band = BaseParams();
+    band.sliding_window = 20;
+    Words cu, kv;
+    MixedBatch(&cu, &kv);
+    std::vector<int> st;
+    if (!CheckMulti({full, band}, AICPU_TILING_CAUSAL, cu, kv, 5, Sizes({full, band}), 7, &st))
+        return false;
+    if (st != std::vector<int>{AICPU_TILING_OK, AICPU_TILING_OK})
+        return Fail("gpt-oss pair: a plan status is not OK");
+    Plans four(AICPU_TILING_KERNEL_MAX_PLANS, BaseParams());
+    four[1].sliding_window = 3;
+    four[2].sliding_window = 128;
+    four[2].num_cores = 24;
+    four[3].max_batch = 16;
+    four[3].q_tile = 1;
+    st.clear();
+    if (!CheckMulti(four, AICPU_TILING_CAUSAL, cu, kv, 5, Sizes(four), -3, &st)) return false;
+    for (int s : st)
+        if (s != AICPU_TILING_OK) return Fail("four plans: a plan status is not OK");
+    /* The windows make the tilings differ, or this case proves little. */
+    std::vector<Words> outs;
+    for (const aicpu_tiling_params &p : four) outs.push_back(Words(BufWords(p), kSentinel));
+    if (RunClassicMulti(four, AICPU_TILING_CAUSAL, cu, kv, &outs, Sizes(four)) != 0)
+        return Fail("four plans: not OK");
+    if (outs[0] == outs[1] || Words(outs[0].begin() + AICPU_TILING_HDR_WORDS, outs[0].end())
+                                  == Words(outs[1].begin() + AICPU_TILING_HDR_WORDS, outs[1].end()))
+        return Fail("a window of 3 planned the same tiling as no window");
+    /* Input errors reach every tiling's header; the launch still returns OK. */
+    Words bad_cu = {0, 3, 2}, bad_kv = {10, 10};
+    st.clear();
+    if (!CheckMulti({full, band}, AICPU_TILING_CAUSAL, bad_cu, bad_kv, 2, Sizes({full, band}), 1,
+                    &st))
+        return false;
+    if (st != std::vector<int>{AICPU_TILING_E_QUERY_DECREASING, AICPU_TILING_E_QUERY_DECREASING})
+        return Fail("input error not reported in both tilings");
+    return true;
+}
+
+bool CaseMultiOneTiling()
+{
+    /* One group in `params` writes what the scalar attributes write (the one-tiling
+     * operator), and `params` wins over scalar attributes set beside it. */
+    aicpu_tiling_params p = BaseParams();
+    p.sliding_window = 20;
+    Words cu, kv;
+    MixedBatch(&cu, &kv);
+    const size_t bytes = aicpu_tiling_bytes(&p);
+    Words scalar(bytes / 4, kSentinel);
+    if (RunClassic(p, AICPU_TILING_CAUSAL, cu, kv, &scalar, bytes) != 0)
+        return Fail("scalar call not OK");
+    std::vector<Words> outs(1, Words(bytes / 4, kSentinel));
+    if (RunClassicMulti({p}, AICPU_TILING_CAUSAL, cu, kv, &outs, {bytes}) != 0 || outs[0] != scalar)
+        return Fail("one group in params differs from the scalar attributes");
+    aicpu_tiling_params other = BaseParams(); /* scalar attributes with no window */
+    Multi o;
+    o.scalar_attrs = true;
+    outs.assign(1, Words(bytes / 4, kSentinel));
+    if (RunClassicMulti({other}, AICPU_TILING_CAUSAL, cu, kv, &outs, {bytes}, o) != 0)
+        return Fail("params beside scalar attributes: not OK");
+    o.list_override = true;
+    o.list = ParamsList({p});
+    outs.assign(1, Words(bytes / 4, kSentinel));
+    if (RunClassicMulti({other}, AICPU_TILING_CAUSAL, cu, kv, &outs, {bytes}, o) != 0
+        || outs[0] != scalar)
+        return Fail("the scalar attributes overrode params");
+    /* An empty `params` list is the scalar form. */
+    o.list.clear();
+    outs.assign(1, Words(bytes / 4, kSentinel));
+    Words scalar_other(bytes / 4, kSentinel);
+    RunClassic(other, AICPU_TILING_CAUSAL, cu, kv, &scalar_other, bytes);
+    if (RunClassicMulti({other}, AICPU_TILING_CAUSAL, cu, kv, &outs, {bytes}, o) != 0
+        || outs[0] != scalar_other)
+        return Fail("an empty params list is not the scalar form");
+    return true;
+}
+
+bool CaseMultiErrors()
+{
+    const aicpu_tiling_params p = BaseParams();
+    aicpu_tiling_params band = BaseParams();
+    band.sliding_window = 20;
+    const Plans pair = {p, band};
+    const size_t bytes = aicpu_tiling_bytes(&p);
+    const uint32_t bad = aicpu::KERNEL_STATUS_PARAM_INVALID;
+    Words cu, kv;
+    MixedBatch(&cu, &kv);
+    struct Spoil {
+        const char *what;
+        size_t outputs;
+        std::function<uint32_t(std::vector<Words> *, const std::vector<size_t> &)> run;
+    };
+    const Spoil cases[] = {
+        {"two params groups, one output", 1,
+         [&](std::vector<Words> *o, const std::vector<size_t> &b) {
+             Multi m; m.list_override = true; m.list = ParamsList(pair);
+             return RunClassicMulti(pair, AICPU_TILING_CAUSAL, cu, kv, o, b, m); }},
+        {"one params group, two outputs", 2,
+         [&](std::vector<Words> *o, const std::vector<size_t> &b) {
+             Multi m; m.list_override = true; m.list = ParamsList({p});
+             return RunClassicMulti(pair, AICPU_TILING_CAUSAL, cu, kv, o, b, m); }},
+        {"scalar attributes, two outputs", 2,
+         [&](std::vector<Words> *o, const std::vector<size_t> &b) {
+             Multi m; m.list_attr = false; m.scalar_attrs = true;
+             return RunClassicMulti(pair, AICPU_TILING_CAUSAL, cu, kv, o, b, m); }},
+        {"params one value short of two groups", 2,
+         [&](std::vector<Words> *o, const std::vector<size_t> &b) {
+             Multi m; m.list_override = true; m.list = ParamsList(pair); m.list.pop_back();
+             return RunClassicMulti(pair, AICPU_TILING_CAUSAL, cu, kv, o, b, m); }},
+        {"params one value past one group", 1,
+         [&](std::vector<Words> *o, const std::vector<size_t> &b) {
+             Multi m; m.list_override = true; m.list = ParamsList({p}); m.list.push_back(0);
+             return RunClassicMulti(pair, AICPU_TILING_CAUSAL, cu, kv, o, b, m); }},
+        {"more than AICPU_TILING_KERNEL_MAX_PLANS tilings", AICPU_TILING_KERNEL_MAX_PLANS + 1,
+         [&](std::vector<Words> *o, const std::vector<size_t> &b) {
+             const Plans many(AICPU_TILING_KERNEL_MAX_PLANS + 1, p);
+             return RunClassicMulti(many, AICPU_TILING_CAUSAL, cu, kv, o, b); }},
+        {"a params value beyond int32", 2,
+         [&](std::vector<Words> *o, const std::vector<size_t> &b) {
+             Multi m; m.list_override = true; m.list = ParamsList(pair);
+             m.list[13 + 2] = (int64_t(1) << 32) | 128; /* head_dim of the second */
+             return RunClassicMulti(pair, AICPU_TILING_CAUSAL, cu, kv, o, b, m); }},
+        {"the second buffer too small", 2,
+         [&](std::vector<Words> *o, const std::vector<size_t> &b) {
+             std::vector<size_t> small = b; small[1] -= 4;
+             return RunClassicMulti(pair, AICPU_TILING_CAUSAL, cu, kv, o, small); }},
+        {"the second output missing its data", 2,
+         [&](std::vector<Words> *o, const std::vector<size_t> &b) {
+             std::vector<Words> one(o->begin(), o->begin() + 1);
+             one.push_back(Words());
+             const uint32_t r = RunClassicMulti(pair, AICPU_TILING_CAUSAL, cu, kv, &one,
+                                                {b[0], 0});
+             (*o)[0] = one[0];
+             return r; }},
+        {"live batch with arrays under the second tiling's max_batch", 2,
+         [&](std::vector<Words> *o, const std::vector<size_t> &b) {
+             Plans grown = pair; grown[1].max_batch = 16;
+             Words cu8 = {0, 1, 2, 3, 4, 5, 6, 7, 8}, kv8 = {1, 2, 3, 4, 5, 6, 7, 8};
+             Multi m; m.with_live = true; m.live = 2;
+             std::vector<size_t> sizes = {b[0], aicpu_tiling_bytes(&grown[1])};
+             for (size_t k = 0; k < o->size(); ++k) (*o)[k].assign(sizes[k] / 4 + 1, kSentinel);
+             return RunClassicMulti(grown, AICPU_TILING_CAUSAL, cu8, kv8, o, sizes, m); }},
+    };
+    for (const Spoil &c : cases) {
+        std::vector<Words> outs(c.outputs, Words(bytes / 4 + 1, kSentinel));
+        const uint32_t r = c.run(&outs, std::vector<size_t>(c.outputs, bytes));
+        for (const Words &out : outs) {
+            if (!UntouchedAnd(out, r, bad, c.what)) return false;
+        }
+    }
+    /* Invalid params in one tiling: PARAM_INVALID; that tiling holds the E_PARAMS header
+     * its direct call writes, the others their tilings (as the Ascend C entry's more[]). */
+    Plans spoilt = pair;
+    spoilt[1].num_cores = 0;
+    std::vector<int> st;
+    if (!CheckMulti(spoilt, AICPU_TILING_CAUSAL, cu, kv, 5, {bytes, bytes}, 4, &st)) return false;
+    if (st != std::vector<int>{AICPU_TILING_OK, AICPU_TILING_E_PARAMS})
+        return Fail("invalid params of the second tiling: unexpected direct statuses");
+    /* A window without causal is E_PARAMS for that tiling alone. */
+    st.clear();
+    if (!CheckMulti(pair, 0, cu, kv, 5, {bytes, bytes}, 4, &st)) return false;
+    if (st != std::vector<int>{AICPU_TILING_OK, AICPU_TILING_E_PARAMS})
+        return Fail("window without causal: unexpected direct statuses");
+    return true;
+}
+
+/*
+ * classic_io: one classic launch described on stdin, its outputs on stdout, for the
+ * Python tests (tests/test_aicpu_entry.py compares each tiling with pyruntime.tiling
+ * and the pure-Python oracle). stdin, whitespace-separated integers:
+ *   causal live epoch n_cu cu[n_cu] n_kv kv[n_kv] n_params params[n_params]
+ *   n_outputs bytes[n_outputs]
+ * live / epoch: -1 leaves that optional input out. stdout: "status <r>", then one line
+ * per output, "tiling <k>" and its words in decimal.
+ */
+int ClassicIo()
+{
+    auto next = []() -> long long {
+        long long v = 0;
+        if (std::scanf("%lld", &v) != 1) {
+            std::fprintf(stderr, "classic_io: malformed input\n");
+            std::exit(2);
+        }
+        return v;
+    };
+    const long long causal = next(), live = next(), epoch = next();
+    Words cu(static_cast<size_t>(next()));
+    for (int32_t &v : cu) v = static_cast<int32_t>(next());
+    Words kv(static_cast<size_t>(next()));
+    for (int32_t &v : kv) v = static_cast<int32_t>(next());
+    std::vector<int64_t> params(static_cast<size_t>(next()));
+    for (int64_t &v : params) v = next();
+    std::vector<size_t> bytes(static_cast<size_t>(next()));
+    for (size_t &v : bytes) v = static_cast<size_t>(next());
+
+    std::shared_ptr<aicpu::CpuKernel> k = CpuKernelUtils::CreateKernel("AicpuTilingPlan");
+    auto ctx = CpuKernelUtils::NewContext("AicpuTilingPlan");
+    CpuKernelUtils::AddInput(*ctx, cu.data(), 4 * cu.size(), static_cast<int64_t>(cu.size()));
+    CpuKernelUtils::AddInput(*ctx, kv.empty() ? nullptr : kv.data(), 4 * kv.size(),
+                             static_cast<int64_t>(kv.size()));
+    int32_t live_v = static_cast<int32_t>(live), epoch_v = static_cast<int32_t>(epoch);
+    CpuKernelUtils::AddInput(*ctx, live >= 0 ? &live_v : nullptr, live >= 0 ? 4 : 0,
+                             live >= 0 ? 1 : 0);
+    CpuKernelUtils::AddInput(*ctx, epoch >= 0 ? &epoch_v : nullptr, epoch >= 0 ? 4 : 0,
+                             epoch >= 0 ? 1 : 0);
+    std::vector<Words> outs;
+    for (size_t b : bytes) outs.push_back(Words(b / 4 + 1, kSentinel));
+    for (size_t i = 0; i < outs.size(); ++i) {
+        CpuKernelUtils::AddOutput(*ctx, outs[i].data(), bytes[i],
+                                  static_cast<int64_t>(bytes[i] / 4));
+    }
+    CpuKernelUtils::SetAttrListInt(*ctx, "params", params);
+    CpuKernelUtils::SetAttrInt(*ctx, "causal", causal);
+    std::printf("status %u\n", k->Compute(*ctx));
+    for (size_t i = 0; i < outs.size(); ++i) {
+        std::printf("tiling %zu", i);
+        for (size_t w = 0; w < bytes[i] / 4; ++w) std::printf(" %d", outs[i][w]);
+        std::printf("\n");
+    }
+    return 0;
+}
+
 /* ---- random ---- */
 
 struct Rng {
@@ -579,7 +960,7 @@ struct Rng {
 bool CaseRandom(long count, uint64_t seed)
 {
     Rng rng{seed * 2654435761u + 1};
-    long ok = 0, errors = 0;
+    long ok = 0, errors = 0, multi = 0;
     for (long i = 0; i < count; ++i) {
         aicpu_tiling_params p = BaseParams();
         p.num_kv_heads = 1 << rng.Range(0, 3);
@@ -621,8 +1002,34 @@ bool CaseRandom(long count, uint64_t seed)
             return false;
         }
         (st == AICPU_TILING_OK ? ok : errors) += 1;
+        if (rng.Chance(30)) {
+            /* The same lengths planned for 2 .. MAX_PLANS tilings in one classic launch:
+             * other windows, sometimes other cores, invalid params or a short buffer. */
+            Plans plans(1, p);
+            const int32_t n = rng.Range(2, AICPU_TILING_KERNEL_MAX_PLANS);
+            for (int32_t j = 1; j < n; ++j) {
+                aicpu_tiling_params q = p;
+                q.sliding_window = rng.Chance(40) ? 0 : rng.Range(1, 3 * p.block_size);
+                if (rng.Chance(20)) q.num_cores = rng.Range(1, 48);
+                if (rng.Chance(3)) q.num_cores = 0;
+                plans.push_back(q);
+            }
+            std::vector<size_t> sizes;
+            for (const aicpu_tiling_params &q : plans) {
+                size_t b = aicpu_tiling_bytes(&q);
+                if (b == 0) b = 4 * BufWords(BaseParams());
+                if (rng.Chance(3)) b -= 4 * static_cast<size_t>(rng.Range(1, 8));
+                sizes.push_back(b);
+            }
+            if (!CheckMulti(plans, flags, cu, kv, batch, sizes, rng.Range(-5, 5))) {
+                g_why = "random case " + std::to_string(i) + ": " + g_why;
+                return false;
+            }
+            ++multi;
+        }
     }
-    std::printf("random: %ld cases, %ld ok, %ld with an error status\n", count, ok, errors);
+    std::printf("random: %ld cases, %ld ok, %ld with an error status, %ld multi-tiling\n", count,
+                ok, errors, multi);
     if (count >= 100 && (ok == 0 || errors == 0)) return Fail("random mix has no ok or no error cases");
     return true;
 }
@@ -646,6 +1053,9 @@ const Named kCases[] = {
     {"bad_params", CaseBadParams},
     {"classic_plumbing", CaseClassicPlumbing},
     {"ascendc_plumbing", CaseAscendCPlumbing},
+    {"multi_plan", CaseMultiPlan},
+    {"multi_one_tiling", CaseMultiOneTiling},
+    {"multi_errors", CaseMultiErrors},
 };
 
 bool Report(const char *name, bool pass)
@@ -666,6 +1076,9 @@ int main(int argc, char **argv)
     if (what == "list") {
         for (const auto &c : kCases) std::printf("%s\n", c.name);
         return 0;
+    }
+    if (what == "classic_io") {
+        return ClassicIo();
     }
     if (what == "random") {
         const long count = argc > 2 ? std::atol(argv[2]) : 2000;
