@@ -1,10 +1,20 @@
 """The twin's FIA for vLLM-Ascend's C8 call (BNSD, int8 NZ KV, per-channel antiquant) and
 FIA v2 with learnable sinks: eager, captured and updated, against the float64 reference, and
-the errors torch_npu's docs make of what they forbid (each script runs on a fresh twin)."""
+the errors torch_npu's docs make of what they forbid (each script runs on a fresh twin). Then
+vLLM-Ascend's own C8 and sinks layers (``tools/vllm_ascend_fia_paths.py``) in the oldest and
+newest supported release's environment, without our hook."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
+
+from pyruntime.npu_twin import STATE_ENV
+from tests.wheels import wheels_required
 
 pytestmark = pytest.mark.usefixtures("run_twin")
 
@@ -250,3 +260,54 @@ def test_fia_paths_on_the_twin(script, run_twin):
     assert found and "<script>" not in found, found.get("<script>", found)
     bad = {rule: outcome for rule, outcome in found.items() if outcome != "ok"}
     assert not bad, bad
+
+
+REPO = Path(__file__).resolve().parents[2]
+ENVS = Path(os.environ.get("AICPU_TILING_VLLM_ENVS",
+                           Path.home() / ".cache" / "aicpu-tiling" / "vllm-envs"))
+
+
+@pytest.mark.parametrize("release", ["0.23.0.post1", "0.30.0rc2"])
+def test_vllm_ascends_own_c8_and_sinks_layers_on_the_twin(release, tmp_path):
+    """Each layer's graph captures the FIA vLLM-Ascend's entry issues (C8: v1 BNSD on the int8
+    NZ view with its antiquant scales; sinks: v2 TND with learnable_sink), vLLM-Ascend's own
+    update rewrites it once a step, and every replayed output matches float64, closer than
+    the answer without the sinks; so does one eager step."""
+    env = ENVS / release
+    if not (env / "READY.json").is_file():
+        message = f"no vLLM environment for {release} in {ENVS} (tools/vllm_env.sh {release})"
+        if wheels_required():
+            pytest.fail(f"{message}; CI=true requires it")
+        pytest.skip(message)
+    child = {k: v for k, v in os.environ.items()
+             if k not in ("AICPU_TILING", "AICPU_TILING_ENGINE", "PYTHONHOME",
+                          "TRITON_INTERPRET", "TASK_QUEUE_ENABLE")}
+    child["PYTHONPATH"] = os.pathsep.join([str(REPO), str(env / "vllm-ascend")])
+    child[STATE_ENV] = str(tmp_path)
+    proc = subprocess.run([str(env / "venv" / "bin" / "python"),
+                           str(REPO / "tools" / "vllm_ascend_fia_paths.py")],
+                          capture_output=True, text=True, env=child, cwd=REPO, timeout=300,
+                          check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    report = json.loads(lines[-1])
+    assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
+    c8, sinks = report["captured"]
+    assert (c8["layout"], c8["key"], c8["key_dtype"], c8["key_antiquant_scale"]) == (
+        "BNSD", [24, 1, 128 // 32, 128, 32], "int8", True)
+    assert c8["op"].startswith("npu_fused_infer_attention_score") and "v2" not in c8["op"]
+    assert (sinks["op"], sinks["layout"], sinks["learnable_sink"]) == (
+        "npu_fused_infer_attention_score_v2.out", "TND", True)
+    # one update per layer and step, each re-issuing its layer's FIA
+    assert report["updates_per_step"] == 2
+    assert len(report["updated"]) == 2 * report["steps"]
+    assert {(u["layout"], u["learnable_sink"]) for u in report["updated"]} == {
+        ("BNSD", False), ("TND", True)}
+    # the eager step: C8's _forward_c8_decode (v1 BNSD) and the sinks layer's v2 call
+    assert report["eager_steps"] == 1
+    assert [(e["op"], e["layout"], e["key_antiquant_scale"], e["learnable_sink"])
+            for e in report["eager"]] == [("npu_fused_infer_attention_score", "BNSD", True, False),
+                                          ("npu_fused_infer_attention_score_v2", "TND", False,
+                                           True)]
+    errors = [layer["max_rel_err"] for layer in report["layers"]]
+    assert max(errors) < 1e-2 < report["sinks_distance"], report
