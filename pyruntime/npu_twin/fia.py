@@ -9,6 +9,17 @@ passes (``input_layout="TND"``, paged KV ``[num_blocks, block_size, kv_heads * h
 float32 (fp32 accumulation, like the AI Core); anything else raises `NotInTwinError`. The op runs
 as an AI Core task on the current stream: captured, task-group members and updatable like
 any kernel, with its host lists frozen when it is issued.
+
+Two more calls of vLLM-Ascend are modelled:
+
+* C8 (int8 KV) decode, ``input_layout="BNSD"``: the query ``[B, N, 1, D]``, paged int8 caches
+  in the NZ 5-D view ``[num_blocks, KV_N, D/32, block_size, 32]`` and per-channel
+  ``key_antiquant_scale``/``value_antiquant_scale`` ``[KV_N, 1, D]`` (vllm-ascend 0.23/0.30
+  ``vllm_ascend/attention/attention_v1.py``: ``AscendAttentionBackendImpl.full_graph_fia`` with
+  ``enable_c8_quant`` and ``AscendC8AttentionBackendImpl._forward_c8_decode``): see `_c8_checked`.
+* ``npu_fused_infer_attention_score_v2`` (+ ``.out`` and its ``_get_max_workspace``) with
+  ``learnable_sink``, as ``full_graph_fia_v2`` calls it for layers with attention sinks:
+  ``input_layout="TND"``, paged ND KV, ``sparse_mode`` 3 or 4: see `_v2_checked`.
 """
 
 from __future__ import annotations
@@ -54,6 +65,63 @@ OUT_SCHEMA = (
     "softmax_lse_flag=False, Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) "
     "softmax_lse) -> (Tensor(a!), Tensor(b!))")
 
+#: torch_npu 2.10.0.post4, ``_op_plugin_docs.py``: FIA v2, its ``.out`` and its workspace query
+V2_SCHEMA = (
+    "npu_fused_infer_attention_score_v2(Tensor query, Tensor key, Tensor value, *, Tensor? "
+    "query_rope=None, Tensor? key_rope=None, Tensor? pse_shift=None, Tensor? "
+    "atten_mask=None, SymInt[]? actual_seq_qlen=None, SymInt[]? actual_seq_kvlen=None, "
+    "Tensor? block_table=None, Tensor? dequant_scale_query=None, Tensor? "
+    "dequant_scale_key=None, Tensor? dequant_offset_key=None, Tensor? "
+    "dequant_scale_value=None, Tensor? dequant_offset_value=None, Tensor? "
+    "dequant_scale_key_rope=None, Tensor? quant_scale_out=None, Tensor? "
+    "quant_offset_out=None, Tensor? quant_scale_p=None, Tensor? learnable_sink=None, int "
+    "num_query_heads=1, int num_key_value_heads=0, float softmax_scale=1.0, int "
+    "pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int "
+    "sparse_mode=0, int block_size=0, int query_quant_mode=0, int key_quant_mode=0, int "
+    "value_quant_mode=0, int inner_precise=0, bool return_softmax_lse=False, int? "
+    "query_dtype=None, int? key_dtype=None, int? value_dtype=None, int? "
+    "query_rope_dtype=None, int? key_rope_dtype=None, int? key_shared_prefix_dtype=None, "
+    "int? value_shared_prefix_dtype=None, int? dequant_scale_query_dtype=None, int? "
+    "dequant_scale_key_dtype=None, int? dequant_scale_value_dtype=None, int? "
+    "dequant_scale_key_rope_dtype=None, int? out_dtype=None) -> (Tensor, Tensor)")
+V2_OUT_SCHEMA = (
+    "npu_fused_infer_attention_score_v2.out(Tensor query, Tensor key, Tensor value, *, "
+    "Tensor? query_rope=None, Tensor? key_rope=None, Tensor? pse_shift=None, Tensor? "
+    "atten_mask=None, SymInt[]? actual_seq_qlen=None, SymInt[]? actual_seq_kvlen=None, "
+    "Tensor? block_table=None, Tensor? dequant_scale_query=None, Tensor? "
+    "dequant_scale_key=None, Tensor? dequant_offset_key=None, Tensor? "
+    "dequant_scale_value=None, Tensor? dequant_offset_value=None, Tensor? "
+    "dequant_scale_key_rope=None, Tensor? quant_scale_out=None, Tensor? "
+    "quant_offset_out=None, Tensor? quant_scale_p=None, Tensor? learnable_sink=None, int "
+    "num_query_heads=1, int num_key_value_heads=0, float softmax_scale=1.0, int "
+    "pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int "
+    "sparse_mode=0, int block_size=0, int query_quant_mode=0, int key_quant_mode=0, int "
+    "value_quant_mode=0, int inner_precise=0, bool return_softmax_lse=False, int? "
+    "query_dtype=None, int? key_dtype=None, int? value_dtype=None, int? "
+    "query_rope_dtype=None, int? key_rope_dtype=None, int? key_shared_prefix_dtype=None, "
+    "int? value_shared_prefix_dtype=None, int? dequant_scale_query_dtype=None, int? "
+    "dequant_scale_key_dtype=None, int? dequant_scale_value_dtype=None, int? "
+    "dequant_scale_key_rope_dtype=None, int? out_dtype=None, Tensor? workspace=None, "
+    "Tensor(a!) attention_out, Tensor(b!) softmax_lse) -> (Tensor(a!), Tensor(b!))")
+V2_WORKSPACE_SCHEMA = (
+    "_npu_fused_infer_attention_score_v2_get_max_workspace(Tensor query, Tensor key, Tensor"
+    " value, *, Tensor? query_rope=None, Tensor? key_rope=None, Tensor? pse_shift=None, "
+    "Tensor? atten_mask=None, SymInt[]? actual_seq_qlen=None, SymInt[]? "
+    "actual_seq_kvlen=None, Tensor? block_table=None, Tensor? dequant_scale_query=None, "
+    "Tensor? dequant_scale_key=None, Tensor? dequant_offset_key=None, Tensor? "
+    "dequant_scale_value=None, Tensor? dequant_offset_value=None, Tensor? "
+    "dequant_scale_key_rope=None, Tensor? quant_scale_out=None, Tensor? "
+    "quant_offset_out=None, Tensor? quant_scale_p=None, Tensor? learnable_sink=None, int "
+    "num_query_heads=1, int num_key_value_heads=0, float softmax_scale=1.0, int "
+    "pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int "
+    "sparse_mode=0, int block_size=0, int query_quant_mode=0, int key_quant_mode=0, int "
+    "value_quant_mode=0, int inner_precise=0, bool return_softmax_lse=False, int? "
+    "query_dtype=None, int? key_dtype=None, int? value_dtype=None, int? "
+    "query_rope_dtype=None, int? key_rope_dtype=None, int? key_shared_prefix_dtype=None, "
+    "int? value_shared_prefix_dtype=None, int? dequant_scale_query_dtype=None, int? "
+    "dequant_scale_key_dtype=None, int? dequant_scale_value_dtype=None, int? "
+    "dequant_scale_key_rope_dtype=None, int? out_dtype=None) -> Tensor")
+
 _UNSUPPORTED = ("pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2",
                 "quant_scale2", "quant_offset2", "antiquant_scale", "antiquant_offset",
                 "query_padding_size", "kv_padding_size", "key_antiquant_scale",
@@ -63,13 +131,21 @@ _UNSUPPORTED = ("pse_shift", "dequant_scale1", "quant_scale1", "dequant_scale2",
 
 
 def _attention(query, key_cache, value_cache, table, cu, kv, *, scale: float,
-               causal: bool, band: tuple[int, int] | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               causal: bool, band: tuple[int, int] | None = None,
+               kv_scale: tuple[torch.Tensor, torch.Tensor] | None = None,
+               sink: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged GQA attention in float32, request by request: ``[T, Hq, D]`` output (rows of no
     request zero) and ``[T, Hq, 1]`` log-sum-exp. ``band = (pre_tokens, next_tokens)``:
     sparse_mode 4, the query at kv position p sees the keys p - pre_tokens .. p + next_tokens
     (torch_npu's ``_op_plugin_docs.py``: the band between pre_tokens and next_tokens, counted
-    from the bottom-right corner)."""
+    from the bottom-right corner).
+
+    ``kv_scale = (k_scale, v_scale)``, each float32 ``[Hkv, D]``: the caches are int8 and a
+    stored x means ``x * scale`` (per-channel antiquant without offset), dequantised in fp32.
+    ``sink``: float32 ``[Hq]``, one extra logit per query head in the softmax denominator that
+    adds no value (``exp(sink - m)``; the lse includes it), as torch_npu's
+    ``_op_plugin_docs.py`` defines a sink for ``npu_fusion_attention`` ("append one sink logit,
+    apply softmax, then drop that column before multiplying by V"; the sink is not scaled)."""
     _, block_size, kv_heads, head_dim = key_cache.shape
     heads = query.shape[1]
     group = heads // kv_heads
@@ -82,6 +158,8 @@ def _attention(query, key_cache, value_cache, table, cu, kv, *, scale: float,
         blocks = torch.from_numpy(np.ascontiguousarray(table[r, : -(-kv_len // block_size)]))
         k = key_cache[blocks].reshape(-1, kv_heads, head_dim)[:kv_len].float()
         v = value_cache[blocks].reshape(-1, kv_heads, head_dim)[:kv_len].float()
+        if kv_scale is not None:
+            k, v = k * kv_scale[0], v * kv_scale[1]
         q = query[q0:q1].float().reshape(q1 - q0, kv_heads, group, head_dim)
         s = torch.einsum("qhgd,khd->hgqk", q, k) * scale
         pos = torch.arange(kv_len)[None, :]
@@ -90,33 +168,184 @@ def _attention(query, key_cache, value_cache, table, cu, kv, *, scale: float,
             s = s.masked_fill(pos > at, float("-inf"))
         if band is not None:
             s = s.masked_fill((pos < at - band[0]) | (pos > at + band[1]), float("-inf"))
-        m = s.logsumexp(-1, keepdim=True)
+        if sink is None:
+            m = s.logsumexp(-1, keepdim=True)
+        else:  # [Hkv, group, q, 1] sink logits beside the scores
+            column = sink.reshape(kv_heads, group, 1, 1).expand(*s.shape[:3], 1)
+            m = torch.cat([s, column], -1).logsumexp(-1, keepdim=True)
         o = torch.einsum("hgqk,khd->qhgd", (s - m).exp(), v)
         out[q0:q1] = o.reshape(q1 - q0, heads, head_dim)
         lse[q0:q1] = m.permute(2, 0, 1, 3).reshape(q1 - q0, heads, 1)
     return out, lse
 
 
+#: the kv antiquant options of C8's BNSD call (`_c8_checked` decides on them)
+_C8_OPTIONS = ("key_antiquant_scale", "key_antiquant_offset", "value_antiquant_scale",
+               "value_antiquant_offset")
+
+
 def _check_modelled(options: dict) -> None:
     """Raise `NotInTwinError` for FIA options the twin does not model."""
+    bnsd = options["input_layout"] == "BNSD"
     for name in _UNSUPPORTED:
-        if options.get(name) is not None:
+        if options.get(name) is not None and not (bnsd and name in _C8_OPTIONS):
             raise NotInTwinError(f"npu_fused_infer_attention_score: {name} is not modelled by "
                                  "the NPU twin")
-    if options["input_layout"] != "TND" or options["block_table"] is None:
+    if options["input_layout"] not in ("TND", "BNSD") or options["block_table"] is None:
         raise NotInTwinError("the twin's FIA models input_layout='TND' with a paged KV cache "
-                             "(block_table) only, as vLLM-Ascend's decode path calls it")
+                             "(block_table), as vLLM-Ascend's decode path calls it, and "
+                             "input_layout='BNSD' with paged int8 NZ caches (its C8 decode) only")
+
+
+#: NZ's last dim for int8: a 32-byte fractal (torch_npu's docs: "数据类型为int8时，输入参数key和
+#: value的格式为[blockNum, KV_N, D/32, blockSize, 32]"; vLLM-Ascend's ``_nz_5d_view``)
+_NZ_INT8 = 32
+
+#: (num_heads, num_key_value_heads) that FIA takes with NZ int8 KV (the docs' list)
+_NZ_HEADS = ((10, 1), (64, 8), (80, 8), (128, 16))
+
+
+def _fail(message: str) -> RuntimeError:
+    return RuntimeError(f"npu_fused_infer_attention_score: {message}")
+
+
+def _c8_checked(query, key, value, options: dict):
+    """The checks of C8's BNSD call; returns ``(batch, kv_heads, head_dim, block_size,
+    kv_lens)`` (``kv_lens`` a list of B ints, or None when the lengths are not yet known).
+
+    The rules are torch_npu 2.10.0.post4's ``_op_plugin_docs.py``. FIA v1's entry speaks of NZ
+    only for MLA (query_rope, "[blockNum, KV_N, D/16, blockSize, 16]"); the int8 NZ case is
+    documented under ``npu_fused_infer_attention_score_v2`` (the same aclnn operator),
+    "GQA伪量化场景下KV为NZ格式时的参数约束": query bfloat16, key and value int8 ``[blockNum,
+    KV_N, D/32, blockSize, 32]``, D only 128, query S 1-16, layouts BSH/BSND/BNSD, page
+    attention only with blockSize 128 or 512, per-channel scales bfloat16 and for BNSD
+    "必须传入[KV_N,1,D]", "仅支持高性能模式" (inner_precise 1), "当MTP等于0时，支持
+    sparse_mode=0且不传mask", no offsets ("不支持配置dequant_offset_key和dequant_offset_value"),
+    and (num_heads, num_key_value_heads) one of (10,1), (64,8), (80,8), (128,16). What those
+    rules forbid raises RuntimeError; per-token modes, MTP (query S > 1) and the ND caches
+    BNSD also takes raise `NotInTwinError`.
+    """
+    heads = options["num_heads"]
+    kv_heads = options["num_key_value_heads"] or heads
+    if query.dim() != 4:
+        raise _fail(f"input_layout BNSD needs a 4-d query [B, N, S, D], got {list(query.shape)}")
+    batch, q_heads, q_len, head_dim = query.shape
+    if key.dtype != torch.int8 or key.dim() != 5:
+        raise NotInTwinError("the twin's BNSD FIA models vLLM-Ascend's C8 call only: int8 "
+                             "key and value in the NZ view [num_blocks, KV_N, D/32, "
+                             f"block_size, 32] (got {key.dtype} {list(key.shape)})")
+    if q_len != 1:
+        raise NotInTwinError("BNSD FIA with a query S > 1 (MTP: sparse_mode 3 and a mask) is "
+                             "not modelled by the NPU twin")
+    if query.dtype != torch.bfloat16:
+        raise _fail(f"int8 NZ KV needs a bfloat16 query, got {query.dtype}")
+    if value.dtype != torch.int8 or tuple(value.shape) != tuple(key.shape):
+        raise _fail("key and value must have the same shape (int8 NZ), got "
+                    f"{list(key.shape)} {key.dtype} and {list(value.shape)} {value.dtype}")
+    if q_heads != heads:
+        raise _fail(f"num_heads {heads} must equal the query's N {q_heads} (BNSD)")
+    if key.shape[1] != kv_heads:
+        raise _fail(f"num_key_value_heads {kv_heads} must equal the key's N {key.shape[1]} "
+                    "(BNSD)")
+    if (heads, kv_heads) not in _NZ_HEADS:
+        raise _fail(f"int8 NZ KV supports (num_heads, num_key_value_heads) in {_NZ_HEADS}, "
+                    f"got {(heads, kv_heads)}")
+    if key.shape[4] != _NZ_INT8 or key.shape[2] * _NZ_INT8 != head_dim or head_dim != 128:
+        raise _fail(f"int8 NZ KV must be [num_blocks, KV_N, D/32, block_size, 32] with D 128 "
+                    f"(the query's D {head_dim}), got {list(key.shape)}")
+    block_size = options["block_size"]
+    if block_size not in (128, 512) or key.shape[3] != block_size:
+        raise _fail(f"int8 NZ KV needs block_size 128 or 512 matching the cache's "
+                    f"{key.shape[3]}, got {block_size}")
+    if options["inner_precise"] != 1:
+        raise _fail("int8 NZ KV supports only the high-performance mode (inner_precise=1), "
+                    f"got {options['inner_precise']}")
+    if options["sparse_mode"] != 0 or options["atten_mask"] is not None:
+        raise _fail("int8 NZ KV with a query S of 1 supports sparse_mode=0 without a mask")
+    if options["antiquant_mode"] != 0:
+        raise NotInTwinError("antiquant_mode (the combined antiquant_scale's mode) is not "
+                             "modelled by the NPU twin")
+    modes = (options["key_antiquant_mode"], options["value_antiquant_mode"])
+    if modes != (0, 1) and modes[0] != modes[1]:
+        # "除了key_antiquant_mode为0并且value_antiquant_mode为1的场景外, 需要与value_antiquant_mode一致"
+        raise _fail(f"key_antiquant_mode and value_antiquant_mode must agree, got {modes}")
+    if modes != (0, 0):
+        raise NotInTwinError(f"kv antiquant modes {modes} are not modelled by the NPU twin "
+                             "(only 0: per-channel)")
+    scales = (options["key_antiquant_scale"], options["value_antiquant_scale"])
+    if (scales[0] is None) != (scales[1] is None):
+        # "key_antiquant_scale和value_antiquant_scale要么都为空, 要么都不为空"
+        raise _fail("key_antiquant_scale and value_antiquant_scale must both be given or "
+                    "neither")
+    if scales[0] is None:
+        raise NotInTwinError("int8 KV without key/value_antiquant_scale is not modelled by "
+                             "the NPU twin")
+    if options["key_antiquant_offset"] is not None or options["value_antiquant_offset"] is not None:
+        raise _fail("int8 NZ KV does not support key/value_antiquant_offset")
+    for name, t in zip(("key_antiquant_scale", "value_antiquant_scale"), scales):
+        if t.dtype != torch.bfloat16 or tuple(t.shape) != (kv_heads, 1, head_dim):
+            raise _fail(f"per-channel {name} with int8 NZ KV and BNSD must be bfloat16 "
+                        f"[KV_N, 1, D] = {[kv_heads, 1, head_dim]}, got {t.dtype} "
+                        f"{list(t.shape)}")
+    table = options["block_table"]
+    if table.dim() != 2 or table.dtype != torch.int32 or table.shape[0] != batch:
+        # "block_table必须为二维, 第一维长度需等于B"; "block_table: 数据类型支持int32"
+        raise _fail(f"block_table must be 2-d int32 with B = {batch} rows, got "
+                    f"{table.dtype} {list(table.shape)}")
+    # actual_seq_lengths: "Q_S为1时该参数无效" (vLLM-Ascend passes its TND query ends there;
+    # they are ignored). actual_seq_lengths_kv: "page attention场景下, 必须传入", one per batch:
+    # "传入长度为1时, 每个Batch使用相同seqlenKv; 传入长度大于等于Batch时取seqlenKv的前Batch个数.
+    # 其他长度不支持", each "不大于KV_S"
+    lens = options["actual_seq_lengths_kv"]
+    if lens is None:
+        raise _fail("page attention needs actual_seq_lengths_kv")
+    lens = [int(n) for n in lens]
+    if len(lens) == 1:
+        lens = lens * batch
+    elif len(lens) >= batch:
+        lens = lens[:batch]
+    else:
+        raise _fail(f"actual_seq_lengths_kv has {len(lens)} entries for B = {batch}")
+    capacity = table.shape[1] * block_size
+    if any(n < 0 or n > capacity for n in lens):
+        raise _fail(f"actual_seq_lengths_kv {lens} must lie in [0, {capacity}] (the "
+                    "block_table's blocks)")
+    return batch, kv_heads, head_dim, block_size, lens
+
+
+def _nz_to_nd(cache: torch.Tensor) -> torch.Tensor:
+    """``[num_blocks, KV_N, D/32, block_size, 32]`` -> ``[num_blocks, block_size, KV_N, D]``:
+    element (b, h, d1, s, d0) is dim ``d1 * 32 + d0`` of token s, head h."""
+    blocks, kv_heads, tiles, block_size, nz = cache.shape
+    return cache.permute(0, 3, 1, 2, 4).reshape(blocks, block_size, kv_heads, tiles * nz)
+
+
+def _reference_c8(query, key, value, options: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """C8's BNSD call: ``[B, N, 1, D]`` output and ``[B, N, 1, 1]`` lse; batch b's one query
+    sees its first ``actual_seq_lengths_kv[b]`` keys, dequantised ``stored * scale`` in fp32."""
+    batch, kv_heads, head_dim, _, lens = _c8_checked(query, key, value, options)
+    scale = tuple(t.float().reshape(kv_heads, head_dim)
+                  for t in (options["key_antiquant_scale"], options["value_antiquant_scale"]))
+    out, lse = _attention(query.reshape(batch, -1, head_dim), _nz_to_nd(key), _nz_to_nd(value),
+                          options["block_table"].numpy(), np.arange(batch + 1),
+                          np.asarray(lens, np.int64), scale=options["scale"], causal=False,
+                          kv_scale=scale)
+    return out.reshape(query.shape), lse.reshape(query.shape[:3] + (1,))
 
 
 def _check_on_device(op: str, query, key, value, options: dict) -> None:
-    for t in (query, key, value, options.get("block_table")):
-        if t is not None and not isinstance(t, twin.NpuTensor):
+    for t in (query, key, value, *options.values()):
+        if isinstance(t, torch.Tensor) and not isinstance(t, twin.NpuTensor):
             raise twin.HostPointerError(f"{op}: every tensor must be on the NPU")
 
 
-def _reference(query, key, value, options: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """FIA's result: ``[T, num_heads, D]`` output and ``[T, num_heads, 1]`` lse."""
+def _reference(query, key, value, options: dict, sink: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """FIA's result: ``[T, num_heads, D]`` output and ``[T, num_heads, 1]`` lse (BNSD:
+    `_reference_c8`). ``sink``: FIA v2's learnable_sink in float32 (`_attention`)."""
     _check_modelled(options)
+    if options["input_layout"] == "BNSD":
+        return _reference_c8(query, key, value, options)
     mode = options["sparse_mode"]
     if mode not in (0, 3, 4):
         raise NotInTwinError(f"sparse_mode {mode} is not modelled")
@@ -149,7 +378,7 @@ def _reference(query, key, value, options: dict) -> tuple[torch.Tensor, torch.Te
                            "query's T rows")
     return _attention(query, key.reshape(cache), value.reshape(cache),
                       options["block_table"].numpy(), cu, kv, scale=options["scale"],
-                      causal=mode == 3, band=band)
+                      causal=mode == 3, band=band, sink=sink)
 
 
 def _defaults(schema: str) -> dict:
@@ -166,26 +395,62 @@ def _defaults(schema: str) -> dict:
     return out
 
 
-def _issue(query, key, value, options, attention_out, softmax_lse) -> None:
-    dev = twin.device()
-    options = {**_DEFAULTS, **options}
-    _check_on_device("npu_fused_infer_attention_score", query, key, value, options)
+def _int_lists(options: dict, schema: str) -> dict:
+    """The options with each ``SymInt[]`` given as a tensor read as a list of ints, as the
+    dispatcher reads one for a schema op (vLLM-Ascend 0.30's ``full_graph_fia_v2`` passes the
+    host ``seq_lens`` tensor as ``actual_seq_kvlen``); the workspace queries are plain
+    functions here, so they convert it themselves."""
+    import re
+
+    names = set(re.findall(r"SymInt\[\]\? (\w+)=", schema))
+    return {k: v.tolist() if k in names and isinstance(v, torch.Tensor) else v
+            for k, v in options.items()}
+
+
+def _frozen(options: dict) -> dict:
+    """The options as the op sees them when it is issued: device tensors' memory, host lists
+    copied (the real op reads them on the host when it is called)."""
     inner = {k: twin.inner(v) for k, v in options.items()}
-    frozen = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in inner.items()}
+    return {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in inner.items()}
+
+
+def _issue(query, key, value, options, attention_out, softmax_lse, *,
+           op: str = "npu_fused_infer_attention_score", defaults: dict | None = None,
+           reference=None) -> None:
+    """Queue FIA (``op``) as an AI Core task on the current stream. The options the caller
+    passed are checked now, on the host, as the real op's tiling does (C8's and v2's rules;
+    the data-dependent ones again when the task runs)."""
+    dev = twin.device()
+    options = {**(_DEFAULTS if defaults is None else defaults), **options}
+    reference = _reference if reference is None else reference
+    _check_on_device(op, query, key, value, options)
+    frozen = _frozen(options)
     q, k, v = twin.inner(query), twin.inner(key), twin.inner(value)
+    _precheck(op, q, k, v, frozen)
     out_i, lse_i = twin.inner(attention_out), twin.inner(softmax_lse)
 
     def run() -> None:
-        out, lse = _reference(q, k, v, frozen)
+        out, lse = reference(q, k, v, frozen)
         out_i.copy_(out.reshape(out_i.shape))
         if lse_i.numel() == lse.numel():
             lse_i.copy_(lse.reshape(lse_i.shape))
-    dev.enqueue(twin.Work("aicore", "npu_fused_infer_attention_score", run))
+    dev.enqueue(twin.Work("aicore", op, run))
+
+
+def _precheck(op: str, query, key, value, options: dict) -> None:
+    """The host-side checks of an FIA call (before it is queued)."""
+    if op.startswith("npu_fused_infer_attention_score_v2"):
+        _v2_checked(query, key, value, options)
+        return
+    _check_modelled(options)
+    if options["input_layout"] == "BNSD":
+        _c8_checked(query, key, value, options)
 
 
 def fia(query, key, value, **options):
     attention_out = torch.empty_like(query)
-    softmax_lse = torch.empty(query.shape[:2] + (1,), dtype=torch.float32, device=query.device)
+    # (T, N, 1) for TND, (B, N, S, 1) for BNSD
+    softmax_lse = torch.empty(query.shape[:-1] + (1,), dtype=torch.float32, device=query.device)
     _issue(query, key, value, options, attention_out, softmax_lse)
     return attention_out, softmax_lse
 
@@ -206,19 +471,124 @@ def get_max_workspace(query, key, value, **options):
     capture. The options are checked as FIA checks them (what the twin does not model
     raises ``NotInTwinError``), on the host, since the real op sizes the workspace from
     them when it is called."""
-    options = {**_DEFAULTS, **options}
+    options = _int_lists({**_DEFAULTS, **options}, SCHEMA)
     _check_on_device("_npu_fused_infer_attention_score_get_max_workspace", query, key, value,
                      options)
-    _check_modelled(options)
+    _precheck("npu_fused_infer_attention_score", twin.inner(query), twin.inner(key),
+              twin.inner(value), _frozen(options))
     return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=query.device)
 
 
+#: FIA v2's options the twin models beside the tensors (the rest must keep their defaults)
+_V2_MODELLED = ("atten_mask", "actual_seq_qlen", "actual_seq_kvlen", "block_table",
+                "learnable_sink", "num_query_heads", "num_key_value_heads", "softmax_scale",
+                "pre_tokens", "next_tokens", "input_layout", "sparse_mode", "block_size",
+                "inner_precise", "return_softmax_lse")
+
+
+def _v2_checked(query, key, value, options: dict) -> dict:
+    """FIA v2's options as FIA v1's (what `_reference` reads), after v2's own rules.
+
+    torch_npu 2.10.0.post4 ``_op_plugin_docs.py``, ``npu_fused_infer_attention_score_v2``:
+    ``learnable_sink`` "数据类型支持bfloat16 ... shape输入为(Q_N,)", and "learnable_sink的参数约束
+    如下：仅支持TND、NTD_TND；仅支持value的d小于等于128" (RuntimeError). The TND shape rules
+    of the same entry (D 128 or 192, bfloat16 only, ``actual_seq_qlen < actual_seq_kvlen`` per
+    batch under sparse 3) are not enforced, as for FIA v1: vLLM-Ascend calls it with gpt-oss's
+    D 64 and pads a graph batch with requests of q 1 and kv 0 or 1. Every option the twin does
+    not model (quantisation, rope, pse, dtypes, inner_precise's row-invalid bit) raises
+    `NotInTwinError`, and so does ``return_softmax_lse`` with a sink (whether the lse counts
+    the sink is not documented)."""
+    name = "npu_fused_infer_attention_score_v2"
+    for key_name, default in _V2_DEFAULTS.items():
+        if key_name not in _V2_MODELLED and options.get(key_name, default) != default:
+            raise NotInTwinError(f"{name}: {key_name} is not modelled by the NPU twin")
+    if options["inner_precise"] not in (0, 1):
+        raise NotInTwinError(f"{name}: inner_precise {options['inner_precise']} (row-invalid "
+                             "correction) is not modelled by the NPU twin")
+    sink = options["learnable_sink"]
+    if sink is not None:
+        if options["input_layout"] not in ("TND", "NTD_TND"):
+            raise RuntimeError(f"{name}: learnable_sink needs input_layout TND or NTD_TND, "
+                               f"got {options['input_layout']!r}")
+        if sink.dtype != torch.bfloat16 or tuple(sink.shape) != (options["num_query_heads"],):
+            raise RuntimeError(f"{name}: learnable_sink must be bfloat16 of shape (Q_N,) = "
+                               f"({options['num_query_heads']},), got {sink.dtype} "
+                               f"{list(sink.shape)}")
+        if value.shape[-1] > 128:
+            raise RuntimeError(f"{name}: learnable_sink needs value's D <= 128, got "
+                               f"{value.shape[-1]}")
+        if options["return_softmax_lse"]:
+            raise NotInTwinError(f"{name}: return_softmax_lse with learnable_sink is not "
+                                 "modelled by the NPU twin")
+    v1 = {**_DEFAULTS, "atten_mask": options["atten_mask"],
+          "actual_seq_lengths": options["actual_seq_qlen"],
+          "actual_seq_lengths_kv": options["actual_seq_kvlen"],
+          "block_table": options["block_table"], "num_heads": options["num_query_heads"],
+          "num_key_value_heads": options["num_key_value_heads"],
+          "scale": options["softmax_scale"], "pre_tokens": options["pre_tokens"],
+          "next_tokens": options["next_tokens"], "input_layout": options["input_layout"],
+          "sparse_mode": options["sparse_mode"], "block_size": options["block_size"],
+          "inner_precise": options["inner_precise"],
+          "softmax_lse_flag": options["return_softmax_lse"]}
+    if v1["input_layout"] != "TND":  # C8's BNSD is v1's; v2 is modelled for sinks' TND
+        raise NotInTwinError(f"{name}: the twin models input_layout='TND' with a paged KV "
+                             "cache only (vLLM-Ascend's full_graph_fia_v2)")
+    _check_modelled(v1)
+    return v1
+
+
+def _reference_v2(query, key, value, options: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """FIA v2's result (TND): `_reference` with the learnable sink in float32."""
+    v1 = _v2_checked(query, key, value, options)
+    sink = options["learnable_sink"]
+    return _reference(query, key, value, v1, sink=None if sink is None else sink.float())
+
+
+def fia_v2(query, key, value, **options):
+    """``torch_npu.npu_fused_infer_attention_score_v2`` (`V2_SCHEMA`): ``(attention_out
+    [T, Q_N, D] in the query's dtype, softmax_lse float32 [T, Q_N, 1])``."""
+    attention_out = torch.empty_like(query)
+    softmax_lse = torch.empty(query.shape[:-1] + (1,), dtype=torch.float32, device=query.device)
+    _issue(query, key, value, options, attention_out, softmax_lse, op=_V2,
+           defaults=_V2_DEFAULTS, reference=_reference_v2)
+    return attention_out, softmax_lse
+
+
+def fia_v2_out(query, key, value, *, workspace=None, attention_out, softmax_lse, **options):
+    """``npu_fused_infer_attention_score_v2.out`` (`V2_OUT_SCHEMA`): writes the two outputs
+    (the workspace is not read: the twin needs none)."""
+    _issue(query, key, value, options, attention_out, softmax_lse, op=_V2 + ".out",
+           defaults=_V2_DEFAULTS, reference=_reference_v2)
+    return attention_out, softmax_lse
+
+
+def get_max_workspace_v2(query, key, value, **options):
+    """``torch_npu._npu_fused_infer_attention_score_v2_get_max_workspace``
+    (`V2_WORKSPACE_SCHEMA`): a device workspace for v2's ``.out``, its options checked as v2
+    checks them, on the host.
+
+    Raises:
+        TypeError: an option the schema does not have.
+    """
+    unknown = sorted(set(options) - set(_V2_DEFAULTS))
+    if unknown:
+        raise TypeError(f"_npu_fused_infer_attention_score_v2_get_max_workspace() got "
+                        f"unexpected keyword arguments {unknown}")
+    options = _int_lists({**_V2_DEFAULTS, **options}, V2_SCHEMA)
+    _check_on_device("_npu_fused_infer_attention_score_v2_get_max_workspace", query, key,
+                     value, options)
+    _v2_checked(twin.inner(query), twin.inner(key), twin.inner(value), _frozen(options))
+    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=query.device)
+
+
+_V2 = "npu_fused_infer_attention_score_v2"
 _library: torch.library.Library | None = None
 _DEFAULTS = {k: v for k, v in _defaults(SCHEMA).items() if k != "workspace"}
+_V2_DEFAULTS = _defaults(V2_SCHEMA)
 
 
 def register() -> torch._ops.OpOverloadPacket:
-    """Define ``torch.ops.npu.npu_fused_infer_attention_score`` (once)."""
+    """Define ``torch.ops.npu.npu_fused_infer_attention_score`` and ``..._v2`` (once)."""
     global _library
     if _library is None:
         lib = torch.library.Library("npu", "DEF")
@@ -226,5 +596,15 @@ def register() -> torch._ops.OpOverloadPacket:
         lib.define(OUT_SCHEMA)
         lib.impl("npu_fused_infer_attention_score", fia, "PrivateUse1")
         lib.impl("npu_fused_infer_attention_score.out", fia_out, "PrivateUse1")
+        lib.define(V2_SCHEMA)
+        lib.define(V2_OUT_SCHEMA)
+        lib.impl(_V2, fia_v2, "PrivateUse1")
+        lib.impl(_V2 + ".out", fia_v2_out, "PrivateUse1")
         _library = lib
     return torch.ops.npu.npu_fused_infer_attention_score
+
+
+def register_v2() -> torch._ops.OpOverloadPacket:
+    """``torch.ops.npu.npu_fused_infer_attention_score_v2`` (defined by `register`)."""
+    register()
+    return torch.ops.npu.npu_fused_infer_attention_score_v2

@@ -1,6 +1,6 @@
 """The ``torch_npu`` module on the twin: ``torch_npu.npu`` (the twin's ``torch.npu``),
-``torch_npu._C._npu_getCurrentRawStream`` (Triton-Ascend's stream query), FIA, and a
-placeholder for every other name (vLLM-Ascend imports many at module top level): it exists
+``torch_npu._C._npu_getCurrentRawStream`` (Triton-Ascend's stream query), FIA (v1 and v2),
+and a placeholder for every other name (vLLM-Ascend imports many at module top level): it exists
 and raises `NotInTwinError` when called, never accepting anything."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ class _PlaceholderModule(types.ModuleType):
 
 
 class _FiaPacket:
-    """``torch_npu.npu_fused_infer_attention_score``: the op packet, whose ``.out`` also takes
-    its two outputs as ``out=[attention_out, softmax_lse]``, the way torch_npu's own graph
-    handler (``torch_npu/npu/_npugraph_handlers/ifa_handler.py``) and vLLM-Ascend 0.29+
+    """``torch_npu.npu_fused_infer_attention_score`` (and ``_v2``): the op packet, whose ``.out``
+    also takes its two outputs as ``out=[attention_out, softmax_lse]``, the way torch_npu's own
+    graph handler (``torch_npu/npu/_npugraph_handlers/ifa_handler.py``) and vLLM-Ascend 0.29+
     (``attention_v1.py``, ``register_task``) call it."""
 
     def __init__(self, packet) -> None:
@@ -83,6 +83,8 @@ def build() -> types.ModuleType:
     module._C = c
     module.npu_fused_infer_attention_score = _FiaPacket(fia.register())
     module._npu_fused_infer_attention_score_get_max_workspace = fia.get_max_workspace
+    module.npu_fused_infer_attention_score_v2 = _FiaPacket(fia.register_v2())
+    module._npu_fused_infer_attention_score_v2_get_max_workspace = fia.get_max_workspace_v2
     module.npu_transpose_batchmatmul = transpose_batchmatmul
     return module
 

@@ -19,7 +19,9 @@ def plugin_docs() -> str:
         return wheel.read("torch_npu/_op_plugin_docs.py").decode()
 
 
-@pytest.mark.parametrize("schema", [fia.SCHEMA, fia.OUT_SCHEMA], ids=["functional", "out"])
+@pytest.mark.parametrize("schema", [fia.SCHEMA, fia.OUT_SCHEMA, fia.V2_SCHEMA, fia.V2_OUT_SCHEMA,
+                                    fia.V2_WORKSPACE_SCHEMA],
+                         ids=["functional", "out", "v2", "v2-out", "v2-workspace"])
 def test_fia_schemas_are_the_wheels(schema, plugin_docs):
     name = schema.split("(", 1)[0]
     prototypes = re.findall(rf"^torch_npu\.{re.escape(name)}\((.*)$", plugin_docs, re.MULTILINE)
