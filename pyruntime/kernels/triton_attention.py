@@ -197,7 +197,8 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
     cache would be read. With KV_NZ (int8 only) the caches are in vLLM-Ascend's NZ layout
     [num_blocks, num_kv_heads, head_dim / 32, block_size, 32]: a tile's token n of kv head h
     starts at ``(block_id * H + h) * D * BS + n * 32`` and its dim d lies ``(d // 32) * BS * 32
-    + d % 32`` further, the same values as ND, so the rest is unchanged."""
+    + d % 32`` further; tiles are loaded as [BLOCK_N, BLOCK_D / 32, 32] and reshaped, the same
+    values as ND, so the rest is unchanged."""
     GROUP: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
     tok0 = t * Q_TILE
     ntok = tl.minimum(q_len - tok0, Q_TILE)
@@ -206,10 +207,15 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     bt_row = block_table + r * MAX_BLOCKS_PER_REQ
-    if KV_NZ:     # a dim's place in a token's row: 32-wide parts, a block's part apart
-        kv_col = (offs_d // 32) * (BLOCK_SIZE * 32) + offs_d % 32
-    else:
-        kv_col = offs_d
+    if KV_NZ:
+        # NZ: a tile is loaded as [BLOCK_N, BLOCK_D / 32, 32] (token, part, dim in part), each
+        # axis affine (token stride 32, part stride BLOCK_SIZE * 32, dims contiguous), then
+        # reshaped to [BLOCK_N, BLOCK_D]: dim d = 32 * part + dim in part. One flat
+        # [BLOCK_N, BLOCK_D] index, (d // 32) * BLOCK_SIZE * 32 + d % 32, is not affine in d
+        # and Triton-Ascend lowered it to an element-by-element gather loop
+        offs_p = tl.arange(0, BLOCK_D // 32)
+        nz_col = offs_p[:, None] * (BLOCK_SIZE * 32) + tl.arange(0, 32)[None, :]
+        p_ok = offs_p < HEAD_DIM // 32
     if KV_INT8:   # kv head h's per-channel scales and offsets, [1, BLOCK_D] each, once a segment
         ch = h * HEAD_DIM + offs_d
         k_sc = tl.load(k_scale + ch, mask=d_ok, other=0.0)[None, :]
@@ -247,11 +253,16 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
                 pos = b * BLOCK_SIZE + offs_n              # kv position in the request
                 kv_ok = pos < kv_hi
                 if KV_NZ:
-                    kv_at = (block_id * NUM_KV_HEADS + h) * (HEAD_DIM * BLOCK_SIZE) + offs_n * 32
+                    nz_at = ((block_id * NUM_KV_HEADS + h) * (HEAD_DIM * BLOCK_SIZE)
+                             + offs_n[:, None, None] * 32 + nz_col[None, :, :])
+                    nz_mask = kv_ok[:, None, None] & p_ok[None, :, None]
+                    k = tl.reshape(tl.load(key_cache + nz_at, mask=nz_mask, other=0),
+                                   (BLOCK_N, BLOCK_D))
                 else:
                     kv_at = ((block_id * BLOCK_SIZE + offs_n) * NUM_KV_HEADS + h) * HEAD_DIM
-                kv_mask = kv_ok[:, None] & d_ok[None, :]
-                k = tl.load(key_cache + kv_at[:, None] + kv_col[None, :], mask=kv_mask, other=0.0)
+                    kv_mask = kv_ok[:, None] & d_ok[None, :]
+                    k = tl.load(key_cache + kv_at[:, None] + offs_d[None, :], mask=kv_mask,
+                                other=0.0)
                 if KV_INT8:
                     k = ((k.to(tl.float32) - k_off) * k_sc).to(q.dtype)
                 if UPCAST_DOT:
@@ -269,8 +280,12 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
                 alpha = tl.exp(m_i - m_use)
                 p = tl.exp(s - m_use[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                v = tl.load(value_cache + kv_at[:, None] + kv_col[None, :], mask=kv_mask,
-                            other=0.0)
+                if KV_NZ:
+                    v = tl.reshape(tl.load(value_cache + nz_at, mask=nz_mask, other=0),
+                                   (BLOCK_N, BLOCK_D))
+                else:
+                    v = tl.load(value_cache + kv_at[:, None] + offs_d[None, :], mask=kv_mask,
+                                other=0.0)
                 if KV_INT8:
                     v = ((v.to(tl.float32) - v_off) * v_sc).to(out.dtype.element_ty)
                 p = p.to(v.dtype)
