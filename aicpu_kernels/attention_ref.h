@@ -24,7 +24,9 @@
  * TENSORS (all row-major, contiguous; "dtype" is the storage type of query, caches and out)
  *   query        [max_tokens][num_q_heads][head_dim]
  *   key_cache    [num_blocks][block_size][num_kv_heads][head_dim]
- *   value_cache  [num_blocks][block_size][num_kv_heads][head_dim]
+ *   value_cache  [num_blocks][block_size][num_kv_heads][head_dim]; int8 caches may instead be
+ *                [num_blocks][num_kv_heads][head_dim / 32][block_size][32] (NZ, see
+ *                aicpu_attention_kv_int8.layout)
  *   block_table  int32 [max_batch][max_blocks_per_req]; entry (r, b) holds the cache block of
  *                kv positions [b * block_size, (b + 1) * block_size) of request r
  *   cu_seqlens_q int32 [batch + 1], seqlens_kv int32 [batch]: the arrays the tiling was
