@@ -447,6 +447,11 @@ typedef struct {
     int32_t window;     /* sliding window W > 0 (causal only), or 0 (off) */
     const aicpu_attention_kv_int8 *kv_int8; /* int8 caches and their scales, or NULL (off) */
     size_t kv_bytes;    /* bytes of one cache element: 1 for int8 caches, else the dtype's */
+    int32_t nz;         /* 1: the int8 caches are in the NZ layout (aicpu_attention_kv_int8) */
+    int32_t head_mul;   /* a kv head's offset in elements is head * head_dim * head_mul:
+                         * 1 in ND (heads adjacent in a token), block_size in NZ */
+    ptrdiff_t token_stride; /* elements between tokens of one head: num_kv_heads * head_dim in
+                             * ND, AICPU_ATTENTION_KV_NZ_WIDTH in NZ */
     const void *query, *key_cache, *value_cache;
     const int32_t *block_table, *cu, *kv;
     void *out;
@@ -546,10 +551,17 @@ typedef struct {
  * row. */
 static void prefetch_head(const core_ctx *c, const chunk_prefetch *pf, const unsigned char *base,
                           int32_t head_at, int32_t lo, int32_t hi) {
+    const unsigned char *at;
     if (hi > pf->n) hi = pf->n;
-    if (hi > lo)
-        c->k->prefetch_rows(base + (size_t)head_at * c->kv_bytes + lo * pf->stride,
-                            hi - lo, pf->head_bytes, pf->stride);
+    if (hi <= lo) return;
+    at = base + (size_t)head_at * (size_t)c->head_mul * c->kv_bytes + lo * pf->stride;
+    if (c->nz) /* NZ: tokens [lo, hi) of the head are one run in each of its head_dim / 32
+                * parts, a block's part (block_size * 32 bytes of int8) apart */
+        c->k->prefetch_rows(at, c->p->head_dim / AICPU_ATTENTION_KV_NZ_WIDTH,
+                            (size_t)(hi - lo) * (size_t)pf->stride,
+                            (ptrdiff_t)c->p->block_size * AICPU_ATTENTION_KV_NZ_WIDTH);
+    else
+        c->k->prefetch_rows(at, hi - lo, pf->head_bytes, pf->stride);
 }
 
 /*
@@ -570,16 +582,26 @@ static void cap_scores(float *s, ptrdiff_t sn, int32_t nr, const int32_t *nv, fl
  * The int8 KV cache: n rows of head_dim int8 values, `stride` elements apart, dequantised into
  * contiguous fp32, dst[j d + x] = (src_j[x] - offset[x]) * scale[x] (vLLM-Ascend's C8: the
  * cache holds round(x / scale + offset), attention_v1.py _quantize_kv_to_int8). The variant's
- * kernels then read fp32 rows, so no variant has int8 code of its own.
+ * kernels then read fp32 rows, so no variant has int8 code of its own, and both layouts give
+ * the same fp32 rows. part_stride 0: a row's values are contiguous (ND); else (NZ) a row is
+ * head_dim / 32 parts of 32 values, part_stride elements apart (block_size * 32).
  */
 static void dequant_rows(float *restrict dst, const int8_t *src, int32_t n, int32_t d,
-                         ptrdiff_t stride, const float *restrict scale,
+                         ptrdiff_t stride, ptrdiff_t part_stride, const float *restrict scale,
                          const float *restrict offset) {
-    int32_t j, x;
+    int32_t j, x, x0;
     for (j = 0; j < n; j++) {
         const int8_t *restrict row = src + j * stride;
         float *restrict o = dst + (ptrdiff_t)j * d;
-        for (x = 0; x < d; x++) o[x] = ((float)row[x] - offset[x]) * scale[x];
+        if (part_stride == 0) {
+            for (x = 0; x < d; x++) o[x] = ((float)row[x] - offset[x]) * scale[x];
+            continue;
+        }
+        for (x0 = 0; x0 < d; x0 += AICPU_ATTENTION_KV_NZ_WIDTH) {
+            const int8_t *restrict part = row + (x0 / AICPU_ATTENTION_KV_NZ_WIDTH) * part_stride;
+            for (x = 0; x < AICPU_ATTENTION_KV_NZ_WIDTH; x++)
+                o[x0 + x] = ((float)part[x] - offset[x0 + x]) * scale[x0 + x];
+        }
     }
 }
 
@@ -591,6 +613,9 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
                           const chunk_prefetch *pf) {
     const int32_t d = c->p->head_dim;
     const size_t esize = c->kv_bytes;
+    /* NZ: a row's 32-wide parts are a block's part apart; ND: 0, contiguous */
+    const ptrdiff_t part_stride =
+        c->nz ? (ptrdiff_t)c->p->block_size * AICPU_ATTENTION_KV_NZ_WIDTH : 0;
     chunk_prefetch this_chunk;
     int32_t nv[MAX_ROWS], below[MAX_ROWS];
     int32_t i, e, x;
@@ -608,8 +633,8 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
         if (below[i] >= nv[i]) nv[i] = 0;
     }
     for (i = 0; i < nr; i = e) {
-        const char *kp = (const char *)kraw + (size_t)head_at[i] * esize;
-        const char *vp = (const char *)vraw + (size_t)head_at[i] * esize;
+        const char *kp = (const char *)kraw + (size_t)head_at[i] * (size_t)c->head_mul * esize;
+        const char *vp = (const char *)vraw + (size_t)head_at[i] * (size_t)c->head_mul * esize;
         const chunk_prefetch *ahead;
         int32_t r, jmax = 0, ahead_at, half;
         for (e = i; e < nr && head_at[e] == head_at[i]; e++)
@@ -627,7 +652,8 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
             /* int8: this head's K rows to fp32 in kbuf, read by the variant as an fp32 cache
              * (its scratch is then vbuf, free until the V rows) */
             const size_t at = (size_t)(h0 + head_at[i] / d) * d;
-            dequant_rows(kbuf, (const int8_t *)kp, jmax, d, stride, c->kv_int8->k_scale + at,
+            dequant_rows(kbuf, (const int8_t *)kp, jmax, d, stride, part_stride,
+                         c->kv_int8->k_scale + at,
                          c->kv_int8->k_offset + at);
             c->k->scores(sbuf + (size_t)i * n, n, qs + (size_t)i * d, e - i, nv + i, kbuf,
                          AICPU_ATTENTION_FP32, d, d, vbuf);
@@ -662,7 +688,8 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
         prefetch_head(c, ahead, ahead->v, ahead_at, 0, half);
         if (c->kv_int8 != NULL) { /* as for K; kbuf is free now and serves as the scratch */
             const size_t at = (size_t)(h0 + head_at[i] / d) * d;
-            dequant_rows(vbuf, (const int8_t *)vp, jmax, d, stride, c->kv_int8->v_scale + at,
+            dequant_rows(vbuf, (const int8_t *)vp, jmax, d, stride, part_stride,
+                         c->kv_int8->v_scale + at,
                          c->kv_int8->v_offset + at);
             c->k->accumulate(acc + (size_t)i * d, e - i, nv + i, sbuf + (size_t)i * n, n, vbuf,
                              AICPU_ATTENTION_FP32, d, d, kbuf);
@@ -672,6 +699,17 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
         }
         prefetch_head(c, ahead, ahead->v, ahead_at, half, ahead->n);
     }
+}
+
+/* Element offset in a cache of token `tok` of cache block `blk`, kv head h, dim 0: ND
+ * [blk][tok][h][d], NZ [blk][h][d / 32][tok][32] (aicpu_attention_kv_int8). */
+static size_t kv_at(const core_ctx *c, int32_t blk, int32_t tok, int32_t h) {
+    const aicpu_tiling_params *p = c->p;
+    if (c->nz)
+        return ((size_t)blk * p->num_kv_heads + (size_t)h) * p->head_dim * p->block_size +
+               (size_t)tok * AICPU_ATTENTION_KV_NZ_WIDTH;
+    return (((size_t)blk * p->block_size + (size_t)tok) * p->num_kv_heads + (size_t)h) *
+           p->head_dim;
 }
 
 /* The block log (aicpu_attention_set_block_log): test instrumentation, off when count is NULL. */
@@ -709,7 +747,7 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
     const int32_t ntok = sg->ntok, per_head = ntok * c->group;
     const int32_t rows = sg->nh * per_head, width = sg->nh * d;
     const int32_t row_block = QO_FLOATS / d < MAX_ROWS ? QO_FLOATS / d : MAX_ROWS;
-    const ptrdiff_t token_stride = (ptrdiff_t)p->num_kv_heads * d;
+    const ptrdiff_t token_stride = c->token_stride;
     const size_t esize = dtype_bytes(c->dtype), kvsize = c->kv_bytes;
     const int32_t *bt_row = c->block_table + (size_t)sg->r * p->max_blocks_per_req;
     const int32_t shift = c->causal ? sg->rl.kv_len - sg->rl.q_len : 0;
@@ -746,7 +784,7 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
          * a unit may start lower: ABI v4 tilings know no window) */
         b = sg->kb > kv_lo / bs ? sg->kb : kv_lo / bs;
         for (; blocks_ok && b < sg->ke && b * bs < kv_hi; b++) {
-            const size_t block_at = ((size_t)bt_row[b] * bs * p->num_kv_heads + sg->h) * d;
+            const size_t block_at = kv_at(c, bt_row[b], 0, sg->h);
             const int32_t p0 = b * bs;
             const int32_t p1 = p0 + bs < kv_hi ? p0 + bs : kv_hi;
             int32_t c0;
@@ -766,8 +804,7 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
                         nc0 = nb * bs;
                     }
                     if (nc0 < kv_hi && nc0 < (nb + 1) * bs) {
-                        size_t at = (((size_t)bt_row[nb] * bs + (size_t)(nc0 - nb * bs)) *
-                                         p->num_kv_heads + sg->h) * d * kvsize;
+                        size_t at = kv_at(c, bt_row[nb], nc0 - nb * bs, sg->h) * kvsize;
                         pf.n = kv_hi - nc0 < chunk ? kv_hi - nc0 : chunk;
                         if (pf.n > (nb + 1) * bs - nc0) pf.n = (nb + 1) * bs - nc0;
                         pf.k = (const unsigned char *)c->key_cache + at;
@@ -1014,7 +1051,10 @@ static int layer_check(const aicpu_tiling_params *params, const int32_t *tiling,
         !dtype_ok(dtype) || num_blocks < 0 || window < 0 ||
         (window > 0 && (flags & AICPU_TILING_CAUSAL) == 0) ||
         (kv_int8 != NULL && (kv_int8->k_scale == NULL || kv_int8->k_offset == NULL ||
-                             kv_int8->v_scale == NULL || kv_int8->v_offset == NULL)))
+                             kv_int8->v_scale == NULL || kv_int8->v_offset == NULL)) ||
+        (kv_int8 != NULL && kv_int8->layout != AICPU_ATTENTION_KV_ND &&
+         (kv_int8->layout != AICPU_ATTENTION_KV_NZ ||
+          params->head_dim % AICPU_ATTENTION_KV_NZ_WIDTH != 0)))
         return AICPU_ATTENTION_E_ARGS;
     if (!header_ok(params, tiling)) return AICPU_ATTENTION_E_TILING;
     if (tiling[AICPU_TILING_HDR_STATUS] != AICPU_TILING_OK) return tiling[AICPU_TILING_HDR_STATUS];
@@ -1051,6 +1091,10 @@ static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t fl
     c->window = window;
     c->kv_int8 = kv_int8;
     c->kv_bytes = kv_int8 != NULL ? 1 : dtype_bytes(dtype);
+    c->nz = kv_int8 != NULL && kv_int8->layout == AICPU_ATTENTION_KV_NZ;
+    c->head_mul = c->nz ? params->block_size : 1;
+    c->token_stride = c->nz ? (ptrdiff_t)AICPU_ATTENTION_KV_NZ_WIDTH
+                            : (ptrdiff_t)params->num_kv_heads * params->head_dim;
     c->k = isa_kernels(aicpu_attention_isa_active());
     c->query = query;
     c->key_cache = key_cache;

@@ -24,7 +24,9 @@
  * TENSORS (all row-major, contiguous; "dtype" is the storage type of query, caches and out)
  *   query        [max_tokens][num_q_heads][head_dim]
  *   key_cache    [num_blocks][block_size][num_kv_heads][head_dim]
- *   value_cache  [num_blocks][block_size][num_kv_heads][head_dim]
+ *   value_cache  [num_blocks][block_size][num_kv_heads][head_dim]; int8 caches may instead be
+ *                [num_blocks][num_kv_heads][head_dim / 32][block_size][32] (NZ, see
+ *                aicpu_attention_kv_int8.layout)
  *   block_table  int32 [max_batch][max_blocks_per_req]; entry (r, b) holds the cache block of
  *                kv positions [b * block_size, (b + 1) * block_size) of request r
  *   cu_seqlens_q int32 [batch + 1], seqlens_kv int32 [batch]: the arrays the tiling was
@@ -118,8 +120,26 @@ extern "C" {
  * be given (AICPU_ATTENTION_E_ARGS otherwise). NULL: the caches are dtype, and the results are
  * bit-for-bit those of a build without the int8 cache.
  */
+/*
+ * layout: how the int8 caches lie in memory (both caches alike).
+ *   AICPU_ATTENTION_KV_ND (0, what a zero-initialised struct has): as TENSORS,
+ *       [num_blocks][block_size][num_kv_heads][head_dim].
+ *   AICPU_ATTENTION_KV_NZ: vLLM-Ascend's C8 cache, [num_blocks][num_kv_heads][head_dim / 32]
+ *       [block_size][32]: token t of block b, kv head h, dim d at element
+ *       (((b * num_kv_heads + h) * (head_dim / 32) + d / 32) * block_size + t) * 32 + d % 32
+ *       (vllm-ascend 0.30.0rc2 vllm_ascend/attention/attention_v1.py,
+ *       AscendC8AttentionBackendImpl._nz_5d_view, written by torch_npu.npu_scatter_pa_kv_cache).
+ *       Needs head_dim % 32 == 0. The dequantised rows, hence the results, are bit-for-bit those
+ *       of the same values in the ND layout.
+ * Any other value, or NZ with head_dim % 32 != 0, is AICPU_ATTENTION_E_ARGS.
+ */
+#define AICPU_ATTENTION_KV_ND 0
+#define AICPU_ATTENTION_KV_NZ 1
+#define AICPU_ATTENTION_KV_NZ_WIDTH 32 /* values of one NZ part: dims 32 k .. 32 k + 31 */
+
 typedef struct {
     const float *k_scale, *k_offset, *v_scale, *v_offset; /* [num_kv_heads][head_dim] each */
+    int32_t layout; /* AICPU_ATTENTION_KV_ND or AICPU_ATTENTION_KV_NZ */
 } aicpu_attention_kv_int8;
 
 /* Stack bytes one call uses, roughly (scratch for fp32 copies of query, K, V, scores). */
@@ -158,7 +178,8 @@ typedef struct {
  *   AICPU_TILING_OK             the core's segments are written
  *   the tiling's status         when it is not AICPU_TILING_OK; nothing is read or written
  *   AICPU_ATTENTION_E_ARGS      bad arguments (sliding_window < 0, or > 0 without
- *                               AICPU_TILING_CAUSAL; kv_int8 with a NULL pointer); nothing is
+ *                               AICPU_TILING_CAUSAL; kv_int8 with a NULL pointer, an unknown
+ *                               layout, or NZ with head_dim % 32 != 0); nothing is
  *                               read or written
  *   AICPU_ATTENTION_E_TILING    the buffer is not a tiling for these params and flags, or the
  *                               lengths differ from those it was planned from; the core stops

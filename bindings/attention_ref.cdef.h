@@ -10,11 +10,15 @@
 
 #define AICPU_ATTENTION_STACK_BYTES ...
 
+#define AICPU_ATTENTION_KV_ND ...
+#define AICPU_ATTENTION_KV_NZ ...
+
 typedef struct {
     const float *k_scale;
     const float *k_offset;
     const float *v_scale;
     const float *v_offset;
+    int32_t layout;
 } aicpu_attention_kv_int8;
 
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,

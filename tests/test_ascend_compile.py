@@ -51,6 +51,7 @@ def test_kernels_lower_to_hivm_and_stop_only_for_hivmc(tmp_path):
     assert kinds["paged_attention_kernel[window]"].startswith("MIX")   # USE_WINDOW
     assert kinds["paged_attention_kernel[window+sinks]"].startswith("MIX")
     assert kinds["paged_attention_kernel[int8_kv]"].startswith("MIX")   # KV_INT8
+    assert kinds["paged_attention_kernel[int8_kv_nz]"].startswith("MIX")   # KV_INT8, KV_NZ
     assert kinds["attention_combine_kernel"].startswith("AIV")
     assert kinds["attention_combine_kernel[sinks]"].startswith("AIV")
     assert run.returncode == 0

@@ -85,15 +85,17 @@ def row(consumer: str, mode: str, placement: str | None, dtype: torch.dtype,
 
 
 def sweep(args: argparse.Namespace, run: Callable[..., dict], *, trace_limit: int = 3000,
-          progress: Callable[[dict], str] | None = None) -> list[dict]:
+          progress: Callable[[dict], str] | None = None,
+          modes: tuple[tuple[str, str | None], ...] = MODES) -> list[dict]:
     """``run(consumer, mode, placement, dtype, steps, trace)`` for every consumer available
-    here (Triton when it is installed), mode and dtype; progress lines go to stderr."""
+    here (Triton when it is installed), mode of ``modes`` (default all) and dtype; progress
+    lines go to stderr."""
     trace = load_trace(limit=trace_limit)
     consumers = ["c"] + (["triton"] if triton_launch.available() is None else [])
     rows = []
     for consumer in consumers:
         steps = args.steps if consumer == "c" else args.triton_steps
-        for mode, placement in MODES:
+        for mode, placement in modes:
             for dtype in DTYPES:
                 r = run(consumer, mode, placement, dtype, steps, trace)
                 rows.append(r)

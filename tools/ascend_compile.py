@@ -17,12 +17,14 @@ script runs twice: in the project environment it computes the kernels' compile-t
 (from `pyruntime.kernels.triton_launch`, so the tiling ABI is read, never typed), then it runs
 itself with ``--inner`` in the venv, which imports only ``triton`` and the kernel source file.
 
-Kernels: the attention kernel six times (plain, with the logits soft cap, ``USE_SOFT_CAP``,
+Kernels: the attention kernel seven times (plain, with the logits soft cap, ``USE_SOFT_CAP``,
 with attention sinks, ``USE_SINKS``, with the sliding window, ``USE_WINDOW``, and with the
-window and sinks together, gpt-oss's windowed layers, and with the int8 KV cache, ``KV_INT8``;
-reported as ``paged_attention_kernel``, ``paged_attention_kernel[soft_cap]``,
+window and sinks together, gpt-oss's windowed layers, with the int8 KV cache, ``KV_INT8``, and
+with the int8 KV cache in vLLM-Ascend's NZ layout, ``KV_INT8`` and ``KV_NZ``; reported as
+``paged_attention_kernel``, ``paged_attention_kernel[soft_cap]``,
 ``paged_attention_kernel[sinks]``, ``paged_attention_kernel[window]``,
-``paged_attention_kernel[window+sinks]`` and ``paged_attention_kernel[int8_kv]``) and the combine
+``paged_attention_kernel[window+sinks]``, ``paged_attention_kernel[int8_kv]`` and
+``paged_attention_kernel[int8_kv_nz]``) and the combine
 kernel twice (``attention_combine_kernel`` and ``attention_combine_kernel[sinks]``; neither the
 soft cap nor the window touches it).
 
@@ -107,7 +109,8 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
                       "num_blocks": "i32", "k_scale": "*fp32", "k_offset": "*fp32",
                       "v_scale": "*fp32", "v_offset": "*fp32"},
         "constants": {**consts, **shapes, "UPCAST_DOT": False, "USE_SOFT_CAP": False,
-                      "USE_SINKS": False, "USE_WINDOW": False, "KV_INT8": False},
+                      "USE_SINKS": False, "USE_WINDOW": False, "KV_INT8": False,
+                      "KV_NZ": False},
     }
     # the logits soft cap variant: the same function compiled with USE_SOFT_CAP
     soft_capped = {**attention, "label": "paged_attention_kernel[soft_cap]",
@@ -125,6 +128,9 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
     int8_kv = {**attention, "label": "paged_attention_kernel[int8_kv]",
                "signature": {**attention["signature"], "key_cache": "*i8", "value_cache": "*i8"},
                "constants": {**attention["constants"], "KV_INT8": True}}
+    # the same in vLLM-Ascend's NZ layout (KV_NZ): only the K and V tile offsets differ
+    int8_kv_nz = {**int8_kv, "label": "paged_attention_kernel[int8_kv_nz]",
+                  "constants": {**int8_kv["constants"], "KV_NZ": True}}
     combine = {
         "name": "attention_combine_kernel",
         "signature": {"tiling": "*i32", "step_epoch": "*i32", "cu_seqlens_q": "*i32",
@@ -136,7 +142,7 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
     }
     combine_sinks = {**combine, "label": "attention_combine_kernel[sinks]",
                      "constants": {**combine["constants"], "USE_SINKS": True}}
-    return [attention, soft_capped, sinks, window, window_sinks, int8_kv, combine,
+    return [attention, soft_capped, sinks, window, window_sinks, int8_kv, int8_kv_nz, combine,
             combine_sinks]
 
 

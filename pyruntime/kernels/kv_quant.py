@@ -15,6 +15,19 @@ accumulate in fp32; query and output keep their dtype (fp32, fp16 or bf16).
 
 :func:`quantize` writes values into an int8 cache by that rule (tests and callers that fill
 ``StaticAttention``'s caches); :func:`dequantize` is the float64 meaning of a cache.
+
+Two layouts of an int8 cache, told apart by its rank (both caches of a layer alike):
+
+- ND (4-D) ``[num_blocks, block_size, num_kv_heads, head_dim]``, as the fp/bf16 caches;
+- NZ (5-D) ``[num_blocks, num_kv_heads, head_dim // 32, block_size, 32]``: vLLM-Ascend's C8
+  cache (vllm-ascend 0.30.0rc2 ``vllm_ascend/attention/attention_v1.py``,
+  ``AscendC8AttentionBackendImpl._nz_5d_view``, written by ``torch_npu.npu_scatter_pa_kv_cache``).
+  Token t of block b, kv head h, dim d is element
+  ``(((b * H + h) * (D / 32) + d / 32) * block_size + t) * 32 + d % 32``. Only for int8 caches
+  and ``head_dim % 32 == 0``.
+
+:func:`to_nz` / :func:`from_nz` convert (pure permute and reshape); :func:`cache_layout` is
+the one shape check every consumer makes.
 """
 
 from __future__ import annotations
@@ -23,6 +36,11 @@ import torch
 
 #: The values of ``kv_cache_dtype``: "auto" (the caches have the query's dtype) and "int8".
 KV_CACHE_DTYPES = ("auto", "int8")
+
+#: The cache layouts (:func:`cache_layout`): ND, 4-D, and vLLM-Ascend's NZ, 5-D (int8 only).
+ND, NZ = "nd", "nz"
+#: Values of one NZ part: dims ``32 k .. 32 k + 31`` of a head, ``block_size`` tokens apart.
+NZ_WIDTH = 32
 
 
 def check(value: object, *, error: type[Exception] = ValueError) -> str:
@@ -77,3 +95,99 @@ def dequantize(cache: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -
     """float64 ``(cache - offset) * scale`` of an int8 cache ``[..., num_kv_heads, head_dim]``:
     the values the kernels attend to."""
     return (cache.double() - offset.double()) * scale.double()
+
+
+def _nz_parts(head_dim: int) -> int:
+    if head_dim % NZ_WIDTH:
+        raise ValueError(f"the NZ layout needs head_dim % {NZ_WIDTH} == 0, got head_dim {head_dim}")
+    return head_dim // NZ_WIDTH
+
+
+def to_nz(cache_nd: torch.Tensor) -> torch.Tensor:
+    """The NZ copy (contiguous) of an ND cache: ``[num_blocks, block_size, num_kv_heads,
+    head_dim]`` -> ``[num_blocks, num_kv_heads, head_dim // 32, block_size, 32]``, same dtype
+    and device (a permute and reshape; the values are not touched).
+
+    Raises:
+        ValueError: not 4-D, or head_dim % 32 != 0.
+    """
+    if not isinstance(cache_nd, torch.Tensor) or cache_nd.dim() != 4:
+        raise ValueError("to_nz takes a 4-D ND cache [num_blocks, block_size, num_kv_heads, "
+                         f"head_dim], got {_describe(cache_nd)}")
+    nb, bs, h, d = cache_nd.shape
+    parts = _nz_parts(int(d))
+    return cache_nd.reshape(nb, bs, h, parts, NZ_WIDTH).permute(0, 2, 3, 1, 4).contiguous()
+
+
+def from_nz(cache_nz: torch.Tensor) -> torch.Tensor:
+    """The ND copy (contiguous) of an NZ cache: ``[num_blocks, num_kv_heads, head_dim // 32,
+    block_size, 32]`` -> ``[num_blocks, block_size, num_kv_heads, head_dim]`` (the inverse of
+    :func:`to_nz`).
+
+    Raises:
+        ValueError: not 5-D with a last dim of 32.
+    """
+    if not isinstance(cache_nz, torch.Tensor) or cache_nz.dim() != 5 or \
+            cache_nz.shape[4] != NZ_WIDTH:
+        raise ValueError("from_nz takes a 5-D NZ cache [num_blocks, num_kv_heads, head_dim // "
+                         f"32, block_size, 32], got {_describe(cache_nz)}")
+    nb, h, parts, bs, _ = cache_nz.shape
+    return cache_nz.permute(0, 3, 1, 2, 4).reshape(nb, bs, h, parts * NZ_WIDTH).contiguous()
+
+
+def _describe(t) -> str:
+    return f"shape {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def cache_shape(layout: str, num_blocks: int, block_size: int, num_kv_heads: int,
+                head_dim: int) -> tuple[int, ...]:
+    """The shape of a cache in ``layout`` (:data:`ND` or :data:`NZ`)."""
+    if layout == NZ:
+        return (num_blocks, num_kv_heads, _nz_parts(head_dim), block_size, NZ_WIDTH)
+    return (num_blocks, block_size, num_kv_heads, head_dim)
+
+
+def cache_layout(key_cache: torch.Tensor, value_cache: torch.Tensor, *, block_size: int,
+                 num_kv_heads: int, head_dim: int, int8: bool,
+                 error: type[Exception] = ValueError) -> str:
+    """:data:`ND` or :data:`NZ`: the layout of a layer's two caches, told by their rank, after
+    checking their shapes (dtypes, devices and contiguity are the caller's checks).
+
+    ND: both 4-D ``[num_blocks, block_size, num_kv_heads, head_dim]``. NZ: both 5-D
+    ``[num_blocks, num_kv_heads, head_dim // 32, block_size, 32]``, only with ``int8`` (the
+    caches are int8, kv_scales given) and head_dim % 32 == 0. num_blocks is dim 0 in both and
+    the value cache must have the key cache's shape.
+
+    Raises:
+        error (ValueError unless told otherwise): any other rank or shape, a 5-D cache that is
+            not int8, head_dim % 32 != 0 with 5-D caches, or one cache ND and the other NZ.
+    """
+    nz = (f"NZ [num_blocks, {num_kv_heads}, {head_dim // NZ_WIDTH}, {block_size}, {NZ_WIDTH}]"
+          if head_dim % NZ_WIDTH == 0 else f"NZ (needs head_dim % {NZ_WIDTH} == 0)")
+    rank = key_cache.dim()
+    if rank not in (4, 5):
+        raise error(f"key_cache must have shape [num_blocks, {block_size}, {num_kv_heads}, "
+                    f"{head_dim}] (ND){f' or {nz}' if int8 else ''}, got "
+                    f"{list(key_cache.shape)}")
+    if rank == 5 and not int8:
+        raise error(f"a 5-D key_cache is the NZ layout, which only int8 caches (kv_scales "
+                    f"given) may have; key_cache must have shape [num_blocks, {block_size}, "
+                    f"{num_kv_heads}, {head_dim}], got {list(key_cache.shape)}")
+    if rank == 5 and head_dim % NZ_WIDTH:
+        raise error(f"the NZ layout (5-D caches) needs head_dim % {NZ_WIDTH} == 0, got "
+                    f"head_dim {head_dim}")
+    layout = NZ if rank == 5 else ND
+    want = cache_shape(layout, int(key_cache.shape[0]), block_size, num_kv_heads, head_dim)
+    if tuple(key_cache.shape) != want:
+        if layout == ND:  # the message the ND-only check gave
+            raise error(f"key_cache must have shape [num_blocks, {block_size}, {num_kv_heads}, "
+                        f"{head_dim}], got {list(key_cache.shape)}")
+        raise error(f"key_cache must have shape {nz[3:]} (NZ), got {list(key_cache.shape)}")
+    if value_cache.dim() != rank and value_cache.dim() in (4, 5):
+        raise error(f"key_cache and value_cache must have the same layout: key_cache is "
+                    f"{layout.upper()} ({rank}-D), value_cache is {value_cache.dim()}-D "
+                    f"{list(value_cache.shape)}")
+    if value_cache.shape != key_cache.shape:
+        raise error(f"value_cache must have key_cache's shape {list(key_cache.shape)}, got "
+                    f"{list(value_cache.shape)}")
+    return layout

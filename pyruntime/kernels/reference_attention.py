@@ -39,7 +39,9 @@ causal only) lets the query at position p see only the keys ``p - W < j <= p``
 blocks the tiling gives them, and :class:`BlockLog` records the blocks they read.
 ``kv_scales=(k_scale, k_offset, v_scale, v_offset)`` (every core entry point; None, the
 default, is off) makes the caches int8, a stored x meaning ``(x - offset) * scale`` per kv head
-and dim (`pyruntime.kernels.kv_quant`, vLLM-Ascend's C8); the cores dequantise in fp32.
+and dim (`pyruntime.kernels.kv_quant`, vLLM-Ascend's C8); the cores dequantise in fp32. int8
+caches may be 4-D ND or 5-D NZ ``[num_blocks, num_kv_heads, head_dim // 32, block_size, 32]``
+(vLLM-Ascend's C8 layout; the rank tells, `kv_quant.cache_layout`), with bit-identical results.
 
 For graph mode, :class:`BoundAttention` checks the static buffers once and then launches
 each core or the combine step with a single C call (a few microseconds of Python).
@@ -311,18 +313,20 @@ class BoundAttention:
         kv_dtype = out.dtype if kv_scales is None else torch.int8
         self._kv_int8 = _ffi.NULL
         if kv_scales is not None:
-            # the C struct holds the four pointers; _keep holds the tensors
             kv_scales = _kv_quant.check_scales(kv_scales, hkv, d, device=torch.device("cpu"))
-            self._kv_int8 = _ffi.new("aicpu_attention_kv_int8 *", {
-                name: _ptr("const float *", t) for name, t in
-                zip(("k_scale", "k_offset", "v_scale", "v_offset"), kv_scales)})
         _tensor("key_cache", key_cache, kv_dtype)
-        if key_cache.dim() != 4 or tuple(key_cache.shape[1:]) != (int(params.block_size), hkv, d):
-            raise ValueError(
-                f"key_cache must have shape [num_blocks, {params.block_size}, {hkv}, {d}], "
-                f"got {list(key_cache.shape)}"
-            )
-        _tensor("value_cache", value_cache, kv_dtype, key_cache.shape)
+        _tensor("value_cache", value_cache, kv_dtype)
+        # ND (4-D) or, int8 only, vLLM-Ascend's NZ (5-D): told by the rank
+        layout = _kv_quant.cache_layout(key_cache, value_cache, block_size=int(params.block_size),
+                                        num_kv_heads=hkv, head_dim=d,
+                                        int8=kv_scales is not None)
+        if kv_scales is not None:
+            # the C struct holds the four pointers; _keep holds the tensors
+            self._kv_int8 = _ffi.new("aicpu_attention_kv_int8 *", {
+                **{name: _ptr("const float *", t) for name, t in
+                   zip(("k_scale", "k_offset", "v_scale", "v_offset"), kv_scales)},
+                "layout": _lib.AICPU_ATTENTION_KV_NZ if layout == _kv_quant.NZ
+                else _lib.AICPU_ATTENTION_KV_ND})
         if key_cache.shape[0] >= 2**31:
             raise ValueError("key_cache has more than 2**31 - 1 blocks")
         bt_shape = (int(params.max_batch), int(params.max_blocks_per_req))
@@ -511,7 +515,8 @@ def attention_core(
         core: 0 <= core < params.num_cores.
         query: [max_tokens, num_q_heads, head_dim], float32, float16 or bfloat16.
         key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], query's dtype,
-            or int8 with ``kv_scales``.
+            or int8 with ``kv_scales``, then also (both alike) 5-D NZ [num_blocks, num_kv_heads,
+            head_dim // 32, block_size, 32] when head_dim % 32 == 0 (`kv_quant.cache_layout`).
         block_table: int32 [max_batch, max_blocks_per_req]; only rows of live requests are read.
         cu_seqlens_q: int32, 1-D, at least batch + 1 entries (batch = the tiling's live batch).
         seqlens_kv: int32, 1-D, at least batch entries.
@@ -546,9 +551,10 @@ def attention_core(
 
     Raises:
         TypeError: a tensor argument has the wrong type or dtype.
-        ValueError: a wrong shape, device, contiguity, core index or buffer size, a soft
-            cap that is not None or a positive finite number, or a sliding window that is not
-            None or an int >= 0, or is given without ``causal``.
+        ValueError: a wrong shape (a 5-D cache that is not int8, an NZ head_dim not a
+            multiple of 32, caches in different layouts), device, contiguity, core index or
+            buffer size, a soft cap that is not None or a positive finite number, or a sliding
+            window that is not None or an int >= 0, or is given without ``causal``.
     """
     bound = _bind_checked(params, tiling_buffer, query=query, key_cache=key_cache,
                           value_cache=value_cache, block_table=block_table,

@@ -89,7 +89,11 @@ Constraints this code relies on, with their sources (check them on hardware):
   ``vllm_ascend/attention/attention_v1.py``: ``_quantize_kv_to_int8`` stores
   ``round(x / scale + offset)``). Each K and V tile is dequantised in fp32 and rounded to the
   query's dtype for the cube, the operands an fp16/bf16 cache would give; accumulation stays
-  fp32. The combine is unchanged. With it off nothing is compiled.
+  fp32. The combine is unchanged. With it off nothing is compiled. ``KV_NZ`` (with ``KV_INT8``)
+  reads the caches in vLLM-Ascend's C8 NZ layout ``[num_blocks, num_kv_heads, head_dim / 32,
+  block_size, 32]`` (``vllm_ascend/attention/attention_v1.py``,
+  ``AscendC8AttentionBackendImpl._nz_5d_view``): only the K and V tile offsets change (a
+  token's 32-wide parts ``block_size * 32`` apart), so tiles and dequantisation are the ND ones.
 - Device-side checks never read out of bounds: every index read from the tiling or the length
   arrays is range-checked before it addresses memory, and a block id outside
   ``[0, num_blocks)`` turns the segment into zeros (``lse = +inf`` for a piece), as in the C
@@ -180,7 +184,7 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
              MAX_BLOCKS_PER_REQ: tl.constexpr, Q_TILE: tl.constexpr, CAUSAL: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
              UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr,
-             USE_WINDOW: tl.constexpr, KV_INT8: tl.constexpr):
+             USE_WINDOW: tl.constexpr, KV_INT8: tl.constexpr, KV_NZ: tl.constexpr):
     """Kv blocks [kb, ke) of unit (r, h, t): its rows (token in tile, group member) attend with
     kv head h. A whole unit (slot < 0) writes its output rows; a piece writes slot ``slot``.
     With USE_SOFT_CAP every score is capped to ``soft_cap * tanh(s / soft_cap)`` first; with
@@ -190,7 +194,11 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
     rows unseen: a piece then writes lse = -inf and a zero output). With KV_INT8 the caches are
     int8 and each K and V tile is dequantised in fp32, ``(x - offset) * scale`` with kv head h's
     per-dim scale and offset, then rounded to the query's dtype for the dot, as an fp16/bf16
-    cache would be read."""
+    cache would be read. With KV_NZ (int8 only) the caches are in vLLM-Ascend's NZ layout
+    [num_blocks, num_kv_heads, head_dim / 32, block_size, 32]: a tile's token n of kv head h
+    starts at ``(block_id * H + h) * D * BS + n * 32`` and its dim d lies ``(d // 32) * BS * 32
+    + d % 32`` further; tiles are loaded as [BLOCK_N, BLOCK_D / 32, 32] and reshaped, the same
+    values as ND, so the rest is unchanged."""
     GROUP: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
     tok0 = t * Q_TILE
     ntok = tl.minimum(q_len - tok0, Q_TILE)
@@ -199,6 +207,15 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     bt_row = block_table + r * MAX_BLOCKS_PER_REQ
+    if KV_NZ:
+        # NZ: a tile is loaded as [BLOCK_N, BLOCK_D / 32, 32] (token, part, dim in part), each
+        # axis affine (token stride 32, part stride BLOCK_SIZE * 32, dims contiguous), then
+        # reshaped to [BLOCK_N, BLOCK_D]: dim d = 32 * part + dim in part. One flat
+        # [BLOCK_N, BLOCK_D] index, (d // 32) * BLOCK_SIZE * 32 + d % 32, is not affine in d
+        # and Triton-Ascend lowered it to an element-by-element gather loop
+        offs_p = tl.arange(0, BLOCK_D // 32)
+        nz_col = offs_p[:, None] * (BLOCK_SIZE * 32) + tl.arange(0, 32)[None, :]
+        p_ok = offs_p < HEAD_DIM // 32
     if KV_INT8:   # kv head h's per-channel scales and offsets, [1, BLOCK_D] each, once a segment
         ch = h * HEAD_DIM + offs_d
         k_sc = tl.load(k_scale + ch, mask=d_ok, other=0.0)[None, :]
@@ -235,9 +252,17 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
                 offs_n = c0 + tl.arange(0, BLOCK_N)       # token in the cache block
                 pos = b * BLOCK_SIZE + offs_n              # kv position in the request
                 kv_ok = pos < kv_hi
-                kv_at = ((block_id * BLOCK_SIZE + offs_n) * NUM_KV_HEADS + h) * HEAD_DIM
-                kv_mask = kv_ok[:, None] & d_ok[None, :]
-                k = tl.load(key_cache + kv_at[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+                if KV_NZ:
+                    nz_at = ((block_id * NUM_KV_HEADS + h) * (HEAD_DIM * BLOCK_SIZE)
+                             + offs_n[:, None, None] * 32 + nz_col[None, :, :])
+                    nz_mask = kv_ok[:, None, None] & p_ok[None, :, None]
+                    k = tl.reshape(tl.load(key_cache + nz_at, mask=nz_mask, other=0),
+                                   (BLOCK_N, BLOCK_D))
+                else:
+                    kv_at = ((block_id * BLOCK_SIZE + offs_n) * NUM_KV_HEADS + h) * HEAD_DIM
+                    kv_mask = kv_ok[:, None] & d_ok[None, :]
+                    k = tl.load(key_cache + kv_at[:, None] + offs_d[None, :], mask=kv_mask,
+                                other=0.0)
                 if KV_INT8:
                     k = ((k.to(tl.float32) - k_off) * k_sc).to(q.dtype)
                 if UPCAST_DOT:
@@ -255,8 +280,12 @@ def _segment(query, key_cache, value_cache, block_table, out, partial_out, parti
                 alpha = tl.exp(m_i - m_use)
                 p = tl.exp(s - m_use[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                v = tl.load(value_cache + kv_at[:, None] + offs_d[None, :], mask=kv_mask,
-                            other=0.0)
+                if KV_NZ:
+                    v = tl.reshape(tl.load(value_cache + nz_at, mask=nz_mask, other=0),
+                                   (BLOCK_N, BLOCK_D))
+                else:
+                    v = tl.load(value_cache + kv_at[:, None] + offs_d[None, :], mask=kv_mask,
+                                other=0.0)
                 if KV_INT8:
                     v = ((v.to(tl.float32) - v_off) * v_sc).to(out.dtype.element_ty)
                 p = p.to(v.dtype)
@@ -308,7 +337,7 @@ def paged_attention_kernel(
     COMB_NUM_PIECES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr,
-    USE_WINDOW: tl.constexpr, KV_INT8: tl.constexpr,
+    USE_WINDOW: tl.constexpr, KV_INT8: tl.constexpr, KV_NZ: tl.constexpr = False,
 ):
     """Program ``pid`` = AI Core ``pid``: walk the core's range [begin, end) of the tiling.
 
@@ -318,7 +347,8 @@ def paged_attention_kernel(
     only when ``USE_SINKS``; ``sliding_window`` (int32 W >= 1, causal only) the sliding window,
     read only when ``USE_WINDOW``; ``k_scale``, ``k_offset``, ``v_scale``, ``v_offset`` (fp32
     [num_kv_heads][head_dim]) the int8 caches' dequantisation, read only when ``KV_INT8`` (then
-    the caches are int8). ``core_status[pid]`` receives OK, the tiling's
+    the caches are int8; with ``KV_NZ`` too they are in vLLM-Ascend's NZ layout
+    ``[num_blocks, num_kv_heads, head_dim / 32, block_size, 32]``). ``core_status[pid]`` receives OK, the tiling's
     own status when it is not OK (nothing done), E_STALE (the tiling was planned for another
     step: nothing done), E_TILING (the buffer or lengths do not match; nothing more done) or
     E_BLOCK_ID (the affected segments are zeros, the rest computed).
@@ -416,7 +446,7 @@ def paged_attention_kernel(
                                      NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
                                      MAX_BLOCKS_PER_REQ, Q_TILE, CAUSAL, BLOCK_M, BLOCK_N,
                                      BLOCK_D, UPCAST_DOT, USE_SOFT_CAP, USE_SINKS, USE_WINDOW,
-                                     KV_INT8)
+                                     KV_INT8, KV_NZ)
                         walked += 1
         status = tl.where((status == OK) & (walked != num_segments), E_TILING, status)
     tl.store(core_status + pid, status)

@@ -213,7 +213,9 @@ def _int32(name: str, value) -> torch.Tensor:
     return value
 
 
-def _check_shapes(params, query, key_cache, value_cache, out, kv_int8: bool = False) -> None:
+def _check_shapes(params, query, key_cache, value_cache, out, kv_int8: bool = False) -> str:
+    """Checks the tensors' dtypes and shapes; the caches' layout (`kv_quant.cache_layout`:
+    ND, or NZ for int8 caches of rank 5), ND when there are no caches."""
     shape = (params.max_tokens, params.num_q_heads, params.head_dim)
     if out.dtype not in DTYPES:
         raise TypeError(f"out must have one of the dtypes {DTYPES}, got {out.dtype}")
@@ -221,19 +223,16 @@ def _check_shapes(params, query, key_cache, value_cache, out, kv_int8: bool = Fa
         raise ValueError(f"out must be contiguous with shape {list(shape)}, "
                          f"got {list(out.shape)}")
     if query is None:
-        return
-    cache = (params.block_size, params.num_kv_heads, params.head_dim)
+        return _kv_quant.ND
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
         want = out.dtype if name == "query" or not kv_int8 else torch.int8
         if t.dtype != want or not t.is_contiguous():
             raise TypeError(f"{name} must be contiguous {want}, got {t.dtype}")
     if tuple(query.shape) != shape:
         raise ValueError(f"query must have shape {list(shape)}, got {list(query.shape)}")
-    if key_cache.dim() != 4 or tuple(key_cache.shape[1:]) != cache:
-        raise ValueError(f"key_cache must have shape [num_blocks, {', '.join(map(str, cache))}]"
-                         f", got {list(key_cache.shape)}")
-    if value_cache.shape != key_cache.shape:
-        raise ValueError("value_cache must have key_cache's shape")
+    return _kv_quant.cache_layout(key_cache, value_cache, block_size=params.block_size,
+                                  num_kv_heads=params.num_kv_heads, head_dim=params.head_dim,
+                                  int8=kv_int8)
 
 
 def _check_lengths(words: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -306,6 +305,9 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
             int8) or ``(k_scale, k_offset, v_scale, v_offset)``, float32 ``[num_kv_heads,
             head_dim]`` each on the output's device: the caches are int8 and a stored x means
             ``(x - offset) * scale`` (`pyruntime.kernels.kv_quant`; compiled with ``KV_INT8``).
+            int8 caches may then be 5-D, vLLM-Ascend's NZ layout ``[num_blocks, num_kv_heads,
+            head_dim // 32, block_size, 32]`` (both alike, head_dim % 32 == 0; compiled with
+            ``KV_NZ``), told by their rank (`kv_quant.cache_layout`).
             The combine needs nothing.
         core_status: int32 ``[num_cores]`` the programs write their status to (OK, the
             tiling's status, E_TILING or E_BLOCK_ID, the C reference's codes, or E_STALE);
@@ -318,7 +320,8 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
             ``causal``; checked before launching.
         TritonUnavailableError: see :func:`kernels`.
     """
-    _check_shapes(params, query, key_cache, value_cache, out, kv_int8=kv_scales is not None)
+    layout = _check_shapes(params, query, key_cache, value_cache, out,
+                           kv_int8=kv_scales is not None)
     if kv_scales is None:   # never read: the kernel is compiled without KV_INT8
         kv_scales = (partial_lse,) * 4
         kv_int8 = False
@@ -344,7 +347,8 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
             partial_out, partial_lse, core_status, float(scale), soft_cap, sinks_ptr, window,
             int(key_cache.shape[0]), *kv_scales, **constants(params, bool(causal)),
             **block_shapes(params), UPCAST_DOT=upcast, USE_SOFT_CAP=soft_cap > 0.0,
-            USE_SINKS=sinks is not None, USE_WINDOW=window > 0, KV_INT8=kv_int8)
+            USE_SINKS=sinks is not None, USE_WINDOW=window > 0, KV_INT8=kv_int8,
+            KV_NZ=layout == _kv_quant.NZ)
     return core_status
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pyruntime.kernels import kv_quant as _kv_quant
 from pyruntime.kernels import sliding_window as _sliding_window
 
 
@@ -25,7 +26,9 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
     """float64 ``[max_tokens, num_q_heads, head_dim]``; rows of no request are zero.
 
     Args:
-        query: ``[max_tokens, Hq, D]``; key_cache, value_cache: ``[blocks, bs, Hkv, D]``.
+        query: ``[max_tokens, Hq, D]``; key_cache, value_cache: ``[blocks, bs, Hkv, D]``,
+            or (int8 caches, with ``kv_scales``) vLLM-Ascend's NZ layout ``[blocks, Hkv,
+            D // 32, bs, 32]`` (`kv_quant.from_nz` reads it back to ND first).
         block_table: int ``[max_batch, max_blocks_per_req]``; cu_seqlens_q int
             ``[batch + 1]``; seqlens_kv int ``[batch]``.
         band: ``(before, after)``: the query at kv position p sees only the keys
@@ -51,11 +54,16 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
             `pyruntime.kernels.kv_quant`), computed in float64.
 
     Raises:
-        ValueError: ``sliding_window`` with ``causal=False``, negative or not an int.
+        ValueError: ``sliding_window`` with ``causal=False``, negative or not an int; 5-D
+            (NZ) caches without ``kv_scales``.
     """
     window = _sliding_window.check(sliding_window, causal=causal)
     # a float64 host reference: device tensors come to the host once, before any indexing
     query, key_cache, value_cache = (t.detach().cpu() for t in (query, key_cache, value_cache))
+    if key_cache.dim() == 5 or value_cache.dim() == 5:   # NZ: the values in ND order
+        if kv_scales is None:
+            raise ValueError("5-D (NZ) caches are int8 only: pass kv_scales")
+        key_cache, value_cache = _kv_quant.from_nz(key_cache), _kv_quant.from_nz(value_cache)
     block_size, num_kv_heads, head_dim = key_cache.shape[1:]
     group = query.shape[1] // num_kv_heads
     out = np.zeros(tuple(query.shape), dtype=np.float64)
