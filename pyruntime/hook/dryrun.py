@@ -18,12 +18,13 @@ The layers have gpt-oss-20b's attention geometry (64 query heads, 8 KV heads, he
 whole graph as in a real model (one tiling per graph key). The last layer is a gpt-oss full
 layer: learnable attention sinks and no window (vLLM ``gpt_oss.py``: ``sliding_window`` only on
 even layers, ``sinks`` on every layer), which vLLM-Ascend captures through
-``full_graph_fia_v2``. Without the hook that layer is not run: vLLM-Ascend's path for it is FIA
-v2 (``learnable_sink``), which the NPU twin does not model, and 0.23's ``update_graph_params``
-picks one FIA branch for every layer of a graph (``_EXTRA_CTX.sinks``), so vLLM-Ascend itself
-cannot host-update a graph that mixes layers with and without sinks, as this one does.
-``forward_context.sinks`` stays False for the same reason: the dry run's host-path layer (the
-windowed one) is FIA v1. For the same reason the dry run has no windowed layer with sinks.
+``full_graph_fia_v2``. Without the hook vLLM-Ascend's path for it is FIA v2
+(``learnable_sink``, modelled by the twin), run on 0.29+, which update each registered task
+by its own kind; on 0.23 that layer is not run: its ``update_graph_params`` picks one FIA
+branch for every layer of a graph (``_EXTRA_CTX.sinks``), so vLLM-Ascend itself cannot
+host-update a graph that mixes layers with and without sinks, as this one does.
+``forward_context.sinks`` is True only for a set whose every layer has sinks (gpt-oss), as
+vLLM-Ascend's ``set_ascend_forward_context`` sets it for such a model.
 
 Sliding windows take the device path too (the model's W keys; vLLM-Ascend's FIA keeps W + 1,
 so a windowed layer's reference is the one of the path it took). Besides this mixed set
@@ -43,15 +44,19 @@ so a windowed layer's reference is the one of the path it took). Besides this mi
   6: layer i is sliding unless (i + 1) % 6 == 0, no soft cap; ``sliding_window`` 1024 as
   google/gemma-3-4b-it and -12b-it's ``config.json`` set it; vLLM ``gemma3.py``), block size 128.
 
-* ``c8``: vLLM-Ascend's int8 KV cache (C8) on every layer, with Qwen3-8B's attention geometry
-  (32 query heads, 8 KV heads, head_dim 128: ``Qwen/Qwen3-8B`` ``config.json``; vLLM-Ascend's
-  ``AscendC8KVCacheAttentionMethod`` names Qwen3 as its model) and block size 128 (C8 decode
-  needs a multiple of 32). The layers are vLLM-Ascend's own ``AscendC8AttentionBackendImpl``
-  under a config whose quant config has ``enable_c8_quant``; their int8 caches hold the NZ
-  layout its ``_nz_5d_view`` reads, with per-channel scales on the layer (zero offsets: see
-  `pyruntime.hook.vllm_ascend_c8`). Our kernels read those caches in place. Without the hook
-  they are not run: vLLM-Ascend's path for them is FIA with int8 NZ caches (BNSD, antiquant),
-  which the twin does not model.
+* ``c8``: vLLM-Ascend's int8 KV cache (C8) on every layer, in bfloat16, with Qwen3-32B's
+  attention geometry (64 query heads, 8 KV heads, head_dim 128: ``Qwen/Qwen3-32B``
+  ``config.json``; vLLM-Ascend's ``AscendC8KVCacheAttentionMethod`` names Qwen3 as its model)
+  and block size 128: a shape torch_npu documents for FIA's int8 NZ cache (bf16 query, D 128,
+  block 128 or 512, heads (64, 8) among four pairs; the twin enforces it). The layers are
+  vLLM-Ascend's own ``AscendC8AttentionBackendImpl`` under a config whose quant config has
+  ``enable_c8_quant``; their int8 caches hold the NZ layout its ``_nz_5d_view`` reads, with
+  per-channel bf16 scales on the layer (zero offsets: see `pyruntime.hook.vllm_ascend_c8`).
+  Each capture follows an eager warm-up step (vLLM's warm-up), where the hook makes the fp32
+  scales. Our kernels read the caches in place. Without the hook they run vLLM-Ascend's C8
+  FIA call (BNSD, int8 NZ, antiquant; modelled by the twin) at q_len 1; at q_len > 1 they are
+  not run (nor warmed up): that call hands FIA one batch row per query token and one kv
+  length per request, which torch_npu documents as an error.
 
 Gemma's geometry differs from gpt-oss's, so each set is its own run (one geometry per graph).
 
@@ -75,6 +80,9 @@ from typing import Any
 SCHEMA = "aicpu-tiling/hook-dryrun"
 #: float32 attention against a float64 reference
 TOLERANCE = 1e-4
+#: per model dtype: the largest relative error against float64 a run may have (bfloat16: one
+#: rounding of the output and of P and V before the dot, a few 1e-3 measured)
+TOLERANCES = {"float32": TOLERANCE, "bfloat16": 1e-2}
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -126,6 +134,12 @@ class Shape:
     c8_layers: tuple[int, ...] = ()
     #: a K or V value of N(0, 1) quantised with scale s spans +-127 s: 3 to 5 sigma
     c8_scale_range: tuple[float, float] = (0.025, 0.04)
+    #: the model dtype (queries, outputs, unquantized caches, C8 scales): a key of TOLERANCES
+    dtype: str = "float32"
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCES[self.dtype]
 
     @property
     def q_len(self) -> int:
@@ -164,9 +178,9 @@ MODELS: dict[str, dict] = {
                "head_size": 256, "block_size": 128, "max_blocks_per_req": 12, "num_blocks": 52,
                "max_reqs": 4, "buckets": (2, 4), "kv_min": 512},
     "c8": {"num_layers": 3, "windowed_layers": (), "soft_capped_layers": (), "sink_layers": (),
-           "c8_layers": (0, 1, 2), "num_heads": 32, "num_kv_heads": 8, "head_size": 128,
+           "c8_layers": (0, 1, 2), "num_heads": 64, "num_kv_heads": 8, "head_size": 128,
            "block_size": 128, "max_blocks_per_req": 8, "num_blocks": 40, "max_reqs": 4,
-           "buckets": (2, 4)},
+           "buckets": (2, 4), "dtype": "bfloat16"},
 }
 
 
@@ -195,6 +209,9 @@ class Run:
     tiling_launches_per_step: float | None = None
     #: update calls the hook skipped (its graphs' layers all ours); the MLA run reports it
     updates_skipped: int | None = None
+    #: the model dtype and the largest relative error against float64 it allows
+    dtype: str = "float32"
+    tolerance: float = TOLERANCE
 
 
 def report(before: Run, after: Run) -> dict:
@@ -202,7 +219,7 @@ def report(before: Run, after: Run) -> dict:
 
     ``ok`` holds when at least one layer moved to the device path, no layer of ours was
     host-updated, and the hooked outputs (the host-path layers' included) match the float64
-    reference within `TOLERANCE`.
+    reference within the run's tolerance (`TOLERANCES` of its dtype).
     """
     device_layers = sum(1 for layer in after.layers if layer["path"] == "device")
     # "after" counts the updates on the layers the hook took over (0 when it works); the
@@ -217,11 +234,11 @@ def report(before: Run, after: Run) -> dict:
            "updates_per_step_after": on_ours,
            "updates_per_step_host_layers": after.updates_per_step - on_ours,
            "max_rel_err": after.max_rel_err, "max_rel_err_before": before.max_rel_err,
-           "tolerance": TOLERANCE, "seconds": round(before.seconds + after.seconds, 1),
+           "tolerance": after.tolerance, "dtype": after.dtype, "seconds": round(before.seconds + after.seconds, 1),
            "steps_with_split_units": after.steps_with_split_units,
            "tilings_per_graph": after.tilings_per_graph,
            "tiling_launches_per_step": after.tiling_launches_per_step}
-    out["ok"] = bool(device_layers > 0 and on_ours == 0 and after.max_rel_err <= TOLERANCE)
+    out["ok"] = bool(device_layers > 0 and on_ours == 0 and after.max_rel_err <= after.tolerance)
     return out
 
 
@@ -328,6 +345,7 @@ class _Runner:
 
         self.torch, self.attention, self.acl_graph = torch, attention, acl_graph
         self.shape = shape
+        self.dtype = getattr(torch, shape.dtype)
         self.mode = CUDAGraphMode
         self.set_current_vllm_config = set_current_vllm_config
         s = shape
@@ -342,7 +360,7 @@ class _Runner:
             cfg.quant_config = types.SimpleNamespace(enable_c8_quant=True)
         cfg.model_config = types.SimpleNamespace(
             max_model_len=s.max_blocks_per_req * s.block_size, runner_type="generate",
-            dtype=torch.float32, use_mla=False, hf_text_config=None, is_hybrid=False,
+            dtype=self.dtype, use_mla=False, hf_text_config=None, is_hybrid=False,
             enforce_eager=False, quantization=None, is_deepseek_mla=False,
             hf_config=types.SimpleNamespace(model_type="llama",
                                             architectures=["LlamaForCausalLM"]))
@@ -350,7 +368,7 @@ class _Runner:
         init_ascend_config(cfg)
         self.names = [f"model.layers.{i}.self_attn.attn" for i in range(s.num_layers)]
         spec = FullAttentionSpec(block_size=s.block_size, num_kv_heads=s.num_kv_heads,
-                                 head_size=s.head_size, dtype=torch.float32)
+                                 head_size=s.head_size, dtype=self.dtype)
         with set_current_vllm_config(cfg):
             self.builder = attention.AscendAttentionMetadataBuilder(spec, self.names, cfg,
                                                                     self.device)
@@ -376,14 +394,27 @@ class _Runner:
                 "int8" if i in s.c8_layers else "auto", cap, "decoder", None, sinks=sinks)
                 for i, (window, cap, sinks) in enumerate(zip(self.windows, self.caps,
                                                              self.sinks))]
-        #: the layers run: without the hook, not the sink layers nor the C8 layers (see the
-        #: module docstring)
+        #: vLLM-Ascend's C8 path takes q_len 1 only: it hands FIA one BNSD batch row per query
+        #: token (``query.unsqueeze(2)``) with one kv length per request, and torch_npu
+        #: documents fewer kv lengths than batch rows as an error (the twin raises it)
+        self.c8_eager = s.q_len == 1
+        #: every layer has sinks (gpt-oss): vLLM's forward context then says so (``sinks``, set
+        #: by vLLM-Ascend's set_ascend_forward_context when the model has sink parameters)
+        self.all_sinks = all(sinks is not None for sinks in self.sinks)
+        #: vLLM-Ascend 0.23's update_graph_params updates every FIA of a graph as FIA v2 (with
+        #: sinks) or every one as v1, by that flag: a graph mixing both kinds cannot be
+        #: host-updated by it (0.29+ update each registered task by its own kind)
+        self.sinks_host_updatable = (hasattr(acl_graph.ACLGraphWrapper,
+                                             "_updatable_graph_replay") or self.all_sinks)
+        #: the layers run: without the hook, not the sink layers where vLLM-Ascend cannot update
+        #: them, nor the C8 layers at q_len > 1 (see the module docstring)
         self.run_layers = [i for i in range(s.num_layers)
-                           if hooked or (self.sinks[i] is None and i not in s.c8_layers)]
+                           if hooked or ((self.sinks[i] is None or self.sinks_host_updatable)
+                                         and (i not in s.c8_layers or self.c8_eager))]
         cache = (s.num_blocks, s.block_size, s.num_kv_heads, s.head_size)
         dev = self.device
-        self.kv = [(torch.randn(cache, generator=gen).to(dev),
-                    torch.randn(cache, generator=gen).to(dev)) for _ in self.names]
+        self.kv = [(torch.randn(cache, generator=gen).to(dev, self.dtype),
+                    torch.randn(cache, generator=gen).to(dev, self.dtype)) for _ in self.names]
         self.layers = [types.SimpleNamespace(layer_name=n, _k_scale_float=1.0,
                                              _v_scale_float=1.0) for n in self.names]
         #: per layer, the caches the float64 reference reads: the C8 layers' dequantised ones
@@ -393,10 +424,10 @@ class _Runner:
         for i in s.c8_layers:
             self._make_c8(i, gen)
         t = max(s.buckets)
-        self.queries = [torch.zeros(t, s.num_heads, s.head_size, device=dev)
+        self.queries = [torch.zeros(t, s.num_heads, s.head_size, device=dev, dtype=self.dtype)
                         for _ in self.names]
         # vLLM's Attention layer hands the implementation [T, num_heads, head_size] views
-        self.outputs = [torch.zeros(t, s.num_heads, s.head_size, device=dev)
+        self.outputs = [torch.zeros(t, s.num_heads, s.head_size, device=dev, dtype=self.dtype)
                         for _ in self.names]
         i32 = torch.int32
         self.qsl_cpu = torch.zeros(s.max_reqs + 2, dtype=i32)
@@ -435,15 +466,15 @@ class _Runner:
         nz = (s.num_blocks, s.num_kv_heads, s.head_size // 32, s.block_size, 32)
         layer, caches, ref, unscaled = self.layers[i], [], [], []
         for name in ("k", "v"):
-            scale = low + (high - low) * torch.rand(channels, generator=gen)
-            offset = torch.zeros(channels)
+            scale = (low + (high - low) * torch.rand(channels, generator=gen)).to(self.dtype)
+            offset = torch.zeros(channels, dtype=self.dtype)
             setattr(layer, f"{name}_cache_scale",
                     torch.nn.Parameter(scale.to(dev), requires_grad=False))
             setattr(layer, f"{name}_cache_offset",
                     torch.nn.Parameter(offset.to(dev), requires_grad=False))
-            per_channel = scale.view(s.num_kv_heads, s.head_size)
+            per_channel = scale.float().view(s.num_kv_heads, s.head_size)
             stored = kv_quant.quantize(torch.randn(nd, generator=gen), per_channel,
-                                       offset.view(s.num_kv_heads, s.head_size))
+                                       offset.float().view(s.num_kv_heads, s.head_size))
             memory = stored.view(s.num_blocks, s.block_size, s.num_kv_heads,
                                  s.head_size // 32, 32).permute(0, 2, 3, 1, 4).contiguous()
             assert memory.shape == nz
@@ -492,8 +523,9 @@ class _Runner:
             fields["_seq_lens_cpu"] = self.seq_lens_cpu[:padded]
         return AscendCommonAttentionMetadata(**fields)
 
-    def step(self, q_lens: list[int], kv_lens: list[int], table) -> list:
-        """One decode step in the bucket that holds it; returns each layer's output rows."""
+    def step(self, q_lens: list[int], kv_lens: list[int], table, eager: bool = False) -> list:
+        """One decode step in the bucket that holds it; returns each layer's output rows.
+        ``eager``: run without a graph (cudagraph mode NONE), as vLLM's warm-up runs do."""
         from vllm.forward_context import BatchDescriptor, get_forward_context, set_forward_context
 
         bucket = next(b for b in self.shape.buckets if b >= sum(q_lens))
@@ -501,21 +533,22 @@ class _Runner:
             q_lens, kv_lens, table, bucket)))
         descriptor = BatchDescriptor(num_tokens=bucket, num_reqs=bucket // self.shape.q_len,
                                      uniform=True)
+        mode = self.mode.NONE if eager else self.mode.FULL
         with self.set_current_vllm_config(self.cfg), set_forward_context(
-                metas, self.cfg, num_tokens=bucket, cudagraph_runtime_mode=self.mode.FULL,
+                metas, self.cfg, num_tokens=bucket, cudagraph_runtime_mode=mode,
                 batch_descriptor=descriptor):
             context = get_forward_context()
             # the fields vLLM-Ascend's set_ascend_forward_context sets that attention reads
             # (the rest of it sets up MoE communication, which needs a distributed group)
             for name, value in (("capturing", False), ("is_draft_model", False),
-                                ("is_draft_model_prefill", False), ("sinks", False),
+                                ("is_draft_model_prefill", False), ("sinks", self.all_sinks),
                                 ("in_profile_run", False), ("num_tokens", bucket)):
                 setattr(context, name, value)
             self.wrapper(metas, bucket)
             # the model runner's update after the replay, never after a capture (its
             # _update_full_graph_params_if_needed checks forward_context.capturing: an update
             # then would record the ExternalEvent that the next replay's wait consumes early)
-            if not self.updatable and not context.capturing:
+            if not self.updatable and not context.capturing and not eager:
                 self.acl_graph.update_full_graph_params(
                     self.attention.AscendAttentionBackend, self.update_stream, context, bucket,
                     self.cfg, self.cfg.speculative_config)
@@ -523,10 +556,14 @@ class _Runner:
         return [o.cpu() for o in self.outputs]
 
     def capture(self) -> None:
-        """One capture per bucket with a dummy uniform batch, as capture_model does."""
+        """One capture per bucket with a dummy uniform batch, as capture_model does; with C8
+        layers, after an eager warm-up step per bucket (vLLM's warm-up runs before each
+        capture), in which the hook makes their fp32 scales outside the graph."""
         torch, q = self.torch, self.shape.q_len
         for bucket in self.shape.buckets:
             n = bucket // q
+            if self.shape.c8_layers and self.c8_eager:
+                self.step([q] * n, [q] * n, torch.zeros(n, 1, dtype=torch.int32), eager=True)
             self.step([q] * n, [q] * n, torch.zeros(n, 1, dtype=torch.int32))
 
 
@@ -670,10 +707,11 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
     for i, layer in enumerate(layers):
         if i not in runner.run_layers:
             layer.update(path="not run", reason=(
-                "vLLM-Ascend's path for a C8 layer is FIA with int8 NZ caches (BNSD, "
-                "antiquant), which the NPU twin does not model" if i in shape.c8_layers else
-                "vLLM-Ascend's path for a layer with sinks is FIA v2, which the NPU twin does "
-                "not model"))
+                "vLLM-Ascend's C8 path hands FIA one BNSD row per query token and one kv "
+                "length per request: with q_len > 1 too few kv lengths, an error torch_npu "
+                "documents" if i in shape.c8_layers else
+                "vLLM-Ascend 0.23's update_graph_params updates a graph's FIAs all as FIA v2 "
+                "(sinks) or all as v1: it cannot update a graph that mixes both"))
     # updates per layer: each update's FIA reads its layer's query buffer
     starts = {q.data_ptr(): name for q, name in zip(runner.queries, runner.names)}
     per_layer = {name: 0 for name in runner.names}
@@ -697,7 +735,8 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
                updates_per_step=counter.count / max(done, 1),
                max_rel_err=max_err, seconds=round(time.perf_counter() - started, 1),
                steps_with_split_units=split_steps, tilings_per_graph=tilings_per_graph,
-               tiling_launches_per_step=launches_per_step)
+               tiling_launches_per_step=launches_per_step, dtype=shape.dtype,
+               tolerance=shape.tolerance)
 
 
 def run_in_child(*, hooked: bool, placement: str, steps: int, spec_tokens: int = 0,

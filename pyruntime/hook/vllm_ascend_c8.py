@@ -26,11 +26,13 @@ plain layer, in every release 0.23.0-0.30.0rc2 (tests/hook/test_c8_conformance.p
   once (vLLM-Ascend's own path ignores them as well).
 
 Our kernels read fp32 ``[num_kv_heads, head_size]`` scales and offsets. They are made once per
-layer from the layer's own (widened, broadcast for a per-tensor scale): in the first eager
-forward after ``_prepare_c8_scales`` ran (vLLM's warm-up runs before capture), or, if the
-first forward is a capture, inside it (then the copy is a captured task that runs at every
-replay: correct, a few microseconds more). Like vLLM-Ascend's own ``_c8_*`` tensors they are
-not remade if the weights are reloaded.
+layer from the layer's own (widened, broadcast for a per-tensor scale) in the first eager
+forward after ``_prepare_c8_scales`` ran (vLLM's warm-up runs before capture). A layer first
+seen inside a capture gets copies made inside it, one set per graph: a captured copy only
+runs when its own graph replays, so a set captured in one graph would stay unwritten for the
+others (the dry run caught that); each graph's copies run at each of its replays (correct, a
+few microseconds more). Like vLLM-Ascend's own ``_c8_*`` tensors, none is remade if the
+weights are reloaded.
 """
 
 from __future__ import annotations
@@ -54,8 +56,11 @@ LAYER_SCALES = ("_c8_k_scale", "_c8_k_offset", "_c8_v_scale", "_c8_v_offset")
 #: ``impl.kv_cache_dtype`` of a C8 layer: the string vLLM passes (0.23-0.28) or the torch
 #: dtype 0.29+ resolves it to.
 C8_KV_DTYPES = ("int8", "torch.int8")
-#: The attribute of the vLLM layer holding our fp32 ``(k_scale, k_offset, v_scale, v_offset)``.
+#: The attribute of the vLLM layer holding our fp32 ``(k_scale, k_offset, v_scale, v_offset)``
+#: made outside any graph (every graph reads them).
 KV_SCALES_ATTR = "_aicpu_tiling_kv_scales"
+#: ... and the one holding, per graph key, those made inside that graph's capture.
+KV_SCALES_BY_GRAPH_ATTR = "_aicpu_tiling_kv_scales_by_graph"
 
 
 def c8_class(module: Any) -> type | None:
@@ -112,16 +117,32 @@ def nz_caches(impl: Any) -> tuple[Any, Any, int]:
             impl._nz_5d_view(impl.value_cache, block_size), block_size)
 
 
-def kv_scales(impl: Any, layer: Any) -> tuple:
+def kv_scales(impl: Any, layer: Any, graph_key: Any = None) -> tuple:
     """The fp32 ``(k_scale, k_offset, v_scale, v_offset)`` our kernels read for this layer,
     each contiguous ``[num_kv_heads, head_size]`` on the cache's device: the layer's scales
     widened (a per-tensor scale broadcast) and zero offsets (vLLM-Ascend's dequantisation is
-    scale only; see the module docstring). Made once and kept on the layer."""
-    import torch
-
+    scale only; see the module docstring). Kept on the layer: the set made outside any graph
+    when there is one (``graph_key`` None makes it), else the set of graph ``graph_key``, made
+    in its capture (see the module docstring)."""
     made = getattr(layer, KV_SCALES_ATTR, None)
     if made is not None:
         return made
+    if graph_key is None:
+        made = _make_kv_scales(impl, layer)
+        setattr(layer, KV_SCALES_ATTR, made)
+        return made
+    per_graph = getattr(layer, KV_SCALES_BY_GRAPH_ATTR, None)
+    if per_graph is None:
+        per_graph = {}
+        setattr(layer, KV_SCALES_BY_GRAPH_ATTR, per_graph)
+    if graph_key not in per_graph:
+        per_graph[graph_key] = _make_kv_scales(impl, layer)
+    return per_graph[graph_key]
+
+
+def _make_kv_scales(impl: Any, layer: Any) -> tuple:
+    import torch
+
     shape = (impl.num_kv_heads, impl.head_size)
 
     def widened(t: torch.Tensor) -> torch.Tensor:
@@ -130,9 +151,7 @@ def kv_scales(impl: Any, layer: Any) -> tuple:
         return out
 
     zero = torch.zeros(shape, dtype=torch.float32, device=layer._c8_k_scale.device)
-    made = (widened(layer._c8_k_scale), zero, widened(layer._c8_v_scale), zero)
-    setattr(layer, KV_SCALES_ATTR, made)
-    return made
+    return widened(layer._c8_k_scale), zero, widened(layer._c8_v_scale), zero
 
 
 def prepare_eager(impl: Any, layer: Any, noted: set) -> None:

@@ -474,20 +474,20 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
         if reason is not None:
             _note_host_path(state, self, reason)
             return None
+        lengths: DeviceLengths = getattr(attn_metadata, LENGTHS_ATTR)
+        num_tokens = int(attn_metadata.actual_seq_lengths_q[-1])
+        graph_key = _graph_key(graph_params(), num_tokens)
         kv_scales = None
         if c8_cls is not None and type(self) is c8_cls:
             # the int8 NZ caches in place, with the fp32 scales and zero offsets (made before
             # the capture by the eager forward, or here: see vllm_ascend_c8)
             key_cache, value_cache, block_size = _c8.nz_caches(self)
-            kv_scales = _c8.kv_scales(self, layer)
+            kv_scales = _c8.kv_scales(self, layer, graph_key=graph_key)
             state.c8_layers.add(layer_name(self))
         else:
             key_cache, value_cache, block_size, _, _ = self._get_fia_params(
                 key, value, attn_metadata
             )
-        lengths: DeviceLengths = getattr(attn_metadata, LENGTHS_ATTR)
-        num_tokens = int(attn_metadata.actual_seq_lengths_q[-1])
-        graph_key = _graph_key(graph_params(), num_tokens)
         cap = layer_soft_cap(self)  # checked by unsupported_reason: None or C > 0, finite
         if cap is not None:
             _note_soft_cap(state, self, float(cap))

@@ -66,9 +66,9 @@ import torch
 
 from pyruntime import tiling as _tiling
 from pyruntime.kernels import kv_quant as _kv_quant
-from pyruntime.kernels.reference_attention import SINK_DTYPES
 from pyruntime.kernels import sliding_window as _sliding_window
 from pyruntime.kernels import soft_cap as _soft_cap
+from pyruntime.kernels.reference_attention import SINK_DTYPES
 
 _KERNELS = "pyruntime.kernels.triton_attention"
 _lib = _tiling.lib

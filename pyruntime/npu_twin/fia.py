@@ -514,9 +514,13 @@ def _v2_checked(query, key, value, options: dict) -> dict:
             raise RuntimeError(f"{name}: learnable_sink must be bfloat16 of shape (Q_N,) = "
                                f"({options['num_query_heads']},), got {sink.dtype} "
                                f"{list(sink.shape)}")
-        if value.shape[-1] > 128:
-            raise RuntimeError(f"{name}: learnable_sink needs value's D <= 128, got "
-                               f"{value.shape[-1]}")
+        # value's d: its last dim, but a paged 3-D cache is [blocks, block_size, KV_N * D]
+        # (vLLM-Ascend's TND call hands that view), so there d is the last dim / KV_N
+        kv_heads = options["num_key_value_heads"] or options["num_query_heads"]
+        paged_3d = options["block_table"] is not None and value.dim() == 3
+        value_d = value.shape[-1] // kv_heads if paged_3d else value.shape[-1]
+        if value_d > 128:
+            raise RuntimeError(f"{name}: learnable_sink needs value's D <= 128, got {value_d}")
         if options["return_softmax_lse"]:
             raise NotInTwinError(f"{name}: return_softmax_lse with learnable_sink is not "
                                  "modelled by the NPU twin")

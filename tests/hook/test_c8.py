@@ -141,6 +141,22 @@ def test_the_kernels_get_fp32_per_channel_scales_and_zero_offsets(dtype):
     assert all(a is b for a, b in zip(again, (k_scale, k_offset, v_scale, v_offset)))
 
 
+def test_scales_made_inside_a_capture_are_made_per_graph():
+    """A layer first met inside a capture: a copy captured in one graph runs only when that
+    graph replays, so each graph gets its own set; a set made outside any graph (the eager
+    warm-up) serves every graph."""
+    layer = _layer()
+    first = c8.kv_scales(_C8(), layer, graph_key=("g", 2))
+    again = c8.kv_scales(_C8(), layer, graph_key=("g", 2))
+    other = c8.kv_scales(_C8(), layer, graph_key=("g", 4))
+    assert all(a is b for a, b in zip(first, again))
+    assert all(a is not b for a, b in zip(first, other))
+    assert all(torch.equal(a, b) for a, b in zip(first, other))
+    eager = c8.kv_scales(_C8(), layer)
+    assert all(a is not b for a, b in zip(eager, first))
+    assert all(a is b for a, b in zip(eager, c8.kv_scales(_C8(), layer, graph_key=("g", 8))))
+
+
 def test_a_per_tensor_scale_is_broadcast_to_every_channel():
     layer = _layer(torch.bfloat16, per_tensor=True)
     k_scale, _, v_scale, _ = c8.kv_scales(_C8(), layer)

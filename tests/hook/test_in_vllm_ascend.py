@@ -115,9 +115,10 @@ def test_hook_dryrun_in_vllm_ascends_own_classes(release, placement, spec_tokens
     # the tilings split units over cores on some steps, so the combine added the sinks of
     # those rows (the other rows got theirs where a whole unit normalises its row)
     assert 0 < report["steps_with_split_units"] <= report["steps"]
-    # vLLM-Ascend updates every FIA layer it runs; without the hook the sink layer is not run
-    # (its FIA v2 is not modelled by the twin)
-    assert report["updates_per_step_before"] == 4
+    # vLLM-Ascend updates every FIA layer it runs; without the hook it runs the sink layer
+    # (FIA v2, modelled by the twin) on 0.30, not on 0.23, whose update takes a graph's FIAs
+    # all as v2 or all as v1 (a graph mixing both cannot be host-updated there)
+    assert report["updates_per_step_before"] == (4 if release == RELEASES[0] else 5)
     assert report["updates_per_step_after"] == 0  # none of the device-path layers
     assert [layer["updates_per_step"] for layer in report["layers"]] == [0] * 5
     assert report["updates_per_step_host_layers"] == 0
@@ -198,6 +199,11 @@ def test_real_config_layer_sets_run_wholly_on_the_device_path(model, release, pl
     assert [layer["sinks"] for layer in layers] == sinks
     assert [layer["updates_per_step"] for layer in layers] == [0] * len(windows)
     assert report["updates_per_step_after"] == 0 == report["updates_per_step_host_layers"]
+    # without the hook vLLM-Ascend's own path ran every layer (gpt-oss's through FIA v2 with
+    # learnable_sink, on the twin), updated once per layer per step, FIA's W + 1 band and no
+    # soft cap in its reference
+    assert report["updates_per_step_before"] == len(windows)
+    assert report["max_rel_err_before"] <= report["tolerance"]
     for layer in layers:
         assert layer["max_rel_err"] <= report["tolerance"] == 1e-4, layer
         if layer["sliding_window"] is not None:  # the window bit, and mattered
@@ -254,10 +260,11 @@ def test_windows_an_engine_does_not_apply_keep_vllm_ascends_path_in_a_mixed_grap
 
 @pytest.mark.parametrize("release, placement, spec_tokens", PAIR)
 def test_c8_layers_read_their_int8_nz_caches_in_place(release, placement, spec_tokens):
-    """``hook-dryrun --model c8``: Qwen3-8B's attention geometry (32 / 8 heads, head_dim 128,
+    """``hook-dryrun --model c8``: Qwen3-32B's attention geometry (64 / 8 heads, head_dim 128,
     block 128) with vLLM-Ascend's C8 int8 KV cache on every layer: its own
     ``AscendC8AttentionBackendImpl`` (built as ``kv_c8.create_weights`` swaps it in, with a
-    C8 quant config) captures through the patched ``full_graph_fia``, our kernels read the
+    C8 quant config; bfloat16, 64 / 8 heads, a shape FIA's int8 NZ path documents) captures
+    through the patched ``full_graph_fia``, our kernels read the
     layer's int8 caches in place in the NZ layout vLLM-Ascend keeps them in, with its scales;
     zero host updates; every output against float64 over the dequantised caches, and the
     answer read without the scales far off."""
@@ -279,10 +286,18 @@ def test_c8_layers_read_their_int8_nz_caches_in_place(release, placement, spec_t
     assert [layer["entry"] for layer in layers] == ["full_graph_fia"] * 3
     assert [layer["updates_per_step"] for layer in layers] == [0] * 3
     assert report["updates_per_step_after"] == 0 == report["updates_per_step_host_layers"]
+    assert report["dtype"] == "bfloat16" and report["tolerance"] == 1e-2
     for layer in layers:
-        assert layer["max_rel_err"] <= report["tolerance"] == 1e-4, layer
+        assert layer["max_rel_err"] <= report["tolerance"], layer
         assert layer["scales_distance"] > 100 * report["tolerance"], layer
     assert report["tilings_per_graph"] == 1 and report["tiling_launches_per_step"] == 1
+    if spec_tokens == 0:
+        # without the hook vLLM-Ascend's own C8 FIA call ran on the twin (int8 NZ caches, BNSD,
+        # antiquant), updated once per layer per step, as close to float64 as ours
+        assert report["updates_per_step_before"] == 3
+        assert report["max_rel_err_before"] <= report["tolerance"]
+    else:  # its C8 call cannot take q_len > 1 (see pyruntime/hook/dryrun.py): not run there
+        assert report["updates_per_step_before"] == 0
     assert report["ok"] and proc.returncode == 0
 
 
@@ -293,7 +308,7 @@ def test_an_engine_that_drops_the_c8_scales_is_caught(release):
     run = _dryrun_with_engine(release, "dryrun_c8_engine:make_unscaled", "c8")
     for layer in run["layers"]:
         assert layer["path"] == "device"
-        assert layer["max_rel_err"] > 100 * 1e-4
+        assert layer["max_rel_err"] > 100 * run["tolerance"]
         assert layer["max_rel_err"] >= 0.99 * layer["scales_distance"]
 
 

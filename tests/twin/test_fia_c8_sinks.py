@@ -243,6 +243,12 @@ check("v2_sink_layout_refused", lambda: expect(
 big = torch.zeros(NB, BS, HKV, 192, dtype=torch.bfloat16, device=dev)
 check("v2_sink_value_d_refused", lambda: expect(
     RuntimeError, "D <= 128", lambda: v2(key=big, value=big)))
+# vLLM-Ascend hands the paged cache as [blocks, block_size, KV_N * D] (here 2 * 64 = 128 wide,
+# D 64): d is per head; the 3-D view of a D-192 cache is refused the same
+check("v2_sink_paged_3d_view_reads_d_per_head", lambda: (
+    v2(key=key.view(NB, BS, HKV * D), value=value.view(NB, BS, HKV * D)),
+    expect(RuntimeError, "D <= 128", lambda: v2(key=big.view(NB, BS, -1),
+                                                value=big.view(NB, BS, -1)))))
 check("v2_quant_not_modelled", lambda: expect(
     NotInTwinError, "dequant_scale_key", lambda: v2(dequant_scale_key=sink)))
 check("v2_sink_lse_not_modelled", lambda: expect(
