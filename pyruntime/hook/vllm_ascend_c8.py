@@ -17,13 +17,14 @@ plain layer, in every release 0.23.0-0.30.0rc2 (tests/hook/test_c8_conformance.p
 * The scales: ``_prepare_c8_scales`` shards the layer's ``k_cache_scale`` / ``v_cache_scale``
   (parameters of the model dtype) to ``layer._c8_k_scale`` / ``_c8_v_scale``, shape
   ``[1, num_kv_heads, head_size]`` (or ``[1]`` for a per-tensor scale), on the device.
-* The dequantisation is scale only. ``_quantize_kv_to_int8`` stores
+* The dequantisation of the paged NZ caches is scale only. ``_quantize_kv_to_int8`` stores
   ``clamp(round(x / scale + offset))``, but FIA gets ``key_antiquant_scale`` /
   ``value_antiquant_scale`` and no offset (``full_graph_fia``, ``_forward_c8_decode``), and the
-  dense fallback multiplies by the scale alone (``_dequant_paged_kv_to_dense``: "Scale-only
-  dequant for NZ (symmetric)"). So the device path hands our kernels zero offsets, and a value
-  x means ``x * scale``, as on vLLM-Ascend's path; a layer whose offsets are not zero is logged
-  once (vLLM-Ascend's own path ignores them as well).
+  paged dense fallback multiplies by the scale alone (``_dequant_paged_kv_to_dense``:
+  "Scale-only dequant for NZ (symmetric)"; only the prefill path's contiguous int8 K/V
+  subtracts the offset). So the device path hands our kernels zero offsets, and a value x
+  means ``x * scale``, as on vLLM-Ascend's decode path; a layer whose offsets are not zero is
+  logged once (vLLM-Ascend's decode ignores them as well).
 
 Our kernels read fp32 ``[num_kv_heads, head_size]`` scales and offsets. They are made once per
 layer from the layer's own (widened, broadcast for a per-tensor scale) in the first eager

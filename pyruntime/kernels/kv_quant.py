@@ -7,11 +7,14 @@ A stored value x of kv head h, dim d means::
 
     (x - offset[h, d]) * scale[h, d]
 
-That is vLLM-Ascend 0.30.0rc2's convention (``vllm_ascend/attention/attention_v1.py``:
-``_quantize_kv_to_int8`` stores ``clamp(round(x / scale + offset), -128, 127)``, and the dense
-fallback dequantises ``(key - offset) * scale``; its FIA path passes ``key_antiquant_scale``
-only, the symmetric case, which a zero offset covers). The consumers dequantise in fp32 and
-accumulate in fp32; query and output keep their dtype (fp32, fp16 or bf16).
+That is vLLM-Ascend's convention (vllm-ascend 0.30.0rc2 ``vllm_ascend/attention/attention_v1.py``:
+``_quantize_kv_to_int8`` stores ``clamp(round(x / scale + offset), -128, 127)``, and
+``_forward_c8_fused_infer_attention`` dequantises a contiguous int8 K as ``(key - offset) *
+scale``). Its paged NZ paths use the scale alone: the FIA calls pass ``key_antiquant_scale`` /
+``value_antiquant_scale`` only, and ``_dequant_paged_kv_to_dense`` says "Scale-only dequant for
+NZ (symmetric)"; a zero offset is that case, and the hook hands zero offsets for C8 layers
+(`pyruntime.hook.vllm_ascend_c8`). The consumers dequantise in fp32 and accumulate in fp32;
+query and output keep their dtype (fp32, fp16 or bf16).
 
 :func:`quantize` writes values into an int8 cache by that rule (tests and callers that fill
 ``StaticAttention``'s caches); :func:`dequantize` is the float64 meaning of a cache.
