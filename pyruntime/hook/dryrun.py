@@ -662,11 +662,13 @@ def run(*, placement: str = "graph", steps: int = 6, seed: int = 0,
         for i in runner.run_layers:
             k, v = runner.kv_ref[i]
             # a windowed layer: the model's W keys on the device path; on vLLM-Ascend's path
-            # FIA's band [p - W, p] (W + 1 keys)
             window = runner.windows[i]
             on_device = hooked and runner.names[i] not in on_host
+            # FIA's band [p - W, p] (W + 1 keys), which torch_npu documents as having no
+            # effect at Q_S = 1: at q_len 1 vLLM-Ascend's windowed decode sees the whole kv
+            fia_band = shape.q_len > 1 and window is not None and not on_device
             options = {"scale": shape.head_size ** -0.5, "logits_soft_cap": applied_caps[i],
-                       "band": None if window is None or on_device else (window, 0),
+                       "band": (window, 0) if fia_band else None,
                        "sliding_window": window if on_device else None}
             inputs = (runner.queries[i].cpu(), k.cpu(), v.cpu(), table.numpy(), cu,
                       np.array(kv_lens, np.int32))

@@ -47,11 +47,14 @@ full-graph path, main model):
   implementation (``AscendAttentionBackendImpl.__init__``: ``self.sliding_window =
   sliding_window``) and hands FIA ``sparse_mode=4, pre_tokens=self.sliding_window,
   next_tokens=0`` in ``full_graph_fia`` and ``full_graph_fia_v2`` (vLLM-Ascend 0.23.0.post1
-  and 0.30.0rc2 ``attention_v1.py``), whose band ``[p - W, p]`` holds W + 1 keys. A windowed
+  and 0.30.0rc2 ``attention_v1.py``), whose band ``[p - W, p]`` holds W + 1 keys; and
+  torch_npu documents ``pre_tokens`` and ``sparse_mode`` as having no effect at Q_S = 1
+  (``_op_plugin_docs.py``), so at q_len 1 its decode sees the whole kv. A windowed
   layer takes the device path when the engine applies the window
   (``applies_sliding_window``), with the model's W keys (vLLM's FlashAttention path,
   ``window_size = (W - 1, 0)``; `pyruntime.kernels.sliding_window`), and the hook logs once
-  for that layer that it keeps W keys where vLLM-Ascend's FIA keeps W + 1. The patched
+  for that layer that it keeps W keys where vLLM-Ascend's FIA keeps W + 1 (and, at q_len 1,
+  by torch_npu's documentation, the whole kv). The patched
   ``__init__`` records every layer's window, so that the tiling task captured with a graph's
   first layer plans one tiling per distinct window (gpt-oss: none and 128). A windowed layer
   built before the hook was installed has no record and keeps vLLM-Ascend's path.
@@ -400,7 +403,9 @@ def _note_window(state: PatchState, impl: Any, window: int) -> None:
         state.windowed_layers.add(name)
         log.info("aicpu-tiling: layer %s takes the device path with sliding_window=%d: each "
                  "query sees its last %d keys (the model's window), where vLLM-Ascend's FIA "
-                 "(pre_tokens=%d) keeps %d", name, window, window, window, window + 1)
+                 "(pre_tokens=%d) keeps %d, and at q_len 1 its whole kv (torch_npu documents "
+                 "pre_tokens as having no effect at Q_S = 1)", name, window, window, window,
+                 window + 1)
 
 
 def _note_host_path(state: PatchState, impl: Any, reason: str) -> None:

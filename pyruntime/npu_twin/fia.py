@@ -364,6 +364,13 @@ def _reference(query, key, value, options: dict, sink: torch.Tensor | None = Non
     heads, kv_heads = options["num_heads"], options["num_key_value_heads"] or options["num_heads"]
     block_size = options["block_size"]
     cu = np.concatenate([[0], np.asarray(options["actual_seq_lengths"], np.int64)])
+    if band is not None and len(cu) > 1 and int(np.diff(cu).max()) <= 1:
+        # torch_npu 2.10.0.post4 _op_plugin_docs.py, npu_fused_infer_attention_score:
+        # pre_tokens / next_tokens "Q_S为1时该参数无效" and sparse_mode "Q_S为1且不带rope输入时该参数
+        # 无效": with every request's query one row (TND decode; read as the longest request's
+        # query length), the band is not applied and each row sees its whole kv (for one row
+        # at the end of its kv, what causal gives too)
+        band = None
     kv = np.asarray(options["actual_seq_lengths_kv"], np.int64)
     if len(kv) != len(cu) - 1:
         raise RuntimeError("npu_fused_infer_attention_score: actual_seq_lengths and "

@@ -66,5 +66,41 @@ def test_fia_band_is_pre_tokens_before_and_next_tokens_after_each_query():
                                rtol=1e-6)
 
 
+def test_fia_ignores_the_band_when_every_query_is_one_row():
+    """torch_npu documents pre_tokens, next_tokens and (without rope) sparse_mode as having no
+    effect at Q_S = 1 ("Q_S为1时该参数无效"): vLLM-Ascend's windowed decode (sparse_mode 4,
+    pre_tokens=W, every request one query row) attends to the whole kv; with a request of two
+    query rows (MTP) the band applies."""
+    import numpy as np
+    import torch
+
+    from pyruntime.workload.reference import reference_attention
+
+    gen = torch.Generator().manual_seed(1)
+    query = torch.randn(3, 4, 8, generator=gen)
+    key, value = (torch.randn(6, 4, 2, 8, generator=gen) for _ in range(2))
+    table = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    mask = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), 1)
+    window = 3
+
+    def fia_out(ends, lens):
+        options = {**fia._DEFAULTS, "atten_mask": mask, "block_table": table,
+                   "input_layout": "TND", "block_size": 4, "actual_seq_lengths": ends,
+                   "actual_seq_lengths_kv": lens, "num_heads": 4, "num_key_value_heads": 2,
+                   "scale": 0.3, "sparse_mode": 4, "pre_tokens": window, "next_tokens": 0}
+        out, _ = fia._reference(query, key.view(6, 4, 16), value.view(6, 4, 16), options)
+        return out.double().numpy()
+
+    def want(ends, lens, band):
+        return reference_attention(query, key, value, table.numpy(), np.array([0, *ends]),
+                                   np.array(lens), scale=0.3, causal=True, band=band)
+
+    decode = fia_out([1, 2], [11, 9])[:2]
+    np.testing.assert_allclose(decode, want([1, 2], [11, 9], None)[:2], rtol=1e-5, atol=1e-6)
+    assert np.abs(decode - want([1, 2], [11, 9], (window, 0))[:2]).max() > 1e-2
+    mtp = fia_out([1, 3], [11, 9])
+    np.testing.assert_allclose(mtp, want([1, 3], [11, 9], (window, 0)), rtol=1e-5, atol=1e-6)
+
+
 def test_the_fia_workspace_query_is_the_wheels(plugin_docs):
     assert "torch_npu._npu_fused_infer_attention_score_get_max_workspace(" in plugin_docs
