@@ -47,6 +47,25 @@ def cached_wheel(glob: str) -> Path:
     return found[-1]
 
 
+#: The vLLM environments ``tools/vllm_env.sh`` builds (``.ci/run`` builds them), one folder a
+#: release holding ``READY.json``, ``venv/`` and the release's source tree ``vllm-ascend/``.
+VLLM_ENVS = Path(os.environ.get("AICPU_TILING_VLLM_ENVS",
+                                Path.home() / ".cache" / "aicpu-tiling" / "vllm-envs"))
+
+
+def vllm_env(release: str) -> Path:
+    """The built vLLM environment of vllm-ascend `release`; a skip without it (a failure under
+    CI=true)."""
+    env = VLLM_ENVS / release
+    if not (env / "READY.json").is_file():
+        message = (f"no vLLM environment for {release} in {VLLM_ENVS} "
+                   f"(tools/vllm_env.sh {release})")
+        if wheels_required():
+            pytest.fail(f"{message}; CI=true requires it")
+        pytest.skip(message)
+    return env
+
+
 def cached_release(version: str) -> Path:
     """The cached wheel or sdist of vllm-ascend `version` (one of VLLM_ASCEND_RELEASES), with
     :func:`cached_wheel`'s rule: downloaded once if missing, else a skip (a failure under CI)."""

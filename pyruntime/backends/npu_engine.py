@@ -35,6 +35,7 @@ import torch
 
 from pyruntime import tiling
 from pyruntime.hook.engine import AttentionCapture
+from pyruntime.kernels import kv_quant
 from pyruntime.kernels import step as kernels
 
 from .errors import BackendError
@@ -168,8 +169,7 @@ class NpuTilingEngine:
         cache = (c.key_cache.shape[0], p.block_size, p.num_kv_heads, p.head_dim)
         # int8 caches with their scales: a 5-D (NZ, vLLM-Ascend's C8 view) cache goes to the
         # kernels as it is, which read its layout from its rank (pyruntime.kernels.kv_quant)
-        kv_scales = {} if c.kv_scales is None else dict(
-            zip(("k_scale", "k_offset", "v_scale", "v_offset"), c.kv_scales, strict=True))
+        kv_scales = kv_quant.scale_kwargs(c.kv_scales)
         if c.kv_scales is not None and c.key_cache.dim() == 5:
             key_cache, value_cache = c.key_cache, c.value_cache
         else:

@@ -404,8 +404,9 @@ class _Runner:
         #: vLLM-Ascend 0.23's update_graph_params updates every FIA of a graph as FIA v2 (with
         #: sinks) or every one as v1, by that flag: a graph mixing both kinds cannot be
         #: host-updated by it (0.29+ update each registered task by its own kind)
-        self.sinks_host_updatable = (hasattr(acl_graph.ACLGraphWrapper,
-                                             "_updatable_graph_replay") or self.all_sinks)
+        #: 0.29+: the wrapper updates each registered task in its replay (UpdatableGraph)
+        self.updatable = hasattr(acl_graph.ACLGraphWrapper, "_updatable_graph_replay")
+        self.sinks_host_updatable = self.updatable or self.all_sinks
         #: the layers run: without the hook, not the sink layers where vLLM-Ascend cannot update
         #: them, nor the C8 layers at q_len > 1 (see the module docstring)
         self.run_layers = [i for i in range(s.num_layers)
@@ -439,7 +440,6 @@ class _Runner:
         self.slots = torch.zeros(t, dtype=torch.int64, device=dev)
         acl_graph.set_graph_params(list(s.buckets))
         self.update_stream = torch.npu.Stream()
-        self.updatable = hasattr(acl_graph.ACLGraphWrapper, "_updatable_graph_replay")
         options = {"update_stream": self.update_stream} if self.updatable else {}
         self.wrapper = acl_graph.ACLGraphWrapper(self._forward, cfg, CUDAGraphMode.FULL,
                                                  **options)

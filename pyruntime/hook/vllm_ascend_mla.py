@@ -248,7 +248,6 @@ def patch_mla(module: ModuleType, state: Any, acl_graph: ModuleType) -> None:
         attn_output[:h].view(h, num_tokens, lora).copy_(ours.transpose(0, 1))
         state.device_layers[key].add(name)
         state.device_entries[name] = "_forward_decode"
-        state.mla_layers.add(name)
         out = attn_output[:h] if padded > h else attn_output
         return self._v_up_proj(out)
 

@@ -127,14 +127,8 @@ class PatchState:
     windows: set = field(default_factory=set)
     #: layers captured on the device path with a sliding window (each logged once)
     windowed_layers: set[str] = field(default_factory=set)
-    #: MLA layers captured on the device path (`vllm_ascend_mla`)
-    mla_layers: set[str] = field(default_factory=set)
     #: ``AscendMLAImpl`` once ``mla_v1`` is patched
     mla_impl_cls: type | None = None
-    #: ``AscendC8AttentionBackendImpl`` once ``attention_v1`` is patched (None: absent)
-    c8_cls: type | None = None
-    #: C8 (int8 KV cache) layers captured on the device path (`vllm_ascend_c8`)
-    c8_layers: set[str] = field(default_factory=set)
     #: C8 layers whose non-zero offsets were logged (each once)
     c8_offsets_noted: set[str] = field(default_factory=set)
 
@@ -150,6 +144,13 @@ class PatchState:
 
 #: The attribute the patched ``forward`` methods set: the vLLM layer name last seen.
 LAYER_NAME_ATTR = "_aicpu_tiling_layer_name"
+
+
+def record_layer_name(impl: Any, layer: Any) -> None:
+    """Keep the vLLM layer's name on the implementation (for `layer_name`), when it has one."""
+    name = getattr(layer, "layer_name", None)
+    if name is not None:
+        setattr(impl, LAYER_NAME_ATTR, name)
 
 
 def layer_name(impl: Any) -> str:
@@ -453,9 +454,7 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
 
     @functools.wraps(orig_forward)
     def forward(self, layer, *args, **kwargs):
-        name = getattr(layer, "layer_name", None)
-        if name is not None:
-            self._aicpu_tiling_layer_name = name
+        record_layer_name(self, layer)
         return orig_forward(self, layer, *args, **kwargs)
 
     applies_soft_cap = bool(getattr(state.engine, "applies_logits_soft_cap", False))
@@ -467,9 +466,7 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
     def device_capture(self, entry, query, key, value, attn_metadata, output, layer=None):
         """Capture the layer on the device path and return what vLLM-Ascend's entry returns,
         ``(output, num_tokens)``; or None (noted once) when it keeps the host path."""
-        name = getattr(layer, "layer_name", None)
-        if name is not None:  # C8's own forward does not pass through the patched one
-            self._aicpu_tiling_layer_name = name
+        record_layer_name(self, layer)  # C8's own forward does not pass the patched one
         reason = unsupported_reason(self, impl_cls, extra_ctx(), attn_metadata, query.device,
                                     applies_soft_cap=applies_soft_cap,
                                     applies_sinks=applies_sinks,
@@ -488,7 +485,6 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
             # the capture by the eager forward, or here: see vllm_ascend_c8)
             key_cache, value_cache, block_size = _c8.nz_caches(self)
             kv_scales = _c8.kv_scales(self, layer, graph_key=graph_key)
-            state.c8_layers.add(layer_name(self))
         else:
             key_cache, value_cache, block_size, _, _ = self._get_fia_params(
                 key, value, attn_metadata
@@ -596,7 +592,6 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
             return result
 
         ledger.replace(c8_cls, "forward", c8_forward)
-    state.c8_cls = c8_cls
 
 
 class _HostLayersView:

@@ -58,6 +58,17 @@ def check(value: object, *, error: type[Exception] = ValueError) -> str:
     return value
 
 
+#: The names of ``kv_scales``' four tensors, in order: the ops' keyword arguments and the C
+#: struct's fields (``aicpu_attention_kv_int8``).
+SCALE_NAMES = ("k_scale", "k_offset", "v_scale", "v_offset")
+
+
+def scale_kwargs(kv_scales) -> dict:
+    """``kv_scales`` as the ops' keyword arguments (``{"k_scale": ..., ...}``); ``{}`` for None
+    (caches of the query's dtype: the ops then get no int8 argument at all)."""
+    return {} if kv_scales is None else dict(zip(SCALE_NAMES, kv_scales, strict=True))
+
+
 def check_scales(kv_scales, num_kv_heads: int, head_dim: int, *,
                  error: type[Exception] = ValueError, device: torch.device | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -67,11 +78,10 @@ def check_scales(kv_scales, num_kv_heads: int, head_dim: int, *,
     Raises:
         error: not a sequence of four tensors, or a wrong dtype, shape, device or layout.
     """
-    names = ("k_scale", "k_offset", "v_scale", "v_offset")
     if not isinstance(kv_scales, (tuple, list)) or len(kv_scales) != 4:
         raise error("kv_scales must be a tuple (k_scale, k_offset, v_scale, v_offset) of "
                     f"float32 [{num_kv_heads}, {head_dim}] tensors, got {type(kv_scales).__name__}")
-    for name, t in zip(names, kv_scales):
+    for name, t in zip(SCALE_NAMES, kv_scales):
         if not isinstance(t, torch.Tensor):
             raise error(f"kv_scales {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != torch.float32:

@@ -324,7 +324,7 @@ class BoundAttention:
             # the C struct holds the four pointers; _keep holds the tensors
             self._kv_int8 = _ffi.new("aicpu_attention_kv_int8 *", {
                 **{name: _ptr("const float *", t) for name, t in
-                   zip(("k_scale", "k_offset", "v_scale", "v_offset"), kv_scales)},
+                   zip(_kv_quant.SCALE_NAMES, kv_scales)},
                 "layout": _lib.AICPU_ATTENTION_KV_NZ if layout == _kv_quant.NZ
                 else _lib.AICPU_ATTENTION_KV_ND})
         if key_cache.shape[0] >= 2**31:

@@ -44,7 +44,7 @@ import torch
 
 from pyruntime import tiling
 from pyruntime.backends import AICORE, AICPU, Kernel
-from pyruntime.kernels import reference_attention, triton_launch
+from pyruntime.kernels import kv_quant, reference_attention, triton_launch
 
 
 class AttentionKernelError(RuntimeError):
@@ -315,8 +315,7 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
     window = getattr(buffers, "sliding_window", None)
     window = {} if window is None else {"sliding_window": window}
     kv_scales = getattr(buffers, "kv_scales", None)   # int8 caches: this layer's scales
-    kv_scales = {} if kv_scales is None else dict(zip(
-        ("k_scale", "k_offset", "v_scale", "v_offset"), kv_scales[layer]))
+    kv_scales = kv_quant.scale_kwargs(None if kv_scales is None else kv_scales[layer])
     backend.launch(ATTENTION, {
         "query": buffers.queries[layer], "key_cache": key_cache, "value_cache": value_cache,
         "block_table": buffers.block_table, "cu_seqlens_q": cu_seqlens_q,

@@ -38,23 +38,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.wheels import wheels_required
+from tests.wheels import vllm_env as _env
 
 REPO = Path(__file__).resolve().parents[2]
-ENVS = Path(os.environ.get("AICPU_TILING_VLLM_ENVS",
-                           Path.home() / ".cache" / "aicpu-tiling" / "vllm-envs"))
 #: the oldest and the newest supported release
 RELEASES = ("0.23.0.post1", "0.30.0rc2")
-
-
-def _env(release: str) -> Path:
-    env = ENVS / release
-    if not (env / "READY.json").is_file():
-        message = f"no vLLM environment for {release} in {ENVS} (tools/vllm_env.sh {release})"
-        if wheels_required():
-            pytest.fail(f"{message}; CI=true requires it")
-        pytest.skip(message)
-    return env
 
 
 def _clean_env(tree: Path) -> dict:

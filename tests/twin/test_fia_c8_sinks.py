@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pyruntime.npu_twin import STATE_ENV
-from tests.wheels import wheels_required
+from tests.wheels import vllm_env
 
 pytestmark = pytest.mark.usefixtures("run_twin")
 
@@ -269,8 +269,6 @@ def test_fia_paths_on_the_twin(script, run_twin):
 
 
 REPO = Path(__file__).resolve().parents[2]
-ENVS = Path(os.environ.get("AICPU_TILING_VLLM_ENVS",
-                           Path.home() / ".cache" / "aicpu-tiling" / "vllm-envs"))
 
 
 @pytest.mark.parametrize("release", ["0.23.0.post1", "0.30.0rc2"])
@@ -279,12 +277,7 @@ def test_vllm_ascends_own_c8_and_sinks_layers_on_the_twin(release, tmp_path):
     NZ view with its antiquant scales; sinks: v2 TND with learnable_sink), vLLM-Ascend's own
     update rewrites it once a step, and every replayed output matches float64, closer than
     the answer without the sinks; so does one eager step."""
-    env = ENVS / release
-    if not (env / "READY.json").is_file():
-        message = f"no vLLM environment for {release} in {ENVS} (tools/vllm_env.sh {release})"
-        if wheels_required():
-            pytest.fail(f"{message}; CI=true requires it")
-        pytest.skip(message)
+    env = vllm_env(release)
     child = {k: v for k, v in os.environ.items()
              if k not in ("AICPU_TILING", "AICPU_TILING_ENGINE", "PYTHONHOME",
                           "TRITON_INTERPRET", "TASK_QUEUE_ENABLE")}
