@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Bit-exact fingerprints of every attention consumer's outputs, for refactors that must not
+change a single bit (the shared tiling walk, for example).
+
+For each consumer (the C reference under each ISA variant this CPU supports, the Triton
+kernels under Triton's interpreter when installed) and each layer set (plain GQA, logits soft
+cap, sliding window, sinks, int8 KV cache, MLA decode), a trace-driven decode loop runs on the
+CPU backend in mode device_tiling (placement graph) with fixed seeds, and every layer's output
+bytes of every step (the live rows only) go into one sha256 per (consumer, set). Padding rows
+are excluded: nothing promises their contents.
+
+    python tools/output_hashes.py [--steps 40] [--triton-steps 4] [--json] [--only SET,...]
+
+Compare two trees: run it in each and diff the JSON (``--json``). Shapes and loop:
+`tools/_variant_errors.py` for GQA, `tools/mla_errors.py` for MLA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+
+import torch
+
+import _variant_errors as ve
+from pyruntime import backends
+from pyruntime.kernels import reference_attention, triton_launch
+from pyruntime.workload.batching import ContinuousBatcher
+from pyruntime.workload.driver import randomize, run_decode_loop
+from pyruntime.workload.trace import load_trace
+
+# name -> (StaticAttention variant keywords, query scale); MLA is its own set below.
+GQA_SETS = {
+    "plain": ({}, 1.0),
+    "soft_cap": ({"logits_soft_cap": 5.0}, 4.0),
+    "window": ({"sliding_window": 24}, 1.0),
+    "sinks": ({"sinks": True}, 1.0),
+    "int8_kv": ({"kv_cache_dtype": "int8"}, 1.0),
+}
+SETS = (*GQA_SETS, "mla")
+
+
+def _digest_rows(h: "hashlib._Hash", outputs, live_rows: int) -> None:
+    for out in outputs:
+        h.update(out[:live_rows].contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def _fill_variant(attn) -> None:
+    """Deterministic sinks and int8 scales, written after the capture (read at replay)."""
+    for layer, sink in enumerate(getattr(attn, "sinks", None) or []):
+        heads = torch.arange(sink.numel(), dtype=torch.float32)
+        sink.copy_((2.0 + 0.3 * heads + 0.2 * layer).to(sink.dtype))
+    for layer, (k_scale, k_offset, v_scale, v_offset) in enumerate(
+            getattr(attn, "kv_scales", None) or []):
+        for i, t in enumerate((k_scale, v_scale)):
+            n = torch.arange(t.numel(), dtype=torch.float32).reshape(t.shape)
+            t.copy_((0.04 + 0.04 * ((n * 7 + 3 * layer + i) % 11) / 10).to(t.dtype))
+        for i, t in enumerate((k_offset, v_offset)):
+            n = torch.arange(t.numel(), dtype=torch.float32).reshape(t.shape)
+            t.copy_(((n * 5 + layer + i) % 9 - 4).to(t.dtype))
+    randomize(attn)  # after the scales: int8 caches are quantised with them
+
+
+def gqa_hash(consumer: str, variant: dict, query_scale: float, dtype: torch.dtype,
+             steps: int, trace) -> tuple[str, int]:
+    attn = ve.attention(consumer, "device_tiling", "graph", dtype, **variant)
+    _fill_variant(attn)
+    h = hashlib.sha256()
+
+    def on_step(_i, batch, outputs):
+        _digest_rows(h, outputs, int(batch.cu_seqlens_q[batch.live]))
+
+    stats, _ = ve.loop(attn, trace, steps, on_step=on_step, query_scale=query_scale)
+    return h.hexdigest(), stats.steps
+
+
+def mla_hash(consumer: str, dtype: torch.dtype, steps: int, trace) -> tuple[str, int]:
+    import mla_errors as me
+    from pyruntime.mla_attention import StaticMLAAttention
+
+    backend = backends.get("cpu", num_threads=2, wait_timeout_s=600.0, aicore=consumer)
+    h = hashlib.sha256()
+    gen = torch.Generator().manual_seed(0)
+    done = 0
+    with StaticMLAAttention(backend, num_layers=2, num_blocks=me.NUM_BLOCKS,
+                            mode="device_tiling", placement="graph", dtype=dtype,
+                            softmax_scale=me.SCALE, num_cores=24, owns_backend=True,
+                            **me.SHAPES) as attn:
+        randomize(attn)
+        attn.capture()
+        for spec in me.SPEC_TOKENS:
+            batcher = ContinuousBatcher(
+                trace, num_blocks=me.NUM_BLOCKS, buckets=(4, 8), spec_tokens=spec,
+                length_scale=0.2, step_s=2.0, seed=spec,
+                **{k: me.SHAPES[k] for k in ("max_batch", "max_tokens", "block_size",
+                                             "max_blocks_per_req")})
+            for _ in range(3):  # as mla_errors --skip 3: the first batches hold one request
+                batcher.next_step()
+            for _, batch in zip(range(steps), batcher):
+                for q_nope, q_pe in attn.queries:
+                    q_nope.copy_(torch.randn(q_nope.shape, generator=gen))
+                    q_pe.copy_(torch.randn(q_pe.shape, generator=gen))
+                outputs = attn.step(batch.block_table, batch.cu_seqlens_q, batch.seqlens_kv)
+                attn.check()
+                _digest_rows(h, outputs, int(batch.cu_seqlens_q[batch.live]))
+                done += 1
+    return h.hexdigest(), done
+
+
+def consumers() -> list[tuple[str, str | None]]:
+    """(aicore consumer, ISA) pairs: C under each supported ISA, then Triton if present."""
+    isas = reference_attention.isa_variants()["supported"]
+    found = [("c", isa) for isa in isas]
+    if triton_launch.available() is None:
+        found.append(("triton", None))
+    return found
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=40, help="steps per C run (per q_len for MLA)")
+    p.add_argument("--triton-steps", type=int, default=4, help="steps per Triton run")
+    p.add_argument("--only", default=",".join(SETS), help=f"sets to run, of {', '.join(SETS)}")
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    sets = args.only.split(",")
+    unknown = [s for s in sets if s not in SETS]
+    if unknown:
+        p.error(f"unknown set(s) {', '.join(unknown)}; known: {', '.join(SETS)}")
+    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    trace = load_trace(limit=3000)
+    rows = []
+    for consumer, isa in consumers():
+        if isa is not None:
+            reference_attention.select_isa(isa)
+        steps = args.steps if consumer == "c" else args.triton_steps
+        for name in sets:
+            for dtype in dtypes:
+                if name == "mla":
+                    digest, n = mla_hash(consumer, dtype, steps, trace)
+                else:
+                    variant, qscale = GQA_SETS[name]
+                    digest, n = gqa_hash(consumer, variant, qscale, dtype, steps, trace)
+                row = {"consumer": consumer if isa is None else f"c/{isa}", "set": name,
+                       "dtype": str(dtype).removeprefix("torch."), "steps": n,
+                       "sha256": digest}
+                rows.append(row)
+                print(f"{row['consumer']:12} {name:9} {row['dtype']:9} {n:4} steps  "
+                      f"{digest[:16]}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"rows": rows}, indent=1))
+    else:
+        for r in rows:
+            print(f"| {r['consumer']} | {r['set']} | {r['dtype']} | {r['steps']} | "
+                  f"`{r['sha256'][:16]}` |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
