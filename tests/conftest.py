@@ -2,6 +2,11 @@
 
 Triton: the interpreter is on for the whole run (``TRITON_INTERPRET=1``, see below).
 
+Parallel runs: ``python -m pytest`` runs on one pytest-xdist worker per CPU
+(``-n auto --dist loadgroup`` in pyproject.toml; ``-n 0`` runs in one process). Tests are
+handed out one by one, except that the tests of a module with a module-scoped fixture stay
+together on one worker (`pytest_collection_modifyitems` below), so the fixture is built once.
+
 Hypothesis: no deadlines and no too-slow health check anywhere (the machines are shared and
 timing is not what these properties test). Under CI (``CI`` set) examples are derandomized,
 so a run is reproducible from the commit alone; by hand the search stays random.
@@ -9,6 +14,7 @@ so a run is reproducible from the commit alone; by hand the search stays random.
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # The Triton AI Core kernels run under Triton's interpreter here. @triton.jit reads
@@ -24,3 +30,17 @@ settings.register_profile(
     derandomize=bool(os.environ.get("CI")),
 )
 settings.load_profile("aicpu-tiling")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Group each module whose tests share a module-scoped fixture (`xdist_group`)."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = any(defs and defs[-1].scope == "module"
+                     for name, defs in info.name2fixturedefs.items()
+                     if name in item.fixturenames)
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
