@@ -80,7 +80,7 @@ def _mla_engine_scenario(placement: str) -> None:
 
     from pyruntime.backends import npu_kernels
     from pyruntime.backends.npu_engine import NpuTilingEngine
-    from pyruntime.hook.dryrun_mla import reference
+    from pyruntime.hook.dryrun.mla import reference
     from pyruntime.hook.vllm_ascend_mla import MLACapture
 
     npu_kernels.load()

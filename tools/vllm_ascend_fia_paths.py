@@ -17,7 +17,7 @@ whose graph path is ``full_graph_fia_v2``. ``AscendAttentionMetadataBuilder`` bu
 metadata and ``ACLGraphWrapper`` captures and replays; the update after each replay is
 vLLM-Ascend's own (0.23: ``update_full_graph_params``; 0.29+: the updatable graph's
 ``FIAParamProvider``/``FIAV2ParamProvider``). The steps pass no new key and value (decode
-with a prefilled cache, as the dry run in ``pyruntime/hook/dryrun.py`` does), so each layer's
+with a prefilled cache, as the dry run in ``pyruntime/hook/dryrun/`` does), so each layer's
 cache is the one the test wrote: for C8, int8 values of our quantiser
 (`pyruntime.kernels.kv_quant`, zero offsets: vLLM-Ascend's FIA path is symmetric) stored in
 NZ order.
@@ -50,10 +50,10 @@ def to_nz(nd):
 
 
 def main() -> int:
-    from pyruntime.hook.dryrun import _start_device, check_real_vllm_ascend
+    from pyruntime.hook.dryrun import check_real_vllm_ascend, start_device
 
     check_real_vllm_ascend()
-    device_name = _start_device("graph")
+    device_name = start_device("graph")
     import numpy as np
     import torch
 

@@ -31,8 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="decode steps replayed after capture (default: 6)")
     p.add_argument("--spec-tokens", type=int, default=0,
                    help="speculative decode: each request verifies 1 + N tokens (default: 0)")
-    p.add_argument("--model", choices=("mixed", "gpt-oss", "gemma2", "gemma3", "c8", "mla"),
-                   default="mixed",
+    from pyruntime.hook.dryrun.models import MODELS
+
+    p.add_argument("--model", choices=tuple(MODELS), default="mixed",
                    help="the layer set: mixed (default: plain, windowed, soft-capped and sink "
                         "layers), or one from a real config: gpt-oss (window 128 / full, sinks), "
                         "gemma2 (window 4096 / full, soft cap 50), gemma3 (window 1024 on 5 "
@@ -53,17 +54,13 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--steps must be at least 1")
     if not 0 <= args.spec_tokens <= 3:
         raise CliError("--spec-tokens must be 0 to 3 (the dry run's buckets hold 8 tokens)")
-    if args.model == "mla":
-        return _run_mla(args)
     try:
-        dryrun.check_real_vllm_ascend()
-        options = {"placement": args.placement, "steps": args.steps,
-                   "spec_tokens": args.spec_tokens, "model": args.model}
-        before = dryrun.run_in_child(hooked=False, **options)
-        after = dryrun.run_in_child(hooked=True, **options)
+        report = dryrun.dry_run(model=args.model, placement=args.placement, steps=args.steps,
+                                spec_tokens=args.spec_tokens)
     except dryrun.DryRunError as exc:
         raise CliError(str(exc)) from exc
-    report = dryrun.report(before, after)
+    if args.model == "mla":
+        return _print_mla(args, report)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -98,15 +95,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
-def _run_mla(args: argparse.Namespace) -> int:
-    from pyruntime.hook import dryrun, dryrun_mla
-
-    try:
-        dryrun.check_real_vllm_ascend()
-        report = dryrun_mla.run_in_child(placement=args.placement, steps=args.steps,
-                                         spec_tokens=args.spec_tokens)
-    except dryrun.DryRunError as exc:
-        raise CliError(str(exc)) from exc
+def _print_mla(args: argparse.Namespace, report: dict) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
     else:

@@ -17,9 +17,9 @@ both, cached under ``~/.cache/aicpu-tiling/vllm-envs``). There:
   1024, sinks, soft cap 50), every layer on the device path, kv lengths past the window, one
   tiling per distinct window planned by one AI-CPU launch per step, zero host updates. With
   an engine that drops the window the dry run fails.
-* ``aicpu-tiling hook-dryrun --model mla`` (and ``python -m pyruntime.hook.dryrun_mla``):
-  vLLM-Ascend's own ``AscendMLAImpl`` at one TP-8 rank of DeepSeek-V3 captured on the device
-  path, zero task updates, against float64 absorbed MLA; a mixed graph (an NZ-cache layer on
+* ``aicpu-tiling hook-dryrun --model mla`` (and ``python -m pyruntime.hook.dryrun --model
+  mla``): vLLM-Ascend's own ``AscendMLAImpl`` at one TP-8 rank of DeepSeek-V3 captured on the
+  device path, zero task updates, against float64 absorbed MLA; a mixed graph (an NZ-cache layer on
   vLLM-Ascend's path, updated once a step); 20 heads (padded); the Triton MLA bodies; an
   engine that drops the rope part is caught; the patch installs and uninstalls exactly.
 * ``tools/run_vllm_ascend_ut.py --both``: vLLM-Ascend's own unit tests of the classes we
@@ -284,7 +284,7 @@ def test_c8_layers_read_their_int8_nz_caches_in_place(release, placement, spec_t
         # antiquant), updated once per layer per step, as close to float64 as ours
         assert report["updates_per_step_before"] == 3
         assert report["max_rel_err_before"] <= report["tolerance"]
-    else:  # its C8 call cannot take q_len > 1 (see pyruntime/hook/dryrun.py): not run there
+    else:  # its C8 call cannot take q_len > 1 (pyruntime/hook/dryrun/models.py): not run there
         assert report["updates_per_step_before"] == 0
     assert report["ok"] and proc.returncode == 0
 
@@ -350,12 +350,13 @@ def test_an_mla_engine_that_drops_the_rope_is_caught(release):
     """The same MLA run with an engine that hands our kernels a zero ``q_pe``: the layers still
     take the device path, and the dry run fails, off by about the distance of the rope-less
     answer."""
-    from pyruntime.hook import dryrun_mla
+    from pyruntime.hook.dryrun import mla as dryrun_mla
 
     env = _env(release)
     python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
     environ = _clean_env(tree)
-    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun_mla", "--steps", "2",
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun", "--model", "mla",
+                           "--steps", "2",
                            "--fault", "drop-rope"], capture_output=True, text=True,
                           env=environ, cwd=REPO, timeout=600, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -376,7 +377,8 @@ def test_mla_dryrun_with_the_triton_mla_kernels_on_the_twin():
     environ = _clean_env(tree)
     environ["AICPU_TILING_TWIN_AICORE"] = "triton"
     environ.pop("TRITON_INTERPRET", None)  # the twin's Triton driver runs device launches
-    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun_mla", "--steps", "1",
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun", "--model", "mla",
+                           "--steps", "1",
                            "--spec-tokens", "1"], capture_output=True, text=True, env=environ,
                           cwd=REPO, timeout=600, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -396,7 +398,8 @@ def test_a_mixed_mla_graph_updates_only_the_host_path_layer(release, placement, 
     model: one update per step, on layer 1's query, none on ours; ours match float64."""
     env = _env(release)
     python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
-    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun_mla", "--steps", "2",
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun", "--model", "mla",
+                           "--steps", "2",
                            "--host-layers", "1", "--placement", placement,
                            "--spec-tokens", str(spec_tokens)], capture_output=True, text=True,
                           env=_clean_env(tree), cwd=REPO, timeout=600, check=False)
@@ -419,7 +422,8 @@ def test_mla_with_heads_that_are_not_a_power_of_two():
     to ``_v_up_proj``."""
     env = _env(RELEASES[1])
     python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
-    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun_mla", "--steps", "2",
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun", "--model", "mla",
+                           "--steps", "2",
                            "--num-heads", "20", "--spec-tokens", "1"], capture_output=True,
                           text=True, env=_clean_env(tree), cwd=REPO, timeout=600, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

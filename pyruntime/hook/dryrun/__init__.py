@@ -1,0 +1,35 @@
+"""The dry runs: vLLM-Ascend's own classes driven without and with the hook, on the NPU twin
+where no NPU is present (``aicpu-tiling hook-dryrun``). A test harness for the hook, not a
+part of it: nothing in the hook imports this package.
+
+* `driver`: the one capture/replay loop (`driver.run`), the child process that runs it
+  (``python -m pyruntime.hook.dryrun``), and the report (`driver.report`).
+* `models`: the layer sets of ``--model``, as data (`models.MODELS`).
+* `gqa`, `mla`: what differs per geometry (vLLM-Ascend's GQA attention or its ``AscendMLAImpl``):
+  how the layers and metadata are built, checked and described.
+
+Beside the dry run, a later issue adds the engine check and ``serve-check`` here (their own
+modules, e.g. ``engine_check`` and ``serve_check``).
+
+The names below are the driver's and the models' (no vLLM or torch import until a run).
+"""
+
+from __future__ import annotations
+
+from .driver import (
+    REPORT_FIELDS,
+    REPO,
+    SCHEMA,
+    Run,
+    check_real_vllm_ascend,
+    dry_run,
+    report,
+    run,
+    run_in_child,
+    start_device,
+)
+from .models import MODELS, TOLERANCE, TOLERANCES, DryRunError, MLAShape, Shape, shape_of
+
+__all__ = ["MLAShape", "MODELS", "REPO", "REPORT_FIELDS", "Run", "SCHEMA", "Shape",
+           "TOLERANCE", "TOLERANCES", "DryRunError", "check_real_vllm_ascend", "dry_run",
+           "report", "run", "run_in_child", "shape_of", "start_device"]

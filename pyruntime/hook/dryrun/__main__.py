@@ -1,0 +1,5 @@
+"""``python -m pyruntime.hook.dryrun``: one dry run in this process (`driver.main`)."""
+
+from .driver import main
+
+raise SystemExit(main())
