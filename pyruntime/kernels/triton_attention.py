@@ -4,10 +4,11 @@
 (``aicpu_kernels/aicpu_tiling.h``); ``attention_combine_kernel`` merges split-KV pieces and
 zeroes padding rows. The walk over a core's units and their kv splits is ``_walk_core``, written
 once for both attention kernels: this one passes it ``_segment`` (the GQA rows of one unit over
-a kv range), ``triton_mla.mla_decode_kernel`` its MLA segment. They compute what the C reference does (``aicpu_kernels/attention_ref.h``:
-same row order, same partial layout ``[slot][token in tile][group member]``, same natural-log
-LSE with ``-inf`` for a piece that sees no position and ``+inf`` for a poisoned piece), so the
-two are interchangeable behind `pyruntime.kernels.step`.
+a kv range), ``triton_mla.mla_decode_kernel`` its MLA segment. They compute what the C
+reference does (``aicpu_kernels/attention_ref.h``: same row order, same partial layout
+``[slot][token in tile][group member]``, same natural-log LSE with ``-inf`` for a piece that
+sees no position and ``+inf`` for a poisoned piece), so the two are interchangeable behind
+`pyruntime.kernels.step`.
 
 The same source runs under Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1`` with
 upstream ``triton``) and compiles with Triton-Ascend for an Ascend NPU; `triton_launch` picks
