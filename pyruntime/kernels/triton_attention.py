@@ -2,10 +2,13 @@
 
 ``paged_attention_kernel`` is what each AI Core does with its range of a tiling
 (``aicpu_kernels/aicpu_tiling.h``); ``attention_combine_kernel`` merges split-KV pieces and
-zeroes padding rows. They compute what the C reference does (``aicpu_kernels/attention_ref.h``:
-same row order, same partial layout ``[slot][token in tile][group member]``, same natural-log
-LSE with ``-inf`` for a piece that sees no position and ``+inf`` for a poisoned piece), so the
-two are interchangeable behind `pyruntime.kernels.step`.
+zeroes padding rows. The walk over a core's units and their kv splits is ``_walk_core``, written
+once for both attention kernels: this one passes it ``_segment`` (the GQA rows of one unit over
+a kv range), ``triton_mla.mla_decode_kernel`` its MLA segment. They compute what the C
+reference does (``aicpu_kernels/attention_ref.h``: same row order, same partial layout
+``[slot][token in tile][group member]``, same natural-log LSE with ``-inf`` for a piece that
+sees no position and ``+inf`` for a poisoned piece), so the two are interchangeable behind
+`pyruntime.kernels.step`.
 
 The same source runs under Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1`` with
 upstream ``triton``) and compiles with Triton-Ascend for an Ascend NPU; `triton_launch` picks
@@ -158,6 +161,166 @@ def _request(cu_seqlens_q, seqlens_kv, r, MAX_TOKENS: tl.constexpr, KV_CAPACITY:
 
 
 @triton.jit
+def _walk_core(SEGMENT: tl.constexpr, tiling, step_epoch, cu_seqlens_q, seqlens_kv, block_table,
+               core_status, num_blocks, query, query_rope, key_cache, key_rope_cache,
+               value_cache, out, partial_out, partial_lse, scale, soft_cap, sinks,
+               sliding_window, k_scale, k_offset, v_scale, v_offset,
+               NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, VALUE_DIM: tl.constexpr,
+               ROPE_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_BATCH: tl.constexpr,
+               MAX_TOKENS: tl.constexpr, MAX_BLOCKS_PER_REQ: tl.constexpr,
+               NUM_CORES: tl.constexpr, Q_TILE: tl.constexpr, MAX_SLOTS: tl.constexpr,
+               CAUSAL: tl.constexpr, MAGIC: tl.constexpr, VERSION: tl.constexpr,
+               OK: tl.constexpr, E_TILING: tl.constexpr, E_BLOCK_ID: tl.constexpr,
+               E_STALE: tl.constexpr, HDR_EPOCH: tl.constexpr, HDR_MAGIC: tl.constexpr,
+               HDR_VERSION: tl.constexpr, HDR_STATUS: tl.constexpr, HDR_BATCH: tl.constexpr,
+               HDR_NUM_CORES: tl.constexpr, HDR_FLAGS: tl.constexpr,
+               HEADER_WORDS: tl.constexpr, CORE_WORDS: tl.constexpr, CORE_BEGIN: tl.constexpr,
+               CORE_END: tl.constexpr, CORE_FIRST_SLOT: tl.constexpr,
+               CORE_LAST_SLOT: tl.constexpr, CORE_NUM_SEGMENTS: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+               BLOCK_R: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr,
+               USE_SINKS: tl.constexpr, USE_WINDOW: tl.constexpr, KV_INT8: tl.constexpr,
+               KV_NZ: tl.constexpr):
+    """Program ``pid`` = AI Core ``pid`` walks its range [begin, end) of the tiling and hands
+    each segment (kv blocks [kb, ke) of one unit) to ``SEGMENT``; the one walk of both attention
+    kernels (GQA ``_segment``, MLA ``triton_mla._mla_segment``), as ``aicpu_tiling.h`` defines
+    it. Writes the program's status to ``core_status[pid]``: OK, the tiling's own status when it
+    is not OK (nothing done), E_STALE (planned for another step: nothing done), E_TILING (the
+    buffer or lengths do not match; nothing more done) or E_BLOCK_ID (the affected segments
+    are zeros, the rest computed).
+
+    The units come in the head-major work order (kv head, request, query tile;
+    ``aicpu_tiling.h``, THE WORK ORDER) from three nested loops with bounds read from the core
+    record, so requests without query tokens cost one check and no loop. The end of the work
+    is the position (0, num_kv_heads, 0, 0), past every head. Every bound is range-checked
+    before it addresses memory, and only the blocks a segment reads have their ids checked.
+    With USE_WINDOW (causal only) a unit is read from the first block of its first row's
+    window, whatever blocks the tiling gave it (ABI v4 gives all, v5 [first, last)).
+
+    ``SEGMENT`` is a ``@triton.jit`` function passed as a constexpr (inlined where it is
+    called; Triton 3.2, Triton-Ascend's base, has no tuple arguments, so the walk forwards the
+    geometry's operands one by one). It is called positionally as
+
+        SEGMENT(query, query_rope, key_cache, key_rope_cache, value_cache, block_table, out,
+                partial_out, partial_lse, scale, soft_cap, sinks, sliding_window, k_scale,
+                k_offset, v_scale, v_offset, r, h, t, kb, ke, slot, blocks_ok, q_start,
+                q_len, kv_len, NUM_Q_HEADS, NUM_KV_HEADS, VALUE_DIM, ROPE_DIM, BLOCK_SIZE,
+                MAX_BLOCKS_PER_REQ, Q_TILE, CAUSAL, BLOCK_M, BLOCK_N, BLOCK_V, BLOCK_R,
+                UPCAST_DOT, USE_SOFT_CAP, USE_SINKS, USE_WINDOW, KV_INT8, KV_NZ)
+
+    for each segment: rows of unit (r, h, t) attend to kv blocks [kb, ke) (``kb`` the first
+    block read); ``slot`` < 0 for a whole unit (it writes ``out``), else the partial slot of
+    its piece; ``blocks_ok`` false when a block id in [kb, ke) is out of range (the segment
+    writes zeros, a piece ``lse = +inf``). The operands are the geometry's and the walk never
+    reads them: ``query_rope`` / ``key_rope_cache`` / ``ROPE_DIM`` / ``BLOCK_R`` are MLA's rope
+    parts (None / 0 for GQA), the soft cap, sinks, window and int8 operands GQA's variants
+    (None and off for MLA); ``VALUE_DIM`` / ``BLOCK_V`` are the width of the query, value and
+    output rows and its tile (GQA head_dim, MLA kv_lora_rank).
+    """
+    pid = tl.program_id(0)
+    status = _tiling_status(tiling, step_epoch, NUM_CORES, CAUSAL, True, MAGIC, VERSION, OK,
+                            E_TILING, E_STALE, HDR_MAGIC, HDR_VERSION, HDR_STATUS,
+                            HDR_NUM_CORES, HDR_FLAGS, HDR_EPOCH)
+    batch = tl.load(tiling + HDR_BATCH)
+    status = tl.where((status == OK) & ((batch < 0) | (batch > MAX_BATCH)), E_TILING, status)
+    rec = tiling + HEADER_WORDS + pid * CORE_WORDS
+    b_r = tl.load(rec + CORE_BEGIN)
+    b_h = tl.load(rec + CORE_BEGIN + 1)
+    b_t = tl.load(rec + CORE_BEGIN + 2)
+    b_k = tl.load(rec + CORE_BEGIN + 3)
+    e_r = tl.load(rec + CORE_END)
+    e_h = tl.load(rec + CORE_END + 1)
+    e_t = tl.load(rec + CORE_END + 2)
+    e_k = tl.load(rec + CORE_END + 3)
+    first_slot = tl.load(rec + CORE_FIRST_SLOT)
+    last_slot = tl.load(rec + CORE_LAST_SLOT)
+    num_segments = tl.load(rec + CORE_NUM_SEGMENTS)
+    busy = _less(b_r, b_h, b_t, b_k, e_r, e_h, e_t, e_k)
+    # end may be the end of the work, (0, num_kv_heads, 0, 0)
+    in_range = ((b_r >= 0) & (b_r < batch) & (e_r >= 0) & (e_r <= batch) & (b_h >= 0)
+                & (b_h < NUM_KV_HEADS) & (e_h >= 0) & (e_h <= NUM_KV_HEADS) & (b_t >= 0)
+                & (e_t >= 0) & (b_k >= 0) & (e_k >= 0))
+    status = tl.where((status == OK) & busy & ~in_range, E_TILING, status)
+    walked = pid * 0                         # int32 scalar, loop-carried
+    if (status == OK) & busy:   # an idle core (begin == end) or a bad tiling does nothing
+        KV_CAPACITY: tl.constexpr = MAX_BLOCKS_PER_REQ * BLOCK_SIZE
+        if NUM_KV_HEADS == 1:
+            # in range, the one head is 0 (MLA's latent head): constant bounds, so the
+            # compiler folds the head loop away (the loop cost MLA's decode kernel 2.2 KiB of
+            # UB in BiShengIR's plan)
+            h_lo: tl.constexpr = 0
+            h_end: tl.constexpr = 1
+        else:
+            h_lo = b_h
+            h_end = tl.minimum(e_h, NUM_KV_HEADS - 1) + 1
+        for h in range(h_lo, h_end):
+            r_lo = tl.where(h == b_h, b_r, 0)
+            r_hi = tl.minimum(tl.where(h == e_h, e_r + 1, batch), batch)
+            for r in range(r_lo, r_hi):
+                q_start, q_len, kv_len, req_ok = _request(cu_seqlens_q, seqlens_kv, r,
+                                                          MAX_TOKENS, KV_CAPACITY, CAUSAL)
+                status = tl.where(req_ok, status, E_TILING)
+                num_tiles = tl.cdiv(q_len, Q_TILE)
+                t_lo = tl.where((h == b_h) & (r == b_r), b_t, 0)
+                t_hi = tl.minimum(tl.where((h == e_h) & (r == e_r), e_t + 1, num_tiles),
+                                  num_tiles)
+                for t in range(t_lo, t_hi):
+                    if CAUSAL:
+                        kv_end = kv_len - q_len + tl.minimum((t + 1) * Q_TILE, q_len)
+                    else:
+                        kv_end = kv_len
+                    num_kv_blocks = tl.cdiv(kv_end, BLOCK_SIZE)
+                    at_begin = (h == b_h) & (r == b_r) & (t == b_t)
+                    at_end = (h == e_h) & (r == e_r) & (t == e_t)
+                    kb = tl.where(at_begin, b_k, 0)
+                    ke = tl.where(at_end, e_k, num_kv_blocks)
+                    kr = kb             # the first block read
+                    inside = kb > 0     # the core begins inside a unit the tiling cut
+                    has_segment = ke > kb
+                    if USE_WINDOW:
+                        # the unit's first block in its first row's window (the C
+                        # window_first_block). A tiling that knows no window (ABI v4) starts
+                        # units at 0, one planned with it (v5) at `first`: 0 < k <= first is a
+                        # unit start there unless the record says otherwise (the C
+                        # begins_inside and walk_range: a continuation has a slot; an end
+                        # there is a cut only while segments remain)
+                        first = tl.maximum(kv_len - q_len + t * Q_TILE - sliding_window + 1,
+                                           0) // BLOCK_SIZE
+                        kr = tl.maximum(kb, first)
+                        inside = (kb > first) | ((kb > 0) & (first_slot >= 0))
+                        names_start = at_end & (ke > 0) & (ke <= first) & (walked
+                                                                           == num_segments)
+                        has_segment = has_segment & ~names_start
+                    if has_segment:
+                        piece = inside | (ke < num_kv_blocks)
+                        # only a core's first segment starts inside a unit, only its last ends
+                        # inside one (aicpu_tiling.h, core record)
+                        slot = tl.where(piece, tl.where(walked == 0, first_slot, last_slot), -1)
+                        seg_ok = (ke <= num_kv_blocks) & (~piece | ((slot >= 0)
+                                                                    & (slot < MAX_SLOTS)))
+                        status = tl.where(seg_ok, status, E_TILING)
+                        if seg_ok:
+                            bad_ids = kb * 0
+                            for b in range(kr, ke):   # only the blocks read are checked
+                                block_id = tl.load(block_table + r * MAX_BLOCKS_PER_REQ + b)
+                                bad_ids += ((block_id < 0) | (block_id >= num_blocks)).to(
+                                    tl.int32)
+                            blocks_ok = bad_ids == 0
+                            status = tl.where(blocks_ok | (status != OK), status, E_BLOCK_ID)
+                            SEGMENT(query, query_rope, key_cache, key_rope_cache, value_cache,
+                                    block_table, out, partial_out, partial_lse, scale, soft_cap,
+                                    sinks, sliding_window, k_scale, k_offset, v_scale, v_offset,
+                                    r, h, t, kr, ke, slot, blocks_ok, q_start, q_len, kv_len,
+                                    NUM_Q_HEADS, NUM_KV_HEADS, VALUE_DIM, ROPE_DIM, BLOCK_SIZE,
+                                    MAX_BLOCKS_PER_REQ, Q_TILE, CAUSAL, BLOCK_M, BLOCK_N,
+                                    BLOCK_V, BLOCK_R, UPCAST_DOT, USE_SOFT_CAP, USE_SINKS,
+                                    USE_WINDOW, KV_INT8, KV_NZ)
+                        walked += 1
+        status = tl.where((status == OK) & (walked != num_segments), E_TILING, status)
+    tl.store(core_status + pid, status)
+
+
+@triton.jit
 def _soft_cap(s, cap):
     """``cap * tanh(s / cap)`` elementwise in fp32, from ``tl.exp`` only.
 
@@ -177,15 +340,18 @@ def _soft_cap(s, cap):
 
 
 @triton.jit
-def _segment(query, key_cache, value_cache, block_table, out, partial_out, partial_lse, scale,
-             soft_cap, sinks, sliding_window, k_scale, k_offset, v_scale, v_offset, r, h, t, kb,
-             ke, slot, blocks_ok, q_start, q_len, kv_len, NUM_Q_HEADS: tl.constexpr,
-             NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-             MAX_BLOCKS_PER_REQ: tl.constexpr, Q_TILE: tl.constexpr, CAUSAL: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+def _segment(query, query_rope, key_cache, key_rope_cache, value_cache, block_table, out,
+             partial_out, partial_lse, scale, soft_cap, sinks, sliding_window, k_scale, k_offset,
+             v_scale, v_offset, r, h, t, kb, ke, slot, blocks_ok, q_start, q_len, kv_len,
+             NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+             ROPE_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_BLOCKS_PER_REQ: tl.constexpr,
+             Q_TILE: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
              UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr,
              USE_WINDOW: tl.constexpr, KV_INT8: tl.constexpr, KV_NZ: tl.constexpr):
-    """Kv blocks [kb, ke) of unit (r, h, t): its rows (token in tile, group member) attend with
+    """The GQA segment of `_walk_core` (its SEGMENT, whose parameters these are; MLA's rope
+    parts, ``query_rope``, ``key_rope_cache``, ``ROPE_DIM``, ``BLOCK_R``, are None / 0 here).
+    Kv blocks [kb, ke) of unit (r, h, t): its rows (token in tile, group member) attend with
     kv head h. A whole unit (slot < 0) writes its output rows; a piece writes slot ``slot``.
     With USE_SOFT_CAP every score is capped to ``soft_cap * tanh(s / soft_cap)`` first; with
     USE_SINKS a whole unit's row adds ``exp(sinks[q head] - m)`` to its denominator; with
@@ -339,7 +505,7 @@ def paged_attention_kernel(
     UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr,
     USE_WINDOW: tl.constexpr, KV_INT8: tl.constexpr, KV_NZ: tl.constexpr = False,
 ):
-    """Program ``pid`` = AI Core ``pid``: walk the core's range [begin, end) of the tiling.
+    """Program ``pid`` = AI Core ``pid``: `_walk_core` with the GQA `_segment`.
 
     Tensors as in ``attention_ref.h`` (TENSORS); ``step_epoch`` int32 [1] is the epoch the
     host wrote beside this step's lengths; ``soft_cap`` (fp32, > 0) is the logits soft cap,
@@ -348,109 +514,27 @@ def paged_attention_kernel(
     read only when ``USE_WINDOW``; ``k_scale``, ``k_offset``, ``v_scale``, ``v_offset`` (fp32
     [num_kv_heads][head_dim]) the int8 caches' dequantisation, read only when ``KV_INT8`` (then
     the caches are int8; with ``KV_NZ`` too they are in vLLM-Ascend's NZ layout
-    ``[num_blocks, num_kv_heads, head_dim / 32, block_size, 32]``). ``core_status[pid]`` receives OK, the tiling's
-    own status when it is not OK (nothing done), E_STALE (the tiling was planned for another
-    step: nothing done), E_TILING (the buffer or lengths do not match; nothing more done) or
-    E_BLOCK_ID (the affected segments are zeros, the rest computed).
-    The unit walk is three nested loops in the head-major work order (kv head, request, query
-    tile; ``aicpu_tiling.h``, THE WORK ORDER) with bounds read from the core record, so
-    requests without query tokens cost one check and no loop. The end of the work is the
-    position (0, num_kv_heads, 0, 0), past every head.
+    ``[num_blocks, num_kv_heads, head_dim / 32, block_size, 32]``). ``core_status[pid]``
+    receives the walk's status (`_walk_core`).
     """
-    pid = tl.program_id(0)
-    status = _tiling_status(tiling, step_epoch, NUM_CORES, CAUSAL, True, MAGIC, VERSION, OK,
-                            E_TILING, E_STALE, HDR_MAGIC, HDR_VERSION, HDR_STATUS,
-                            HDR_NUM_CORES, HDR_FLAGS, HDR_EPOCH)
-    batch = tl.load(tiling + HDR_BATCH)
-    status = tl.where((status == OK) & ((batch < 0) | (batch > MAX_BATCH)), E_TILING, status)
-    rec = tiling + HEADER_WORDS + pid * CORE_WORDS
-    b_r = tl.load(rec + CORE_BEGIN)
-    b_h = tl.load(rec + CORE_BEGIN + 1)
-    b_t = tl.load(rec + CORE_BEGIN + 2)
-    b_k = tl.load(rec + CORE_BEGIN + 3)
-    e_r = tl.load(rec + CORE_END)
-    e_h = tl.load(rec + CORE_END + 1)
-    e_t = tl.load(rec + CORE_END + 2)
-    e_k = tl.load(rec + CORE_END + 3)
-    first_slot = tl.load(rec + CORE_FIRST_SLOT)
-    last_slot = tl.load(rec + CORE_LAST_SLOT)
-    num_segments = tl.load(rec + CORE_NUM_SEGMENTS)
-    busy = _less(b_r, b_h, b_t, b_k, e_r, e_h, e_t, e_k)
-    # end may be the end of the work, (0, num_kv_heads, 0, 0)
-    in_range = ((b_r >= 0) & (b_r < batch) & (e_r >= 0) & (e_r <= batch) & (b_h >= 0)
-                & (b_h < NUM_KV_HEADS) & (e_h >= 0) & (e_h <= NUM_KV_HEADS) & (b_t >= 0)
-                & (e_t >= 0) & (b_k >= 0) & (e_k >= 0))
-    status = tl.where((status == OK) & busy & ~in_range, E_TILING, status)
-    walked = pid * 0                         # int32 scalar, loop-carried
-    if (status == OK) & busy:   # an idle core (begin == end) or a bad tiling does nothing
-        KV_CAPACITY: tl.constexpr = MAX_BLOCKS_PER_REQ * BLOCK_SIZE
-        last_h = tl.minimum(e_h, NUM_KV_HEADS - 1)
-        for h in range(b_h, last_h + 1):
-            r_lo = tl.where(h == b_h, b_r, 0)
-            r_hi = tl.minimum(tl.where(h == e_h, e_r + 1, batch), batch)
-            for r in range(r_lo, r_hi):
-                q_start, q_len, kv_len, req_ok = _request(cu_seqlens_q, seqlens_kv, r,
-                                                          MAX_TOKENS, KV_CAPACITY, CAUSAL)
-                status = tl.where(req_ok, status, E_TILING)
-                num_tiles = tl.cdiv(q_len, Q_TILE)
-                t_lo = tl.where((h == b_h) & (r == b_r), b_t, 0)
-                t_hi = tl.minimum(tl.where((h == e_h) & (r == e_r), e_t + 1, num_tiles),
-                                  num_tiles)
-                for t in range(t_lo, t_hi):
-                    if CAUSAL:
-                        kv_end = kv_len - q_len + tl.minimum((t + 1) * Q_TILE, q_len)
-                    else:
-                        kv_end = kv_len
-                    num_kv_blocks = tl.cdiv(kv_end, BLOCK_SIZE)
-                    at_begin = (h == b_h) & (r == b_r) & (t == b_t)
-                    at_end = (h == e_h) & (r == e_r) & (t == e_t)
-                    kb = tl.where(at_begin, b_k, 0)
-                    ke = tl.where(at_end, e_k, num_kv_blocks)
-                    kr = kb             # the first block read
-                    inside = kb > 0     # the core begins inside a unit the tiling cut
-                    has_segment = ke > kb
-                    if USE_WINDOW:
-                        # the unit's first block in its first row's window (the C
-                        # window_first_block). A tiling that knows no window (ABI v4) starts
-                        # units at 0, one planned with it (v5) at `first`: 0 < k <= first is a
-                        # unit start there unless the record says otherwise (the C
-                        # begins_inside and walk_range: a continuation has a slot; an end
-                        # there is a cut only while segments remain)
-                        first = tl.maximum(kv_len - q_len + t * Q_TILE - sliding_window + 1,
-                                           0) // BLOCK_SIZE
-                        kr = tl.maximum(kb, first)
-                        inside = (kb > first) | ((kb > 0) & (first_slot >= 0))
-                        names_start = at_end & (ke > 0) & (ke <= first) & (walked
-                                                                           == num_segments)
-                        has_segment = has_segment & ~names_start
-                    if has_segment:
-                        piece = inside | (ke < num_kv_blocks)
-                        # only a core's first segment starts inside a unit, only its last ends
-                        # inside one (aicpu_tiling.h, core record)
-                        slot = tl.where(piece, tl.where(walked == 0, first_slot, last_slot), -1)
-                        seg_ok = (ke <= num_kv_blocks) & (~piece | ((slot >= 0)
-                                                                    & (slot < MAX_SLOTS)))
-                        status = tl.where(seg_ok, status, E_TILING)
-                        if seg_ok:
-                            bad_ids = kb * 0
-                            for b in range(kr, ke):   # only the blocks read are checked
-                                block_id = tl.load(block_table + r * MAX_BLOCKS_PER_REQ + b)
-                                bad_ids += ((block_id < 0) | (block_id >= num_blocks)).to(
-                                    tl.int32)
-                            blocks_ok = bad_ids == 0
-                            status = tl.where(blocks_ok | (status != OK), status, E_BLOCK_ID)
-                            _segment(query, key_cache, value_cache, block_table, out,
-                                     partial_out, partial_lse, scale, soft_cap, sinks,
-                                     sliding_window, k_scale, k_offset, v_scale, v_offset, r,
-                                     h, t, kr, ke, slot, blocks_ok, q_start, q_len, kv_len,
-                                     NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
-                                     MAX_BLOCKS_PER_REQ, Q_TILE, CAUSAL, BLOCK_M, BLOCK_N,
-                                     BLOCK_D, UPCAST_DOT, USE_SOFT_CAP, USE_SINKS, USE_WINDOW,
-                                     KV_INT8, KV_NZ)
-                        walked += 1
-        status = tl.where((status == OK) & (walked != num_segments), E_TILING, status)
-    tl.store(core_status + pid, status)
-
+    _walk_core(_segment, tiling, step_epoch, cu_seqlens_q, seqlens_kv, block_table, core_status,
+               num_blocks, query=query, query_rope=None, key_cache=key_cache,
+               key_rope_cache=None, value_cache=value_cache, out=out, partial_out=partial_out,
+               partial_lse=partial_lse, scale=scale, soft_cap=soft_cap, sinks=sinks,
+               sliding_window=sliding_window, k_scale=k_scale, k_offset=k_offset,
+               v_scale=v_scale, v_offset=v_offset, NUM_Q_HEADS=NUM_Q_HEADS,
+               NUM_KV_HEADS=NUM_KV_HEADS, VALUE_DIM=HEAD_DIM, ROPE_DIM=0, BLOCK_SIZE=BLOCK_SIZE,
+               MAX_BATCH=MAX_BATCH, MAX_TOKENS=MAX_TOKENS, MAX_BLOCKS_PER_REQ=MAX_BLOCKS_PER_REQ,
+               NUM_CORES=NUM_CORES, Q_TILE=Q_TILE, MAX_SLOTS=MAX_SLOTS, CAUSAL=CAUSAL,
+               MAGIC=MAGIC, VERSION=VERSION, OK=OK, E_TILING=E_TILING, E_BLOCK_ID=E_BLOCK_ID,
+               E_STALE=E_STALE, HDR_EPOCH=HDR_EPOCH, HDR_MAGIC=HDR_MAGIC,
+               HDR_VERSION=HDR_VERSION, HDR_STATUS=HDR_STATUS, HDR_BATCH=HDR_BATCH,
+               HDR_NUM_CORES=HDR_NUM_CORES, HDR_FLAGS=HDR_FLAGS, HEADER_WORDS=HEADER_WORDS,
+               CORE_WORDS=CORE_WORDS, CORE_BEGIN=CORE_BEGIN, CORE_END=CORE_END,
+               CORE_FIRST_SLOT=CORE_FIRST_SLOT, CORE_LAST_SLOT=CORE_LAST_SLOT,
+               CORE_NUM_SEGMENTS=CORE_NUM_SEGMENTS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+               BLOCK_V=BLOCK_D, BLOCK_R=0, UPCAST_DOT=UPCAST_DOT, USE_SOFT_CAP=USE_SOFT_CAP,
+               USE_SINKS=USE_SINKS, USE_WINDOW=USE_WINDOW, KV_INT8=KV_INT8, KV_NZ=KV_NZ)
 
 @triton.jit
 def _zero_rows(out, first, last, pid, nprog, ROW_ELEMS: tl.constexpr, BLOCK_Z: tl.constexpr):

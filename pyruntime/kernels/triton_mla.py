@@ -12,8 +12,8 @@ combine is not here: it is ``triton_attention.attention_combine_kernel`` launche
 
 The same source runs under Triton's interpreter on CPU tensors and compiles with Triton-Ascend
 (``tools/ascend_compile.py --mla``); never import it directly to launch (see
-`triton_launch.kernels`). It shares the tiling-walk helpers of ``triton_attention`` (header and
-request checks, the work-order comparison) and follows every constraint listed there
+`triton_launch.kernels`). Its walk of the tiling is ``triton_attention._walk_core``, the GQA
+kernel's, with `_mla_segment` as the segment; it follows every constraint listed there
 (fixed grid of ``num_cores`` programs, structured control flow only, ``tl.dot`` tiles powers of
 two >= 16, range checks before every address, ``UPCAST_DOT`` for bf16 under the interpreter).
 What is particular to MLA:
@@ -39,20 +39,28 @@ import triton.language as tl
 # attention_combine_kernel is re-exported: it is the MLA combine too (at HEAD_DIM =
 # kv_lora_rank), so tools/ascend_compile.py --mla finds both kernels in this module (its inner
 # run, outside the package, puts triton_attention in sys.modules under this package's name)
-from .triton_attention import _less, _request, _tiling_status, attention_combine_kernel
+from .triton_attention import _walk_core, attention_combine_kernel
 
 __all__ = ["attention_combine_kernel", "mla_decode_kernel"]
 
 
 @triton.jit
-def _mla_segment(q_nope, q_pe, kv_c_cache, k_pe_cache, block_table, out, partial_out,
-                 partial_lse, scale, r, t, kb, ke, slot, blocks_ok, q_start, q_len, kv_len,
-                 NUM_HEADS: tl.constexpr, KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr,
-                 BLOCK_SIZE: tl.constexpr, MAX_BLOCKS_PER_REQ: tl.constexpr,
-                 Q_TILE: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr,
-                 UPCAST_DOT: tl.constexpr):
-    """Kv blocks [kb, ke) of unit (r, t): rows (token in tile, head) attend with the latent
+def _mla_segment(q_nope, q_pe, kv_c_cache, k_pe_cache, value_cache, block_table, out,
+                 partial_out, partial_lse, scale, soft_cap, sinks, sliding_window, k_scale,
+                 k_offset, v_scale, v_offset, r, h, t, kb, ke, slot, blocks_ok, q_start, q_len,
+                 kv_len, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                 KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                 MAX_BLOCKS_PER_REQ: tl.constexpr, Q_TILE: tl.constexpr, CAUSAL: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+                 BLOCK_R: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_SOFT_CAP: tl.constexpr,
+                 USE_SINKS: tl.constexpr, USE_WINDOW: tl.constexpr, KV_INT8: tl.constexpr,
+                 KV_NZ: tl.constexpr):
+    """The MLA segment of ``triton_attention._walk_core`` (its SEGMENT, whose parameters these
+    are in MLA's terms: query = q_nope, query_rope = q_pe, key_cache = kv_c_cache,
+    key_rope_cache = k_pe_cache). ``value_cache`` is None (the values are the kv_c tile the
+    scores loaded), ``h`` is 0 (one kv head), and GQA's variants (soft cap, sinks, window,
+    int8) are off and never read.
+    Kv blocks [kb, ke) of unit (r, t): rows (token in tile, head) attend with the latent
     cache. A whole unit (slot < 0) writes its output rows; a piece writes slot ``slot``."""
     tok0 = t * Q_TILE
     ntok = tl.minimum(q_len - tok0, Q_TILE)
@@ -147,7 +155,7 @@ def mla_decode_kernel(
     KV_LORA_RANK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
-    """Program ``pid`` = AI Core ``pid``: walk the core's range [begin, end) of the tiling.
+    """Program ``pid`` = AI Core ``pid``: ``triton_attention._walk_core`` with `_mla_segment`.
 
     Tensors as in ``attention_mla_ref.h`` (TENSORS); the tiling was planned with NUM_KV_HEADS
     = 1 and HEAD_DIM = KV_LORA_RANK + rope. ``core_status[pid]`` receives what
@@ -155,73 +163,21 @@ def mla_decode_kernel(
     E_TILING or E_BLOCK_ID. The walk is that kernel's (kv head, request, query tile), with
     one kv head.
     """
-    ROPE_DIM: tl.constexpr = HEAD_DIM - KV_LORA_RANK
-    pid = tl.program_id(0)
-    status = _tiling_status(tiling, step_epoch, NUM_CORES, CAUSAL, True, MAGIC, VERSION, OK,
-                            E_TILING, E_STALE, HDR_MAGIC, HDR_VERSION, HDR_STATUS,
-                            HDR_NUM_CORES, HDR_FLAGS, HDR_EPOCH)
-    batch = tl.load(tiling + HDR_BATCH)
-    status = tl.where((status == OK) & ((batch < 0) | (batch > MAX_BATCH)), E_TILING, status)
-    rec = tiling + HEADER_WORDS + pid * CORE_WORDS
-    b_r = tl.load(rec + CORE_BEGIN)
-    b_h = tl.load(rec + CORE_BEGIN + 1)
-    b_t = tl.load(rec + CORE_BEGIN + 2)
-    b_k = tl.load(rec + CORE_BEGIN + 3)
-    e_r = tl.load(rec + CORE_END)
-    e_h = tl.load(rec + CORE_END + 1)
-    e_t = tl.load(rec + CORE_END + 2)
-    e_k = tl.load(rec + CORE_END + 3)
-    first_slot = tl.load(rec + CORE_FIRST_SLOT)
-    last_slot = tl.load(rec + CORE_LAST_SLOT)
-    num_segments = tl.load(rec + CORE_NUM_SEGMENTS)
-    busy = _less(b_r, b_h, b_t, b_k, e_r, e_h, e_t, e_k)
-    # one kv head: a busy range starts in head 0 and ends in it or at the end, (0, 1, 0, 0)
-    in_range = ((b_r >= 0) & (b_r < batch) & (e_r >= 0) & (e_r <= batch) & (b_h == 0)
-                & (e_h >= 0) & (e_h <= NUM_KV_HEADS) & (b_t >= 0) & (e_t >= 0) & (b_k >= 0)
-                & (e_k >= 0))
-    status = tl.where((status == OK) & busy & ~in_range, E_TILING, status)
-    walked = pid * 0                         # int32 scalar, loop-carried
-    if (status == OK) & busy:
-        KV_CAPACITY: tl.constexpr = MAX_BLOCKS_PER_REQ * BLOCK_SIZE
-        r_hi = tl.minimum(tl.where(e_h == 0, e_r + 1, batch), batch)
-        for r in range(b_r, r_hi):
-            q_start, q_len, kv_len, req_ok = _request(cu_seqlens_q, seqlens_kv, r, MAX_TOKENS,
-                                                      KV_CAPACITY, CAUSAL)
-            status = tl.where(req_ok, status, E_TILING)
-            num_tiles = tl.cdiv(q_len, Q_TILE)
-            t_lo = tl.where(r == b_r, b_t, 0)
-            t_hi = tl.minimum(tl.where((e_h == 0) & (r == e_r), e_t + 1, num_tiles), num_tiles)
-            for t in range(t_lo, t_hi):
-                if CAUSAL:
-                    kv_end = kv_len - q_len + tl.minimum((t + 1) * Q_TILE, q_len)
-                else:
-                    kv_end = kv_len
-                num_kv_blocks = tl.cdiv(kv_end, BLOCK_SIZE)
-                at_begin = (r == b_r) & (t == b_t)
-                at_end = (e_h == 0) & (r == e_r) & (t == e_t)
-                kb = tl.where(at_begin, b_k, 0)
-                ke = tl.where(at_end, e_k, num_kv_blocks)
-                if ke > kb:
-                    piece = (kb > 0) | (ke < num_kv_blocks)
-                    # only a core's first segment starts inside a unit, only its last ends
-                    # inside one (aicpu_tiling.h, core record)
-                    slot = tl.where(piece, tl.where(walked == 0, first_slot, last_slot), -1)
-                    seg_ok = (ke <= num_kv_blocks) & (~piece | ((slot >= 0)
-                                                                & (slot < MAX_SLOTS)))
-                    status = tl.where(seg_ok, status, E_TILING)
-                    if seg_ok:
-                        bad_ids = kb * 0
-                        for b in range(kb, ke):
-                            block_id = tl.load(block_table + r * MAX_BLOCKS_PER_REQ + b)
-                            bad_ids += ((block_id < 0) | (block_id >= num_blocks)).to(tl.int32)
-                        blocks_ok = bad_ids == 0
-                        status = tl.where(blocks_ok | (status != OK), status, E_BLOCK_ID)
-                        _mla_segment(q_nope, q_pe, kv_c_cache, k_pe_cache, block_table, out,
-                                     partial_out, partial_lse, scale, r, t, kb, ke, slot,
-                                     blocks_ok, q_start, q_len, kv_len, NUM_Q_HEADS,
-                                     KV_LORA_RANK, ROPE_DIM, BLOCK_SIZE, MAX_BLOCKS_PER_REQ,
-                                     Q_TILE, CAUSAL, BLOCK_M, BLOCK_N, BLOCK_L, BLOCK_R,
-                                     UPCAST_DOT)
-                    walked += 1
-        status = tl.where((status == OK) & (walked != num_segments), E_TILING, status)
-    tl.store(core_status + pid, status)
+    _walk_core(_mla_segment, tiling, step_epoch, cu_seqlens_q, seqlens_kv, block_table,
+               core_status, num_blocks, query=q_nope, query_rope=q_pe, key_cache=kv_c_cache,
+               key_rope_cache=k_pe_cache, value_cache=None, out=out, partial_out=partial_out,
+               partial_lse=partial_lse, scale=scale, soft_cap=None, sinks=None,
+               sliding_window=None, k_scale=None, k_offset=None, v_scale=None, v_offset=None,
+               NUM_Q_HEADS=NUM_Q_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, VALUE_DIM=KV_LORA_RANK,
+               ROPE_DIM=HEAD_DIM - KV_LORA_RANK, BLOCK_SIZE=BLOCK_SIZE, MAX_BATCH=MAX_BATCH,
+               MAX_TOKENS=MAX_TOKENS, MAX_BLOCKS_PER_REQ=MAX_BLOCKS_PER_REQ,
+               NUM_CORES=NUM_CORES, Q_TILE=Q_TILE, MAX_SLOTS=MAX_SLOTS, CAUSAL=CAUSAL,
+               MAGIC=MAGIC, VERSION=VERSION, OK=OK, E_TILING=E_TILING, E_BLOCK_ID=E_BLOCK_ID,
+               E_STALE=E_STALE, HDR_EPOCH=HDR_EPOCH, HDR_MAGIC=HDR_MAGIC,
+               HDR_VERSION=HDR_VERSION, HDR_STATUS=HDR_STATUS, HDR_BATCH=HDR_BATCH,
+               HDR_NUM_CORES=HDR_NUM_CORES, HDR_FLAGS=HDR_FLAGS, HEADER_WORDS=HEADER_WORDS,
+               CORE_WORDS=CORE_WORDS, CORE_BEGIN=CORE_BEGIN, CORE_END=CORE_END,
+               CORE_FIRST_SLOT=CORE_FIRST_SLOT, CORE_LAST_SLOT=CORE_LAST_SLOT,
+               CORE_NUM_SEGMENTS=CORE_NUM_SEGMENTS, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+               BLOCK_V=BLOCK_L, BLOCK_R=BLOCK_R, UPCAST_DOT=UPCAST_DOT, USE_SOFT_CAP=False,
+               USE_SINKS=False, USE_WINDOW=False, KV_INT8=False, KV_NZ=False)
