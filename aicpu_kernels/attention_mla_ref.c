@@ -3,8 +3,10 @@
  * attention_mla_ref.h.
  *
  * Shape of the work: the core walks its range of the tiling segment by segment in work order
- * (one kv head, so (request, query tile, kv block)). A segment runs in row blocks that fit the
- * scratch; within a row block, in chunks of kv tokens: the chunk's cache rows [kv_c | k_pe]
+ * (one kv head, so (request, query tile, kv block)), with the GQA reference's walk
+ * (attention_walk.h; no window, no head fusion): this file is only the MLA segment. A segment
+ * runs in row blocks that fit the scratch; within a row block, in chunks of kv tokens
+ * (walk_chunks): the chunk's cache rows [kv_c | k_pe]
  * are widened to fp32 once, each row's scores are dot products over L + R values, the online
  * softmax updates once per chunk, and the probability-weighted sum runs over the first L values
  * of the same fp32 rows (V is K's latent part: one read serves both). Plain C loops; the GQA
@@ -95,27 +97,80 @@ static void write_row(const mla_ctx *c, const segment *sg, int32_t row, const fl
     }
 }
 
+/* A row block of a segment in flight (walk_chunks' argument): its rows' scaled queries
+ * [q_nope | q_pe], latent accumulators and online-softmax state (running max m, sum l), the
+ * kv positions [0, limit) each row sees, and the chunk's fp32 cache rows and scores. */
+typedef struct {
+    const mla_ctx *c;
+    const float *qs;
+    float *acc, *kbuf, *s, *m, *l;
+    const int32_t *limit;
+    int32_t nr;
+} row_block_state;
+
+/* One chunk: its cache rows widened once, then for each row the scores over L + R values, the
+ * online softmax and the probability-weighted sum of the rows' first L values. */
+static void row_block_chunk(void *arg, const kv_chunk *ch) {
+    const row_block_state *rb = (const row_block_state *)arg;
+    const mla_ctx *c = rb->c;
+    float *s = rb->s, *m = rb->m, *l = rb->l;
+    const int32_t n = ch->n, c0 = ch->c0;
+    int32_t i;
+    load_chunk(c, rb->kbuf, ch->block, c0 - ch->b * c->w.p->block_size, n);
+    for (i = 0; i < rb->nr; i++) {
+        const float *q = rb->qs + (size_t)i * c->dim;
+        float *o = rb->acc + (size_t)i * c->lora;
+        int32_t nv = rb->limit[i] - c0, j, x;
+        float mx = -INFINITY;
+        if (nv <= 0) continue;
+        if (nv > n) nv = n;
+        for (j = 0; j < nv; j++) {
+            s[j] = dot(q, rb->kbuf + (size_t)j * c->dim, c->dim);
+            mx = s[j] > mx ? s[j] : mx;
+        }
+        if (mx > m[i]) { /* online softmax: rescale what came before */
+            float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+            for (x = 0; x < c->lora; x++) o[x] *= corr;
+            l[i] *= corr;
+            m[i] = mx;
+        }
+        for (j = 0; j < nv; j++) {
+            const float *v = rb->kbuf + (size_t)j * c->dim; /* V: the kv_c part */
+            float pj = expf(s[j] - m[i]);
+            l[i] += pj;
+            for (x = 0; x < c->lora; x++) o[x] += pj * v[x];
+        }
+    }
+}
+
 /* The MLA geometry's segment (tiling_walk.run_segment): one kv head, the latent one. */
 static void run_segment(const tiling_walk *w, const segment *sg, int blocks_ok) {
     const mla_ctx *c = (const mla_ctx *)w;
     const aicpu_tiling_params *p = c->w.p;
-    const int32_t bs = p->block_size, tok0 = sg->t * p->q_tile, rows = sg->ntok * c->heads;
-    const int32_t shift = c->w.causal ? sg->rl.kv_len - sg->rl.q_len : 0;
-    const int32_t *bt_row = c->w.block_table + (size_t)sg->r * p->max_blocks_per_req;
+    const int32_t tok0 = sg->t * p->q_tile, rows = sg->ntok * c->heads;
     const size_t es = storage_dtype_bytes(c->dtype);
     int32_t row_block = MAX_ROWS, chunk = KV_FLOATS / c->dim, r0;
     float qs[Q_FLOATS], acc[ACC_FLOATS], kbuf[KV_FLOATS], s[MAX_CHUNK];
     float m[MAX_ROWS], l[MAX_ROWS];
     int32_t limit[MAX_ROWS];
+    row_block_state rb;
 
     if (row_block > Q_FLOATS / c->dim) row_block = Q_FLOATS / c->dim;
     if (row_block > ACC_FLOATS / c->lora) row_block = ACC_FLOATS / c->lora;
     if (chunk > MAX_CHUNK) chunk = MAX_CHUNK;
+    rb.c = c;
+    rb.qs = qs;
+    rb.acc = acc;
+    rb.kbuf = kbuf;
+    rb.s = s;
+    rb.m = m;
+    rb.l = l;
+    rb.limit = limit;
     for (r0 = 0; r0 < rows; r0 += row_block) {
         const int32_t nr = rows - r0 < row_block ? rows - r0 : row_block;
-        int32_t i, b, kv_hi = 0;
+        int32_t i, kv_hi = 0;
         for (i = 0; i < nr; i++) {
-            int32_t tok = (r0 + i) / c->heads, head = (r0 + i) % c->heads;
+            int32_t tok = (r0 + i) / c->heads, head = (r0 + i) % c->heads, lower;
             size_t q_row = (size_t)(sg->rl.q_start + tok0 + tok) * c->heads + head;
             float *q = qs + (size_t)i * c->dim;
             storage_load_row(q, (const char *)c->q_nope + q_row * c->lora * es, c->dtype,
@@ -126,42 +181,11 @@ static void run_segment(const tiling_walk *w, const segment *sg, int blocks_ok) 
             memset(acc + (size_t)i * c->lora, 0, (size_t)c->lora * sizeof(float));
             m[i] = -INFINITY;
             l[i] = 0.0f;
-            limit[i] = c->w.causal ? shift + tok0 + tok + 1 : sg->rl.kv_len;
+            row_positions(&c->w, sg, tok, &lower, &limit[i]); /* lower: 0, no window */
             if (limit[i] > kv_hi) kv_hi = limit[i];
         }
-        if (kv_hi > sg->ke * bs) kv_hi = sg->ke * bs;
-        for (b = sg->kb; blocks_ok && b < sg->ke && b * bs < kv_hi; b++) {
-            const int32_t p0 = b * bs, p1 = p0 + bs < kv_hi ? p0 + bs : kv_hi;
-            int32_t c0;
-            for (c0 = p0; c0 < p1; c0 += chunk) {
-                const int32_t n = p1 - c0 < chunk ? p1 - c0 : chunk;
-                load_chunk(c, kbuf, bt_row[b], c0 - p0, n);
-                for (i = 0; i < nr; i++) {
-                    const float *q = qs + (size_t)i * c->dim;
-                    float *o = acc + (size_t)i * c->lora;
-                    int32_t nv = limit[i] - c0, j, x;
-                    float mx = -INFINITY;
-                    if (nv <= 0) continue;
-                    if (nv > n) nv = n;
-                    for (j = 0; j < nv; j++) {
-                        s[j] = dot(q, kbuf + (size_t)j * c->dim, c->dim);
-                        mx = s[j] > mx ? s[j] : mx;
-                    }
-                    if (mx > m[i]) { /* online softmax: rescale what came before */
-                        float corr = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
-                        for (x = 0; x < c->lora; x++) o[x] *= corr;
-                        l[i] *= corr;
-                        m[i] = mx;
-                    }
-                    for (j = 0; j < nv; j++) {
-                        const float *v = kbuf + (size_t)j * c->dim; /* V: the kv_c part */
-                        float pj = expf(s[j] - m[i]);
-                        l[i] += pj;
-                        for (x = 0; x < c->lora; x++) o[x] += pj * v[x];
-                    }
-                }
-            }
-        }
+        rb.nr = nr;
+        if (blocks_ok) walk_chunks(&c->w, sg, 0, kv_hi, chunk, &rb, NULL, row_block_chunk);
         for (i = 0; i < nr; i++)
             write_row(c, sg, r0 + i, acc + (size_t)i * c->lora, l[i], m[i], !blocks_ok);
     }

@@ -1,22 +1,24 @@
 /*
  * attention_ref.c -- the reference attention (AI Core role); see attention_ref.h.
  *
- * Shape of the work: the core walks its range of the tiling segment by segment, in the
- * head-major work order (aicpu_tiling.h). The whole units of a single-tile request (decode,
- * short speculative decode) that lie in the range are fused across kv heads, so that each
- * token's K and V are read as one contiguous run. When P is a multiple of H a core's range
- * lies in one head, so there is nothing to fuse within it; aicpu_attention_core_siblings then
- * walks the range of a head-0 core once for it and its copies in the other heads, fusing every
- * whole unit across heads (walk_range below). For any P and H, aicpu_attention_core_span runs
- * consecutive cores, whose ranges join into one: each core's walk runs its pieces and
- * multi-tile units, and the span's whole single-tile units run request by request with their
- * kv heads fused (run_span_whole). A segment is processed
- * in row blocks that fit the query/output scratch and, within a row block, in chunks of kv
- * tokens. Within a chunk the rows of one kv head (a decode token's `group` query heads) are
- * handled together by the inner kernels (attention_kernels.h): scores by dot products over
- * head_dim, an online-softmax update once per chunk (chunk max, running max m and sum l, the
- * output rescaled when m grows), then the probability-weighted sum of the head's V rows. While
- * a kv head is computed, the next head's cache lines (in this chunk or the next) are prefetched.
+ * Shape of the work: the core walks its range of the tiling segment by segment, in the head-major
+ * work order (aicpu_tiling.h), with the walk it shares with the MLA reference (attention_walk.h:
+ * walk_range, then walk_chunks within a segment); this file is the GQA geometry that walk calls
+ * back (run_segment, fuse_cap) and the fused entry points. The whole units of a single-tile request
+ * (decode, short speculative decode) that lie in the range are fused across kv heads, so that each
+ * token's K and V are read as one contiguous run. When P is a multiple of H a core's range lies in
+ * one head, so there is nothing to fuse within it; aicpu_attention_core_siblings then walks the
+ * range of a head-0 core once for it and its copies in the other heads, fusing every whole unit
+ * across heads (walk_range's sibling mode). For any P and H, aicpu_attention_core_span runs
+ * consecutive cores, whose ranges join into one: each core's walk runs its pieces and multi-tile
+ * units, and the span's whole single-tile units run request by request with their kv heads fused
+ * (run_span_whole). A segment is processed in row blocks that fit the query/output scratch and,
+ * within a row block, in chunks of kv tokens. Within a chunk the rows of one kv head (a decode
+ * token's `group` query heads) are handled together by the inner kernels (attention_kernels.h):
+ * scores by dot products over head_dim, an online-softmax update once per chunk (chunk max, running
+ * max m and sum l, the output rescaled when m grows), then the probability-weighted sum of the
+ * head's V rows. While a kv head is computed, the next head's cache lines (in this chunk or the
+ * next) are prefetched.
  *
  * The inner kernels come in variants chosen at run time (attention_ref.h, INSTRUCTION-SET
  * VARIANTS). The portable ones below are written for gcc's vectoriser in strict IEEE mode (no
@@ -603,29 +605,79 @@ static void log_block(const segment *sg, int32_t b) {
     }
 }
 
+/* A row block of a segment in flight (walk_chunks' argument): its rows' scaled queries,
+ * accumulators and online-softmax state (running max m, sum l), the kv positions each row sees
+ * [lower, limit), each row's kv head (head_at: elements into a token's row), and the scratch. */
+typedef struct {
+    const core_ctx *c;
+    const segment *sg;
+    const float *qs;
+    float *acc, *sbuf, *m, *l, *kbuf, *vbuf;
+    const int32_t *lower, *limit, *head_at;
+    int32_t nr;
+} row_block_state;
+
+static void row_block_log(void *arg, int32_t b) { log_block(((row_block_state *)arg)->sg, b); }
+
+/* One chunk of the row block: its K and V rows in the caches, and the next chunk's to fetch
+ * while this one runs. */
+static void row_block_chunk(void *arg, const kv_chunk *ch) {
+    const row_block_state *rb = (const row_block_state *)arg;
+    const core_ctx *c = rb->c;
+    const int32_t h0 = rb->sg->h;
+    const size_t kvsize = c->kv_bytes;
+    const size_t block_at = kv_at(c, ch->block, 0, h0);
+    const size_t tok_at =
+        block_at + (size_t)(ch->c0 - ch->b * c->w.p->block_size) * c->token_stride;
+    chunk_prefetch pf;
+    pf.n = ch->next_n;
+    pf.k = pf.v = NULL;
+    pf.head_bytes = (size_t)c->w.p->head_dim * kvsize;
+    pf.stride = c->token_stride * (ptrdiff_t)kvsize;
+    if (ch->next_n > 0) {
+        size_t at = kv_at(c, ch->next_block, ch->next_tok, h0) * kvsize;
+        pf.k = (const unsigned char *)c->key_cache + at;
+        pf.v = (const unsigned char *)c->value_cache + at;
+    }
+    process_chunk(c, rb->qs, rb->acc, rb->sbuf, rb->m, rb->l, rb->lower, rb->limit, rb->head_at,
+                  rb->nr, ch->c0, ch->n, h0, (const char *)c->key_cache + tok_at * kvsize,
+                  (const char *)c->value_cache + tok_at * kvsize, c->token_stride, rb->kbuf,
+                  rb->vbuf, &pf);
+}
+
 /* The GQA geometry's segment (tiling_walk.run_segment). */
 static void run_segment(const tiling_walk *w, const segment *sg, int blocks_ok) {
     const core_ctx *c = (const core_ctx *)w;
     const aicpu_tiling_params *p = c->w.p;
-    const int32_t d = p->head_dim, bs = p->block_size;
+    const int32_t d = p->head_dim;
     const int32_t tok0 = sg->t * p->q_tile;
     const int32_t ntok = sg->ntok, per_head = ntok * c->group;
     const int32_t rows = sg->nh * per_head, width = sg->nh * d;
     const int32_t row_block = QO_FLOATS / d < MAX_ROWS ? QO_FLOATS / d : MAX_ROWS;
-    const ptrdiff_t token_stride = c->token_stride;
-    const size_t esize = storage_dtype_bytes(c->dtype), kvsize = c->kv_bytes;
-    const int32_t *bt_row = c->w.block_table + (size_t)sg->r * p->max_blocks_per_req;
-    const int32_t shift = c->w.causal ? sg->rl.kv_len - sg->rl.q_len : 0;
+    const size_t esize = storage_dtype_bytes(c->dtype);
     float qs[QO_FLOATS], acc[QO_FLOATS], kbuf[KV_FLOATS], vbuf[KV_FLOATS];
     float sbuf[S_FLOATS], m[MAX_ROWS], l[MAX_ROWS];
     int32_t lower[MAX_ROWS], limit[MAX_ROWS], head_at[MAX_ROWS];
+    row_block_state rb;
     int32_t r0;
 
+    rb.c = c;
+    rb.sg = sg;
+    rb.qs = qs;
+    rb.acc = acc;
+    rb.sbuf = sbuf;
+    rb.m = m;
+    rb.l = l;
+    rb.kbuf = kbuf;
+    rb.vbuf = vbuf;
+    rb.lower = lower;
+    rb.limit = limit;
+    rb.head_at = head_at;
     for (r0 = 0; r0 < rows; r0 += row_block) {
         const int32_t nr = rows - r0 < row_block ? rows - r0 : row_block;
         /* width-bound: the chunk touched ahead stays about KV_FLOATS values of K and of V */
         int32_t chunk = KV_FLOATS / width < MAX_CHUNK ? KV_FLOATS / width : MAX_CHUNK;
-        int32_t i, b, kv_hi = 0, kv_lo = INT32_MAX;
+        int32_t i, kv_hi = 0, kv_lo = INT32_MAX;
         for (i = 0; i < nr; i++) {
             int32_t hh = (r0 + i) / per_head, tok = (r0 + i) % per_head / c->group;
             int32_t g = (r0 + i) % c->group;
@@ -637,51 +689,14 @@ static void run_segment(const tiling_walk *w, const segment *sg, int blocks_ok) 
             memset(acc + (size_t)i * d, 0, (size_t)d * sizeof(float));
             m[i] = -INFINITY;
             l[i] = 0.0f;
-            limit[i] = c->w.causal ? shift + tok0 + tok + 1 : sg->rl.kv_len;
-            /* the row at position limit - 1 sees (limit - 1 - W, limit - 1] (causal only) */
-            lower[i] = c->w.window > 0 && limit[i] > c->w.window ? limit[i] - c->w.window : 0;
+            row_positions(&c->w, sg, tok, &lower[i], &limit[i]);
             if (limit[i] > kv_hi) kv_hi = limit[i];
             if (lower[i] < kv_lo) kv_lo = lower[i];
         }
-        if (kv_hi > sg->ke * bs) kv_hi = sg->ke * bs;
         if (chunk > S_FLOATS / nr) chunk = S_FLOATS / nr;
-        /* no block below the lowest window start of these rows is read (the tiling's blocks of
-         * a unit may start lower: ABI v4 tilings know no window) */
-        b = sg->kb > kv_lo / bs ? sg->kb : kv_lo / bs;
-        for (; blocks_ok && b < sg->ke && b * bs < kv_hi; b++) {
-            const size_t block_at = kv_at(c, bt_row[b], 0, sg->h);
-            const int32_t p0 = b * bs;
-            const int32_t p1 = p0 + bs < kv_hi ? p0 + bs : kv_hi;
-            int32_t c0;
-            log_block(sg, b);
-            for (c0 = p0 > kv_lo ? p0 : kv_lo; c0 < p1; c0 += chunk) {
-                const int32_t n = p1 - c0 < chunk ? p1 - c0 : chunk;
-                const size_t tok_at = block_at + (size_t)(c0 - p0) * token_stride;
-                chunk_prefetch pf;
-                { /* the next chunk, in this block or the next, fetched while this one runs */
-                    int32_t nc0 = c0 + chunk, nb = b;
-                    pf.n = 0;
-                    pf.k = pf.v = NULL;
-                    pf.head_bytes = (size_t)d * kvsize;
-                    pf.stride = token_stride * (ptrdiff_t)kvsize;
-                    if (nc0 >= p1 && b + 1 < sg->ke && (b + 1) * bs < kv_hi) {
-                        nb = b + 1;
-                        nc0 = nb * bs;
-                    }
-                    if (nc0 < kv_hi && nc0 < (nb + 1) * bs) {
-                        size_t at = kv_at(c, bt_row[nb], nc0 - nb * bs, sg->h) * kvsize;
-                        pf.n = kv_hi - nc0 < chunk ? kv_hi - nc0 : chunk;
-                        if (pf.n > (nb + 1) * bs - nc0) pf.n = (nb + 1) * bs - nc0;
-                        pf.k = (const unsigned char *)c->key_cache + at;
-                        pf.v = (const unsigned char *)c->value_cache + at;
-                    }
-                }
-                process_chunk(c, qs, acc, sbuf, m, l, lower, limit, head_at, nr, c0, n, sg->h,
-                              (const char *)c->key_cache + tok_at * kvsize,
-                              (const char *)c->value_cache + tok_at * kvsize, token_stride, kbuf,
-                              vbuf, &pf);
-            }
-        }
+        rb.nr = nr;
+        if (blocks_ok) walk_chunks(&c->w, sg, kv_lo, kv_hi, chunk, &rb, row_block_log,
+                                   row_block_chunk);
         for (i = 0; i < nr; i++)
             write_row(c, sg, r0 + i, acc + (size_t)i * d, l[i], m[i], !blocks_ok);
     }

@@ -353,4 +353,72 @@ static inline int core_idle(const int32_t *rec) {
     return !pos_less(&begin, &end);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Within a segment: what a row sees, and the kv chunks of a row block                        */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The kv positions [*lower, *limit) that query token tok of segment sg's tile sees: causal,
+ * up to its own position kv_len - q_len + t * q_tile + tok, and with a window W only its last
+ * W (attention_ref.h, WHAT A ROW COMPUTES); not causal, all kv_len. */
+static inline void row_positions(const tiling_walk *w, const segment *sg, int32_t tok,
+                                 int32_t *lower, int32_t *limit) {
+    const int32_t shift = w->causal ? sg->rl.kv_len - sg->rl.q_len : 0;
+    *limit = w->causal ? shift + sg->t * w->p->q_tile + tok + 1 : sg->rl.kv_len;
+    /* the row at position limit - 1 sees (limit - 1 - W, limit - 1] (causal only) */
+    *lower = w->window > 0 && *limit > w->window ? *limit - w->window : 0;
+}
+
+/* One chunk of kv positions of a segment, and the chunk after it (for prefetching). */
+typedef struct {
+    int32_t b;     /* the kv block: its column in the request's block-table row */
+    int32_t block; /* the cache block there (the walk checked 0 <= block < num_blocks) */
+    int32_t c0, n; /* positions [c0, c0 + n), all in block b: token c0 - b * block_size on */
+    int32_t next_block, next_tok, next_n; /* the next chunk, in this kv block or the next:
+                                           * its cache block, first token, length; next_n
+                                           * = 0: none (the row block's last chunk) */
+} kv_chunk;
+
+/*
+ * The kv chunks of one row block of segment sg whose rows see positions [kv_lo, kv_hi) at
+ * most: of the segment's kv blocks [kb, ke), those from the block of kv_lo (a unit's blocks
+ * in an ABI v4 tiling may start below the lowest window start: they are not read) up to the
+ * one of position kv_hi - 1, each cut into chunks of at most `chunk` positions (>= 1) from
+ * max(kv_lo, its first). In order, block_read(arg, b) once per kv block b before its chunks
+ * (NULL: not called), then run_chunk(arg, ch) per chunk. Call it only for a segment whose
+ * blocks are valid (walk_range's blocks_ok).
+ */
+static inline void walk_chunks(const tiling_walk *w, const segment *sg, int32_t kv_lo,
+                               int32_t kv_hi, int32_t chunk, void *arg,
+                               void (*block_read)(void *arg, int32_t b),
+                               void (*run_chunk)(void *arg, const kv_chunk *ch)) {
+    const int32_t bs = w->p->block_size;
+    const int32_t *bt_row = w->block_table + (size_t)sg->r * w->p->max_blocks_per_req;
+    int32_t b;
+    if (kv_hi > sg->ke * bs) kv_hi = sg->ke * bs;
+    for (b = sg->kb > kv_lo / bs ? sg->kb : kv_lo / bs; b < sg->ke && b * bs < kv_hi; b++) {
+        const int32_t p0 = b * bs;
+        const int32_t p1 = p0 + bs < kv_hi ? p0 + bs : kv_hi;
+        kv_chunk ch;
+        ch.b = b;
+        ch.block = bt_row[b];
+        if (block_read != NULL) block_read(arg, b);
+        for (ch.c0 = p0 > kv_lo ? p0 : kv_lo; ch.c0 < p1; ch.c0 += chunk) {
+            int32_t nc0 = ch.c0 + chunk, nb = b;
+            ch.n = p1 - ch.c0 < chunk ? p1 - ch.c0 : chunk;
+            ch.next_block = ch.next_tok = ch.next_n = 0;
+            if (nc0 >= p1 && b + 1 < sg->ke && (b + 1) * bs < kv_hi) {
+                nb = b + 1;
+                nc0 = nb * bs;
+            }
+            if (nc0 < kv_hi && nc0 < (nb + 1) * bs) {
+                ch.next_block = bt_row[nb];
+                ch.next_tok = nc0 - nb * bs;
+                ch.next_n = kv_hi - nc0 < chunk ? kv_hi - nc0 : chunk;
+                if (ch.next_n > (nb + 1) * bs - nc0) ch.next_n = (nb + 1) * bs - nc0;
+            }
+            run_chunk(arg, &ch);
+        }
+    }
+}
+
 #endif /* AICPU_ATTENTION_WALK_H */
