@@ -37,8 +37,9 @@
  * Deterministic: the same inputs give the same bits whatever the order of the core calls.
  *
  * BUILD. Strict ISO C99, like attention_ref.c (not freestanding: <math.h>, <string.h>); it
- * uses attention_ref.c's exported storage conversions and status codes, so link both. A call
- * uses at most about AICPU_MLA_STACK_BYTES of stack and allocates nothing.
+ * walks the tiling with attention_ref.c's walk (attention_walk.h) and merges with its
+ * aicpu_attention_finalize, so link both. A call uses at most about AICPU_MLA_STACK_BYTES of
+ * stack and allocates nothing.
  */
 #ifndef AICPU_ATTENTION_MLA_REF_H
 #define AICPU_ATTENTION_MLA_REF_H

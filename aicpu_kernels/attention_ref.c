@@ -1,22 +1,24 @@
 /*
  * attention_ref.c -- the reference attention (AI Core role); see attention_ref.h.
  *
- * Shape of the work: the core walks its range of the tiling segment by segment, in the
- * head-major work order (aicpu_tiling.h). The whole units of a single-tile request (decode,
- * short speculative decode) that lie in the range are fused across kv heads, so that each
- * token's K and V are read as one contiguous run. When P is a multiple of H a core's range
- * lies in one head, so there is nothing to fuse within it; aicpu_attention_core_siblings then
- * walks the range of a head-0 core once for it and its copies in the other heads, fusing every
- * whole unit across heads (walk_range below). For any P and H, aicpu_attention_core_span runs
- * consecutive cores, whose ranges join into one: each core's walk runs its pieces and
- * multi-tile units, and the span's whole single-tile units run request by request with their
- * kv heads fused (run_span_whole). A segment is processed
- * in row blocks that fit the query/output scratch and, within a row block, in chunks of kv
- * tokens. Within a chunk the rows of one kv head (a decode token's `group` query heads) are
- * handled together by the inner kernels (attention_kernels.h): scores by dot products over
- * head_dim, an online-softmax update once per chunk (chunk max, running max m and sum l, the
- * output rescaled when m grows), then the probability-weighted sum of the head's V rows. While
- * a kv head is computed, the next head's cache lines (in this chunk or the next) are prefetched.
+ * Shape of the work: the core walks its range of the tiling segment by segment, in the head-major
+ * work order (aicpu_tiling.h), with the walk it shares with the MLA reference (attention_walk.h:
+ * walk_range, then walk_chunks within a segment); this file is the GQA geometry that walk calls
+ * back (run_segment, fuse_cap) and the fused entry points. The whole units of a single-tile request
+ * (decode, short speculative decode) that lie in the range are fused across kv heads, so that each
+ * token's K and V are read as one contiguous run. When P is a multiple of H a core's range lies in
+ * one head, so there is nothing to fuse within it; aicpu_attention_core_siblings then walks the
+ * range of a head-0 core once for it and its copies in the other heads, fusing every whole unit
+ * across heads (walk_range's sibling mode). For any P and H, aicpu_attention_core_span runs
+ * consecutive cores, whose ranges join into one: each core's walk runs its pieces and multi-tile
+ * units, and the span's whole single-tile units run request by request with their kv heads fused
+ * (run_span_whole). A segment is processed in row blocks that fit the query/output scratch and,
+ * within a row block, in chunks of kv tokens. Within a chunk the rows of one kv head (a decode
+ * token's `group` query heads) are handled together by the inner kernels (attention_kernels.h):
+ * scores by dot products over head_dim, an online-softmax update once per chunk (chunk max, running
+ * max m and sum l, the output rescaled when m grows), then the probability-weighted sum of the
+ * head's V rows. While a kv head is computed, the next head's cache lines (in this chunk or the
+ * next) are prefetched.
  *
  * The inner kernels come in variants chosen at run time (attention_ref.h, INSTRUCTION-SET
  * VARIANTS). The portable ones below are written for gcc's vectoriser in strict IEEE mode (no
@@ -31,6 +33,8 @@
 #include "attention_ref.h"
 
 #include "attention_kernels.h"
+#include "attention_storage.h"
+#include "attention_walk.h"
 
 #include <math.h>
 #include <string.h>
@@ -47,88 +51,17 @@ typedef char attention_stack_bound_check
     [(4 * (2 * QO_FLOATS + 2 * KV_FLOATS + S_FLOATS + 4 * MAX_ROWS) <=
       AICPU_ATTENTION_STACK_BYTES) ? 1 : -1];
 
-typedef union {
-    float f;
-    uint32_t u;
-} f32_bits;
-
 /* ------------------------------------------------------------------------------------------ */
-/* Storage conversions                                                                        */
+/* Storage conversions (attention_storage.h), exported for tests                              */
 /* ------------------------------------------------------------------------------------------ */
 
-static float bits_to_float(uint32_t u) {
-    f32_bits c;
-    c.u = u;
-    return c.f;
-}
+float aicpu_attention_half_to_float(uint16_t h) { return storage_half_to_float(h); }
 
-static uint32_t float_to_bits(float f) {
-    f32_bits c;
-    c.f = f;
-    return c.u;
-}
+uint16_t aicpu_attention_float_to_half(float f) { return storage_float_to_half(f); }
 
-/* Normals rebias the exponent (112 = 127 - 15); subnormals are em * 2^-24, exact in fp32.
- * Selects are integer masks so that loops over this vectorise. */
-static float half_bits_to_float(uint32_t h) {
-    uint32_t sign = (h & 0x8000u) << 16;
-    uint32_t em = h & 0x7fffu;
-    uint32_t infnan = 0u - (uint32_t)(em >= 0x7c00u); /* exponent 31 -> 255 */
-    uint32_t sub = 0u - (uint32_t)(em < 0x400u);
-    uint32_t normal = (em << 13) + 0x38000000u + (0x38000000u & infnan);
-    uint32_t subnormal = float_to_bits((float)(int32_t)em * 5.9604644775390625e-8f);
-    return bits_to_float((normal & ~sub) | (subnormal & sub) | sign);
-}
+float aicpu_attention_bf16_to_float(uint16_t b) { return storage_bf16_to_float(b); }
 
-float aicpu_attention_half_to_float(uint16_t h) { return half_bits_to_float(h); }
-
-uint16_t aicpu_attention_float_to_half(float f) {
-    uint32_t x = float_to_bits(f);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t h;
-    x &= 0x7fffffffu;
-    if (x >= 0x7f800000u) {
-        h = x > 0x7f800000u ? 0x7e00u | ((x >> 13) & 0x3ffu) : 0x7c00u;
-    } else if (x >= 0x477ff000u) { /* >= 65520 rounds to infinity */
-        h = 0x7c00u;
-    } else if (x >= 0x38800000u) { /* normal half: rebias, round to nearest even */
-        h = (x - 0x38000000u + 0xfffu + ((x >> 13) & 1u)) >> 13;
-    } else if (x > 0x33000000u) { /* subnormal half, units of 2^-24 */
-        uint32_t e = x >> 23;
-        uint32_t m = (x & 0x7fffffu) | 0x800000u;
-        uint32_t shift = 126u - e;
-        uint32_t rem = m & ((1u << shift) - 1u);
-        uint32_t half = 1u << (shift - 1u);
-        h = m >> shift;
-        if (rem > half || (rem == half && (h & 1u))) h += 1u;
-    } else { /* <= 2^-25 rounds to zero (2^-25 is a tie, to even) */
-        h = 0;
-    }
-    return (uint16_t)(h | sign);
-}
-
-float aicpu_attention_bf16_to_float(uint16_t b) { return bits_to_float((uint32_t)b << 16); }
-
-uint16_t aicpu_attention_float_to_bf16(float f) {
-    uint32_t x = float_to_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-/* One row of head_dim values from storage to fp32, times mul. */
-static void load_row(float *restrict dst, const void *src, int32_t dtype, int32_t d, float mul) {
-    int32_t x;
-    if (dtype == AICPU_ATTENTION_FP32) {
-        const float *s = (const float *)src;
-        for (x = 0; x < d; x++) dst[x] = s[x] * mul;
-    } else if (dtype == AICPU_ATTENTION_BF16) {
-        const uint16_t *s = (const uint16_t *)src;
-        for (x = 0; x < d; x++) dst[x] = bits_to_float((uint32_t)s[x] << 16) * mul;
-    } else {
-        const uint16_t *s = (const uint16_t *)src;
-        for (x = 0; x < d; x++) dst[x] = half_bits_to_float(s[x]) * mul;
-    }
-}
+uint16_t aicpu_attention_float_to_bf16(float f) { return storage_float_to_bf16(f); }
 
 /* n rows of head_dim at a token stride of `stride` elements into contiguous fp32. */
 static void load_rows(float *restrict dst, const void *src, int32_t dtype, int32_t n, int32_t d,
@@ -143,7 +76,7 @@ static void load_rows(float *restrict dst, const void *src, int32_t dtype, int32
             const uint16_t *restrict row = s + j * stride;
             float *restrict o = dst + (ptrdiff_t)j * d;
             int32_t x;
-            for (x = 0; x < d; x++) o[x] = bits_to_float((uint32_t)row[x] << 16);
+            for (x = 0; x < d; x++) o[x] = storage_bf16_to_float(row[x]);
         }
     } else {
         const uint16_t *s = (const uint16_t *)src;
@@ -151,26 +84,11 @@ static void load_rows(float *restrict dst, const void *src, int32_t dtype, int32
             const uint16_t *restrict row = s + j * stride;
             float *restrict o = dst + (ptrdiff_t)j * d;
             int32_t x;
-            for (x = 0; x < d; x++) o[x] = half_bits_to_float(row[x]);
+            for (x = 0; x < d; x++) o[x] = storage_half_to_float(row[x]);
         }
     }
 }
 
-static void store_row(void *dst, const float *restrict src, int32_t dtype, int32_t d, float mul) {
-    int32_t x;
-    if (dtype == AICPU_ATTENTION_FP32) {
-        float *o = (float *)dst;
-        for (x = 0; x < d; x++) o[x] = src[x] * mul;
-    } else if (dtype == AICPU_ATTENTION_BF16) {
-        uint16_t *o = (uint16_t *)dst;
-        for (x = 0; x < d; x++) o[x] = aicpu_attention_float_to_bf16(src[x] * mul);
-    } else {
-        uint16_t *o = (uint16_t *)dst;
-        for (x = 0; x < d; x++) o[x] = aicpu_attention_float_to_half(src[x] * mul);
-    }
-}
-
-static size_t dtype_bytes(int32_t dtype) { return dtype == AICPU_ATTENTION_FP32 ? 4 : 2; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Inner loops                                                                                */
@@ -185,13 +103,13 @@ static float exp_nonpositive(float x) {
     const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
     /* x < -87 by its bits (x <= 0 is given, -inf included): integer masks, not float
      * compares, so that gcc if-converts and vectorises without -ffast-math */
-    uint32_t ux = float_to_bits(x);
+    uint32_t ux = storage_float_to_bits(x);
     uint32_t under = 0u - (uint32_t)(ux > 0xc2ae0000u);
-    float xc = bits_to_float((ux & ~under) | (0xc2ae0000u & under));
+    float xc = storage_bits_to_float((ux & ~under) | (0xc2ae0000u & under));
     float kf = (xc * 1.44269504088896341f + shifter) - shifter;
     float r = (xc - kf * 0.693145751953125f) - kf * 1.42860682030941723e-6f;
     float p = 1.0f / 5040.0f;
-    float scale = bits_to_float((uint32_t)((int32_t)kf + 127) << 23);
+    float scale = storage_bits_to_float((uint32_t)((int32_t)kf + 127) << 23);
     p = p * r + 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
     p = p * r + 1.0f / 24.0f;
@@ -199,7 +117,7 @@ static float exp_nonpositive(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    return bits_to_float(float_to_bits(p * scale) & ~under);
+    return storage_bits_to_float(storage_float_to_bits(p * scale) & ~under);
 }
 
 static float lane_sum(const float *a) {
@@ -411,40 +329,17 @@ static void portable_prefetch_rows(const void *p, int32_t n, size_t row_bytes, p
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Tiling access                                                                              */
+/* The GQA geometry                                                                           */
 /* ------------------------------------------------------------------------------------------ */
 
+/* A GQA call: the walk's view first (attention_walk.h: run_segment and fuse_cap below get the
+ * walk and cast it back to this), then what the GQA geometry adds. */
 typedef struct {
-    int32_t r, h, t, k;
-} work_pos;
-
-/* Positions compare in the head-major work order, (h, r, t, k); the words are (r, h, t, k). */
-static int pos_less(const work_pos *a, const work_pos *b) {
-    if (a->h != b->h) return a->h < b->h;
-    if (a->r != b->r) return a->r < b->r;
-    if (a->t != b->t) return a->t < b->t;
-    return a->k < b->k;
-}
-
-static void read_pos(work_pos *p, const int32_t *w) {
-    p->r = w[0];
-    p->h = w[1];
-    p->t = w[2];
-    p->k = w[3];
-}
-
-/* What the kernel needs of one live request, re-checked against the static params. */
-typedef struct {
-    int32_t q_start, q_len, kv_len;
-} request_lens;
-
-typedef struct {
-    const aicpu_tiling_params *p;
-    int32_t group, causal, dtype, num_blocks, max_slots;
+    tiling_walk w;
+    int32_t group, dtype;
     float scale;
     float soft_cap; /* > 0: the logits soft cap C; 0: off (soft_cap_of) */
     const float *sinks; /* [num_q_heads] attention-sink logits, or NULL (off) */
-    int32_t window;     /* sliding window W > 0 (causal only), or 0 (off) */
     const aicpu_attention_kv_int8 *kv_int8; /* int8 caches and their scales, or NULL (off) */
     size_t kv_bytes;    /* bytes of one cache element: 1 for int8 caches, else the dtype's */
     int32_t nz;         /* 1: the int8 caches are in the NZ layout (aicpu_attention_kv_int8) */
@@ -453,51 +348,20 @@ typedef struct {
     ptrdiff_t token_stride; /* elements between tokens of one head: num_kv_heads * head_dim in
                              * ND, AICPU_ATTENTION_KV_NZ_WIDTH in NZ */
     const void *query, *key_cache, *value_cache;
-    const int32_t *block_table, *cu, *kv;
     void *out;
-    float *partial_out, *partial_lse;
     const attention_kernels *k; /* the variant this call runs with */
 } core_ctx;
-
-static int load_request(const core_ctx *c, int32_t r, request_lens *rl) {
-    int32_t lo = c->cu[r], hi = c->cu[r + 1], kv = c->kv[r];
-    int64_t capacity = (int64_t)c->p->max_blocks_per_req * c->p->block_size;
-    if (lo < 0 || hi < lo || hi > c->p->max_tokens || kv < 0 || kv > capacity) return 0;
-    if (c->causal ? kv < hi - lo : (hi > lo && kv == 0)) return 0;
-    rl->q_start = lo;
-    rl->q_len = hi - lo;
-    rl->kv_len = kv;
-    return 1;
-}
-
-static int32_t num_tiles(const core_ctx *c, const request_lens *rl) {
-    return (int32_t)(((int64_t)rl->q_len + c->p->q_tile - 1) / c->p->q_tile);
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* One segment                                                                                */
 /* ------------------------------------------------------------------------------------------ */
-
-/*
- * A segment: kv blocks [kb, ke) of unit (r, h, t), or of the nh units (r, h..h+nh-1, t) when
- * whole units of a single-tile request in the core's range are fused. Fusing kv heads turns
- * the reads of K and V into one contiguous run per token ([token][kv head][dim] in the cache)
- * instead of nh runs of head_dim values at a stride, which hardware prefetchers follow far
- * better.
- */
-typedef struct {
-    int32_t r, h, t, kb, ke, nh;
-    int32_t slot; /* partial slot, or -1 when the segment is whole units */
-    int32_t ntok; /* query tokens in the tile */
-    request_lens rl;
-} segment;
 
 /* Rows of a segment are ordered (kv head, token in tile, group member). */
 /* A piece that could not run (bad block id) gets lse = +inf: finalize then zeroes the unit's
  * rows instead of merging a result that silently misses some kv blocks. */
 static void write_row(const core_ctx *c, const segment *sg, int32_t row, const float *acc,
                       float l, float m, int poisoned) {
-    const int32_t d = c->p->head_dim, per_head = sg->ntok * c->group;
+    const int32_t d = c->w.p->head_dim, per_head = sg->ntok * c->group;
     int32_t h = sg->h + row / per_head, tok = row % per_head / c->group, g = row % c->group;
     float inv = l > 0.0f ? 1.0f / l : 0.0f;
     /* A whole unit is the row's only piece: the sink joins its denominator here, once (a split
@@ -505,13 +369,14 @@ static void write_row(const core_ctx *c, const segment *sg, int32_t row, const f
     if (c->sinks != NULL && sg->slot < 0 && l > 0.0f)
         inv = 1.0f / (l + expf(c->sinks[h * c->group + g] - m));
     if (sg->slot < 0) {
-        size_t at = ((size_t)(sg->rl.q_start + sg->t * c->p->q_tile + tok) * c->p->num_q_heads +
+        size_t at = ((size_t)(sg->rl.q_start + sg->t * c->w.p->q_tile + tok) * c->w.p->num_q_heads +
                      (size_t)h * c->group + g) * d;
-        store_row((char *)c->out + at * dtype_bytes(c->dtype), acc, c->dtype, d, inv);
+        storage_store_row((char *)c->out + at * storage_dtype_bytes(c->dtype), acc, c->dtype, d,
+                          inv);
     } else {
-        size_t at = ((size_t)sg->slot * c->p->q_tile + tok) * c->group + g;
-        store_row(c->partial_out + at * d, acc, AICPU_ATTENTION_FP32, d, inv);
-        c->partial_lse[at] = poisoned ? INFINITY : l > 0.0f ? m + logf(l) : -INFINITY;
+        size_t at = ((size_t)sg->slot * c->w.p->q_tile + tok) * c->group + g;
+        storage_store_row(c->w.partial_out + at * d, acc, AICPU_ATTENTION_FP32, d, inv);
+        c->w.partial_lse[at] = poisoned ? INFINITY : l > 0.0f ? m + logf(l) : -INFINITY;
     }
 }
 
@@ -557,9 +422,9 @@ static void prefetch_head(const core_ctx *c, const chunk_prefetch *pf, const uns
     at = base + (size_t)head_at * (size_t)c->head_mul * c->kv_bytes + lo * pf->stride;
     if (c->nz) /* NZ: tokens [lo, hi) of the head are one run in each of its head_dim / 32
                 * parts, a block's part (block_size * 32 bytes of int8) apart */
-        c->k->prefetch_rows(at, c->p->head_dim / AICPU_ATTENTION_KV_NZ_WIDTH,
+        c->k->prefetch_rows(at, c->w.p->head_dim / AICPU_ATTENTION_KV_NZ_WIDTH,
                             (size_t)(hi - lo) * (size_t)pf->stride,
-                            (ptrdiff_t)c->p->block_size * AICPU_ATTENTION_KV_NZ_WIDTH);
+                            (ptrdiff_t)c->w.p->block_size * AICPU_ATTENTION_KV_NZ_WIDTH);
     else
         c->k->prefetch_rows(at, hi - lo, pf->head_bytes, pf->stride);
 }
@@ -611,11 +476,11 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
                           int32_t c0, int32_t n, int32_t h0, const void *kraw,
                           const void *vraw, ptrdiff_t stride, float *kbuf, float *vbuf,
                           const chunk_prefetch *pf) {
-    const int32_t d = c->p->head_dim;
+    const int32_t d = c->w.p->head_dim;
     const size_t esize = c->kv_bytes;
     /* NZ: a row's 32-wide parts are a block's part apart; ND: 0, contiguous */
     const ptrdiff_t part_stride =
-        c->nz ? (ptrdiff_t)c->p->block_size * AICPU_ATTENTION_KV_NZ_WIDTH : 0;
+        c->nz ? (ptrdiff_t)c->w.p->block_size * AICPU_ATTENTION_KV_NZ_WIDTH : 0;
     chunk_prefetch this_chunk;
     int32_t nv[MAX_ROWS], below[MAX_ROWS];
     int32_t i, e, x;
@@ -662,7 +527,7 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
                          c->dtype, stride, d, kbuf);
         }
         if (c->soft_cap > 0.0f) cap_scores(sbuf + (size_t)i * n, n, e - i, nv + i, c->soft_cap);
-        if (c->window > 0) {
+        if (c->w.window > 0) {
             for (r = i; r < e; r++) {
                 int32_t j;
                 for (j = 0; nv[r] > 0 && j < below[r]; j++) sbuf[(size_t)r * n + j] = -INFINITY;
@@ -704,7 +569,7 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
 /* Element offset in a cache of token `tok` of cache block `blk`, kv head h, dim 0: ND
  * [blk][tok][h][d], NZ [blk][h][d / 32][tok][32] (aicpu_attention_kv_int8). */
 static size_t kv_at(const core_ctx *c, int32_t blk, int32_t tok, int32_t h) {
-    const aicpu_tiling_params *p = c->p;
+    const aicpu_tiling_params *p = c->w.p;
     if (c->nz)
         return ((size_t)blk * p->num_kv_heads + (size_t)h) * p->head_dim * p->block_size +
                (size_t)tok * AICPU_ATTENTION_KV_NZ_WIDTH;
@@ -740,83 +605,98 @@ static void log_block(const segment *sg, int32_t b) {
     }
 }
 
-static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
-    const aicpu_tiling_params *p = c->p;
-    const int32_t d = p->head_dim, bs = p->block_size;
+/* A row block of a segment in flight (walk_chunks' argument): its rows' scaled queries,
+ * accumulators and online-softmax state (running max m, sum l), the kv positions each row sees
+ * [lower, limit), each row's kv head (head_at: elements into a token's row), and the scratch. */
+typedef struct {
+    const core_ctx *c;
+    const segment *sg;
+    const float *qs;
+    float *acc, *sbuf, *m, *l, *kbuf, *vbuf;
+    const int32_t *lower, *limit, *head_at;
+    int32_t nr;
+} row_block_state;
+
+static void row_block_log(void *arg, int32_t b) { log_block(((row_block_state *)arg)->sg, b); }
+
+/* One chunk of the row block: its K and V rows in the caches, and the next chunk's to fetch
+ * while this one runs. */
+static void row_block_chunk(void *arg, const kv_chunk *ch) {
+    const row_block_state *rb = (const row_block_state *)arg;
+    const core_ctx *c = rb->c;
+    const int32_t h0 = rb->sg->h;
+    const size_t kvsize = c->kv_bytes;
+    const size_t block_at = kv_at(c, ch->block, 0, h0);
+    const size_t tok_at =
+        block_at + (size_t)(ch->c0 - ch->b * c->w.p->block_size) * c->token_stride;
+    chunk_prefetch pf;
+    pf.n = ch->next_n;
+    pf.k = pf.v = NULL;
+    pf.head_bytes = (size_t)c->w.p->head_dim * kvsize;
+    pf.stride = c->token_stride * (ptrdiff_t)kvsize;
+    if (ch->next_n > 0) {
+        size_t at = kv_at(c, ch->next_block, ch->next_tok, h0) * kvsize;
+        pf.k = (const unsigned char *)c->key_cache + at;
+        pf.v = (const unsigned char *)c->value_cache + at;
+    }
+    process_chunk(c, rb->qs, rb->acc, rb->sbuf, rb->m, rb->l, rb->lower, rb->limit, rb->head_at,
+                  rb->nr, ch->c0, ch->n, h0, (const char *)c->key_cache + tok_at * kvsize,
+                  (const char *)c->value_cache + tok_at * kvsize, c->token_stride, rb->kbuf,
+                  rb->vbuf, &pf);
+}
+
+/* The GQA geometry's segment (tiling_walk.run_segment). */
+static void run_segment(const tiling_walk *w, const segment *sg, int blocks_ok) {
+    const core_ctx *c = (const core_ctx *)w;
+    const aicpu_tiling_params *p = c->w.p;
+    const int32_t d = p->head_dim;
     const int32_t tok0 = sg->t * p->q_tile;
     const int32_t ntok = sg->ntok, per_head = ntok * c->group;
     const int32_t rows = sg->nh * per_head, width = sg->nh * d;
     const int32_t row_block = QO_FLOATS / d < MAX_ROWS ? QO_FLOATS / d : MAX_ROWS;
-    const ptrdiff_t token_stride = c->token_stride;
-    const size_t esize = dtype_bytes(c->dtype), kvsize = c->kv_bytes;
-    const int32_t *bt_row = c->block_table + (size_t)sg->r * p->max_blocks_per_req;
-    const int32_t shift = c->causal ? sg->rl.kv_len - sg->rl.q_len : 0;
+    const size_t esize = storage_dtype_bytes(c->dtype);
     float qs[QO_FLOATS], acc[QO_FLOATS], kbuf[KV_FLOATS], vbuf[KV_FLOATS];
     float sbuf[S_FLOATS], m[MAX_ROWS], l[MAX_ROWS];
     int32_t lower[MAX_ROWS], limit[MAX_ROWS], head_at[MAX_ROWS];
+    row_block_state rb;
     int32_t r0;
 
+    rb.c = c;
+    rb.sg = sg;
+    rb.qs = qs;
+    rb.acc = acc;
+    rb.sbuf = sbuf;
+    rb.m = m;
+    rb.l = l;
+    rb.kbuf = kbuf;
+    rb.vbuf = vbuf;
+    rb.lower = lower;
+    rb.limit = limit;
+    rb.head_at = head_at;
     for (r0 = 0; r0 < rows; r0 += row_block) {
         const int32_t nr = rows - r0 < row_block ? rows - r0 : row_block;
         /* width-bound: the chunk touched ahead stays about KV_FLOATS values of K and of V */
         int32_t chunk = KV_FLOATS / width < MAX_CHUNK ? KV_FLOATS / width : MAX_CHUNK;
-        int32_t i, b, kv_hi = 0, kv_lo = INT32_MAX;
+        int32_t i, kv_hi = 0, kv_lo = INT32_MAX;
         for (i = 0; i < nr; i++) {
             int32_t hh = (r0 + i) / per_head, tok = (r0 + i) % per_head / c->group;
             int32_t g = (r0 + i) % c->group;
             size_t at = ((size_t)(sg->rl.q_start + tok0 + tok) * p->num_q_heads +
                          (size_t)(sg->h + hh) * c->group + g) * d;
             head_at[i] = hh * d;
-            load_row(qs + (size_t)i * d, (const char *)c->query + at * esize, c->dtype, d,
-                     c->scale);
+            storage_load_row(qs + (size_t)i * d, (const char *)c->query + at * esize, c->dtype,
+                             d, c->scale);
             memset(acc + (size_t)i * d, 0, (size_t)d * sizeof(float));
             m[i] = -INFINITY;
             l[i] = 0.0f;
-            limit[i] = c->causal ? shift + tok0 + tok + 1 : sg->rl.kv_len;
-            /* the row at position limit - 1 sees (limit - 1 - W, limit - 1] (causal only) */
-            lower[i] = c->window > 0 && limit[i] > c->window ? limit[i] - c->window : 0;
+            row_positions(&c->w, sg, tok, &lower[i], &limit[i]);
             if (limit[i] > kv_hi) kv_hi = limit[i];
             if (lower[i] < kv_lo) kv_lo = lower[i];
         }
-        if (kv_hi > sg->ke * bs) kv_hi = sg->ke * bs;
         if (chunk > S_FLOATS / nr) chunk = S_FLOATS / nr;
-        /* no block below the lowest window start of these rows is read (the tiling's blocks of
-         * a unit may start lower: ABI v4 tilings know no window) */
-        b = sg->kb > kv_lo / bs ? sg->kb : kv_lo / bs;
-        for (; blocks_ok && b < sg->ke && b * bs < kv_hi; b++) {
-            const size_t block_at = kv_at(c, bt_row[b], 0, sg->h);
-            const int32_t p0 = b * bs;
-            const int32_t p1 = p0 + bs < kv_hi ? p0 + bs : kv_hi;
-            int32_t c0;
-            log_block(sg, b);
-            for (c0 = p0 > kv_lo ? p0 : kv_lo; c0 < p1; c0 += chunk) {
-                const int32_t n = p1 - c0 < chunk ? p1 - c0 : chunk;
-                const size_t tok_at = block_at + (size_t)(c0 - p0) * token_stride;
-                chunk_prefetch pf;
-                { /* the next chunk, in this block or the next, fetched while this one runs */
-                    int32_t nc0 = c0 + chunk, nb = b;
-                    pf.n = 0;
-                    pf.k = pf.v = NULL;
-                    pf.head_bytes = (size_t)d * kvsize;
-                    pf.stride = token_stride * (ptrdiff_t)kvsize;
-                    if (nc0 >= p1 && b + 1 < sg->ke && (b + 1) * bs < kv_hi) {
-                        nb = b + 1;
-                        nc0 = nb * bs;
-                    }
-                    if (nc0 < kv_hi && nc0 < (nb + 1) * bs) {
-                        size_t at = kv_at(c, bt_row[nb], nc0 - nb * bs, sg->h) * kvsize;
-                        pf.n = kv_hi - nc0 < chunk ? kv_hi - nc0 : chunk;
-                        if (pf.n > (nb + 1) * bs - nc0) pf.n = (nb + 1) * bs - nc0;
-                        pf.k = (const unsigned char *)c->key_cache + at;
-                        pf.v = (const unsigned char *)c->value_cache + at;
-                    }
-                }
-                process_chunk(c, qs, acc, sbuf, m, l, lower, limit, head_at, nr, c0, n, sg->h,
-                              (const char *)c->key_cache + tok_at * kvsize,
-                              (const char *)c->value_cache + tok_at * kvsize, token_stride, kbuf,
-                              vbuf, &pf);
-            }
-        }
+        rb.nr = nr;
+        if (blocks_ok) walk_chunks(&c->w, sg, kv_lo, kv_hi, chunk, &rb, row_block_log,
+                                   row_block_chunk);
         for (i = 0; i < nr; i++)
             write_row(c, sg, r0 + i, acc + (size_t)i * d, l[i], m[i], !blocks_ok);
     }
@@ -826,220 +706,15 @@ static void run_segment(const core_ctx *c, const segment *sg, int blocks_ok) {
 /* Entry points                                                                               */
 /* ------------------------------------------------------------------------------------------ */
 
-static int header_ok(const aicpu_tiling_params *p, const int32_t *tiling) {
-    return tiling[AICPU_TILING_HDR_MAGIC] == AICPU_TILING_MAGIC &&
-           tiling[AICPU_TILING_HDR_VERSION] == AICPU_TILING_VERSION &&
-           tiling[AICPU_TILING_HDR_NUM_CORES] == p->num_cores;
-}
-
-static int dtype_ok(int32_t dtype) {
-    return dtype == AICPU_ATTENTION_FP32 || dtype == AICPU_ATTENTION_FP16 ||
-           dtype == AICPU_ATTENTION_BF16;
-}
-
-/* kv blocks of query tile t of a request: causal tiles see the kv up to their last token. */
-static int32_t unit_blocks(const core_ctx *c, const request_lens *rl, int32_t t) {
-    int32_t kv_end = rl->kv_len;
-    if (c->causal) {
-        int32_t q_end = (t + 1) * c->p->q_tile;
-        kv_end = rl->kv_len - rl->q_len + (q_end < rl->q_len ? q_end : rl->q_len);
-    }
-    return (int32_t)(((int64_t)kv_end + c->p->block_size - 1) / c->p->block_size);
-}
-
-/* The first kv block a unit's rows see with a sliding window W: the block of max(0, p0 - W + 1),
- * p0 = kv_len - q_len + t * q_tile the position of its first row; 0 without a window. */
-static int32_t window_first_block(const core_ctx *c, const request_lens *rl, int32_t t) {
-    int64_t lo;
-    if (c->window <= 0) return 0;
-    lo = (int64_t)rl->kv_len - rl->q_len + (int64_t)t * c->p->q_tile - c->window + 1;
-    return lo <= 0 ? 0 : (int32_t)(lo / c->p->block_size);
-}
-
-/*
- * Where a tiling starts a unit. One that knows no window (ABI v4, or a window of 0) starts
- * every unit at block 0 and may cut it anywhere; one planned with the window (ABI v5) starts
- * it at kw = window_first_block, in absolute block-table columns, and cuts only above. The
- * consumer reads no block below kw either way, and tells the two apart from the core record
- * where the block index alone cannot: only 0 < k <= kw is ambiguous.
- *
- * begins_inside: 1 when a core's begin at block k (first_slot: its record's) continues a unit
- * the tiling cut there, 0 when it is the unit's start. k > kw is a cut for both. 0 < k <= kw
- * with first_slot < 0 is the start (a continuation is always a piece, which has a slot);
- * with first_slot >= 0 the first segment is a piece either way (a continuation, or a start
- * that ends inside the unit), over the same blocks [kw, ke), so both readings compute alike.
- */
-static int begins_inside(int32_t k, int32_t kw, int32_t first_slot) {
-    return k > kw || (k > 0 && first_slot >= 0);
-}
-
-/* 1 when request r's block-table entries for kv blocks [kb, ke) name blocks of the cache. */
-static int blocks_valid(const core_ctx *c, int32_t r, int32_t kb, int32_t ke) {
-    const int32_t *row = c->block_table + (size_t)r * c->p->max_blocks_per_req;
-    int ok = 1;
-    int32_t b;
-    for (b = kb; b < ke; b++)
-        if (row[b] < 0 || row[b] >= c->num_blocks) ok = 0;
-    return ok;
-}
-
-/* The kv heads [*lo, *hi] whose whole unit (h, r, 0) of single-tile request r lies inside the
- * range [begin, end) (head-major order: the heads strictly between begin's and end's, plus
- * begin's head when begin is not past request r, plus end's head when end is past request r;
- * begin_starts: begin, when in request r, is a unit's start, !begins_inside);
- * *lo > *hi when there are none. */
-static void whole_heads(const core_ctx *c, const work_pos *begin, const work_pos *end, int32_t r,
-                        int begin_starts, int32_t *lo, int32_t *hi) {
-    *lo = begin->r < r || (begin->r == r && begin_starts) ? begin->h : begin->h + 1;
-    *hi = end->r > r ? end->h : end->h - 1;
-    if (*hi > c->p->num_kv_heads - 1) *hi = c->p->num_kv_heads - 1;
-}
-
-/*
- * How a walk runs. A core's own walk (heads == 0) fuses the whole single-tile units of several
- * kv heads that lie inside its range. A sibling walk (heads == H, aicpu_attention_core_siblings)
- * walks the range of core j, which lies in head 0, and runs every segment for all H heads: a
- * whole unit for groups of up to `cap` heads at once, a piece once per head h with slot
- * + h * slot_step. With run == 0 the walk only checks the range (nothing is read of the caches
- * or written); it returns what a running walk would, apart from AICPU_ATTENTION_E_BLOCK_ID.
- */
-typedef struct {
-    int32_t heads;     /* 0: the core's own walk; else the sibling walk over this many heads */
-    int32_t slot_step; /* sibling walk: the slots of one head */
-    int run;
-    int skip_whole; /* a core's own walk within a span: leave the whole single-tile units,
-                     * which run_span_whole runs for the span (still checked and counted) */
-} walk_mode;
-
 /* Kv heads one run_segment call can fuse for a tile of ntok query tokens: the scratch holds
  * cap heads' query rows and (at one token per chunk at least) cap heads' K and V rows. */
-static int32_t fuse_cap(const core_ctx *c, int32_t ntok) {
-    int32_t per_head = ntok * c->group, row_block = QO_FLOATS / c->p->head_dim, cap;
+static int32_t fuse_cap(const tiling_walk *w, int32_t ntok) {
+    const core_ctx *c = (const core_ctx *)w;
+    int32_t per_head = ntok * c->group, row_block = QO_FLOATS / c->w.p->head_dim, cap;
     if (row_block > MAX_ROWS) row_block = MAX_ROWS;
-    cap = KV_FLOATS / c->p->head_dim;
+    cap = KV_FLOATS / c->w.p->head_dim;
     if (cap > row_block / per_head) cap = row_block / per_head;
     return cap < 1 ? 1 : cap;
-}
-
-static int walk_range(core_ctx *c, const int32_t *rec, int32_t batch, const walk_mode *mode) {
-    const aicpu_tiling_params *params = c->p;
-    work_pos pos, first, end;
-    int32_t first_slot, last_slot, nseg = 0;
-    int status = AICPU_TILING_OK;
-
-    read_pos(&pos, rec + AICPU_TILING_CORE_BEGIN);
-    read_pos(&end, rec + AICPU_TILING_CORE_END);
-    first = pos;
-    first_slot = rec[AICPU_TILING_CORE_FIRST_SLOT];
-    last_slot = rec[AICPU_TILING_CORE_LAST_SLOT];
-
-    while (pos_less(&pos, &end)) {
-        segment sg;
-        int32_t nblocks, cap, kw;
-        int blocks_ok, whole; /* whole: a whole unit of a single-tile request */
-        int inside;           /* the segment continues a unit the tiling cut (begins_inside) */
-        if (pos.r < 0 || pos.r >= batch || pos.h < 0 || pos.h >= params->num_kv_heads ||
-            pos.t < 0 || !load_request(c, pos.r, &sg.rl) || pos.t >= num_tiles(c, &sg.rl) ||
-            (mode->heads > 0 && pos.h != 0))
-            return AICPU_ATTENTION_E_TILING;
-        nblocks = unit_blocks(c, &sg.rl, pos.t);
-        kw = window_first_block(c, &sg.rl, pos.t);
-        inside = nseg == 0 && begins_inside(pos.k, kw, first_slot);
-        /* an end at 0 < k <= kw: a tiling that knows the window names the unit's start there
-         * (the core ends before the unit, its segments all walked); else a cut at k */
-        if (end.r == pos.r && end.h == pos.h && end.t == pos.t && end.k > 0 && end.k <= kw &&
-            nseg == rec[AICPU_TILING_CORE_NUM_SEGMENTS])
-            break;
-        sg.r = pos.r;
-        sg.h = pos.h;
-        sg.t = pos.t;
-        sg.kb = pos.k;
-        sg.ke = (end.r == pos.r && end.h == pos.h && end.t == pos.t) ? end.k : nblocks;
-        if (sg.kb < 0 || sg.ke <= sg.kb || sg.ke > nblocks) return AICPU_ATTENTION_E_TILING;
-        sg.slot = -1;
-        sg.nh = 1;
-        sg.ntok = sg.rl.q_len - pos.t * params->q_tile;
-        if (sg.ntok > params->q_tile) sg.ntok = params->q_tile;
-        cap = fuse_cap(c, sg.ntok);
-        whole = !inside && sg.ke == nblocks && num_tiles(c, &sg.rl) == 1;
-        if (mode->heads == 0 && whole) {
-            /* Fuse kv heads: the whole units (r, h', 0) inside the core's range are the heads
-             * [lo, hi] (whole_heads). They run in groups of cap heads starting at lo, each group
-             * when the walk reaches its first head; the walk skips the group's other heads
-             * later. */
-            int32_t lo, hi;
-            whole_heads(c, &first, &end, pos.r, !begins_inside(first.k, kw, first_slot), &lo,
-                        &hi);
-            if (pos.h < lo || pos.h > hi) return AICPU_ATTENTION_E_TILING;
-            if ((pos.h - lo) % cap != 0) {
-                sg.nh = 0; /* run with the group that starts at an earlier head */
-            } else {
-                sg.nh = hi - pos.h + 1 < cap ? hi - pos.h + 1 : cap;
-            }
-        }
-        if (inside || sg.ke < nblocks) {
-            /* Only a core's first segment can start inside a unit and only its last can end
-             * inside one; a piece that is both has first_slot == last_slot. */
-            int last = sg.ke < nblocks || nseg + 1 == rec[AICPU_TILING_CORE_NUM_SEGMENTS];
-            int32_t top = mode->heads > 0 ? (mode->heads - 1) * mode->slot_step : 0;
-            sg.slot = nseg == 0 ? first_slot : last_slot;
-            if ((nseg > 0 && (inside || !last)) ||
-                (nseg == 0 && last && first_slot != last_slot))
-                return AICPU_ATTENTION_E_TILING;
-            if (sg.slot < 0 || sg.slot >= c->max_slots - top || c->partial_out == NULL ||
-                c->partial_lse == NULL)
-                return AICPU_ATTENTION_E_TILING;
-        }
-        /* only the blocks the window lets the segment read are checked (and read) */
-        kw = window_first_block(c, &sg.rl, pos.t);
-        blocks_ok = blocks_valid(c, sg.r, sg.kb > kw ? sg.kb : kw, sg.ke);
-        if (!blocks_ok) status = AICPU_ATTENTION_E_BLOCK_ID;
-        if (mode->heads == 0) {
-            if (sg.nh > 0 && mode->run && !(mode->skip_whole && whole))
-                run_segment(c, &sg, blocks_ok);
-            nseg += sg.nh;
-        } else {
-            /* the sibling walk: this segment for heads 0..heads-1, the siblings' segments */
-            int32_t h, slot0 = sg.slot;
-            for (h = 0; mode->run && h < mode->heads; h += sg.nh) {
-                sg.h = h;
-                if (slot0 >= 0) { /* a piece: one head per call, each with its own slot */
-                    sg.nh = 1;
-                    sg.slot = slot0 + h * mode->slot_step;
-                } else {
-                    sg.nh = mode->heads - h < cap ? mode->heads - h : cap;
-                }
-                run_segment(c, &sg, blocks_ok);
-            }
-            nseg += 1;
-        }
-
-        if (sg.ke < nblocks) {
-            pos.k = sg.ke; /* a cut inside the unit: only the core's end can be there */
-            if (!(pos.r == end.r && pos.h == end.h && pos.t == end.t && pos.k == end.k))
-                return AICPU_ATTENTION_E_TILING;
-            break;
-        }
-        /* the next unit in work order: the next query tile, else the next request with query
-         * tokens under this head, else the first such request under the next head, else the
-         * end of the work (0, num_kv_heads, 0, 0) */
-        pos.k = 0;
-        if (++pos.t >= num_tiles(c, &sg.rl)) {
-            pos.t = 0;
-            for (pos.r++; pos.r < batch && c->cu[pos.r + 1] == c->cu[pos.r]; pos.r++) {
-            }
-            if (pos.r >= batch) {
-                for (pos.r = 0; pos.r < batch && c->cu[pos.r + 1] == c->cu[pos.r]; pos.r++) {
-                }
-                if (++pos.h >= params->num_kv_heads || pos.r >= batch) {
-                    pos.r = 0;
-                    pos.h = params->num_kv_heads;
-                }
-            }
-        }
-    }
-    if (nseg != rec[AICPU_TILING_CORE_NUM_SEGMENTS]) return AICPU_ATTENTION_E_TILING;
-    return status;
 }
 
 /* The checks every entry point makes before reading the core table: AICPU_TILING_OK, or the
@@ -1048,7 +723,7 @@ static int layer_check(const aicpu_tiling_params *params, const int32_t *tiling,
                        int32_t dtype, int32_t num_blocks, int32_t window,
                        const aicpu_attention_kv_int8 *kv_int8) {
     if (params == NULL || tiling == NULL || aicpu_tiling_params_check(params) != AICPU_TILING_OK ||
-        !dtype_ok(dtype) || num_blocks < 0 || window < 0 ||
+        !storage_dtype_ok(dtype) || num_blocks < 0 || window < 0 ||
         (window > 0 && (flags & AICPU_TILING_CAUSAL) == 0) ||
         (kv_int8 != NULL && (kv_int8->k_scale == NULL || kv_int8->k_offset == NULL ||
                              kv_int8->v_scale == NULL || kv_int8->v_offset == NULL)) ||
@@ -1079,18 +754,15 @@ static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t fl
                      const int32_t *block_table, const int32_t *cu_seqlens_q,
                      const int32_t *seqlens_kv, void *out, float *partial_out,
                      float *partial_lse) {
-    c->p = params;
+    walk_init(&c->w, params, flags, window, num_blocks, block_table, cu_seqlens_q, seqlens_kv,
+              partial_out, partial_lse, run_segment, fuse_cap);
     c->group = params->num_q_heads / params->num_kv_heads;
-    c->causal = (flags & AICPU_TILING_CAUSAL) != 0;
     c->dtype = dtype;
-    c->num_blocks = num_blocks;
-    c->max_slots = aicpu_tiling_max_slots(params);
     c->scale = scale;
     c->soft_cap = soft_cap_of(soft_cap);
     c->sinks = sinks;
-    c->window = window;
     c->kv_int8 = kv_int8;
-    c->kv_bytes = kv_int8 != NULL ? 1 : dtype_bytes(dtype);
+    c->kv_bytes = kv_int8 != NULL ? 1 : storage_dtype_bytes(dtype);
     c->nz = kv_int8 != NULL && kv_int8->layout == AICPU_ATTENTION_KV_NZ;
     c->head_mul = c->nz ? params->block_size : 1;
     c->token_stride = c->nz ? (ptrdiff_t)AICPU_ATTENTION_KV_NZ_WIDTH
@@ -1099,12 +771,7 @@ static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t fl
     c->query = query;
     c->key_cache = key_cache;
     c->value_cache = value_cache;
-    c->block_table = block_table;
-    c->cu = cu_seqlens_q;
-    c->kv = seqlens_kv;
     c->out = out;
-    c->partial_out = partial_out;
-    c->partial_lse = partial_lse;
 }
 
 /* 1 when every tensor a core reads or writes (other than the partial workspace) is given. */
@@ -1113,17 +780,6 @@ static int tensors_given(const void *query, const void *key_cache, const void *v
                          const int32_t *seqlens_kv, const void *out) {
     return query != NULL && key_cache != NULL && value_cache != NULL && block_table != NULL &&
            cu_seqlens_q != NULL && seqlens_kv != NULL && out != NULL;
-}
-
-static const int32_t *core_record(const int32_t *tiling, int32_t core) {
-    return tiling + AICPU_TILING_HDR_WORDS + (size_t)core * AICPU_TILING_CORE_WORDS;
-}
-
-static int core_idle(const int32_t *rec) {
-    work_pos begin, end;
-    read_pos(&begin, rec + AICPU_TILING_CORE_BEGIN);
-    read_pos(&end, rec + AICPU_TILING_CORE_END);
-    return !pos_less(&begin, &end);
 }
 
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
@@ -1155,7 +811,7 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
     mode.slot_step = 0;
     mode.run = 1;
     mode.skip_whole = 0;
-    return walk_range(&c, rec, tiling[AICPU_TILING_HDR_BATCH], &mode);
+    return walk_range(&c.w, rec, tiling[AICPU_TILING_HDR_BATCH], &mode);
 }
 
 int32_t aicpu_attention_num_sibling_sets(const aicpu_tiling_params *params) {
@@ -1251,10 +907,10 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
         mode.slot_step = slot_step;
         mode.run = 0; /* check the whole range first: a bad one falls back to the cores */
         mode.skip_whole = 0;
-        status = walk_range(&c, rec, batch, &mode);
+        status = walk_range(&c.w, rec, batch, &mode);
         if (status == AICPU_TILING_OK || status == AICPU_ATTENTION_E_BLOCK_ID) {
             mode.run = 1;
-            return walk_range(&c, rec, batch, &mode);
+            return walk_range(&c.w, rec, batch, &mode);
         }
         status = AICPU_TILING_OK;
     }
@@ -1309,19 +965,19 @@ static void run_span_whole(const core_ctx *c, const int32_t *tiling, int32_t fir
         segment sg;
         int32_t lo, hi, h, cap, kw;
         int any_cut, blocks_ok;
-        if (!load_request(c, r, &sg.rl) || sg.rl.q_len == 0 || num_tiles(c, &sg.rl) != 1)
+        if (!load_request(&c->w, r, &sg.rl) || sg.rl.q_len == 0 || num_tiles(&c->w, &sg.rl) != 1)
             continue;
-        kw = window_first_block(c, &sg.rl, 0);
-        whole_heads(c, begin, end, r, !begins_inside(begin->k, kw, begin_slot), &lo, &hi);
+        kw = window_first_block(&c->w, &sg.rl, 0);
+        whole_heads(&c->w, begin, end, r, !begins_inside(begin->k, kw, begin_slot), &lo, &hi);
         if (lo > hi) continue;
         sg.r = r;
         sg.t = 0;
         sg.kb = 0; /* run_segment reads from the window's first block */
-        sg.ke = unit_blocks(c, &sg.rl, 0);
-        blocks_ok = blocks_valid(c, r, kw, sg.ke);
+        sg.ke = unit_blocks(&c->w, &sg.rl, 0);
+        blocks_ok = blocks_valid(&c->w, r, kw, sg.ke);
         sg.slot = -1;
         sg.ntok = sg.rl.q_len;
-        cap = fuse_cap(c, sg.ntok);
+        cap = fuse_cap(&c->w, sg.ntok);
         /* per-head checks only for a request some core boundary cuts */
         any_cut = span_cuts_unit(tiling, first_core, last_live, -1, r, kw);
         for (h = lo; h <= hi;) {
@@ -1334,7 +990,7 @@ static void run_span_whole(const core_ctx *c, const int32_t *tiling, int32_t fir
                  !(any_cut && span_cuts_unit(tiling, first_core, last_live, h + sg.nh, r, kw));
                  sg.nh++) {
             }
-            run_segment(c, &sg, blocks_ok);
+            run_segment(&c->w, &sg, blocks_ok);
             h += sg.nh;
         }
     }
@@ -1378,7 +1034,7 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
             if (live != NULL &&
                 !same_pos(live + AICPU_TILING_CORE_END, rec + AICPU_TILING_CORE_BEGIN))
                 fusable = 0;
-            s = walk_range(&c, rec, batch, &mode);
+            s = walk_range(&c.w, rec, batch, &mode);
             if (s != AICPU_TILING_OK && s != AICPU_ATTENTION_E_BLOCK_ID) fusable = 0;
             if (first_live < 0) first_live = core;
             last_live = core;
@@ -1392,7 +1048,7 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
             mode.run = 1;
             for (core = first_live; core <= last_live; core++) {
                 const int32_t *rec = core_record(tiling, core);
-                int s = core_idle(rec) ? AICPU_TILING_OK : walk_range(&c, rec, batch, &mode);
+                int s = core_idle(rec) ? AICPU_TILING_OK : walk_range(&c.w, rec, batch, &mode);
                 if (status == AICPU_TILING_OK) status = s;
             }
             run_span_whole(&c, tiling, first_live, last_live, &begin, &end, batch);
@@ -1411,7 +1067,7 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
 }
 
 static void zero_rows(const aicpu_tiling_params *p, int32_t dtype, void *out, int32_t from) {
-    size_t row_bytes = (size_t)p->num_q_heads * p->head_dim * dtype_bytes(dtype);
+    size_t row_bytes = (size_t)p->num_q_heads * p->head_dim * storage_dtype_bytes(dtype);
     if (from < p->max_tokens)
         memset((char *)out + (size_t)from * row_bytes, 0,
                (size_t)(p->max_tokens - from) * row_bytes);
@@ -1426,7 +1082,7 @@ int aicpu_attention_finalize(const aicpu_tiling_params *params, const int32_t *t
     int status;
 
     if (params == NULL || aicpu_tiling_params_check(params) != AICPU_TILING_OK ||
-        !dtype_ok(dtype) || out == NULL)
+        !storage_dtype_ok(dtype) || out == NULL)
         return AICPU_ATTENTION_E_ARGS;
     if (tiling == NULL || !header_ok(params, tiling)) {
         zero_rows(params, dtype, out, 0);
@@ -1507,8 +1163,8 @@ int aicpu_attention_finalize(const aicpu_tiling_params *params, const int32_t *t
                         for (x = 0; x < d; x++) merged[x] += w * po[x];
                     }
                 }
-                store_row((char *)out + at * dtype_bytes(dtype), merged, dtype, d,
-                          wsum > 0.0f ? 1.0f / wsum : 0.0f);
+                storage_store_row((char *)out + at * storage_dtype_bytes(dtype), merged, dtype,
+                                  d, wsum > 0.0f ? 1.0f / wsum : 0.0f);
             }
         }
     }

@@ -22,6 +22,7 @@
  */
 #include "attention_kernels.h"
 #include "attention_ref.h"
+#include "attention_storage.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
@@ -56,8 +57,8 @@ static float load1(const void *p, ptrdiff_t at, int32_t dtype) {
     uint16_t u;
     if (dtype == AICPU_ATTENTION_FP32) return ((const float *)p)[at];
     u = ((const uint16_t *)p)[at];
-    return dtype == AICPU_ATTENTION_BF16 ? aicpu_attention_bf16_to_float(u)
-                                         : aicpu_attention_half_to_float(u);
+    return dtype == AICPU_ATTENTION_BF16 ? storage_bf16_to_float(u)
+                                         : storage_half_to_float(u);
 }
 
 /*
