@@ -140,7 +140,7 @@ class StaticAttention:
             the sink). The graph reads the tensors at every replay, in every mode. Not with
             ``mode="host_update"`` on a FIA backend (the NPU backend): the FIA prototype we
             call (``pyruntime/npu_twin/fia.py``) has no sink argument.
-        sliding_window: None or 0 (the default: no window, exactly today's kernels) or an int
+        sliding_window: None (the default: no window, exactly today's kernels) or an int
             W >= 1 (vLLM's ``sliding_window``): the query at kv position p sees only the keys
             j with ``p - W < j <= p``, its last W positions (Hugging Face's masks, vLLM's
             FlashAttention window ``(W - 1, 0)``). One value for every layer (build one
@@ -149,7 +149,9 @@ class StaticAttention:
             with ``sinks`` (gpt-oss's windowed layers) and ``logits_soft_cap``. Not with
             ``mode="host_update"`` on a FIA backend (the NPU backend): torch_npu documents
             FIA's ``pre_tokens`` and ``sparse_mode`` as having no effect when a request has
-            one query token (decode), so that path cannot apply the window.
+            one query token (decode), so that path cannot apply the window. 0 is refused: a
+            peer's 0 is a one-key window, 1 here (ours is FlashInfer's ``window_left + 1``,
+            FlashAttention's ``left + 1``; docs/attention-variants.md has the table).
         kv_cache_dtype: ``"auto"`` (the default: the caches have ``dtype``, exactly today's
             kernels) or ``"int8"`` (vLLM's name; vLLM-Ascend's C8): ``kv_caches`` are int8,
             still ND ``[num_blocks, block_size, num_kv_heads, head_dim]``, and every layer
@@ -176,7 +178,7 @@ class StaticAttention:
         logits_soft_cap: the soft cap as a float, or None.
         sinks: with ``sinks=True``, the list of per-layer float32 ``[num_q_heads]`` sink
             tensors (fill them in place); None with ``sinks=False``.
-        sliding_window: the window W as an int, or None (also for ``sliding_window=0``).
+        sliding_window: the window W as an int, or None (no window).
         kv_cache_dtype: ``"auto"`` or ``"int8"``.
         kv_scales: with ``kv_cache_dtype="int8"``, the list of per-layer ``(k_scale, k_offset,
             v_scale, v_offset)`` float32 ``[num_kv_heads, head_dim]`` tensors (fill them in
@@ -194,7 +196,7 @@ class StaticAttention:
             positive finite number (bool, NaN, infinity, zero, negative), or one given with
             host_update on a FIA backend (raised before anything is allocated); ``sinks`` that
             is not a bool, or True with host_update on a FIA backend (raised likewise); a
-            sliding_window that is not None or an int >= 0, or given with ``causal=False`` or
+            sliding_window that is not None or an int >= 1, or given with ``causal=False`` or
             with host_update on a FIA backend (raised likewise); a kv_cache_dtype other than
             "auto" or "int8" ("fp8" included), or "int8" with host_update on a FIA backend
             (raised likewise);

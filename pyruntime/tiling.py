@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from pyruntime._native import ffi, lib
+from pyruntime.kernels import sliding_window as _sliding_window
 
 # The other kernels' wrappers (reference_attention) take the cffi module from here, so this
 # stays the one module that imports it.
@@ -263,9 +264,9 @@ def _explain_params(p: TilingParams) -> str:
             return f"{name} is {value}, but it must be between 0 and {lib.AICPU_TILING_MAX_COST_WEIGHT}"
     if p.cost_kv_load + p.cost_qk_tile < 1:
         return "cost_kv_load + cost_qk_tile must be at least 1"
-    if not 0 <= p.sliding_window <= lib.AICPU_TILING_MAX_KV_TOKENS:
-        return (f"sliding_window is {p.sliding_window}, but it must be 0 (no window) or between "
-                f"1 and {lib.AICPU_TILING_MAX_KV_TOKENS}")
+    if p.sliding_window is not None and not 1 <= p.sliding_window <= lib.AICPU_TILING_MAX_KV_TOKENS:
+        return (f"sliding_window is {p.sliding_window}, but it must be None (no window) or "
+                f"between 1 and {lib.AICPU_TILING_MAX_KV_TOKENS}")
     return "the worst-case total cost of these shapes would overflow the kernel's cost range"
 
 
@@ -284,13 +285,17 @@ class TilingParams:
         num_cores: AI Cores the attention kernel is launched on (24 on a 910B2).
         q_tile: query tokens per work unit; default ``max(1, 128 // group)``.
         cost_kv_load, cost_qk_tile, cost_segment: cost-model weights (see the C header).
-        sliding_window: W, 0 or None for none (ABI v5): a query row at position p sees the
-            keys j with p - W < j <= p, and each unit's cost and blocks count only the
-            block-table columns its rows' windows touch. A window needs causal planning:
-            ``plan(..., causal=False)`` with W > 0 fails with the E_PARAMS status.
+        sliding_window: None (the default) for no window, or W >= 1 (ABI v5): a query row at
+            position p sees the keys j with p - W < j <= p (the model's W keys: FlashInfer's
+            ``window_left + 1``, FlashAttention's ``left + 1``), and each unit's cost and
+            blocks count only the block-table columns its rows' windows touch. 0 is refused
+            (a peer's 0 is a one-key window, which is 1 here). The C word keeps 0 for none
+            (:meth:`as_dict`, the cffi struct). A window needs causal planning:
+            ``plan(..., causal=False)`` with a window fails with the E_PARAMS status.
 
     Raises:
-        TilingParamsError (a ValueError): a field is out of the kernel's range.
+        TilingParamsError (a ValueError): a field is out of the kernel's range, or
+            ``sliding_window`` is 0.
     """
 
     num_q_heads: int
@@ -305,25 +310,25 @@ class TilingParams:
     cost_kv_load: int = DEFAULT_COST_KV_LOAD
     cost_qk_tile: int = DEFAULT_COST_QK_TILE
     cost_segment: int = DEFAULT_COST_SEGMENT
-    sliding_window: int | None = 0
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
-        if self.sliding_window is None:
-            object.__setattr__(self, "sliding_window", 0)
         for name in _FIELDS:
             value = getattr(self, name)
-            if name == "q_tile" and value is None:
+            if name in ("q_tile", "sliding_window") and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TilingParamsError(f"{name} must be an int, not {type(value).__name__}")
             if not _INT32_MIN <= value <= _INT32_MAX:
                 raise TilingParamsError(f"{name} is {value}, outside the int32 range")
             object.__setattr__(self, name, int(value))
+        if self.sliding_window == 0:  # the C word's none; here a one-key window is 1
+            raise TilingParamsError(_sliding_window.zero_refusal())
         if self.num_kv_heads < 1 or self.num_q_heads < 1:
             raise TilingParamsError(_explain_params(self))
         if self.q_tile is None:
             object.__setattr__(self, "q_tile", max(1, DEFAULT_TILE_ROWS // self.group))
-        c_params = ffi.new("aicpu_tiling_params *", {name: getattr(self, name) for name in _FIELDS})
+        c_params = ffi.new("aicpu_tiling_params *", self.as_dict())
         if lib.aicpu_tiling_params_check(c_params) != OK:
             raise TilingParamsError(f"invalid tiling params: {_explain_params(self)}")
         object.__setattr__(self, "_c", c_params)
@@ -358,8 +363,32 @@ class TilingParams:
         return self._c
 
     def as_dict(self) -> dict[str, int]:
-        """The thirteen C fields (every field but ``reserved``) as a dict."""
-        return {name: getattr(self, name) for name in _FIELDS}
+        """The thirteen C fields (every field but ``reserved``) as a dict of the C words:
+        ``sliding_window`` is 0 for none there (:func:`params_from_words` is the inverse)."""
+        words = {name: getattr(self, name) for name in _FIELDS}
+        words["sliding_window"] = words["sliding_window"] or 0
+        return words
+
+
+def params_from_words(words: Mapping[str, int] | Sequence[int]) -> TilingParams:
+    """The :class:`TilingParams` of the C words: a dict (:meth:`TilingParams.as_dict`, a golden
+    file's ``params``) or the flat list the kernels carry, in field order. The word
+    ``sliding_window`` 0 is no window (None): only here, at the boundary with the C words,
+    does 0 mean none (``TilingParams(sliding_window=0)`` is refused).
+
+    Raises:
+        TilingParamsError: as :class:`TilingParams`; TypeError: more than thirteen words.
+    """
+    if not isinstance(words, Mapping):
+        words = list(words)
+        if len(words) > len(_FIELDS):
+            raise TypeError(f"{len(words)} tiling params words, at most {len(_FIELDS)}")
+        words = dict(zip(_FIELDS, words))
+    window = words.get("sliding_window")
+    if (isinstance(window, (int, np.integer)) and not isinstance(window, bool)
+            and window == 0):
+        words = {**words, "sliding_window": None}
+    return TilingParams(**words)
 
 
 # --------------------------------------------------------------------------- decoded views

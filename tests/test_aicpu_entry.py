@@ -344,7 +344,7 @@ def test_classic_random_launches_match_plan_into(driver, seed):
         plans = [tiling.TilingParams(**{
             **base, "num_cores": int(rng.integers(1, 25)), "q_tile": int(rng.integers(1, 9)),
             "sliding_window": int(rng.integers(1, 100)) if causal and rng.random() < 0.6
-            else 0}) for _ in range(count)]
+            else None}) for _ in range(count)]
         batch = int(rng.integers(0, base["max_batch"] + 1))
         q = rng.integers(0, 6, size=batch)
         cu = [0, *np.cumsum(q).tolist()]

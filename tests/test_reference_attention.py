@@ -534,16 +534,20 @@ def test_sliding_window_with_unit_starts_at_the_window(cores, window):
 
 
 def test_sliding_window_off_and_wide_are_today_and_bad_windows_raise():
-    """None, 0 and a window wider than every kv length give the bits of a call without the
-    argument; a negative, bool or float window, or one without causal attention, raises."""
+    """None and a window wider than every kv length give the bits of a call without the
+    argument; 0 (refused, naming the convention), a negative, bool or float window, or one
+    without causal attention, raises."""
     case = window_case(torch.float32, 7, None)
     plan = case.tiling()
     off, _, _ = case.run(plan)
-    for same in (0, 10**6):
+    for same in (10**6,):
         case.sliding_window = same
         got, statuses, fin = case.run(plan)
         assert set(statuses.values()) <= {0} and fin == 0
         assert torch.equal(got, off)
+    case.sliding_window = 0
+    with pytest.raises(ValueError, match="sliding_window=0 is refused: None is no window"):
+        case.run(plan)
     for bad in (-1, True, 2.5, "4"):
         case.sliding_window = bad
         with pytest.raises(ValueError, match="sliding_window"):

@@ -72,9 +72,11 @@ def with_window(params: TilingParams, window: int) -> TilingParams:
 
 def test_params_take_the_window_in_place_of_the_first_reserved_word():
     params = TilingParams(**LLAMA_8B, max_batch=4, max_tokens=8, max_blocks_per_req=64,
-                          num_cores=24, sliding_window=None)
-    assert params.sliding_window == 0
-    assert params.as_dict()["sliding_window"] == 0
+                          num_cores=24)  # sliding_window=None, the default: no window
+    assert params.sliding_window is None
+    assert params.as_dict()["sliding_window"] == 0  # the C word keeps 0 for none
+    assert params._c_params().sliding_window == 0
+    assert tiling.params_from_words(params.as_dict()) == params
     assert ffi.sizeof("aicpu_tiling_params") == 64
     assert ffi.offsetof("aicpu_tiling_params", "sliding_window") == 48
     assert ffi.offsetof("aicpu_tiling_params", "reserved") == 52
@@ -95,6 +97,19 @@ def test_window_out_of_range_raises_naming_it(window):
             "cost_segment": 32, "sliding_window": window}
     assert lib.aicpu_tiling_params_check(ffi.new("aicpu_tiling_params *", bare)) == 1
     assert tiling_oracle.oracle_params_check(type("P", (), bare)) == 1
+
+
+def test_window_zero_is_refused_naming_the_convention():
+    """0 is no window only in the C word: a peer's 0 (FlashInfer window_left, FlashAttention
+    window_size left) is a one-key window, which is 1 here."""
+    for zero in (0, np.int32(0)):
+        with pytest.raises(tiling.TilingParamsError, match="sliding_window=0 is refused") as info:
+            TilingParams(**LLAMA_8B, max_batch=4, max_tokens=8, max_blocks_per_req=64,
+                         num_cores=24, sliding_window=zero)
+        assert isinstance(info.value, ValueError)
+        assert "None is no window" in str(info.value)
+        assert "FlashInfer window_left + 1" in str(info.value)
+        assert "FlashAttention window_size left + 1" in str(info.value)
 
 
 @pytest.mark.parametrize("value", [True, 2.0, "128"])
@@ -151,7 +166,7 @@ def test_hand_computed_window_counts_only_the_window_blocks():
     result = plan(params, cu, kv)
     assert result.status == 0
     assert result.total_cost == result.max_core_cost == 178
-    assert plan(with_window(params, 0), cu, kv).total_cost == 208
+    assert plan(with_window(params, None), cu, kv).total_cost == 208
     (core,) = result.cores()
     assert core.begin == (0, 0, 0, 5) and core.end == (0, 1, 0, 0)
     segs = result.segments()
@@ -237,14 +252,14 @@ def test_window_units_read_exactly_their_columns_and_stay_balanced(data, params)
 @given(st.data(), small_params(), st.integers(0, 5000))
 @settings(max_examples=200, deadline=None)
 def test_a_window_wider_than_every_first_row_changes_nothing(data, params, extra):
-    """W >= kv_len for every request gives the W = 0 buffer byte for byte (the header does
+    """W >= kv_len for every request gives the windowless buffer byte for byte (the header does
     not echo W). More exactly, the buffers are equal exactly when every unit's window starts
     in block 0 (first column 0); any later first column lowers the total cost."""
     cu, kv = data.draw(valid_inputs(params, True))
     plain = plan(params, cu, kv).buffer.tobytes()
-    wide = with_window(params, min(max(kv, default=0) + extra, lib.AICPU_TILING_MAX_KV_TOKENS))
-    if wide.sliding_window:
-        assert plan(wide, cu, kv).buffer.tobytes() == plain
+    widest = min(max(kv, default=0) + extra, lib.AICPU_TILING_MAX_KV_TOKENS)
+    if widest:  # 0 (no kv, no extra) is no window here, and refused by TilingParams
+        assert plan(with_window(params, widest), cu, kv).buffer.tobytes() == plain
     window = data.draw(st.integers(1, max(1, max(kv, default=1))))
     narrow = with_window(params, window)
     starts_at_zero = all(first == 0 for first, _ in unit_columns(narrow, cu, kv).values())
@@ -319,4 +334,4 @@ def test_chunked_prefill_mixes_with_a_window(window):
         total, w_max = windowed_total(params, cu, kv)
         assert result.total_cost == total
         assert result.max_core_cost <= total // 20 + 2 * params.cost_segment + w_max + 1
-        assert total < plan(with_window(params, 0), cu, kv).total_cost
+        assert total < plan(with_window(params, None), cu, kv).total_cost

@@ -244,7 +244,7 @@ def test_sliding_window_with_unit_starts_at_the_window(window):
 def test_sliding_window_argument_is_checked_before_launching():
     case = Case(np.random.default_rng(7), **CASES["decode_gqa_split"])
     plan = case.tiling()
-    for bad in (-1, True, 2.5):
+    for bad in (0, -1, True, 2.5):  # 0: a peer's one-key window, refused
         case.sliding_window = bad
         with pytest.raises(ValueError, match="sliding_window"):
             run_triton(case, plan)

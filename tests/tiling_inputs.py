@@ -71,14 +71,14 @@ def small_params(draw, windows: bool = False) -> TilingParams:
         cost_kv_load=draw(st.integers(0, 8)),
         cost_qk_tile=draw(st.integers(1, 4)),
         cost_segment=draw(st.integers(0, 120)),
-        sliding_window=draw(window_sizes()) if windows else 0,
+        sliding_window=draw(window_sizes()) if windows else None,
     )
 
 
 @st.composite
-def window_sizes(draw) -> int:
-    """A sliding window W: 0 (none), a few tokens, about a block, or far past any kv."""
-    return draw(st.one_of(st.just(0), st.integers(1, 6), st.integers(1, 300),
+def window_sizes(draw) -> int | None:
+    """A sliding window W: None (none), a few tokens, about a block, or far past any kv."""
+    return draw(st.one_of(st.just(None), st.integers(1, 6), st.integers(1, 300),
                           st.integers(1, 4000)))
 
 

@@ -1,5 +1,6 @@
-"""What the attention-variant error tools share (``tools/*_errors.py``): the problem, the loop,
-the sweep over consumers, modes and dtypes, and the Markdown table.
+"""What the attention-variant error tools share (``tools/*_errors.py``, run through
+``tools/variant_errors.py VARIANT``): the problem, the loop, the sweep over consumers, modes
+and dtypes, the options every tool has, and the report (JSON or the Markdown table).
 
 Each tool runs, for each AI Core consumer (the C reference attention, the Triton kernels
 under Triton's interpreter), each mode (device_tiling with placement graph and pre-replay,
@@ -8,7 +9,12 @@ variant on (bundled trace: decode, speculative decode, chunked prefill, padded b
 zero-length slots), and compares every layer's output of every step with
 ``pyruntime.workload.reference`` (float64, the same variant; `run_decode_loop` passes the
 attention's variant arguments). Shapes: 8 query heads, 2 kv heads, head_dim 64, block 16,
-8 requests, 32 query rows, 6 cores (so units split).
+8 requests, 32 query rows, 6 cores (so units split). MLA (``tools/mla_errors.py``) has its own
+problem, attention and loop, and shares the sweep, the options and the report.
+
+A tool is a module with its ``__doc__`` (the table's description), ``add_arguments(parser)``
+(its own options after :func:`add_options`) and ``table(args) -> int`` (:func:`sweep`, then
+:func:`report`); :func:`main` runs one alone.
 """
 
 from __future__ import annotations
@@ -37,14 +43,22 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SCALE = SHAPES["head_dim"] ** -0.5
 
 
-def parser(doc: str) -> argparse.ArgumentParser:
+def add_options(p: argparse.ArgumentParser, *, steps: int = 200, triton_steps: int = 12,
+                steps_help: str = "steps per C-consumer run",
+                triton_help: str = "steps per Triton run (interpreted: about 0.15 s a step)"
+                ) -> argparse.ArgumentParser:
     """The options every tool has: --steps, --triton-steps, --json."""
-    p = argparse.ArgumentParser(description=doc.split("\n")[0])
-    p.add_argument("--steps", type=int, default=200, help="steps per C-consumer run")
-    p.add_argument("--triton-steps", type=int, default=12,
-                   help="steps per Triton run (interpreted: about 0.15 s a step)")
+    p.add_argument("--steps", type=int, default=steps, help=steps_help)
+    p.add_argument("--triton-steps", type=int, default=triton_steps, help=triton_help)
     p.add_argument("--json", action="store_true")
     return p
+
+
+def main(tool, argv: list[str] | None = None) -> int:
+    """Run one tool module alone (its old ``python tools/NAME_errors.py`` entry)."""
+    p = argparse.ArgumentParser(description=tool.__doc__.split("\n")[0])
+    tool.add_arguments(p)
+    return tool.table(p.parse_args(argv))
 
 
 def attention(consumer: str, mode: str, placement: str | None, dtype: torch.dtype,
@@ -88,8 +102,8 @@ def sweep(args: argparse.Namespace, run: Callable[..., dict], *, trace_limit: in
           progress: Callable[[dict], str] | None = None,
           modes: tuple[tuple[str, str | None], ...] = MODES) -> list[dict]:
     """``run(consumer, mode, placement, dtype, steps, trace)`` for every consumer available
-    here (Triton when it is installed), mode of ``modes`` (default all) and dtype; progress
-    lines go to stderr."""
+    here (Triton when it is installed), mode of ``modes`` (default all) and dtype, over the
+    bundled trace's first ``trace_limit`` requests; progress lines go to stderr."""
     trace = load_trace(limit=trace_limit)
     consumers = ["c"] + (["triton"] if triton_launch.available() is None else [])
     rows = []
@@ -108,11 +122,14 @@ def sweep(args: argparse.Namespace, run: Callable[..., dict], *, trace_limit: in
 
 def report(args: argparse.Namespace, rows: list[dict], header: dict,
            columns: list[tuple[str, Callable[[dict], str]]]) -> int:
-    """Print the JSON report (``header`` + rows) or the Markdown table: consumer, mode,
-    dtype, steps, then ``columns`` (title, cell), then whether every run covered padded
-    buckets, speculative decode and chunked prefill. Returns the exit status, 0."""
+    """Print the JSON report (``header``, the shapes, the rows) or the Markdown table:
+    consumer, mode, dtype, steps, then ``columns`` (title, cell), then, when the rows count
+    them (``covered``, :func:`row`), whether every run covered padded buckets, speculative
+    decode and chunked prefill. The shapes are :data:`SHAPES` unless ``header`` names its
+    own (``"shapes"``, MLA's). Returns the exit status, 0."""
     if args.json:
-        print(json.dumps({**header, "shapes": SHAPES, "rows": rows}, indent=1))
+        print(json.dumps({**header, "shapes": header.get("shapes", SHAPES), "rows": rows},
+                         indent=1))
         return 0
     titles = ["consumer", "mode", "dtype", "steps", *(title for title, _ in columns)]
     print("| " + " | ".join(titles) + " |")
@@ -121,6 +138,8 @@ def report(args: argparse.Namespace, rows: list[dict], header: dict,
         cells = [r["consumer"], r["mode"], r["dtype"], str(r["steps"]),
                  *(cell(r) for _, cell in columns)]
         print("| " + " | ".join(cells) + " |")
+    if not all("covered" in r for r in rows):
+        return 0
     missed = [f"{r['consumer']}/{r['mode']}/{r['dtype']}: {k}" for r in rows
               for k, n in r["covered"].items() if n == 0]
     print("\nEvery run had padded buckets, speculative decode and chunked prefill steps."

@@ -26,7 +26,7 @@ def random_case(rng: random.Random) -> tuple[TilingParams, list[int], list[int],
     block, blocks = rng.choice([1, 7, 16, 64, 100, 128]), rng.randint(1, 40)
     # sliding window (ABI v5): none half the time, else a few tokens, a few blocks, or up to
     # past the capacity; with causal=False a window is E_PARAMS, which both must write alike
-    window = rng.choice([0, 0, 0, rng.randint(1, 6), rng.randint(1, 3 * block),
+    window = rng.choice([None, None, None, rng.randint(1, 6), rng.randint(1, 3 * block),
                          rng.randint(1, block * blocks + 8)])
     params = TilingParams(
         num_q_heads=heads * rng.choice([1, 1, 2, 8]), num_kv_heads=heads, head_dim=64,

@@ -23,7 +23,8 @@ num_kv_heads, head_dim // 32, block_size, 32]``), with the step's tiling. Printe
 output's worst error against float64 (read from the NZ caches too) and its largest distance
 from the ND output of the same step and layer (C: 0, the same fp32 rows).
 
-    python tools/int8_kv_errors.py [--offset-sd 15] [--steps 200] [--triton-steps 12] [--json]
+    python tools/variant_errors.py int8_kv [--offset-sd 15] [--steps 200] [--triton-steps 12]
+                                           [--json]
 
 Shapes and loop: `tools/_variant_errors.py` (8 query heads, 2 kv heads, head_dim 64, block 16,
 8 requests, 32 query rows, 6 cores: splits). Queries are N(0, 1).
@@ -126,10 +127,12 @@ def run(consumer: str, mode: str, placement: str | None, dtype: torch.dtype, off
                   no_scale_min_rel_diff=far[1], **nz)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = ve.parser(__doc__)
+def add_arguments(parser) -> None:
+    ve.add_options(parser)
     parser.add_argument("--offset-sd", type=float, default=15.0)
-    args = parser.parse_args(argv)
+
+
+def table(args) -> int:
     rows = ve.sweep(args, lambda *a: run(*a[:4], args.offset_sd, *a[4:]),
                     progress=lambda r: f"{r['max_rel_err']:.2e}  ({r['seconds']} s)")
     # the NZ layout: one mode (the layout changes no mode's work), every consumer and dtype
@@ -150,5 +153,5 @@ def main(argv: list[str] | None = None) -> int:
     ])
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # alone, as before; or: python tools/variant_errors.py int8_kv
+    sys.exit(ve.main(sys.modules[__name__]))

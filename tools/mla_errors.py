@@ -12,38 +12,34 @@ Printed per row: the worst relative error (max |out - ref| / max |ref| per step 
 worst of them), the steps run, and how many split a unit (so the combine merged pieces), had
 MTP requests, or were padded.
 
-    python tools/mla_errors.py [--steps 10] [--triton-steps 2] [--skip 3] [--json]
+    python tools/variant_errors.py mla [--steps 10] [--triton-steps 2] [--skip 3] [--json]
 
 Shapes: one TP-8 rank of DeepSeek-V3 (16 heads, kv_lora_rank 512, qk_rope_head_dim 64), cache
 block 128 (vLLM-Ascend's MLA block), 8 requests, 32 query rows, kv up to 512, 24 cores (the
 910B3's cube cores: most steps split units).
 Queries and caches are N(0, 1); the softmax scale is 1 / sqrt(192), DeepSeek's
-1 / sqrt(qk_nope_head_dim + qk_rope_head_dim) without the YaRN factor.
+1 / sqrt(qk_nope_head_dim + qk_rope_head_dim) without the YaRN factor. The sweep, the options
+and the report are `tools/_variant_errors.py`'s (the shapes above are MLA's own).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 
+import _variant_errors as ve
 import torch
 
 from pyruntime import backends
-from pyruntime.kernels import triton_launch
 from pyruntime.mla_attention import StaticMLAAttention
 from pyruntime.workload.batching import ContinuousBatcher
 from pyruntime.workload.driver import randomize
 from pyruntime.workload.mla_reference import run_mla_loop
-from pyruntime.workload.trace import load_trace
 
 SHAPES = {"num_heads": 16, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "block_size": 128,
           "max_batch": 8, "max_tokens": 32, "max_blocks_per_req": 4}
 NUM_BLOCKS = SHAPES["max_batch"] * SHAPES["max_blocks_per_req"] + 4
 SCALE = 192 ** -0.5
-MODES = (("device_tiling", "graph"), ("device_tiling", "pre-replay"), ("host_update", None))
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SPEC_TOKENS = (1, 2, 4)
 
 
@@ -80,43 +76,26 @@ def run(consumer: str, mode: str, placement: str | None, dtype: torch.dtype, ste
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=10,
-                        help="steps per loop for the C consumer (3 loops per row)")
-    parser.add_argument("--triton-steps", type=int, default=2,
-                        help="steps per loop for the Triton consumer (interpreted: slow)")
+def add_arguments(parser) -> None:
+    ve.add_options(parser, steps=10, triton_steps=2,
+                   steps_help="steps per loop for the C consumer (3 loops per row)",
+                   triton_help="steps per loop for the Triton consumer (interpreted: slow)")
     parser.add_argument("--skip", type=int, default=3,
                         help="batches drawn before each loop (the trace's first ones hold one "
                              "short request: no split units)")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    trace = load_trace(limit=2000)
-    consumers = ["c"] + (["triton"] if triton_launch.available() is None else [])
-    rows = []
-    for consumer in consumers:
-        steps = args.steps if consumer == "c" else args.triton_steps
-        for mode, placement in MODES:
-            for dtype in DTYPES:
-                row = run(consumer, mode, placement, dtype, steps, trace, args.skip)
-                rows.append(row)
-                if not args.json:
-                    print(f"{consumer:6} {row['mode']:11} {row['dtype']:8} {row['steps']:3} "
-                          f"steps  {row['max_rel_err']:.2e}  ({row['seconds']} s)",
-                          file=sys.stderr)
-    report = {"shapes": SHAPES, "scale": SCALE, "spec_tokens": SPEC_TOKENS, "rows": rows}
-    if args.json:
-        print(json.dumps(report, indent=1))
-        return 0
-    print("| consumer | mode | dtype | steps | split-unit steps | MTP steps | padded steps | "
-          "max rel. error |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['consumer']} | {r['mode']} | {r['dtype']} | {r['steps']} | "
-              f"{r['split_steps']} | {r['mtp_steps']} | {r['padded_steps']} | "
-              f"{r['max_rel_err']:.1e} |")
-    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def table(args) -> int:
+    rows = ve.sweep(args, lambda *a: run(*a, args.skip), trace_limit=2000,
+                    progress=lambda r: f"{r['max_rel_err']:.2e}  ({r['seconds']} s)")
+    header = {"shapes": SHAPES, "scale": SCALE, "spec_tokens": SPEC_TOKENS}
+    return ve.report(args, rows, header, [
+        ("split-unit steps", lambda r: str(r["split_steps"])),
+        ("MTP steps", lambda r: str(r["mtp_steps"])),
+        ("padded steps", lambda r: str(r["padded_steps"])),
+        ("max rel. error", lambda r: f"{r['max_rel_err']:.1e}"),
+    ])
+
+
+if __name__ == "__main__":  # alone, as before; or: python tools/variant_errors.py mla
+    sys.exit(ve.main(sys.modules[__name__]))

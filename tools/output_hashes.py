@@ -12,7 +12,8 @@ are excluded: nothing promises their contents.
     python tools/output_hashes.py [--steps 40] [--triton-steps 4] [--json] [--only SET,...]
 
 Compare two trees: run it in each and diff the JSON (``--json``). Shapes and loop:
-`tools/_variant_errors.py` for GQA, `tools/mla_errors.py` for MLA.
+`tools/_variant_errors.py` for GQA, `tools/mla_errors.py` for MLA (both run as tables by
+`tools/variant_errors.py`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ layer, of the float64 answers without the sinks and with each sink counted twice
 consumer that dropped the sink, or added it in both the attention and the combine, would
 show at its best step).
 
-    python tools/sinks_errors.py [--sink-base 3] [--steps 200] [--triton-steps 12] [--json]
+    python tools/variant_errors.py sinks [--sink-base 3] [--steps 200] [--triton-steps 12]
+                                         [--json]
 
 Shapes and loop: `tools/_variant_errors.py` (8 query heads, 2 kv heads, head_dim 64, block 16,
 8 requests, 32 query rows, 6 cores: splits). Queries, keys and values are N(0, 1).
@@ -58,10 +59,12 @@ def run(consumer: str, mode: str, placement: str | None, dtype: torch.dtype, sin
                   no_sinks_min_rel_diff=far[0], sinks_twice_min_rel_diff=far[1])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = ve.parser(__doc__)
+def add_arguments(parser) -> None:
+    ve.add_options(parser)
     parser.add_argument("--sink-base", type=float, default=3.0)
-    args = parser.parse_args(argv)
+
+
+def table(args) -> int:
     rows = ve.sweep(args, lambda *a: run(*a[:4], args.sink_base, *a[4:]),
                     progress=lambda r: f"{r['max_rel_err']:.2e}  ({r['seconds']} s)")
     return ve.report(args, rows, {"sink_base": args.sink_base}, [
@@ -73,5 +76,5 @@ def main(argv: list[str] | None = None) -> int:
     ])
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # alone, as before; or: python tools/variant_errors.py sinks
+    sys.exit(ve.main(sys.modules[__name__]))

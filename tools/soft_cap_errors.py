@@ -10,8 +10,8 @@ same cap). Printed per row: the worst relative error (max |out - ref| / max |ref
 layer, the worst of them), the same with the cap off (same inputs), and how far the uncapped
 float64 answer is from the capped one (what a consumer that ignored the cap would show).
 
-    python tools/soft_cap_errors.py [--cap 50] [--query-scale 30] [--steps 200]
-                                    [--triton-steps 12] [--json]
+    python tools/variant_errors.py soft_cap [--cap 50] [--query-scale 30] [--steps 200]
+                                            [--triton-steps 12] [--json]
 
 Shapes and loop: `tools/_variant_errors.py` (8 query heads, 2 kv heads, head_dim 64, block 16,
 8 requests, 32 query rows, 6 cores: splits). Queries are N(0, query_scale^2), keys and values N(0, 1), so scores are
@@ -48,11 +48,13 @@ def run(consumer: str, mode: str, placement: str | None, dtype: torch.dtype, cap
                   uncapped_answer_rel_diff=uncapped[0])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = ve.parser(__doc__)
+def add_arguments(parser) -> None:
+    ve.add_options(parser)
     parser.add_argument("--cap", type=float, default=50.0)
     parser.add_argument("--query-scale", type=float, default=30.0)
-    args = parser.parse_args(argv)
+
+
+def table(args) -> int:
 
     def both(consumer, mode, placement, dtype, steps, trace):
         on = run(consumer, mode, placement, dtype, args.cap, args.query_scale, steps, trace)
@@ -70,5 +72,5 @@ def main(argv: list[str] | None = None) -> int:
     ])
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # alone, as before; or: python tools/variant_errors.py soft_cap
+    sys.exit(ve.main(sys.modules[__name__]))

@@ -14,8 +14,8 @@ worst of them), and, over the steps where the window cuts a context, the smalles
 two wrong float64 answers: without the window, and with FIA's band ``pre_tokens = W`` (the
 W + 1 keys [p - W, p] that vLLM-Ascend's host path asks FIA for).
 
-    python tools/window_errors.py [--window 24] [--sinks] [--steps 200] [--triton-steps 12]
-                                  [--json]
+    python tools/variant_errors.py window [--window 24] [--sinks] [--steps 200]
+                                          [--triton-steps 12] [--json]
 
 ``--sinks`` adds attention sinks (``2 + 0.3 h + 0.2 layer``), gpt-oss's windowed layers.
 Shapes and loop: `tools/_variant_errors.py` (8 query heads, 2 kv heads, head_dim 64, block 16,
@@ -63,11 +63,13 @@ def run(consumer: str, mode: str, placement: str | None, dtype: torch.dtype, win
                   fia_band_min_rel_diff=far[1])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = ve.parser(__doc__)
+def add_arguments(parser) -> None:
+    ve.add_options(parser)
     parser.add_argument("--window", type=int, default=24)
     parser.add_argument("--sinks", action="store_true")
-    args = parser.parse_args(argv)
+
+
+def table(args) -> int:
     rows = ve.sweep(args, lambda *a: run(*a[:4], args.window, args.sinks, *a[4:]),
                     progress=lambda r: f"{r['max_rel_err']:.2e}  ({r['seconds']} s)")
     return ve.report(args, rows, {"window": args.window, "sinks": args.sinks}, [
@@ -80,5 +82,5 @@ def main(argv: list[str] | None = None) -> int:
     ])
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # alone, as before; or: python tools/variant_errors.py window
+    sys.exit(ve.main(sys.modules[__name__]))

@@ -113,7 +113,7 @@ class NpuTilingEngine:
         # one tiling per distinct window the graph's layers have (ABI v5: a windowed tiling
         # costs and cuts only the blocks its rows see); all share the key's lengths and epoch
         windows = sorted({c.sliding_window, *c.graph_windows}, key=lambda w: w or 0)
-        tilings = {w: replace(params, sliding_window=w or 0) for w in windows}
+        tilings = {w: replace(params, sliding_window=w) for w in windows}  # None: no window
         params = tilings[windows[0]]
         slots = max(1, max(t.max_partial_slots for t in tilings.values()))
 

@@ -134,8 +134,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="exit 1 unless ours is at or below every anchor variant everywhere")
     p.add_argument("-o", "--output", help="also write the JSON result to this file")
     p.add_argument("--window", type=int, default=None,
-                   help="sliding window W in tokens: ours (tiling ABI v5) against FlashInfer "
-                        "with window_left = W - 1, over the windowed ideal")
+                   help="sliding window W in tokens, the model's W keys (>= 1; FlashInfer's "
+                        "window_left + 1; omit for none): ours (tiling ABI v5) against "
+                        "FlashInfer with window_left = W - 1, over the windowed ideal")
     add_output_args(p)
     p.set_defaults(run=run)
     return p  # fmt: skip

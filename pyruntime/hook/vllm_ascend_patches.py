@@ -205,9 +205,11 @@ def make_init(original: Any, windows: set | None = None) -> Any:
 
 
 def layer_window(impl: Any) -> Any:
-    """The layer's sliding window as vLLM-Ascend keeps it (``impl.sliding_window``), None
-    for none: vLLM's convention (None or 0, FlashAttention's ``window_size`` (-1, -1)) and
-    vLLM-Ascend's (``pre_tokens = self.sliding_window or SWA_INT_MAX``) treat 0 as off."""
+    """The layer's sliding window as vLLM-Ascend keeps it (``impl.sliding_window``), mapped
+    to ours: None for none, W as is (vLLM's W is the model's W keys, as ours). vLLM's
+    convention (None or 0, FlashAttention's ``window_size`` (-1, -1)) and vLLM-Ascend's
+    (``pre_tokens = self.sliding_window or SWA_INT_MAX``) treat 0 as off, so vLLM's 0 is our
+    None here (our API refuses 0: `pyruntime.kernels.sliding_window`)."""
     window = getattr(impl, "sliding_window", None)
     return None if window is None or (not isinstance(window, bool) and window == 0) else window
 

@@ -33,8 +33,8 @@ computes one attention layer::
 with it off the C code runs exactly as it does without the argument. ``sinks`` (None, the
 default, is off) is a float32 ``[num_q_heads]`` tensor of attention-sink logits (gpt-oss): pass
 the same tensor to the cores and to :func:`attention_finalize` (attention_ref.h, WHAT A ROW
-COMPUTES). ``sliding_window=W`` (every core entry point; None or 0, the default, is off;
-causal only) lets the query at position p see only the keys ``p - W < j <= p``
+COMPUTES). ``sliding_window=W`` (every core entry point; None, the default, is off, 0 is
+refused; causal only) lets the query at position p see only the keys ``p - W < j <= p``
 (`pyruntime.kernels.sliding_window`); the cores read no kv block below a unit's window, whatever
 blocks the tiling gives them, and :class:`BlockLog` records the blocks they read.
 ``kv_scales=(k_scale, k_offset, v_scale, v_offset)`` (every core entry point; None, the
@@ -534,11 +534,11 @@ def attention_core(
             (gpt-oss): query head h's softmax denominator gains ``exp(sinks[h] - m)`` (the sink
             adds no value). Whole units add it here; split units add it in
             :func:`attention_finalize`, which must be given the same tensor.
-        sliding_window: None or 0 (off, the default), or W >= 1 (needs ``causal``): the query
-            at kv position p sees only the keys ``p - W < j <= p``. No kv block below a unit's
-            window is read or checked, whatever blocks the tiling gives the core (a tiling that
-            knows no window gives a unit all its blocks; a piece left with none writes an empty
-            partial, which the finalize merges with weight 0).
+        sliding_window: None (off, the default), or W >= 1 (needs ``causal``; 0 is refused):
+            the query at kv position p sees only the keys ``p - W < j <= p``. No kv block below
+            a unit's window is read or checked, whatever blocks the tiling gives the core (a
+            tiling that knows no window gives a unit all its blocks; a piece left with none
+            writes an empty partial, which the finalize merges with weight 0).
         kv_scales: None (the caches have query's dtype, the default) or the int8 KV cache's
             ``(k_scale, k_offset, v_scale, v_offset)``, float32 ``[num_kv_heads, head_dim]``
             each: the caches are int8 and a stored x means ``(x - offset) * scale`` per kv
@@ -554,7 +554,7 @@ def attention_core(
         ValueError: a wrong shape (a 5-D cache that is not int8, an NZ head_dim not a
             multiple of 32, caches in different layouts), device, contiguity, core index or
             buffer size, a soft cap that is not None or a positive finite number, or a sliding
-            window that is not None or an int >= 0, or is given without ``causal``.
+            window that is not None or an int >= 1 (0 included), or is given without ``causal``.
     """
     bound = _bind_checked(params, tiling_buffer, query=query, key_cache=key_cache,
                           value_cache=value_cache, block_table=block_table,

@@ -11,22 +11,38 @@ vLLM-Ascend's host path differs by one key: it passes FIA ``pre_tokens = W``, an
 ``[p - pre_tokens, p + next_tokens]`` then holds W + 1 keys (the float64 reference models that
 band separately, ``reference_attention(band=(W, 0))``).
 
-``None`` and 0 are off everywhere in Python (the consumers then run exactly the unwindowed
-code); the kernels receive ``0`` for off (:func:`kernel_arg`).
+``None`` is no window everywhere in Python (the consumers then run exactly the unwindowed
+code), and 0 is refused: the peers' 0 is a one-key window (FlashInfer ``window_left = 0``,
+FlashAttention ``window_size = (0, 0)``), ours is W keys, so a peer's value passed through as
+is would be one key short, and its one-key window would turn into none. Ours is FlashInfer's
+``window_left + 1`` and FlashAttention's ``left + 1`` (:data:`CONVENTION`). Only the C words
+keep 0 for none (the tiling params' ``sliding_window`` and the kernels' int32,
+:func:`kernel_arg`), converted at the Python boundary.
 """
 
 from __future__ import annotations
 
 import numbers
 
+#: What a window value means here and how to get it from a peer's (named by every refusal of 0)
+CONVENTION = ("None is no window; W >= 1 is the model's window of W keys, the query itself "
+              "included (vLLM's sliding_window; FlashInfer window_left + 1; FlashAttention "
+              "window_size left + 1; so a one-key window is 1)")
+
+
+def zero_refusal(name: str = "sliding_window") -> str:
+    """The message that refuses a window of 0 (:func:`check`, the CLI)."""
+    return f"{name}=0 is refused: {CONVENTION}"
+
 
 def check(value: object, *, causal: bool = True, name: str = "sliding_window",
           error: type[Exception] = ValueError) -> int | None:
-    """``None`` (off; 0 is off too), or ``value`` as an int when it is an integer >= 1.
+    """``None`` (no window), or ``value`` as an int when it is an integer >= 1.
 
     Raises:
-        error (ValueError unless told otherwise): a bool, a non-integer, a negative value, or a
-            window with ``causal=False`` (the window is defined for causal attention only).
+        error (ValueError unless told otherwise): a bool, a non-integer, 0 (refused, naming the
+            convention: :data:`CONVENTION`), a negative value, or a window with
+            ``causal=False`` (the window is defined for causal attention only).
     """
     if value is None:
         return None
@@ -37,7 +53,7 @@ def check(value: object, *, causal: bool = True, name: str = "sliding_window",
     if window < 0:
         raise error(f"{name} must be None (off) or an int >= 1, got {window}")
     if window == 0:
-        return None
+        raise error(zero_refusal(name))
     if window >= 2**31:
         raise error(f"{name} must be below 2**31, got {window}")
     if not causal:
@@ -47,7 +63,7 @@ def check(value: object, *, causal: bool = True, name: str = "sliding_window",
 
 
 def kernel_arg(value: int | None, *, causal: bool = True) -> int:
-    """The int32 the kernels take: the checked window, or 0 for off (:func:`check`)."""
+    """The int32 the kernels take: the checked window, or 0 for None (:func:`check`)."""
     window = check(value, causal=causal)
     return 0 if window is None else window
 

@@ -53,8 +53,9 @@ class AttentionKernelError(RuntimeError):
 
 @functools.lru_cache(maxsize=64)
 def params_from(values: tuple[int, ...]) -> tiling.TilingParams:
-    """`TilingParams` from the flat int list the kernels and custom ops carry."""
-    return tiling.TilingParams(*values)
+    """`TilingParams` from the flat int list the kernels and custom ops carry (C words: a
+    ``sliding_window`` of 0 is None)."""
+    return tiling.params_from_words(values)
 
 
 @functools.lru_cache(maxsize=64)

@@ -296,7 +296,7 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
             attention-sink logits on the output's device (the kernel compiled with
             ``USE_SINKS``): whole units add them to their rows' denominators; pass the same
             tensor to :func:`launch_combine`, which adds them to split units' rows.
-        sliding_window: None or 0 (off: the kernel compiled without the window) or W >= 1
+        sliding_window: None (off: the kernel compiled without the window) or W >= 1
             with ``causal``: the query at kv position p sees only the keys ``p - W < j <= p``
             (compiled with ``USE_WINDOW``, W passed as an int32 runtime scalar). No kv block
             below a unit's window is read or checked, whatever blocks the tiling gives it; the
@@ -316,8 +316,8 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
     Raises:
         TypeError, ValueError: wrong dtypes or shapes, (CPU tensors) length arrays shorter
             than the tiling's live batch, a soft cap that is not None or a positive finite
-            number, or a sliding window that is not None or an int >= 0, or is given without
-            ``causal``; checked before launching.
+            number, or a sliding window that is not None or an int >= 1 (0 included), or is
+            given without ``causal``; checked before launching.
         TritonUnavailableError: see :func:`kernels`.
     """
     layout = _check_shapes(params, query, key_cache, value_cache, out,

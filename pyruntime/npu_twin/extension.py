@@ -168,7 +168,7 @@ def _read_params(params, first: int):
         if not _INT32_MIN <= int(v) <= _INT32_MAX:
             raise RuntimeError(f"plan_tiling: params[{first + i}] = {v} is outside int32")
     try:
-        return tiling.TilingParams(*[int(v) for v in words])
+        return tiling.params_from_words([int(v) for v in words])  # C words: window 0 is None
     except (ValueError, tiling.TilingError) as exc:
         raise RuntimeError("plan_tiling: invalid tiling params (see "
                            f"pyruntime.tiling.TilingParams): {exc}") from exc

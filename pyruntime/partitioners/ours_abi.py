@@ -47,7 +47,7 @@ def core_segments(workload: Workload, record) -> list[Segment]:
     return segs
 
 
-def _param_fields(workload: Workload, head_dim: int = 128) -> dict[str, int]:
+def _param_fields(workload: Workload, head_dim: int = 128) -> dict[str, int | None]:
     """Tiling parameters (C struct field names) sized for this workload."""
     model = workload.model
     max_kv = max(workload.seqlens_kv, default=1)
@@ -65,7 +65,7 @@ def _param_fields(workload: Workload, head_dim: int = 128) -> dict[str, int]:
         "cost_qk_tile": model.cost_qk_tile,
         "cost_segment": model.cost_segment,
         # a WindowedWorkload (windowed.py) plans its window (ABI v5)
-        "sliding_window": getattr(workload, "sliding_window", 0),
+        "sliding_window": getattr(workload, "sliding_window", None),
     }
 
 

@@ -43,18 +43,18 @@ def reference_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cach
             sink, and the sink adds no value: ``p_j = exp(s_j - m) / (exp(sinks[h] - m) +
             sum_k exp(s_k - m))`` (vLLM's ``sinks``; the soft cap, when on, caps the scores and
             not the sink).
-        sliding_window: None or 0 (off), or W >= 1 with ``causal``: the query at kv position p
-            sees only the keys j with ``p - W < j <= p`` (W keys; Hugging Face's masks, vLLM's
-            FlashAttention window ``(W - 1, 0)``). Block-table entries of blocks that no row's
-            window reaches are not read (they may be stale, as when a serving engine frees
-            them).
+        sliding_window: None (off), or W >= 1 with ``causal`` (0 is refused): the query at kv
+            position p sees only the keys j with ``p - W < j <= p`` (W keys; Hugging Face's
+            masks, vLLM's FlashAttention window ``(W - 1, 0)``). Block-table entries of blocks
+            that no row's window reaches are not read (they may be stale, as when a serving
+            engine frees them).
         kv_scales: None (the caches hold values) or ``(k_scale, k_offset, v_scale, v_offset)``,
             each ``[Hkv, D]``: the caches are int8 and a stored x means
             ``(x - offset) * scale`` per kv head and dim (vLLM-Ascend's C8;
             `pyruntime.kernels.kv_quant`), computed in float64.
 
     Raises:
-        ValueError: ``sliding_window`` with ``causal=False``, negative or not an int; 5-D
+        ValueError: ``sliding_window`` with ``causal=False``, 0, negative or not an int; 5-D
             (NZ) caches without ``kv_scales``.
     """
     window = _sliding_window.check(sliding_window, causal=causal)

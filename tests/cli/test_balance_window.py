@@ -101,4 +101,7 @@ def test_cli_json_and_verdict(cli, tmp_path):
 def test_cli_window_below_one_is_a_one_line_error(cli):
     code, _, err = cli("bench", "balance", "--window", "0", "--quick")
     assert code == 2 and "--window must be >= 1" in err
+    assert "FlashInfer window_left + 1" in err and "omit --window for none" in err
+    code, _, err = cli("bench", "balance", "--window", "-3", "--quick")
+    assert code == 2 and "--window must be >= 1 (tokens), got -3" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -80,7 +80,7 @@ def test_the_patched_init_records_every_window():
     init = patches.make_init(Impl.__init__, windows)
     for w in (None, 128, 0, 128):
         init(Impl.__new__(Impl), 8, w)
-    assert windows == {None, 128}  # 0 is off
+    assert windows == {None, 128}  # vLLM's 0 is off: our None (ours refuses 0)
 
 
 def test_the_hook_logs_one_line_per_windowed_layer(caplog):

@@ -129,15 +129,26 @@ def test_triton_consumer_matches_the_window_reference(mode, placement, dtype):
     _check(stats, seen, 6, dtype, trace_mix=False)
 
 
-def test_no_window_by_default_and_zero_is_off():
-    for value in (None, 0):
-        attn = make_attention("device_tiling", num_layers=1, sliding_window=value)
-        assert attn.sliding_window is None
-        attn.backend.close()
+def test_no_window_by_default_and_zero_is_refused_naming_the_convention():
+    """None (the default) is no window; 0 is refused: FlashInfer's window_left = 0 and
+    FlashAttention's window_size = (0, 0) are a one-key window, which is 1 here."""
+    attn = make_attention("device_tiling", num_layers=1)
+    assert attn.sliding_window is None and attn.params.sliding_window is None
+    attn.backend.close()
+    for mode in ("device_tiling", "host_update"):
+        backend = backends.get("cpu", num_threads=1, wait_timeout_s=10.0)
+        with pytest.raises(AttentionInputError, match="sliding_window=0 is refused") as info:
+            StaticAttention(backend, num_layers=1, num_blocks=NUM_BLOCKS, mode=mode,
+                            dtype=torch.float32, sliding_window=0, **SHAPES)
+        assert "None is no window" in str(info.value)
+        assert "FlashInfer window_left + 1" in str(info.value)
+        assert "FlashAttention window_size left + 1" in str(info.value)
+        assert backend._buffers == {}
+        backend.close()
 
 
 @pytest.mark.parametrize("bad", [-1, True, 2.5, "8", torch.tensor(8)], ids=repr)
-def test_window_must_be_a_non_negative_int(bad):
+def test_window_must_be_a_positive_int(bad):
     backend = backends.get("cpu", num_threads=1, wait_timeout_s=10.0)
     with pytest.raises(AttentionInputError, match="sliding_window"):
         StaticAttention(backend, num_layers=1, num_blocks=NUM_BLOCKS, mode="device_tiling",
