@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 KERNELS = REPO / "aicpu_kernels"
 sys.path.insert(0, str(REPO / "bindings"))
-import build_config  # noqa: E402
+import build_config
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None,
                                 reason="needs gcc and nm")

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
-import variant_errors  # noqa: E402
+import variant_errors
 
 
 def test_every_variant_is_a_subcommand_with_its_own_defaults():

@@ -23,13 +23,13 @@ import hashlib
 import json
 import sys
 
+import _variant_errors as ve
 import torch
 
-import _variant_errors as ve
 from pyruntime import backends
 from pyruntime.kernels import reference_attention, triton_launch
 from pyruntime.workload.batching import ContinuousBatcher
-from pyruntime.workload.driver import randomize, run_decode_loop
+from pyruntime.workload.driver import randomize
 from pyruntime.workload.trace import load_trace
 
 # name -> (StaticAttention variant keywords, query scale); MLA is its own set below.
@@ -43,7 +43,7 @@ GQA_SETS = {
 SETS = (*GQA_SETS, "mla")
 
 
-def _digest_rows(h: "hashlib._Hash", outputs, live_rows: int) -> None:
+def _digest_rows(h: hashlib._Hash, outputs, live_rows: int) -> None:
     for out in outputs:
         h.update(out[:live_rows].contiguous().view(torch.uint8).numpy().tobytes())
 
@@ -79,6 +79,7 @@ def gqa_hash(consumer: str, variant: dict, query_scale: float, dtype: torch.dtyp
 
 def mla_hash(consumer: str, dtype: torch.dtype, steps: int, trace) -> tuple[str, int]:
     import mla_errors as me
+
     from pyruntime.mla_attention import StaticMLAAttention
 
     backend = backends.get("cpu", num_threads=2, wait_timeout_s=600.0, aicore=consumer)

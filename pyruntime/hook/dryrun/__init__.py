@@ -17,8 +17,8 @@ The names below are the driver's and the models' (no vLLM or torch import until 
 from __future__ import annotations
 
 from .driver import (
-    REPORT_FIELDS,
     REPO,
+    REPORT_FIELDS,
     SCHEMA,
     Run,
     check_real_vllm_ascend,
@@ -30,6 +30,22 @@ from .driver import (
 )
 from .models import MODELS, TOLERANCE, TOLERANCES, DryRunError, MLAShape, Shape, shape_of
 
-__all__ = ["MLAShape", "MODELS", "REPO", "REPORT_FIELDS", "Run", "SCHEMA", "Shape",
-           "TOLERANCE", "TOLERANCES", "DryRunError", "check_real_vllm_ascend", "dry_run",
-           "report", "run", "run_in_child", "shape_of", "start_device"]
+__all__ = [
+    "MODELS",
+    "REPO",
+    "REPORT_FIELDS",
+    "SCHEMA",
+    "TOLERANCE",
+    "TOLERANCES",
+    "DryRunError",
+    "MLAShape",
+    "Run",
+    "Shape",
+    "check_real_vllm_ascend",
+    "dry_run",
+    "report",
+    "run",
+    "run_in_child",
+    "shape_of",
+    "start_device",
+]
