@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pyruntime.backends import BackendError
-from pyruntime.backends.npu_engine import NpuTilingEngine, mla_graph_key
+from pyruntime.hook.npu_engine import NpuTilingEngine, mla_graph_key
 from pyruntime.hook.dryrun_mla import reference
 from pyruntime.hook.vllm_ascend_mla import MLACapture
 
