@@ -91,6 +91,34 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
+def _targets(tree: ast.AST, package: str, modules: dict[str, Path]):
+    """(node, imported module or None) for every runtime import in `tree`, a module of
+    `package`."""
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node, _resolve(alias.name, modules)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                base = ".".join(base + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if _resolve(base, modules) is None:
+                continue
+            for alias in node.names:
+                # `from pkg import submodule` imports the submodule; `from pkg import name`
+                # runs pkg (its __init__)
+                yield node, _resolve(f"{base}.{alias.name}", modules)
+        elif (isinstance(node, ast.Call) and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                   or (isinstance(node.func, ast.Name)
+                       and node.func.id in ("import_module", "__import__")))):
+            yield node, _resolve(node.args[0].value, modules)
+
+
 def module_imports(modules: dict[str, Path] | None = None, root: Path = ROOT) -> list[Import]:
     """Every runtime import of one of our modules by one of our modules (`modules` from
     `module_files(root)`)."""
@@ -101,36 +129,10 @@ def module_imports(modules: dict[str, Path] | None = None, root: Path = ROOT) ->
         lines = source.splitlines()
         rel = str(path.relative_to(root.parent))
         package = _package_of(module, path)
-
-        def add(target: str | None, node: ast.AST) -> None:
+        for node, target in _targets(ast.parse(source, filename=str(path)), package, modules):
             if target is not None and target != module:
                 found.append(Import(module, target, rel, node.lineno,
                                     lines[node.lineno - 1].strip()))
-
-        for node in _runtime_nodes(ast.parse(source, filename=str(path))):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    add(_resolve(alias.name, modules), node)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")
-                    base = base[:len(base) - (node.level - 1)]
-                    base = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    base = node.module or ""
-                if _resolve(base, modules) is None:
-                    continue
-                for alias in node.names:
-                    # `from pkg import submodule` imports the submodule; `from pkg import name`
-                    # runs pkg (its __init__).
-                    add(_resolve(f"{base}.{alias.name}", modules), node)
-            elif (isinstance(node, ast.Call) and node.args
-                  and isinstance(node.args[0], ast.Constant)
-                  and isinstance(node.args[0].value, str)
-                  and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
-                       or (isinstance(node.func, ast.Name)
-                           and node.func.id in ("import_module", "__import__")))):
-                add(_resolve(node.args[0].value, modules), node)
     # `from m import a, b` is one import of m; in file and line order
     return sorted(dict.fromkeys(found), key=lambda i: (i.path, i.line, i.target))
 

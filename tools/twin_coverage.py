@@ -31,8 +31,8 @@ def _engine_scenario(placement: str) -> None:
     import torch
 
     from pyruntime.backends import npu_kernels
-    from pyruntime.hook.npu_engine import NpuTilingEngine
     from pyruntime.hook.engine import AttentionCapture
+    from pyruntime.hook.npu_engine import NpuTilingEngine
 
     npu_kernels.load()
     engine = NpuTilingEngine(placement, num_cores=4)
@@ -79,8 +79,8 @@ def _mla_engine_scenario(placement: str) -> None:
     import torch
 
     from pyruntime.backends import npu_kernels
-    from pyruntime.hook.npu_engine import NpuTilingEngine
     from pyruntime.hook.dryrun_mla import reference
+    from pyruntime.hook.npu_engine import NpuTilingEngine
     from pyruntime.hook.vllm_ascend_mla import MLACapture
 
     npu_kernels.load()

@@ -38,8 +38,10 @@ import torch
 
 from pyruntime import tiling
 from pyruntime.backends import BackendError
-from pyruntime.kernels import kv_quant
-from pyruntime.kernels import mla_step  # noqa: F401 - hands the MLA ops their bodies
+from pyruntime.kernels import (
+    kv_quant,
+    mla_step,  # noqa: F401 - hands the MLA ops their bodies
+)
 from pyruntime.kernels import step as kernels
 
 from .engine import AttentionCapture
