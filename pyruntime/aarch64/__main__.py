@@ -26,7 +26,7 @@ def build(out_dir: Path) -> int:
 def count() -> int:
     """Print the instruction counts ``bench tiling`` shows, one line per batch size."""
     from pyruntime.cli import tiling_bench
-    from pyruntime.cli.sources import trace_path
+    from pyruntime.measurement.sources import trace_path
 
     rows = [{"batch": b} for b in tiling_bench.BENCH_SIZES]
     info = tiling_bench.add_instruction_counts(rows, trace_path())
