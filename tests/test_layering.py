@@ -88,3 +88,42 @@ def test_cycles_inside_a_subpackage_are_found(tmp_path):
 def test_third_party_names_are_not_nodes(tmp_path, name):
     root = _package(tmp_path, {"__init__.py": "", "a.py": f"import {name}\nimport torch\n"})
     assert graph.module_imports(root=root) == []
+
+
+def _documented_layers() -> dict[str, tuple[int, list[str]]]:
+    """docs/design.md section 8's table: piece -> (layer, the pieces it imports)."""
+    text = (ROOT / "docs/design.md").read_text()
+    marker = "<!-- layers: tests/test_layering.py reads this block -->"
+    assert marker in text, f"docs/design.md lost its layer table ({marker})"
+    block = text.split(marker, 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    table: dict[str, tuple[int, list[str]]] = {}
+    for line in block.splitlines():
+        layer, rest = line.split(None, 1)
+        node, _, imports = (part.strip() for part in rest.partition("->"))
+        assert node not in table, f"docs/design.md lists {node} twice"
+        table[node] = (int(layer), [] if imports == "(nothing)" else imports.split(", "))
+    return table
+
+
+def test_every_import_points_down_the_documented_layers():
+    table = _documented_layers()
+    modules = graph.module_files()
+    assert set(table) == {graph.top_node(m) for m in modules} - {None}, (
+        "docs/design.md section 8 must list every subpackage and top-level module once")
+    upward = [f"{a} (layer {table[a][0]}) -> {b} (layer {table[b][0]}):\n"
+              + "\n".join(f"    {i.where()}" for i in imps)
+              for (a, b), imps in sorted(graph.top_level_edges(graph.module_imports()).items())
+              if table[a][0] <= table[b][0]]
+    if upward:
+        pytest.fail("imports that do not point to a lower layer of docs/design.md section 8:\n"
+                    + "\n".join(upward), pytrace=False)
+
+
+def test_the_documented_arrows_are_the_code_s():
+    edges = graph.top_level_edges(graph.module_imports())
+    code = {node: sorted(b for a, b in edges if a == node) for node in _documented_layers()}
+    documented = {node: imports for node, (_, imports) in _documented_layers().items()}
+    differ = {n: (documented[n], code[n]) for n in code if documented[n] != code[n]}
+    assert not differ, ("docs/design.md section 8 says (first) what the code does not "
+                        "(second); `python tools/import_graph.py --edges` prints the code's "
+                        f"arrows: {differ}")
