@@ -436,4 +436,3 @@ class StaticAttention:
     def graph(self):
         """The captured backend graph (for profiling and tests)."""
         return self._live()[1].graph
-

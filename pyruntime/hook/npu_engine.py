@@ -1,6 +1,6 @@
 """The vLLM tiling engine on the NPU backend: what the vLLM-Ascend hook captures into.
 
-`vllm_tiling_engine(backend)` makes it on an `pyruntime.backends.npu.NpuBackend` (the hook's
+`vllm_tiling_engine(backend)` makes it on a `pyruntime.backends.npu.NpuBackend` (the hook's
 `engine_loader` calls it); it lives with the hook it serves, above the backends it runs on.
 
 Per graph key (a vLLM-Ascend graph and its token bucket) the engine owns static device
