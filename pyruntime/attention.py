@@ -47,7 +47,9 @@ Example (runs on the CPU backend)::
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -70,7 +72,7 @@ from pyruntime.kernels import soft_cap
 from pyruntime.tiling import TilingParams
 
 __all__ = ["MODES", "PLACEMENTS", "AttentionClosedError", "AttentionError", "AttentionInputError",
-           "AttentionStateError", "FrozenSizeError", "StaticAttention", "StaticMLAAttention"]
+           "AttentionStateError", "FrozenSizeError", "StaticAttention"]
 
 MODES = ("device_tiling", "host_update")
 
@@ -212,10 +214,7 @@ class StaticAttention:
                  owns_backend: bool = False, logits_soft_cap: float | None = None,
                  sinks: bool = False, sliding_window: int | None = None,
                  kv_cache_dtype: str = "auto") -> None:
-        self.backend, self.owns_backend = backend, bool(owns_backend)
-        self._closed = False
-        self._buffers = self._path = None
-        try:
+        with self._constructing(backend, owns_backend):
             placement = check_mode(mode, placement)
             self.logits_soft_cap = soft_cap.check(logits_soft_cap, error=AttentionInputError)
             if (self.logits_soft_cap is not None and mode == "host_update"
@@ -271,20 +270,40 @@ class StaticAttention:
                 max_blocks_per_req=max_blocks_per_req,
                 num_cores=num_cores or backend.default_num_cores, q_tile=q_tile,
                 sliding_window=self.sliding_window)
-            self._buffers = StaticBuffers(backend, self.params, num_layers=num_layers,
-                                          num_blocks=num_blocks, dtype=dtype,
-                                          logits_soft_cap=self.logits_soft_cap, sinks=sinks,
-                                          sliding_window=self.sliding_window,
-                                          kv_cache_dtype=self.kv_cache_dtype)
-            path = HostUpdatePath if mode == "host_update" else DEVICE_TILING_PATHS[placement]
-            self._path = path(backend, self._buffers, causal=causal)
+            self._start(StaticBuffers(backend, self.params, num_layers=num_layers,
+                                      num_blocks=num_blocks, dtype=dtype,
+                                      logits_soft_cap=self.logits_soft_cap, sinks=sinks,
+                                      sliding_window=self.sliding_window,
+                                      kv_cache_dtype=self.kv_cache_dtype))
+
+    # The one construction path, StaticMLAAttention's too: `_constructing` around the checks
+    # of the layer kind's own arguments, then `_start` with its buffers; the paths by mode.
+    _HOST_UPDATE_PATH = HostUpdatePath
+    _DEVICE_PATHS = DEVICE_TILING_PATHS
+
+    @contextlib.contextmanager
+    def _constructing(self, backend: Backend, owns_backend: bool) -> Iterator[None]:
+        """Take `backend` (and its ownership) for the body, which checks the arguments, sets
+        mode, causal and placement, and calls `_start`; if the body raises, give back what was
+        made, and an owned backend (the caller never gets `self`)."""
+        self.backend, self.owns_backend = backend, bool(owns_backend)
+        self._closed = False
+        self._buffers = self._path = None
+        try:
+            yield
         except BaseException:
-            # give back what was made, and an owned backend: the caller never gets `self`
             self.close()
             raise
         self._captured = False
         self._stepped = False
         self.last_step_host_seconds = math.nan
+
+    def _start(self, buffers) -> None:
+        """Own `buffers` and make the path of this mode and placement over them."""
+        self._buffers = buffers
+        path = (self._HOST_UPDATE_PATH if self.mode == "host_update"
+                else self._DEVICE_PATHS[self.placement])
+        self._path = path(self.backend, buffers, causal=self.causal)
 
     queries = property(lambda self: self._live()[0].queries)
     kv_caches = property(lambda self: self._live()[0].kv_caches)
@@ -419,13 +438,3 @@ class StaticAttention:
     def graph(self):
         """The captured backend graph (for profiling and tests)."""
         return self._live()[1].graph
-
-
-def __getattr__(name: str):
-    """`pyruntime.attention.StaticMLAAttention`, imported on first use: pyruntime.mla_attention
-    builds on StaticAttention, so importing it here eagerly would be circular."""
-    if name == "StaticMLAAttention":
-        from pyruntime.mla_attention import StaticMLAAttention
-
-        return StaticMLAAttention
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -65,7 +65,7 @@ import torch
 
 from pyruntime.attention import StaticAttention, check_mode
 from pyruntime.backends import Backend
-from pyruntime.graph_attention.buffers import DTYPES, StaticBuffers
+from pyruntime.graph_attention.buffers import StaticBuffers, check_dtype
 from pyruntime.graph_attention.device_tiling import DeviceTilingPath, PreReplayTilingPath
 from pyruntime.graph_attention.errors import AttentionInputError
 from pyruntime.graph_attention.host_update import HostUpdatePath
@@ -120,21 +120,9 @@ class MLABuffers(StaticBuffers):
     def __init__(self, backend: Backend, params: TilingParams, *, kv_lora_rank: int,
                  num_layers: int, num_blocks: int, dtype: torch.dtype, scale: float) -> None:
         # StaticBuffers.__init__ would allocate GQA queries and caches; this makes the MLA ones
-        # and the same step buffers (see the report on sharing that allocation)
-        if dtype not in DTYPES:
-            raise AttentionInputError(f"dtype must be one of {DTYPES}, got {dtype}")
-        if num_layers < 1 or num_blocks < 1:
-            raise AttentionInputError(f"num_layers ({num_layers}) and num_blocks "
-                                      f"({num_blocks}) must be at least 1")
-        self._allocated: list[torch.Tensor] = []
-
-        def alloc(shape, dtype):
-            buf = backend.alloc(shape, dtype)
-            self._allocated.append(buf)
-            return buf
-
-        p, self._backend = params, backend
-        self.params, self.num_blocks, self.dtype, self.scale = p, num_blocks, dtype, scale
+        # between the same first and last steps (its checks, its step buffers)
+        self._begin(backend, params, num_layers=num_layers, num_blocks=num_blocks, dtype=dtype)
+        p, alloc, self.scale = params, self._alloc, scale
         self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, p.head_dim - kv_lora_rank
         self.logits_soft_cap, self.sinks = None, None
         lora, rope, heads = kv_lora_rank, self.qk_rope_head_dim, p.num_q_heads
@@ -144,18 +132,9 @@ class MLABuffers(StaticBuffers):
                            alloc((num_blocks, p.block_size, 1, rope), dtype))
                           for _ in range(num_layers)]
         self.outputs = [alloc((p.max_tokens, heads, lora), dtype) for _ in range(num_layers)]
-        self.block_table = alloc((p.max_batch, p.max_blocks_per_req), torch.int32)
-        self.lengths = alloc((2 * p.max_batch + 3,), torch.int32)
-        self.step_epoch = self.lengths[0:1]
-        self.batch = self.lengths[1:2]
-        self.cu_seqlens_q = self.lengths[2 : p.max_batch + 3]
-        self.seqlens_kv = self.lengths[p.max_batch + 3 :]
-        self.tiling = alloc((p.tiling_bytes,), torch.uint8)
         out_shape, lse_shape = reference_mla.partial_shapes(p, kv_lora_rank)
-        self.partial_out = alloc((max(1, out_shape[0]), *out_shape[1:]), torch.float32)
-        self.partial_lse = alloc((max(1, lse_shape[0]), *lse_shape[1:]), torch.float32)
-        self._staging = np.zeros(2 * p.max_batch + 3, dtype=np.int32)
-        self._epoch = 0
+        self._alloc_step_buffers((max(1, out_shape[0]), *out_shape[1:]),
+                                 (max(1, lse_shape[0]), *lse_shape[1:]))
 
 
 class _MLALayers:
@@ -243,26 +222,25 @@ class StaticMLAAttention(StaticAttention):
         pyruntime.tiling.TilingParamsError: shapes out of the tiling kernel's range.
     """
 
+    _HOST_UPDATE_PATH = MLAHostUpdatePath
+    _DEVICE_PATHS = _DEVICE_PATHS
+
     def __init__(self, backend: Backend, *, num_layers: int, num_heads: int, kv_lora_rank: int,
                  qk_rope_head_dim: int, block_size: int, num_blocks: int, max_batch: int,
                  max_tokens: int, max_blocks_per_req: int, mode: str, dtype: torch.dtype,
                  softmax_scale: float, placement: str | None = None,
                  num_cores: int | None = None, q_tile: int | None = None,
                  owns_backend: bool = False) -> None:
-        # the attributes StaticAttention's methods read (it has no constructor hook for other
-        # buffers and paths; see docs/mla.md)
-        self.backend, self.owns_backend = backend, bool(owns_backend)
-        self._closed = False
-        self._buffers = self._path = None
-        try:
+        # StaticAttention's construction path: its backend ownership and clean-up on failure,
+        # its mode check; the MLA checks, buffers and paths (_HOST_UPDATE_PATH, _DEVICE_PATHS)
+        with self._constructing(backend, owns_backend):
             placement = check_mode(mode, placement)
             if mode == "host_update" and backend.host_update_attention == "fia":
                 raise AttentionInputError(
                     f"mode='host_update' on the {backend.name} backend: its host path is "
                     "torch_npu's FIA, whose MLA call (query_rope / key_rope) is not modelled "
                     "here yet; use mode='device_tiling'")
-            if dtype not in DTYPES:
-                raise AttentionInputError(f"dtype must be one of {DTYPES}, got {dtype}")
+            check_dtype(dtype)
             for name, value in (("num_layers", num_layers), ("num_heads", num_heads),
                                 ("kv_lora_rank", kv_lora_rank),
                                 ("qk_rope_head_dim", qk_rope_head_dim),
@@ -281,14 +259,6 @@ class StaticMLAAttention(StaticAttention):
                 qk_rope_head_dim=qk_rope_head_dim, block_size=block_size, max_batch=max_batch,
                 max_tokens=max_tokens, max_blocks_per_req=max_blocks_per_req,
                 num_cores=num_cores or backend.default_num_cores, q_tile=q_tile)
-            self._buffers = MLABuffers(backend, self.params, kv_lora_rank=self.kv_lora_rank,
-                                       num_layers=num_layers, num_blocks=num_blocks,
-                                       dtype=dtype, scale=self.softmax_scale)
-            path = MLAHostUpdatePath if mode == "host_update" else _DEVICE_PATHS[placement]
-            self._path = path(backend, self._buffers, causal=True)
-        except BaseException:
-            self.close()
-            raise
-        self._captured = False
-        self._stepped = False
-        self.last_step_host_seconds = math.nan
+            self._start(MLABuffers(backend, self.params, kv_lora_rank=self.kv_lora_rank,
+                                   num_layers=num_layers, num_blocks=num_blocks, dtype=dtype,
+                                   scale=self.softmax_scale))

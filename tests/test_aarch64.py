@@ -331,7 +331,7 @@ def test_entry_rejects_bad_blocks(emu):
 
 def test_bench_tiling_gets_instruction_counts():
     from pyruntime.cli import tiling_bench
-    from pyruntime.cli.sources import trace_path
+    from pyruntime.measurement.sources import trace_path
 
     rows = [{"batch": b} for b in (1, 8, 64, 256, 1024, 3)]
     info = tiling_bench.add_instruction_counts(rows, trace_path())

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from pyruntime.cli import bench
-from pyruntime.cli.abrun import BENCH_MODES, Geometry, Point, run_point
+from pyruntime.measurement.abrun import BENCH_MODES, Geometry, Point, run_point
 
 
 def parse(*argv: str) -> argparse.Namespace:

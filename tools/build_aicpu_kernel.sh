@@ -37,7 +37,7 @@ build_root="${2:-${root}/build/aicpu}"
 case "${what}" in
     classic | ascendc | runtime | npu_ext | all) ;;
     cross)
-        exec "${PYTHON:-python3}" -c 'import sys; sys.path.insert(0, sys.argv[1]); from pyruntime.aarch64.__main__ import main; sys.exit(main(["build", sys.argv[2]]))' "${root}" "${build_root}/cross"
+        exec "${PYTHON:-python3}" -c 'import sys; sys.path.insert(0, sys.argv[1]); from pyruntime.cli.aarch64 import main; sys.exit(main(["build", sys.argv[2]]))' "${root}" "${build_root}/cross"
         ;;
     -h | --help)
         sed -n '2,24p' "${BASH_SOURCE[0]}"

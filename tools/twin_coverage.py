@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MEASURED = ("pyruntime/backends/npu.py", "pyruntime/backends/npu_kernels.py",
-            "pyruntime/backends/npu_engine.py")
+            "pyruntime/hook/npu_engine.py")
 
 
 def _engine_scenario(placement: str) -> None:
@@ -31,8 +31,8 @@ def _engine_scenario(placement: str) -> None:
     import torch
 
     from pyruntime.backends import npu_kernels
-    from pyruntime.backends.npu_engine import NpuTilingEngine
     from pyruntime.hook.engine import AttentionCapture
+    from pyruntime.hook.npu_engine import NpuTilingEngine
 
     npu_kernels.load()
     engine = NpuTilingEngine(placement, num_cores=4)
@@ -79,8 +79,8 @@ def _mla_engine_scenario(placement: str) -> None:
     import torch
 
     from pyruntime.backends import npu_kernels
-    from pyruntime.backends.npu_engine import NpuTilingEngine
     from pyruntime.hook.dryrun.mla import reference
+    from pyruntime.hook.npu_engine import NpuTilingEngine
     from pyruntime.hook.vllm_ascend_mla import MLACapture
 
     npu_kernels.load()
@@ -134,6 +134,7 @@ def scenarios() -> dict[str, str]:
 
     from pyruntime import backends
     from pyruntime.backends import npu_kernels
+    from pyruntime.hook.npu_engine import vllm_tiling_engine
     from pyruntime.selfcheck import CHECKS, Context
 
     results: dict[str, str] = {}
@@ -211,7 +212,7 @@ def scenarios() -> dict[str, str]:
         assert npu_kernels.attention_reason() is None
         assert be.ai_core_count() == 20
         os.environ["AICPU_TILING_PLACEMENT"] = "graph"
-        assert be.vllm_tiling_engine().placement == "graph"
+        assert vllm_tiling_engine(be).placement == "graph"
     attempt("loader and engine factory", loader_errors)
     return results
 

@@ -13,8 +13,8 @@ Nothing here needs an NPU. Three parts, one concept each:
   in that machine on numpy inputs, returning the buffer bytes, the status and the
   instruction count (the noise-free AI-CPU cost figure of ``aicpu-tiling bench tiling``).
 
-Command line: ``python -m pyruntime.aarch64 build [DIR]`` cross-compiles everything and
-``python -m pyruntime.aarch64 count`` prints instruction counts per call.
+Command line: ``python -m pyruntime.cli.aarch64 build [DIR]`` cross-compiles everything and
+``python -m pyruntime.cli.aarch64 count`` prints instruction counts per call.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Handles a backend hands out: kernels and tasks, streams, events, graphs, task groups.
+"""Handles a backend hands out: tasks, streams, events, graphs, task groups.
+
+`Kernel` (and its kinds `AICPU`, `AICORE`) is `pyruntime.kernels.kernel`'s, re-exported here
+and by `pyruntime.backends`: the kernels are made below the backends that launch them.
 
 They mirror the torch_npu objects (`torch.npu.Stream`, `torch.npu.Event`,
 `torch.npu.ExternalEvent`, `torch.npu.NPUGraph`, the handle returned by
@@ -12,47 +15,17 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from pyruntime.kernels.kernel import AICORE, AICPU, Kernel
 
 if TYPE_CHECKING:
     from .base import Backend
 
-AICPU = "aicpu"
-AICORE = "aicore"
+__all__ = ["AICORE", "AICPU", "Event", "ExternalEvent", "Graph", "GraphState", "Kernel",
+           "Stream", "Task", "TaskGroup"]
+
 _ids = itertools.count(1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Kernel:
-    """A device kernel of one kind.
-
-    Args:
-        name: unique kernel name, used in errors, timings and update checks.
-        kind: ``"aicpu"`` (one AI-CPU task) or ``"aicore"`` (spread over AI Core cores).
-        cpu_impl: the CPU backend's body. AI-CPU: ``cpu_impl(**args)``. AI Core:
-            ``cpu_impl(core, **args)``, called once per core index; it must do exactly the
-            work of that core.
-        npu_op: the torch op the NPU backend calls as ``npu_op(**args)`` (one launch that
-            covers every core), or None where the kernel has no NPU build.
-        triton_impl: the Triton body of an AI Core kernel, ``triton_impl(**args)``: one launch
-            that runs the whole fixed grid (every core), the same source the NPU runs. The
-            CPU backend runs it, interpreted, instead of ``cpu_impl`` when made with
-            ``aicore="triton"``; None where the kernel has no Triton body.
-    """
-
-    name: str
-    kind: str
-    cpu_impl: Callable[..., Any]
-    npu_op: Callable[..., Any] | None = None
-    triton_impl: Callable[..., Any] | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in (AICPU, AICORE):
-            raise ValueError(f"kernel {self.name!r}: kind must be 'aicpu' or 'aicore', "
-                             f"got {self.kind!r}")
-        if self.triton_impl is not None and self.kind != AICORE:
-            raise ValueError(f"kernel {self.name!r}: only AI Core kernels have a Triton body")
 
 
 @dataclasses.dataclass

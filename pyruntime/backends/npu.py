@@ -11,7 +11,8 @@ AI-CPU kernel with the fork/join of docs/design.md section 7 on whatever stream 
 on, captured or eager); the attention and combine ops are the Triton AI Core kernels
 (Triton-Ascend). Both placements use the same op: ``graph`` captures it, ``pre-replay``
 calls it once per step before the replay (`pyruntime.graph_attention.device_tiling`).
-`vllm_tiling_engine()` gives the vLLM-Ascend hook its engine (`npu_engine`).
+The vLLM-Ascend hook's engine on this backend is `pyruntime.hook.npu_engine` (above the
+backends: it implements the hook's engine contract).
 Nothing in this module has run on an NPU.
 """
 
@@ -110,29 +111,6 @@ class NpuBackend(Backend):
             return int(getattr(props, "cube_core_num", 0)) or self.default_num_cores
         except Exception:  # noqa: BLE001 - an older torch_npu without the field
             return self.default_num_cores
-
-    def vllm_tiling_engine(self, placement: str | None = None) -> Any:
-        """The engine the vLLM-Ascend hook captures into, for `placement` (default: the one
-        `aicpu-tiling selfcheck` saved, or ``$AICPU_TILING_PLACEMENT``).
-
-        Raises:
-            BackendError: no placement chosen yet, our kernels not built or not loadable, or
-            no NPU attention kernel; the message is the reason the hook logs.
-        """
-        from pyruntime import placement as placements
-
-        from . import npu_kernels
-        from .npu_engine import NpuTilingEngine
-
-        if placement is None:
-            placement, where = placements.load()
-            if placement is None:
-                raise BackendError(where)
-        self.load_kernels()
-        reason = npu_kernels.attention_reason()
-        if reason is not None:
-            raise npu_kernels.KernelsUnavailableError(reason)
-        return NpuTilingEngine(placement, num_cores=self.ai_core_count())
 
     def _alloc(self, shape, dtype):
         return torch.zeros(shape, dtype=dtype, device=self.device)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from ..measurement.sources import SOURCES as ALL_SOURCES
+from ..measurement.sources import ContinuousBatch, SourceError
 from ..partitioners import CostModel, TilingUnavailableError, WorkloadError
 from ..partitioners.study import (
     COST_MODELS,
@@ -41,8 +43,6 @@ from ._common import (
     progress,
     write_json,
 )
-from .sources import SOURCES as ALL_SOURCES
-from .sources import ContinuousBatch, SourceError
 
 DEFAULT_SIZES = (16, 64, 256, 1024)
 QUICK_SIZES = (16, 64)

@@ -16,11 +16,11 @@ import time
 from rich.table import Table
 
 from ..kernels import sliding_window as _sliding_window
+from ..measurement.sources import ContinuousBatch, SourceError
 from ..partitioners import CostModel, TilingUnavailableError, WorkloadError, ours
 from ..partitioners.windowed import WindowedWorkload, flashinfer_decode_masked, flashinfer_window
 from ..partitioners.workload import Workload
 from ._common import CliError, emit_json, make_console, progress, write_json
-from .sources import ContinuousBatch, SourceError
 
 BUDGETS = (1, 2, 4)  # CTAs per SM, as the windowless FlashInfer anchors
 

@@ -9,8 +9,8 @@ intervals, the host_update over each placement's ratio with a paired bootstrap i
 per-step backend counters, host time by layer count, and the host-time flatness figure
 (device path host time at L=61 over L=1, both measured side by side). Host time is the
 host thread's CPU time in a step's host part, measured warm with the emulated device held
-(see ``abrun.run_interleaved``). Writes JSON (schema in docs/bench_schema.md) and, with the
-``plot`` extra, a PNG.
+(see ``pyruntime.measurement.abrun.run_interleaved``). Writes JSON (schema in
+docs/bench_schema.md) and, with the ``plot`` extra, a PNG.
 """
 
 from __future__ import annotations
@@ -21,18 +21,7 @@ import platform
 import time
 from pathlib import Path
 
-from ..profiler import processors as proc
-from ..profiler.renderers.bench_tables import bench_table
-from ._common import (
-    CliError,
-    add_output_args,
-    comma_choices,
-    emit_json,
-    make_console,
-    progress,
-    write_json,
-)
-from .abrun import (
+from ..measurement.abrun import (
     BENCH_MODES,
     DTYPES,
     FLATNESS_BATCH,
@@ -46,8 +35,19 @@ from .abrun import (
     measure_flatness,
     run_point,
 )
+from ..measurement.sources import SOURCES, SourceError
+from ..profiler import processors as proc
+from ..profiler.renderers.bench_tables import bench_table
+from ._common import (
+    CliError,
+    add_output_args,
+    comma_choices,
+    emit_json,
+    make_console,
+    progress,
+    write_json,
+)
 from .balance import _int_list
-from .sources import SOURCES, SourceError
 
 SCHEMA = "aicpu-tiling/bench"
 SCHEMA_VERSION = 3

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..measurement.sources import ContinuousBatch, SourceError
 from ..partitioners import Workload, WorkloadError
 from ..profiler.renderers.tiling_tables import tiling_tables
 from ._common import CliError, add_output_args, emit_json, make_console
 from .balance import add_geometry_args, cost_model
-from .sources import ContinuousBatch, SourceError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

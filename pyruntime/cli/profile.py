@@ -12,13 +12,13 @@ import argparse
 
 import numpy as np
 
+from ..measurement.abrun import DTYPES, MODES, Geometry, Point, run_point
+from ..measurement.sources import SOURCES, SourceError
 from ..profiler import processors as proc
 from ..profiler.data import Session, SessionError
 from ..profiler.renderers.chrome_trace import write_chrome_trace
 from ..profiler.renderers.profile_tables import profile_tables
 from ._common import CliError, add_output_args, emit_json, make_console, progress
-from .abrun import DTYPES, MODES, Geometry, Point, run_point
-from .sources import SOURCES, SourceError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -22,10 +22,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ..measurement.sources import SourceError, load_trace, trace_path
 from ..profiler.renderers.bench_tables import tiling_bench_table
 from ..workload import trace as workload_trace
 from ._common import CliError, add_output_args, emit_json, make_console, progress, write_json
-from .sources import SourceError, load_trace, trace_path
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES_C = ("aicpu_kernels/aicpu_tiling.c", "tools/bench_tiling.c")

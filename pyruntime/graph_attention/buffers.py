@@ -55,6 +55,13 @@ def _int32_array(name: str, value: Any, ndim: int) -> np.ndarray:
     return np.ascontiguousarray(value)
 
 
+def check_dtype(dtype: torch.dtype) -> torch.dtype:
+    """`dtype` if it is a storage dtype of the attentions (`DTYPES`), else AttentionInputError."""
+    if dtype not in DTYPES:
+        raise AttentionInputError(f"dtype must be one of {DTYPES}, got {dtype}")
+    return dtype
+
+
 class StaticBuffers:
     """The device buffers of one bucket, shared by every layer.
 
@@ -82,6 +89,10 @@ class StaticBuffers:
     Attributes (layer constants every launch passes): scale (``1 / sqrt(head_dim)``),
     logits_soft_cap (None or C > 0, see `pyruntime.kernels.soft_cap`) and sliding_window
     (None or W >= 1, see `pyruntime.kernels.sliding_window`).
+
+    Subclasses with other layer buffers (`pyruntime.mla_attention.MLABuffers`) build on the
+    same three steps: `_begin` (checks, allocation ledger), their layer buffers through
+    `_alloc`, then `_alloc_step_buffers`.
     """
 
     def __init__(self, backend: Backend, params: TilingParams, *, num_layers: int,
@@ -91,20 +102,8 @@ class StaticBuffers:
         self.logits_soft_cap = soft_cap.check(logits_soft_cap, error=AttentionInputError)
         self.kv_cache_dtype = _kv_quant.check(kv_cache_dtype, error=AttentionInputError)
         self.sliding_window = _sliding_window.check(sliding_window, error=AttentionInputError)
-        if dtype not in DTYPES:
-            raise AttentionInputError(f"dtype must be one of {DTYPES}, got {dtype}")
-        if num_layers < 1 or num_blocks < 1:
-            raise AttentionInputError(f"num_layers ({num_layers}) and num_blocks "
-                                      f"({num_blocks}) must be at least 1")
-        self._allocated: list[torch.Tensor] = []
-
-        def alloc(shape, dtype):
-            buf = backend.alloc(shape, dtype)
-            self._allocated.append(buf)  # what `free` gives back (views excluded)
-            return buf
-
-        p, self._backend = params, backend
-        self.params, self.num_blocks, self.dtype = p, num_blocks, dtype
+        self._begin(backend, params, num_layers=num_layers, num_blocks=num_blocks, dtype=dtype)
+        p, alloc = params, self._alloc
         self.scale = 1.0 / math.sqrt(p.head_dim)
         row = (p.max_tokens, p.num_q_heads, p.head_dim)
         cache = (num_blocks, p.block_size, p.num_kv_heads, p.head_dim)
@@ -123,6 +122,32 @@ class StaticBuffers:
         self.outputs = [alloc(row, dtype) for _ in range(num_layers)]
         self.sinks = ([alloc((p.num_q_heads,), torch.float32) for _ in range(num_layers)]
                       if sinks else None)
+        slots = max(1, p.max_partial_slots)
+        self._alloc_step_buffers((slots, p.q_tile, p.group, p.head_dim),
+                                 (slots, p.q_tile, p.group))
+
+    def _begin(self, backend: Backend, params: TilingParams, *, num_layers: int,
+               num_blocks: int, dtype: torch.dtype) -> None:
+        """Check the storage dtype and the counts, and start the ledger of what `free` gives
+        back. Raises AttentionInputError before anything is allocated."""
+        check_dtype(dtype)
+        if num_layers < 1 or num_blocks < 1:
+            raise AttentionInputError(f"num_layers ({num_layers}) and num_blocks "
+                                      f"({num_blocks}) must be at least 1")
+        self._allocated: list[torch.Tensor] = []
+        self._backend, self.params, self.num_blocks, self.dtype = backend, params, num_blocks, dtype
+
+    def _alloc(self, shape, dtype) -> torch.Tensor:
+        buf = self._backend.alloc(shape, dtype)
+        self._allocated.append(buf)  # what `free` gives back (views excluded)
+        return buf
+
+    def _alloc_step_buffers(self, partial_out_shape: tuple[int, ...],
+                            partial_lse_shape: tuple[int, ...]) -> None:
+        """The buffers every layer of the bucket shares: block table, packed lengths (and
+        their views), tiling, float32 split-KV partials of the given shapes; and the host
+        staging of the lengths."""
+        p, alloc = self.params, self._alloc
         self.block_table = alloc((p.max_batch, p.max_blocks_per_req), torch.int32)
         self.lengths = alloc((2 * p.max_batch + 3,), torch.int32)
         self.step_epoch = self.lengths[0:1]
@@ -130,9 +155,8 @@ class StaticBuffers:
         self.cu_seqlens_q = self.lengths[2 : p.max_batch + 3]
         self.seqlens_kv = self.lengths[p.max_batch + 3 :]
         self.tiling = alloc((p.tiling_bytes,), torch.uint8)
-        slots = max(1, p.max_partial_slots)
-        self.partial_out = alloc((slots, p.q_tile, p.group, p.head_dim), torch.float32)
-        self.partial_lse = alloc((slots, p.q_tile, p.group), torch.float32)
+        self.partial_out = alloc(partial_out_shape, torch.float32)
+        self.partial_lse = alloc(partial_lse_shape, torch.float32)
         self._staging = np.zeros(2 * p.max_batch + 3, dtype=np.int32)
         self._epoch = 0  # the device buffers start zeroed: epoch 0 is "no step yet"
 

@@ -34,7 +34,7 @@ _EXPORTS = {
     "uninstall": "activation",
     "AttentionCapture": "engine",
     "TilingEngine": "engine",
-    "load_engine": "engine",
+    "load_engine": "engine_loader",
     "ActivationError": "errors",
     "HookError": "errors",
     "PatchTargetError": "errors",

@@ -19,7 +19,8 @@ from . import registry
 from . import vllm_ascend_mla as mla
 from . import vllm_ascend_patches as patches
 from . import vllm_ascend_targets as targets
-from .engine import TilingEngine, load_engine
+from .engine import TilingEngine
+from .engine_loader import load_engine
 from .versions import VersionRange, installed_version
 
 log = logging.getLogger("pyruntime.hook")
@@ -120,7 +121,7 @@ def install(
 
     Args:
         engine_factory: returns ``(engine, None)`` or ``(None, reason)``; defaults to
-            :func:`pyruntime.hook.engine.load_engine` (kernels, device and backend
+            :func:`pyruntime.hook.engine_loader.load_engine` (kernels, device and backend
             checks, or ``AICPU_TILING_ENGINE``).
 
     Returns:

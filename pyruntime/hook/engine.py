@@ -1,4 +1,4 @@
-"""The device-tiling engine the vLLM-Ascend patch set captures into, and how it is found.
+"""The device-tiling engine the vLLM-Ascend patch set captures into: what it is handed.
 
 A patched attention layer hands its tensors to an engine as an :class:`AttentionCapture`
 while the graph is being captured. The engine must, inside the active capture,
@@ -10,21 +10,15 @@ while the graph is being captured. The engine must, inside the active capture,
 
 Nothing it captures may need a host update per replay.
 
-Fallback guarantee: :func:`load_engine` returns ``(None, reason)`` when our kernels
-cannot be imported, no supported Ascend device is present, or no backend provides an
-engine. The patch set then patches nothing.
+How it is found: `pyruntime.hook.engine_loader.load_engine` (the NPU engine itself is
+`pyruntime.hook.npu_engine`).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
-
-from .errors import ActivationError
 
 #: Environment variable naming an engine factory as ``"package.module:callable"``.
 ENGINE_ENV = "AICPU_TILING_ENGINE"
@@ -122,63 +116,3 @@ class TilingEngine(Protocol):
     # replay of a graph that holds device-tiled layers (after ACLGraphWrapper's own
     # synchronize): a new step epoch; the tiling task itself under the pre-replay
     # placement. num_tokens is the graph's token bucket, None when unknown.
-
-
-def _from_env(spec: str) -> TilingEngine:
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ActivationError(f"{ENGINE_ENV}={spec!r} is not of the form 'package.module:callable'")
-    factory = getattr(importlib.import_module(module_name), attr)
-    return factory()
-
-
-def _npu_device_reason() -> str | None:
-    if importlib.util.find_spec("torch_npu") is None:
-        return "torch_npu is not installed, so no Ascend device can be used"
-    import torch
-    import torch_npu  # noqa: F401 - registers torch.npu
-
-    if not torch.npu.is_available():
-        return "no Ascend NPU is available (torch.npu.is_available() is False)"
-    soc = str(torch.npu.get_device_name())
-    if not soc.startswith(SUPPORTED_SOCS):
-        return f"device {soc} is not supported (supported: {', '.join(SUPPORTED_SOCS)}*)"
-    return None
-
-
-def load_engine() -> tuple[TilingEngine | None, str | None]:
-    """Find the engine to capture into; returns ``(engine, None)`` or ``(None, reason)``.
-
-    Order: the factory named by ``AICPU_TILING_ENGINE``; otherwise our kernels
-    (``pyruntime.tiling``) must import, a supported NPU must be present, and the
-    ``"npu"`` backend's ``vllm_tiling_engine()`` must succeed: a placement chosen by
-    ``aicpu-tiling selfcheck --backend npu`` (or ``AICPU_TILING_PLACEMENT``), our NPU
-    kernels built and loadable. Any failure is returned as the reason.
-
-    Raises:
-        ActivationError: ``AICPU_TILING_ENGINE`` is set but malformed.
-    """
-    spec = os.environ.get(ENGINE_ENV, "").strip()
-    if spec:
-        return _from_env(spec), None
-    try:
-        importlib.import_module("pyruntime.tiling")
-    except Exception as exc:  # noqa: BLE001 - any failure means: do not patch
-        return None, f"our tiling kernels cannot load ({type(exc).__name__}: {exc})"
-    try:
-        reason = _npu_device_reason()
-    except Exception as exc:  # noqa: BLE001
-        return None, f"the Ascend device could not be queried ({type(exc).__name__}: {exc})"
-    if reason is not None:
-        return None, reason
-    try:
-        backend = importlib.import_module("pyruntime.backends").get("npu")
-    except Exception as exc:  # noqa: BLE001
-        return None, f"no NPU backend is available ({type(exc).__name__}: {exc})"
-    make = getattr(backend, "vllm_tiling_engine", None)
-    if make is None:
-        return None, "the NPU backend does not provide a vLLM tiling engine"
-    try:
-        return make(), None
-    except Exception as exc:  # noqa: BLE001 - any failure means: do not patch, say why
-        return None, f"the NPU tiling engine is not available: {exc}"

@@ -1,4 +1,4 @@
-"""The AI Core kernels of one MLA decode step, as backend `Kernel`s, and their layer launch.
+"""The AI Core kernels of one MLA decode step, as `Kernel`s, and their layer launch.
 
 The AI-CPU tiling kernel is `step.TILING` unchanged: an MLA layer is planned as GQA with one
 kv head, ``head_dim = kv_lora_rank + qk_rope_head_dim`` (`pyruntime.mla_attention`).
@@ -13,16 +13,20 @@ kv head, ``head_dim = kv_lora_rank + qk_rope_head_dim`` (`pyruntime.mla_attentio
 Both take ``step_epoch`` as `step` does: a tiling planned for another step is not used (no
 work, every row zero) and the host's check raises `tiling.StaleTilingError`. Argument dicts
 carry the MLA layer's extra static value ``kv_lora_rank`` beside the tiling ``params`` list.
-On an NPU the bodies launch the Triton kernels directly on the current stream (no torch
-custom op is registered for MLA yet, so these launches are not visible to ``torch.compile``).
+On an NPU the bodies launch the Triton kernels directly on the current stream (the kernels'
+``npu_op`` is not the torch custom op, so these launches are not visible to
+``torch.compile``); this module hands the ``mla_attention`` / ``mla_combine`` custom ops
+their bodies (`custom_ops.provide`).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from pyruntime.backends import AICORE, Kernel
-from pyruntime.kernels import reference_mla, step, triton_launch, triton_mla_launch
+from pyruntime.kernels import custom_ops, reference_mla, step, triton_launch, triton_mla_launch
+from pyruntime.kernels.kernel import AICORE, AttentionKernelError, Kernel
 
 
 def _check(status: int, params, tiling_buf, what: str) -> None:
@@ -30,7 +34,7 @@ def _check(status: int, params, tiling_buf, what: str) -> None:
     and `check()` reports it), as `step` does for GQA."""
     if status == reference_mla.OK or status == step.tiling_status(params, tiling_buf).status:
         return
-    raise step.AttentionKernelError(f"{what}: {reference_mla.strerror(status)}")
+    raise AttentionKernelError(f"{what}: {reference_mla.strerror(status)}")
 
 
 def mla_attention_body(core: int, *, q_nope, q_pe, kv_c_cache, k_pe_cache, block_table,
@@ -136,6 +140,34 @@ def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_
     backend.launch(MLA_COMBINE, {"cu_seqlens_q": cu_seqlens_q, **common}, num_cores=1,
                    stream=stream)
 
+
+def _every_core(**args) -> None:
+    """Every AI Core's `mla_attention_body` (the ``mla_attention`` op on CPU)."""
+    for core in range(step.params_from(tuple(args["params"])).num_cores):
+        mla_attention_body(core, **args)
+
+
+def _attention_op_npu(q_nope, q_pe, kv_c_cache, k_pe_cache, block_table, cu_seqlens_q,
+                      seqlens_kv, step_epoch, tiling_in, out, partial_out, partial_lse, params,
+                      kv_lora_rank, scale, causal) -> None:
+    """``mla_attention``'s NPU implementation (the op's arguments in schema order)."""
+    mla_attention_npu(q_nope=q_nope, q_pe=q_pe, kv_c_cache=kv_c_cache, k_pe_cache=k_pe_cache,
+                      block_table=block_table, cu_seqlens_q=cu_seqlens_q,
+                      seqlens_kv=seqlens_kv, step_epoch=step_epoch, tiling_in=tiling_in,
+                      out=out, partial_out=partial_out, partial_lse=partial_lse, params=params,
+                      kv_lora_rank=kv_lora_rank, scale=scale, causal=causal)
+
+
+def _combine_op_npu(cu_seqlens_q, step_epoch, tiling_in, out, partial_out, partial_lse, params,
+                    kv_lora_rank) -> None:
+    """``mla_combine``'s NPU implementation (the op's arguments in schema order)."""
+    mla_combine_npu(cu_seqlens_q=cu_seqlens_q, step_epoch=step_epoch, tiling_in=tiling_in,
+                    out=out, partial_out=partial_out, partial_lse=partial_lse, params=params,
+                    kv_lora_rank=kv_lora_rank)
+
+
+custom_ops.provide("mla_attention", _every_core, _attention_op_npu)
+custom_ops.provide("mla_combine", functools.partial(mla_combine_body, 0), _combine_op_npu)
 
 MLA_ATTENTION = Kernel("aicpu_tiling.mla_attention", AICORE, mla_attention_body,
                        mla_attention_npu, triton_impl=mla_attention_triton)

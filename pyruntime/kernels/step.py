@@ -1,4 +1,4 @@
-"""The three device kernels of one attention step, as backend `Kernel`s.
+"""The three device kernels of one attention step, as `Kernel`s (`pyruntime.kernels.kernel`).
 
 - ``TILING`` (AI-CPU): reads the step epoch, live batch and lengths from device memory
   and writes the tiling buffer (the C kernel through `pyruntime.tiling.plan_into`,
@@ -27,7 +27,7 @@ attention-sink logits, the same tensor for both): whole units add the sink in at
 split units in combine, so each row counts it once (``attention_ref.h``).
 
 Argument dicts use the names of the torch custom ops in `custom_ops`, so the NPU backend
-can call ``npu_op(**args)``. By-value arguments (the host-update path passes its tiling
+can call ``npu_op(**args)``; this module hands those ops their bodies (`custom_ops.provide`). By-value arguments (the host-update path passes its tiling
 and host lengths inside the task, as FIA does) arrive as numpy arrays and are viewed as
 tensors without a copy. A kernel status other than OK or the tiling's own status raises,
 which the backend reports as a device task failure at the next synchronize.
@@ -43,12 +43,8 @@ import numpy as np
 import torch
 
 from pyruntime import tiling
-from pyruntime.backends import AICORE, AICPU, Kernel
-from pyruntime.kernels import kv_quant, reference_attention, triton_launch
-
-
-class AttentionKernelError(RuntimeError):
-    """The attention kernel reported a failure other than a bad tiling (e.g. a bad block id)."""
+from pyruntime.kernels import custom_ops, kv_quant, reference_attention, triton_launch
+from pyruntime.kernels.kernel import AICORE, AICPU, AttentionKernelError, Kernel
 
 
 @functools.lru_cache(maxsize=64)
@@ -106,6 +102,14 @@ def tiling_body(*, cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_out, para
     """AI-CPU: plan into `tiling_out` from device-resident lengths, batch and epoch."""
     tiling.plan_into(params_from(tuple(params)), cu_seqlens_q, seqlens_kv, int(batch[0]),
                      tiling_out, causal=causal, epoch=int(step_epoch[0]))
+
+
+def plan_tilings_body(*, cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_outs, params,
+                      causal) -> None:
+    """AI-CPU: several tilings from the same lengths (``params``: their lists concatenated)."""
+    for out, one in zip(tiling_outs, split_params(params, len(tiling_outs)), strict=True):
+        tiling_body(cu_seqlens_q=cu_seqlens_q, seqlens_kv=seqlens_kv, batch=batch,
+                    step_epoch=step_epoch, tiling_out=out, params=one, causal=causal)
 
 
 def is_stale(tiling_buf: torch.Tensor, step_epoch: Any) -> bool:
@@ -289,12 +293,22 @@ def _fia_cpu(core, **args) -> None:
                                "emulates it with a host tiling and our attention")
 
 
+def attention_every_core(**args) -> None:
+    """Every AI Core's `attention_body`, one after another (the ``paged_attention`` op on CPU)."""
+    for core in range(params_from(tuple(args["params"])).num_cores):
+        attention_body(core, **args)
+
+
 def _op(name: str):
     def call(**args):
-        from . import custom_ops  # registers the ops on first use
-
-        return getattr(custom_ops.ops(), name)(**args)
+        return getattr(custom_ops.ops(), name)(**args)  # registers the ops on first use
     return call
+
+
+custom_ops.provide("plan_tiling", tiling_body)
+custom_ops.provide("plan_tilings", plan_tilings_body)
+custom_ops.provide("paged_attention", attention_every_core, attention_npu)
+custom_ops.provide("attention_combine", functools.partial(combine_body, 0), combine_npu)
 
 
 def launch_layer(backend, buffers, layer: int, *, stream, tiling_in, cu_seqlens_q, seqlens_kv,

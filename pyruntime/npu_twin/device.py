@@ -655,7 +655,7 @@ def _queue_reference_body(dev: Device, func, args, kwargs) -> None:
     inner_args, inner_kwargs = pytree.tree_map(inner, args), pytree.tree_map(inner, kwargs)
 
     def run() -> None:
-        from pyruntime.kernels.step import AttentionKernelError
+        from pyruntime.kernels.kernel import AttentionKernelError
 
         try:
             func(*inner_args, **inner_kwargs)

@@ -19,7 +19,7 @@ Checks, in order (each passes, fails or skips with the reason):
 * ``attention_triton``: the Triton AI Core kernels (interpreted on CPU, compiled on NPU).
 * ``host_time``: host and step time per step, host_update against device tiling at
   L = 61, and the flatness figure: device tiling's host time at L = 61 over L = 1, side by
-  side, at most 1.3 (`pyruntime.cli.abrun.FLATNESS_TARGET`).
+  side, at most 1.3 (`pyruntime.measurement.abrun.FLATNESS_TARGET`).
 
 The verdict is ``pass`` when no check failed. On the NPU backend the placement found is
 saved for the vLLM-Ascend hook (`pyruntime.placement`) when ``tiling_kernel`` and

@@ -137,7 +137,7 @@ def host_time(ctx: Context) -> CheckResult:
     name = "host_time"
     if ctx.placement is None:
         return skipped(name, "no placement was found (see aicpu_replay)")
-    from pyruntime.cli.abrun import (
+    from pyruntime.measurement.abrun import (
         FLATNESS_BATCH,
         FLATNESS_DEFINITION,
         FLATNESS_LAYERS,
@@ -148,7 +148,7 @@ def host_time(ctx: Context) -> CheckResult:
         measure_flatness,
         run_point,
     )
-    from pyruntime.cli.sources import SourceError
+    from pyruntime.measurement.sources import SourceError
 
     variant = "device_tiling" if ctx.placement == "graph" else "pre_replay"
     low, high = FLATNESS_LAYERS
@@ -188,7 +188,7 @@ def host_time(ctx: Context) -> CheckResult:
                          f"host_us_L{low}": b_low, f"host_us_L{high}": b_high,
                          "value": flatness},
             "host_us_statistic": "median over the measured steps, measured warm with the "
-                                 "device held (pyruntime.cli.abrun.run_interleaved)",
+                                 "device held (pyruntime.measurement.abrun.run_interleaved)",
             "criteria": (f"device tiling: no task update or host tiling per step, at most one "
                          f"AI-CPU launch, less host time than host_update at L={high}, "
                          f"L{high}/L{low} <= {FLATNESS_TARGET}"),

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pyruntime.cli import tiling_bench
-from pyruntime.cli.sources import SOURCES, TRACE_ENV, ContinuousBatch, SourceError, steps
+from pyruntime.measurement.sources import SOURCES, TRACE_ENV, ContinuousBatch, SourceError, steps
 
 needs_tiling = pytest.mark.skipif(
     __import__("importlib").util.find_spec("pyruntime._native") is None,
@@ -202,7 +202,7 @@ def test_source_errors():
 
 
 def test_cli_trace_is_the_bundled_one(monkeypatch):
-    from pyruntime.cli.sources import trace_path
+    from pyruntime.measurement.sources import trace_path
     from pyruntime.workload.trace import bundled_trace_path
 
     monkeypatch.delenv(TRACE_ENV, raising=False)
@@ -244,7 +244,8 @@ def test_bench_placements_summary_over_layer_counts(cli):
 
 @needs_runtime
 def test_bench_flatness_measures_both_layer_counts_side_by_side(cli, monkeypatch):
-    from pyruntime.cli import abrun, bench
+    from pyruntime.cli import bench
+    from pyruntime.measurement import abrun
 
     # the figure's layer counts and step floor, shrunk so that the test takes seconds
     monkeypatch.setattr(abrun, "FLATNESS_LAYERS", (1, 3))

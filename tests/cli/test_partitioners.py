@@ -177,7 +177,7 @@ def test_core_segments_walk_the_head_major_order():
 
 
 def _trace_batches(source, sizes, samples=2):
-    from pyruntime.cli.sources import ContinuousBatch
+    from pyruntime.measurement.sources import ContinuousBatch
 
     return {source: {b: [(s.cu_seqlens_q, s.seqlens_kv) for s in
                          (next(ContinuousBatch(source, b, seed=i)) for i in range(samples))]

@@ -160,7 +160,7 @@ def test_chrome_trace_has_host_and_device_lanes(tmp_path):
 
 
 def test_device_tasks_numbered_by_layer_in_start_order():
-    from pyruntime.cli.abrun import device_tasks_of_step
+    from pyruntime.measurement.abrun import device_tasks_of_step
 
     records = [
         ("aicore", "aicpu_tiling.attention", "s-0", 3.0, 4.0),

@@ -12,8 +12,9 @@ def make_unscaled():
     import torch
 
     from pyruntime import backends
+    from pyruntime.hook.npu_engine import vllm_tiling_engine
 
-    engine = backends.get("npu").vllm_tiling_engine()
+    engine = vllm_tiling_engine(backends.get("npu"))
     capture = engine.capture_attention
 
     def capture_unscaled(c):

@@ -8,8 +8,9 @@ import dataclasses
 
 def make():
     from pyruntime import backends
+    from pyruntime.hook.npu_engine import vllm_tiling_engine
 
-    engine = backends.get("npu").vllm_tiling_engine()
+    engine = vllm_tiling_engine(backends.get("npu"))
     capture = engine.capture_attention
 
     def capture_without_sinks(c):

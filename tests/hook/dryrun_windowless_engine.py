@@ -15,8 +15,9 @@ import dataclasses
 
 def make():
     from pyruntime import backends
+    from pyruntime.hook.npu_engine import vllm_tiling_engine
 
-    engine = backends.get("npu").vllm_tiling_engine()
+    engine = vllm_tiling_engine(backends.get("npu"))
     capture = engine.capture_attention
 
     def capture_without_window(c):
@@ -28,7 +29,8 @@ def make():
 
 def make_host_windows():
     from pyruntime import backends
+    from pyruntime.hook.npu_engine import vllm_tiling_engine
 
-    engine = backends.get("npu").vllm_tiling_engine()
+    engine = vllm_tiling_engine(backends.get("npu"))
     engine.applies_sliding_window = False  # an instance attribute: this engine only
     return engine

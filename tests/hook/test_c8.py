@@ -194,7 +194,7 @@ def test_the_nz_views_of_the_layers_own_caches_go_to_the_engine():
 
 
 def test_the_npu_engine_passes_nz_caches_and_scales_as_they_are():
-    from pyruntime.backends.npu_engine import NpuTilingEngine
+    from pyruntime.hook.npu_engine import NpuTilingEngine
 
     calls = []
 

@@ -18,7 +18,7 @@ import torch
 
 from pyruntime import hook, placement
 from pyruntime.backends import BackendError, npu_kernels
-from pyruntime.backends.npu_engine import NpuTilingEngine
+from pyruntime.hook.npu_engine import NpuTilingEngine, vllm_tiling_engine
 
 pytest.importorskip("pyruntime.tiling", reason="needs our tiling kernels (pyruntime.tiling)")
 
@@ -123,28 +123,28 @@ def no_placement(monkeypatch, tmp_path):
 
 def test_no_placement_is_a_reason_naming_the_selfcheck(no_placement):
     with pytest.raises(BackendError, match="aicpu-tiling selfcheck --backend npu"):
-        _npu_backend().vllm_tiling_engine()
+        vllm_tiling_engine(_npu_backend())
 
 
 def test_kernels_not_built_is_a_reason_naming_the_build(no_placement, monkeypatch):
     monkeypatch.setenv(placement.PLACEMENT_ENV, "pre-replay")
     with pytest.raises(npu_kernels.KernelsUnavailableError,
                        match="build_aicpu_kernel.sh runtime"):
-        _npu_backend().vllm_tiling_engine()
+        vllm_tiling_engine(_npu_backend())
 
 
 def test_saved_placement_reaches_the_engine(no_placement, monkeypatch):
     placement.save("pre-replay", backend="npu", device="Ascend910B3", evidence="test")
     monkeypatch.setattr(npu_kernels, "load", lambda ops=None: None)
     monkeypatch.setattr(npu_kernels, "attention_reason", lambda: None)
-    engine = _npu_backend().vllm_tiling_engine()
+    engine = vllm_tiling_engine(_npu_backend())
     assert engine.placement == "pre-replay" and engine.name == "npu-pre-replay"
     assert engine.num_cores == 20  # the device's AI Core count
     monkeypatch.setenv(placement.PLACEMENT_ENV, "graph")  # the variable wins
-    assert _npu_backend().vllm_tiling_engine().placement == "graph"
+    assert vllm_tiling_engine(_npu_backend()).placement == "graph"
     monkeypatch.setenv(placement.PLACEMENT_ENV, "sideways")
     with pytest.raises(BackendError, match="unknown tiling placement 'sideways'"):
-        _npu_backend().vllm_tiling_engine()
+        vllm_tiling_engine(_npu_backend())
 
 
 def test_load_registers_schemas_then_loads_library_sets_the_device_and_loads_binary(

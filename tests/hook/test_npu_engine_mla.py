@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pyruntime.backends import BackendError
-from pyruntime.backends.npu_engine import NpuTilingEngine, mla_graph_key
 from pyruntime.hook.dryrun.mla import reference
+from pyruntime.hook.npu_engine import NpuTilingEngine, mla_graph_key
 from pyruntime.hook.vllm_ascend_mla import MLACapture
 
 pytest.importorskip("pyruntime.tiling", reason="needs our tiling kernels (pyruntime.tiling)")

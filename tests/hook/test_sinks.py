@@ -108,7 +108,7 @@ def _capture(graph_key, sinks):
 
 def test_the_npu_engine_hands_the_layers_own_sinks_to_both_kernels():
     pytest.importorskip("pyruntime.tiling", reason="needs our tiling kernels")
-    from pyruntime.backends.npu_engine import NpuTilingEngine
+    from pyruntime.hook.npu_engine import NpuTilingEngine
 
     ops = _Ops()
     engine = NpuTilingEngine("pre-replay", num_cores=4, ops=ops)

@@ -123,7 +123,7 @@ def test_the_npu_engine_plans_one_tiling_per_window_in_one_launch(placement):
     plans both tilings (same lengths, batch, epoch); each layer reads its window's tiling and
     passes its window to the attention only."""
     pytest.importorskip("pyruntime.tiling", reason="needs our tiling kernels")
-    from pyruntime.backends.npu_engine import NpuTilingEngine
+    from pyruntime.hook.npu_engine import NpuTilingEngine
     from pyruntime.kernels.step import split_params
 
     ops = _Ops()
@@ -152,7 +152,7 @@ def test_the_npu_engine_plans_one_tiling_per_window_in_one_launch(placement):
 
 def test_a_graph_without_windows_keeps_the_single_tiling_launch():
     pytest.importorskip("pyruntime.tiling", reason="needs our tiling kernels")
-    from pyruntime.backends.npu_engine import NpuTilingEngine
+    from pyruntime.hook.npu_engine import NpuTilingEngine
 
     ops = _Ops()
     engine = NpuTilingEngine("graph", num_cores=4, ops=ops)
@@ -165,7 +165,7 @@ def test_a_graph_without_windows_keeps_the_single_tiling_launch():
 def test_a_window_the_graphs_tiling_task_does_not_plan_is_refused():
     pytest.importorskip("pyruntime.tiling", reason="needs our tiling kernels")
     from pyruntime.backends.errors import BackendError
-    from pyruntime.backends.npu_engine import NpuTilingEngine
+    from pyruntime.hook.npu_engine import NpuTilingEngine
 
     engine = NpuTilingEngine("graph", num_cores=4, ops=_Ops())
     engine.capture_attention(_capture(("g", 4), None, (None, 128)))

@@ -228,7 +228,7 @@ def test_item9_step_copies_never_read_freed_host_memory(tmp_path):
 def test_item11_engine_epoch_copy_never_reads_a_rewritten_host_tensor(tmp_path):
     """The engine rewrites its pageable host epoch every step."""
     body = '''
-    from pyruntime.backends.npu_engine import NpuTilingEngine
+    from pyruntime.hook.npu_engine import NpuTilingEngine
     engine = NpuTilingEngine("graph", num_cores=4, ops=object())
     device_epoch = torch.zeros(1, dtype=torch.int32, device="npu")
     seen = []
@@ -240,7 +240,7 @@ def test_item11_engine_epoch_copy_never_reads_a_rewritten_host_tensor(tmp_path):
     '''
     assert run_case(body, tmp_path=tmp_path) == {"ok": [3]}
     old = '''
-    from pyruntime.backends import npu_engine
+    from pyruntime.hook import npu_engine
     init = npu_engine.NpuTilingEngine.__init__
     def racy(self, *a, **k):
         init(self, *a, **k)

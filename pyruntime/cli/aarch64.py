@@ -1,10 +1,14 @@
-"""``python -m pyruntime.aarch64 build [DIR]`` and ``python -m pyruntime.aarch64 count``.
+"""``python -m pyruntime.cli.aarch64 build [DIR]`` and ``python -m pyruntime.cli.aarch64 count``.
 
 ``build`` cross-compiles the kernel and every AI-CPU entry for aarch64 with ziglang (what
 ``tools/build_aicpu_kernel.sh cross`` runs) and the emulator images, into DIR (default
 ``build/aicpu/cross``). ``count`` prints the AArch64 instructions per call of the emulated
 kernel on the decode batches of ``aicpu-tiling bench tiling`` (needs the request trace).
 Both return 0 on success and 1 with one line on stderr otherwise.
+
+The command line of `pyruntime.aarch64` lives here, with the other command lines, because
+``count`` is ``bench tiling``'s measurement (the aarch64 package itself imports nothing above
+it). It is a module entry point, not an ``aicpu-tiling`` subcommand.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import toolchain
+from pyruntime.aarch64 import toolchain
 
 
 def build(out_dir: Path) -> int:
@@ -25,8 +29,9 @@ def build(out_dir: Path) -> int:
 
 def count() -> int:
     """Print the instruction counts ``bench tiling`` shows, one line per batch size."""
-    from pyruntime.cli import tiling_bench
-    from pyruntime.cli.sources import trace_path
+    from pyruntime.measurement.sources import trace_path
+
+    from . import tiling_bench
 
     rows = [{"batch": b} for b in tiling_bench.BENCH_SIZES]
     info = tiling_bench.add_instruction_counts(rows, trace_path())
@@ -39,7 +44,7 @@ def count() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; `argv` without the program name."""
-    from pyruntime.cli._common import CliError
+    from ._common import CliError
 
     args = sys.argv[1:] if argv is None else argv
     try:
@@ -49,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         if args == ["count"]:
             return count()
     except (CliError, RuntimeError, OSError, ImportError, ValueError) as exc:  # one line, no traceback
-        print(f"pyruntime.aarch64: {exc}", file=sys.stderr)
+        print(f"pyruntime.cli.aarch64: {exc}", file=sys.stderr)
         return 1
-    print("usage: python -m pyruntime.aarch64 build [DIR] | count", file=sys.stderr)
+    print("usage: python -m pyruntime.cli.aarch64 build [DIR] | count", file=sys.stderr)
     return 2
 
 

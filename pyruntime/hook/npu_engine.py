@@ -1,4 +1,7 @@
-"""The vLLM tiling engine of the NPU backend: what the vLLM-Ascend hook captures into.
+"""The vLLM tiling engine on the NPU backend: what the vLLM-Ascend hook captures into.
+
+`vllm_tiling_engine(backend)` makes it on a `pyruntime.backends.npu.NpuBackend` (the hook's
+`engine_loader` calls it); it lives with the hook it serves, above the backends it runs on.
 
 Per graph key (a vLLM-Ascend graph and its token bucket) the engine owns static device
 buffers: the tiling, the step epoch, the live batch and the split-KV partials. Per layer it
@@ -34,11 +37,36 @@ from typing import Any
 import torch
 
 from pyruntime import tiling
-from pyruntime.hook.engine import AttentionCapture
-from pyruntime.kernels import kv_quant
+from pyruntime.backends import BackendError
+from pyruntime.kernels import (
+    kv_quant,
+    mla_step,  # noqa: F401 - hands the MLA ops their bodies
+)
 from pyruntime.kernels import step as kernels
 
-from .errors import BackendError
+from .engine import AttentionCapture
+
+
+def vllm_tiling_engine(backend: Any, placement: str | None = None) -> NpuTilingEngine:
+    """The engine the vLLM-Ascend hook captures into on the NPU `backend`, for `placement`
+    (default: the one ``aicpu-tiling selfcheck`` saved, or ``$AICPU_TILING_PLACEMENT``).
+
+    Raises:
+        BackendError: no placement chosen yet, our kernels not built or not loadable, or
+        no NPU attention kernel; the message is the reason the hook logs.
+    """
+    from pyruntime import placement as placements
+    from pyruntime.backends import npu_kernels
+
+    if placement is None:
+        placement, where = placements.load()
+        if placement is None:
+            raise BackendError(where)
+    backend.load_kernels()
+    reason = npu_kernels.attention_reason()
+    if reason is not None:
+        raise npu_kernels.KernelsUnavailableError(reason)
+    return NpuTilingEngine(placement, num_cores=backend.ai_core_count())
 
 
 @dataclass
