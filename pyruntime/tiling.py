@@ -27,7 +27,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from pyruntime._native import ffi, lib
-from pyruntime.kernels import sliding_window as _sliding_window
 
 # The other kernels' wrappers (reference_attention) take the cffi module from here, so this
 # stays the one module that imports it.
@@ -270,6 +269,18 @@ def _explain_params(p: TilingParams) -> str:
     return "the worst-case total cost of these shapes would overflow the kernel's cost range"
 
 
+#: What a sliding-window value means in Python and how to get it from a peer's: named by every
+#: refusal of 0 (`TilingParams`, `pyruntime.kernels.sliding_window.check`, the CLI). Only the C
+#: words keep 0 for none.
+WINDOW_CONVENTION = ("None is no window; W >= 1 is the model's window of W keys, the query "
+                     "itself included (vLLM's sliding_window; FlashInfer window_left + 1; "
+                     "FlashAttention window_size left + 1; so a one-key window is 1)")
+
+
+def window_zero_refusal(name: str = "sliding_window") -> str:
+    """The message that refuses a window of 0 (:data:`WINDOW_CONVENTION`)."""
+    return f"{name}=0 is refused: {WINDOW_CONVENTION}"
+
 @dataclasses.dataclass(frozen=True)
 class TilingParams:
     """Static tiling parameters, fixed at graph capture. Validated on construction.
@@ -323,7 +334,7 @@ class TilingParams:
                 raise TilingParamsError(f"{name} is {value}, outside the int32 range")
             object.__setattr__(self, name, int(value))
         if self.sliding_window == 0:  # the C word's none; here a one-key window is 1
-            raise TilingParamsError(_sliding_window.zero_refusal())
+            raise TilingParamsError(window_zero_refusal())
         if self.num_kv_heads < 1 or self.num_q_heads < 1:
             raise TilingParamsError(_explain_params(self))
         if self.q_tile is None:

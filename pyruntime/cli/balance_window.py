@@ -15,11 +15,11 @@ import time
 
 from rich.table import Table
 
-from ..kernels import sliding_window as _sliding_window
 from ..measurement.sources import ContinuousBatch, SourceError
 from ..partitioners import CostModel, TilingUnavailableError, WorkloadError, ours
 from ..partitioners.windowed import WindowedWorkload, flashinfer_decode_masked, flashinfer_window
 from ..partitioners.workload import Workload
+from ..tiling import window_zero_refusal
 from ._common import CliError, emit_json, make_console, progress, write_json
 
 BUDGETS = (1, 2, 4)  # CTAs per SM, as the windowless FlashInfer anchors
@@ -79,7 +79,7 @@ def run_window(args: argparse.Namespace, sizes: list[int], samples: int) -> int:
     """``bench balance --window W``; the other flags mean what they mean for ``bench balance``."""
     window = args.window
     if window == 0:  # a peer's 0 is a one-key window; no window is no --window
-        raise CliError(f"--window must be >= 1 (tokens); {_sliding_window.zero_refusal('--window')}"
+        raise CliError(f"--window must be >= 1 (tokens); {window_zero_refusal('--window')}"
                        " (omit --window for none)")
     if window < 1:
         raise CliError(f"--window must be >= 1 (tokens), got {window}")

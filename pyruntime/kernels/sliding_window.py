@@ -24,16 +24,10 @@ from __future__ import annotations
 
 import numbers
 
-#: What a window value means here and how to get it from a peer's (named by every refusal of 0)
-CONVENTION = ("None is no window; W >= 1 is the model's window of W keys, the query itself "
-              "included (vLLM's sliding_window; FlashInfer window_left + 1; FlashAttention "
-              "window_size left + 1; so a one-key window is 1)")
+from pyruntime.tiling import WINDOW_CONVENTION as CONVENTION
+from pyruntime.tiling import window_zero_refusal as zero_refusal
 
-
-def zero_refusal(name: str = "sliding_window") -> str:
-    """The message that refuses a window of 0 (:func:`check`, the CLI)."""
-    return f"{name}=0 is refused: {CONVENTION}"
-
+__all__ = ["CONVENTION", "check", "kernel_arg", "zero_refusal"]
 
 def check(value: object, *, causal: bool = True, name: str = "sliding_window",
           error: type[Exception] = ValueError) -> int | None:
