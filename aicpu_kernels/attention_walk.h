@@ -288,8 +288,7 @@ static inline int walk_range(const tiling_walk *w, const int32_t *rec, int32_t b
                 w->partial_lse == NULL)
                 return AICPU_ATTENTION_E_TILING;
         }
-        /* only the blocks the window lets the segment read are checked (and read) */
-        kw = window_first_block(w, &sg.rl, pos.t);
+        /* only the blocks the window lets the segment read (from kw on) are checked (and read) */
         blocks_ok = blocks_valid(w, sg.r, sg.kb > kw ? sg.kb : kw, sg.ke);
         if (!blocks_ok) status = AICPU_ATTENTION_E_BLOCK_ID;
         if (mode->heads == 0) {
