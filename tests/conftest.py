@@ -6,6 +6,7 @@ Parallel runs: ``python -m pytest`` runs on one pytest-xdist worker per CPU
 (``-n auto --dist loadgroup`` in pyproject.toml; ``-n 0`` runs in one process). Tests are
 handed out one by one, except that the tests of a module with a module-scoped fixture stay
 together on one worker (`pytest_collection_modifyitems` below), so the fixture is built once.
+A test marked ``alone`` (it judges host time) runs while no other test runs (`tests/alone.py`).
 
 Hypothesis: no deadlines and no too-slow health check anywhere (the machines are shared and
 timing is not what these properties test). Under CI (``CI`` set) examples are derandomized,
@@ -44,3 +45,12 @@ def pytest_collection_modifyitems(config, items):
                      if name in item.fixturenames)
         if shared:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_beside_others(request):
+    """``alone`` tests hold the run's lock exclusively, every other test shared."""
+    from tests.alone import holding
+
+    with holding(exclusive=request.node.get_closest_marker("alone") is not None):
+        yield
