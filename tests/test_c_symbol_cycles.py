@@ -19,7 +19,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 KERNELS = REPO / "aicpu_kernels"
 sys.path.insert(0, str(REPO / "bindings"))
+sys.path.insert(0, str(REPO / "tools"))
 import build_config
+import import_graph  # the one cycle finder (tests/test_layering.py runs it on pyruntime/)
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or shutil.which("nm") is None,
                                 reason="needs gcc and nm")
@@ -55,59 +57,15 @@ def tu_graph(tmp_path: Path) -> dict[str, set[str]]:
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle through every strongly connected component of two TUs or more (Tarjan),
-    written as the path a -> ... -> a."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components: list[list[str]] = []
-
-    def connect(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                connect(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                components.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            connect(v)
-
+    """One shortest loop a -> ... -> a through every strongly connected component of two TUs
+    or more: the Tarjan and loop search of `tools/import_graph.py`, on the TU graph."""
+    edges = {(a, b): [] for a, targets in graph.items() for b in targets}
     found = []
-    for component in components:
-        # a shortest path back to the component's first TU, by breadth-first search
-        start, members = component[0], set(component)
-        parent: dict[str, str] = {}
-        frontier = [start]
-        while frontier and start not in parent:
-            nxt = []
-            for v in frontier:
-                for w in sorted(graph[v] & members):
-                    if w not in parent:
-                        parent[w] = v
-                        nxt.append(w)
-            frontier = nxt
-        path = [start]
-        v = parent[start]
-        while v != start:
-            path.append(v)
-            v = parent[v]
-        found.append([start, *reversed(path[1:]), start])
+    for component in import_graph.strongly_connected(graph, set(edges)):
+        if len(component) > 1:
+            members = set(component)
+            inner = {e: [] for e in edges if e[0] in members and e[1] in members}
+            found.append(import_graph.Cycle("aicpu_kernels", component, inner).shortest_loop())
     return found
 
 
