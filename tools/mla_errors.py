@@ -44,8 +44,9 @@ SPEC_TOKENS = (1, 2, 4)
 
 
 def run(consumer: str, mode: str, placement: str | None, dtype: torch.dtype, steps: int,
-        trace, skip: int = 3) -> dict:
-    """Three loops (q_len 1, 2, 4) on one attention; their worst error and coverage."""
+        trace, skip: int = 3, on_step=None) -> dict:
+    """Three loops (q_len 1, 2, 4) on one attention; their worst error and coverage
+    (`on_step(i, batch, outputs)` after each step, as `run_mla_loop` calls it)."""
     backend = backends.get("cpu", num_threads=2, wait_timeout_s=600.0, aicore=consumer)
     extra = {"placement": placement} if placement else {}
     start = time.perf_counter()
@@ -66,7 +67,7 @@ def run(consumer: str, mode: str, placement: str | None, dtype: torch.dtype, ste
                                                                   "max_blocks_per_req")})
             for _ in range(skip):  # the trace's first batches hold one short request
                 batcher.next_step()
-            stats = run_mla_loop(attn, batcher, steps=steps, seed=spec)
+            stats = run_mla_loop(attn, batcher, steps=steps, seed=spec, on_step=on_step)
             row["steps"] += stats.steps
             row["split_steps"] += stats.split_steps
             row["mtp_steps"] += stats.spec_steps

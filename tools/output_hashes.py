@@ -26,9 +26,7 @@ import sys
 import _variant_errors as ve
 import torch
 
-from pyruntime import backends
 from pyruntime.kernels import reference_attention, triton_launch
-from pyruntime.workload.batching import ContinuousBatcher
 from pyruntime.workload.driver import randomize
 from pyruntime.workload.trace import load_trace
 
@@ -78,37 +76,16 @@ def gqa_hash(consumer: str, variant: dict, query_scale: float, dtype: torch.dtyp
 
 
 def mla_hash(consumer: str, dtype: torch.dtype, steps: int, trace) -> tuple[str, int]:
+    """`tools/mla_errors.py`'s three loops (q_len 1, 2, 4), mode graph, hashing each step."""
     import mla_errors as me
 
-    from pyruntime.mla_attention import StaticMLAAttention
-
-    backend = backends.get("cpu", num_threads=2, wait_timeout_s=600.0, aicore=consumer)
     h = hashlib.sha256()
-    gen = torch.Generator().manual_seed(0)
-    done = 0
-    with StaticMLAAttention(backend, num_layers=2, num_blocks=me.NUM_BLOCKS,
-                            mode="device_tiling", placement="graph", dtype=dtype,
-                            softmax_scale=me.SCALE, num_cores=24, owns_backend=True,
-                            **me.SHAPES) as attn:
-        randomize(attn)
-        attn.capture()
-        for spec in me.SPEC_TOKENS:
-            batcher = ContinuousBatcher(
-                trace, num_blocks=me.NUM_BLOCKS, buckets=(4, 8), spec_tokens=spec,
-                length_scale=0.2, step_s=2.0, seed=spec,
-                **{k: me.SHAPES[k] for k in ("max_batch", "max_tokens", "block_size",
-                                             "max_blocks_per_req")})
-            for _ in range(3):  # as mla_errors --skip 3: the first batches hold one request
-                batcher.next_step()
-            for _, batch in zip(range(steps), batcher):
-                for q_nope, q_pe in attn.queries:
-                    q_nope.copy_(torch.randn(q_nope.shape, generator=gen))
-                    q_pe.copy_(torch.randn(q_pe.shape, generator=gen))
-                outputs = attn.step(batch.block_table, batch.cu_seqlens_q, batch.seqlens_kv)
-                attn.check()
-                _digest_rows(h, outputs, int(batch.cu_seqlens_q[batch.live]))
-                done += 1
-    return h.hexdigest(), done
+
+    def on_step(_i, batch, outputs):
+        _digest_rows(h, outputs, int(batch.cu_seqlens_q[batch.live]))
+
+    row = me.run(consumer, "device_tiling", "graph", dtype, steps, trace, on_step=on_step)
+    return h.hexdigest(), row["steps"]
 
 
 def consumers() -> list[tuple[str, str | None]]:

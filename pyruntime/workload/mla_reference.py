@@ -63,20 +63,24 @@ class MLALoopStats:
     host_seconds: list[float] = dataclasses.field(default_factory=list)
 
 
-def run_mla_loop(attn, batcher, *, steps: int, seed: int = 0, check: bool = True) -> MLALoopStats:
+def run_mla_loop(attn, batcher, *, steps: int, seed: int = 0, check: bool = True,
+                 on_step=None) -> MLALoopStats:
     """Run up to `steps` steps of `attn` (a captured `StaticMLAAttention`) on `batcher`'s
     batches: fresh N(0, 1) queries each step, `attn.check()`, and (with `check`) every layer's
-    output against `reference_mla`."""
+    output against `reference_mla`. `on_step(i, batch, outputs)` is called after each step
+    when given (as `pyruntime.workload.driver.run_decode_loop` does)."""
     from pyruntime import tiling  # the C tiling, only to count the steps with split units
 
     gen = torch.Generator().manual_seed(seed)
     stats = MLALoopStats()
-    for _, batch in zip(range(steps), batcher):
+    for i, batch in zip(range(steps), batcher):
         for q_nope, q_pe in attn.queries:
             q_nope.copy_(torch.randn(q_nope.shape, generator=gen))
             q_pe.copy_(torch.randn(q_pe.shape, generator=gen))
         outputs = attn.step(batch.block_table, batch.cu_seqlens_q, batch.seqlens_kv)
         attn.check()
+        if on_step is not None:
+            on_step(i, batch, outputs)
         stats.steps += 1
         stats.host_seconds.append(attn.last_step_host_seconds)
         q_lens = np.diff(batch.cu_seqlens_q)[: batch.live]
