@@ -136,7 +136,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=None,
                    help="sliding window W in tokens, the model's W keys (>= 1; FlashInfer's "
                         "window_left + 1; omit for none): ours (tiling ABI v5) against "
-                        "FlashInfer with window_left = W - 1, over the windowed ideal")
+                        "FlashInfer with window_left = W - 1 and the FIA v2 sink metadata "
+                        "split with its band mask, over the windowed ideal")
     add_output_args(p)
     p.set_defaults(run=run)
     return p  # fmt: skip

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from .fia_v2_sink import fia_v2_sink_metadata, fia_v2_sink_metadata_mla
 from .fia_v3 import fia_mla, fia_v3
 from .flashinfer import flashinfer, flashinfer_persistent
 from .flashmla import flashmla
@@ -60,6 +61,15 @@ FIA_MLA_SOURCE = (
     "ops-transformer attention/common/op_host/split_core.cpp SplitCore, called from "
     "attention/common/op_host/arch32/fia_tiling_nonquant_mla.cpp FiaTilingNonQuantMla::Split"
 )
+FIA_V2_SINK_SOURCE = (
+    "vllm-project/vllm-ascend csrc/attention/fused_infer_attention_score_v2_sink_metadata/"
+    "op_kernel_aicpu/fused_infer_attention_score_v2_sink_metadata_aicpu.cpp (79e5f65) "
+    "CalcInnerSizeGqa, CalcMBaseSizeGqa, CalcS2Range, CalcSplitPlan, SplitCore; caller "
+    "vllm_ascend/ops/fia_v2_sink.py build_fia_v2_sink_metadata"
+)
+FIA_V2_SINK_MLA_SOURCE = FIA_V2_SINK_SOURCE.replace(
+    "CalcInnerSizeGqa, CalcMBaseSizeGqa", "CheckIsMla, CalcInnerSizeMla, CalcMBaseSizeMla"
+)
 FLASHMLA_SWEEP = (0, 1, 2, 3, 8)  # F in 64-token blocks, beside FlashMLA's own 5
 
 
@@ -82,6 +92,8 @@ def _flashmla_tuned(workload: Workload) -> Partition:
 def _anchors() -> dict[str, Anchor]:
     out = [
         Anchor("fia_v3", "FIA V3", fia_v3, FIA_V3_SOURCE, "FIA V3"),
+        Anchor("fia_v2_sink_metadata", "FIA v2 sink meta", fia_v2_sink_metadata,
+               FIA_V2_SINK_SOURCE, "FIA v2 sink metadata (AI-CPU)"),
         Anchor("ifa_even_aiv", "IFA even 48v", partial(ifa_even, vector_cores=True),
                IFA_SOURCE, "IFA"),
         Anchor("ifa_weighted_aiv", "IFA 48v", partial(ifa_weighted, vector_cores=True),
@@ -116,6 +128,9 @@ ANCHORS: dict[str, Anchor] = _anchors()
 # different scheduler from the one modelled here and is not included.
 MLA_ANCHORS: dict[str, Anchor] = {
     "fia_mla": Anchor("fia_mla", "FIA MLA", fia_mla, FIA_MLA_SOURCE, "FIA MLA"),
+    "fia_v2_sink_metadata": Anchor("fia_v2_sink_metadata", "FIA v2 sink meta",
+                                   fia_v2_sink_metadata_mla, FIA_V2_SINK_MLA_SOURCE,
+                                   "FIA v2 sink metadata (AI-CPU)"),
     **{n: a for n, a in ANCHORS.items() if a.family.startswith("FlashMLA")},
 }
 

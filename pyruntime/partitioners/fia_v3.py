@@ -251,18 +251,37 @@ def split_core(
         _batch_rows(q, kv, model.group, m_base, s2_base)
         for q, kv in zip(q_lens, workload.seqlens_kv)
     ]
-    total_blocks = sum(r.blocks for rows in rows_of for r in rows) * model.num_kv_heads
+    return plan_rows(rows_of, model.num_kv_heads, model.num_cores), m_base, s2_base
+
+
+def plan_rows(
+    rows_of: list[list[_Row]], kv_heads: int, num_cores: int
+) -> list[list[tuple[int, int, int, int]]]:
+    """``SplitCore``'s search over core counts for rows already priced: a :class:`_Plan` for
+    every count from ``round(sqrt(blocks))`` to ``min(cores, blocks)``, the one with the
+    cheapest busiest core kept (shared with the FIA v2 sink metadata model, whose AI-CPU
+    kernel runs the same search on its own rows).
+
+    Args:
+        rows_of: per batch entry, its row tiles (the same for every kv head).
+        kv_heads: kv heads (``N2``); num_cores: AI Cores.
+
+    Returns:
+        Per used core, its pieces ``(pair = batch * kv_heads + head, row, s2_from, s2_to)``;
+        ``[[]]`` when there is no block at all.
+    """
+    total_blocks = sum(r.blocks for rows in rows_of for r in rows) * kv_heads
     if total_blocks == 0:
-        return [[]], m_base, s2_base
-    max_core = min(model.num_cores, total_blocks)
+        return [[]]
+    max_core = min(num_cores, total_blocks)
     min_core = min(int(math.sqrt(total_blocks + 0.25) + 0.5), max_core)
     best: _Plan | None = None
     for cores in range(min_core, max_core + 1):
-        plan = _Plan(rows_of, model.num_kv_heads, cores, best.max_cost if best else math.inf)
+        plan = _Plan(rows_of, kv_heads, cores, best.max_cost if best else math.inf)
         if best is None or plan.max_cost < best.max_cost:
             best = plan
     assert best is not None
-    return best.pieces, m_base, s2_base
+    return best.pieces
 
 
 def fia_v3(workload: Workload, layout: str = "TND") -> Partition:

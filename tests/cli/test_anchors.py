@@ -1,7 +1,8 @@
 """The anchor models on small hand-worked cases of the algorithms they follow.
 
 Each expected value below was worked out by hand from the source the model cites (see the
-module docstrings of ``pyruntime.partitioners.{fia_v3, ifa, flashmla, flashinfer}``).
+module docstrings of ``pyruntime.partitioners.{fia_v3, fia_v2_sink, ifa, flashmla, flashinfer}``;
+the FIA v2 sink metadata cases cite the lines of its AI-CPU kernel).
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyruntime.partitioners import NotApplicableError, Segment
+from pyruntime.partitioners import CostModel, NotApplicableError, Segment
+from pyruntime.partitioners.windowed import WindowedWorkload
 
 from .workloads import workload
 
 # the package exports functions named like these modules
 v3 = import_module("pyruntime.partitioners.fia_v3")
+sink = import_module("pyruntime.partitioners.fia_v2_sink")
 fi = import_module("pyruntime.partitioners.flashinfer")
 mla = import_module("pyruntime.partitioners.flashmla")
 ifa = import_module("pyruntime.partitioners.ifa")
@@ -89,6 +92,115 @@ def test_fia_v3_rows_map_to_query_tiles():
     part = v3.fia_v3(w)
     part.validate()
     assert w.model.q_tile == 32
+
+
+# ---------------------------------------------------------------- FIA v2 sink metadata (AI-CPU)
+# vllm-ascend csrc/attention/fused_infer_attention_score_v2_sink_metadata/op_kernel_aicpu/
+# fused_infer_attention_score_v2_sink_metadata_aicpu.cpp at 79e5f65; "kernel N" is its line N.
+
+CAUSAL, BAND = sink.SinkMask(3), sink.SinkMask(4, 127, 0)  # W = 128: pre_tokens = W - 1
+
+
+def test_sink_mask_tokens_from_the_corner():
+    # GetPreNextToken (kernel 718-757), CalcPreTokenLeftUp/CalcNextTokenLeftUp (1227-1255)
+    assert CAUSAL.masked and CAUSAL.tokens() == (sink.TOKENS_MAX, 0)
+    assert CAUSAL.left_up(4, 100) == (sink.TOKENS_MAX, 96)  # right-down: s2 - s1
+    assert BAND.left_up(1, 1100) == (1 - 1100 + 127, 1100 - 1 + 0)
+    assert not sink.SinkMask(0).masked  # mode 0 with both limits at INT_MAX: no mask (723)
+    for bad in ({"sparse_mode": 2}, {"sparse_mode": 4, "pre_tokens": -1},
+                {"sparse_mode": 0, "pre_tokens": 5}):
+        with pytest.raises(ValueError):
+            sink.SinkMask(**bad)
+
+
+@pytest.mark.parametrize("args, expected", [
+    ((5000, 128, CAUSAL), (512, 512)),   # TND 512 (294), mBaseSize 512 (365)
+    ((300, 128, CAUSAL), (512, 300)),    # capped at the longest kv (354-356)
+    ((5000, 112, BAND), (512, 448)),     # rounded down to the paged block (344-349)
+    ((0, 128, CAUSAL), (512, 512)),      # every kv empty: s2Size 1024 (53), 512 stays
+    ((700, 0, sink.SinkMask(0)), (512, 512)),
+])  # fmt: skip
+def test_sink_block_sizes(args, expected):
+    assert sink.sink_split_sizes(*args) == expected
+
+
+def test_sink_mla_same_length_test_counts_padded_entries():
+    # CalcMBaseSizeMla (186-227): B*N2 = 5 on 24 cores -> lcm 120 -> S1*G split in 24:
+    # 36 tokens x 128 heads = 4608 rows -> 192 per tile, in [128, 256]; but only when every
+    # kv length is the same, and GetActualSeqInfo (759-796) compares every entry, so a padded
+    # slot (kv 0) keeps 256. FIA MLA's model compares the live requests only.
+    kw = {"bn2": 5, "s1g": 36 * 128}
+    assert sink.sink_split_sizes_mla(5000, 128, **kw, same_lengths=True) == (192, 512)
+    assert sink.sink_split_sizes_mla(5000, 128, **kw, same_lengths=False) == (256, 512)
+    # on a step with that padded slot and 2-token units (256 rows): the sink kernel keeps
+    # 256-row tiles, whole units; FIA MLA's model shrinks to 192 rows, 1.5 units
+    w = workload([1000] * 4 + [0], q=[36] * 4 + [0], num_q_heads=128, num_kv_heads=1, q_tile=2)
+    sink.fia_v2_sink_metadata_mla(w).validate()
+    with pytest.raises(NotApplicableError, match="192 rows"):
+        v3.fia_mla(w)
+    with pytest.raises(NotApplicableError, match="G = 20"):
+        sink.fia_v2_sink_metadata_mla(workload([100], num_q_heads=20, num_kv_heads=1))
+    with pytest.raises(NotApplicableError, match="2 kv"):
+        sink.fia_v2_sink_metadata_mla(workload([100], num_q_heads=32, num_kv_heads=2))
+
+
+def test_sink_rows_under_the_band():
+    # CalcS2Range (1283-1344), decode, G = 16, kv 1100, W = 128: the row sees kv [972, 1099]
+    # -> blocks [972 // 512, 1099 // 512 + 1) = [1, 3): a 128-token window costs two 512-token
+    # blocks when it straddles 1024. Block 2 is the kv tail (1100 % 512 = 76, CalcCostTable
+    # 1266-1281): CalcCost(16, 76) = 6 + 10 * 2 = 26; block 1 CalcCost(16, 512) = 86.
+    (row,) = sink.sink_rows(1, 1100, 16, 512, 512, BAND)
+    assert (row.s2_start, row.s2_end, row.normal, row.last) == (1, 3, 86, 26)
+    assert row.cost(row.s2_start) == 112
+    # causal, same entry: all blocks from 0
+    (row,) = sink.sink_rows(1, 1100, 16, 512, 512, CAUSAL)
+    assert (row.s2_start, row.s2_end) == (0, 3)
+    # a 64-token chunk after 1000 tokens, G = 16, W = 256: two 32-token row tiles; row 0's
+    # first token is kv 1000 -> window from 745 (block 1), its last sees 1031 (block 2)
+    rows = sink.sink_rows(64, 1064, 16, 512, 512, sink.SinkMask(4, 255, 0))
+    assert [(r.s2_start, r.s2_end) for r in rows] == [(1, 3), (1, 3)]
+    # no mask: every row reads the whole kv; padding: no rows at all (1293-1295, 1568)
+    assert [(r.s2_start, r.s2_end) for r in sink.sink_rows(2, 1100, 16, 512, 512,
+                                                           sink.SinkMask(0))] == [(0, 3)]
+    assert sink.sink_rows(0, 0, 16, 512, 512, CAUSAL) == []
+
+
+def test_sink_padded_slots_ride_free():
+    # kv 2048/0/512/512 with an empty slot (q 0, kv 0), G = 16, 3 cores: entry costs 344, 0,
+    # 86, 86 (6 blocks, core counts 3..3). Core 0 (limit 172, tolerance 43) takes 2 blocks
+    # of entry 0; core 1 (limit 172) the rest of it, then the empty slot at no cost
+    # (AssignByBatch's bN2Cost == 0, kernel 1668); core 2 takes entries 2 and 3.
+    w = workload([2048, 0, 512, 512], q=[1, 0, 1, 1], num_q_heads=16, num_kv_heads=1,
+                 num_cores=3)  # fmt: skip
+    pieces = sink.sink_split_core(w, (512, 512), CAUSAL)
+    assert pieces == [[(0, 0, 0, 2)], [(0, 0, 2, 4)], [(2, 0, 0, 1), (3, 0, 0, 1)]]
+    part = sink.fia_v2_sink_metadata(w)
+    part.validate()
+    assert part.cores == [[Segment(0, 0, 8)], [Segment(0, 8, 16)], [Segment(1, 0, 4),
+                                                                     Segment(2, 0, 4)]]
+
+
+def test_sink_windowed_plan_prices_whole_512_blocks():
+    # W = 128, G = 16, 2 cores, kv 1100, 1100, 1000. Its rows: [1, 3) at 86 + 26, [1, 3) at
+    # 86 + 26 and [1, 2) at CalcCost(16, 1000 % 512 = 488) = 86: 310 in all, 5 blocks, core
+    # counts round(sqrt(5.25)) = 2..2. Core 0 (limit 155): entry 0 (112 <= 155 + 13), not
+    # entry 1 (224 > 168), then AssignByBlock (kernel 1758-1792) one 86 block of entry 1:
+    # 112 + 86 = 198 = 155 + 86 / 2, within tolerance (">=", header 79-82). Core 1: the tail
+    # block of entry 1 and entry 2. On our units (two 128-token windowed blocks each, 32 + 2 *
+    # 40 = 112; entry 1 is cut at kv 1024, its column 8): 112 + 72 and 72 + 112, over the
+    # ideal 336 / 2 + 32 = 200.
+    model = CostModel(num_q_heads=16, num_kv_heads=1, num_cores=2)
+    w = WindowedWorkload(model, [0, 1, 2, 3], [1100, 1100, 1000], 128)
+    mask = sink.default_mask(w)
+    assert mask == BAND
+    assert sink.sink_split_core(w, (512, 512), mask) == [[(0, 0, 1, 3), (1, 0, 1, 2)],
+                                                         [(1, 0, 2, 3), (2, 0, 1, 2)]]
+    part = sink.fia_v2_sink_metadata(w)
+    part.validate()
+    assert part.cores == [[Segment(0, 0, 2), Segment(1, 0, 1)], [Segment(1, 1, 2),
+                                                                   Segment(2, 0, 2)]]
+    assert part.core_costs() == [184, 184]
+    assert part.balance().ratio == pytest.approx(184 / 200)
 
 
 # ---------------------------------------------------------------- IFA

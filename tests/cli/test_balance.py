@@ -230,3 +230,35 @@ def test_mla_tables_tool_reads_every_number_from_the_result():
     assert row.split()[3:] == ["1.050/1.100", "1.200/1.400", "1.300/1.500", "1.250/1.600",
                                "1.250/1.600", "1.24", "1.111/1.222"]  # fmt: skip
     assert text.startswith("Cost model ours:") and "0 losses, 0 ties in 4 cases" in text
+
+
+def test_competitor_table_tool_aggregates_and_lists_losses():
+    """tools/competitor_balance_table.py: per (geometry, source, cost model) the mean of the
+    per-size means and the worst step, for ours and fia_v2_sink_metadata; every case where
+    the competitor is below ours is listed, from either file kind (bench balance and its
+    --window form)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "competitor_balance_table.py"
+    spec = importlib.util.spec_from_file_location("competitor_balance_table", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    part = lambda m, w: {"ratio_mean": m, "ratio_max": w}
+    result = {"cases": [
+        {"geometry": "16/1", "source": "trace", "cost_model": "ours", "batch": 16,
+         "partitioners": {"ours": part(1.05, 1.10), "fia_v2_sink_metadata": part(1.20, 1.40)}},
+        {"geometry": "16/1", "source": "trace", "cost_model": "ours", "batch": 64,
+         "partitioners": {"ours": part(1.01, 1.30), "fia_v2_sink_metadata": part(1.10, 1.20)}},
+    ]}  # fmt: skip
+    text = tool.render("balance.json", result)
+    row = next(line for line in text.splitlines() if line.split()[:1] == ["16/1"])
+    assert row.split()[3:] == ["1.0300", "1.3000", "1.1500", "1.4000"]
+    assert "16/1 trace ours batch 64 worst: ours 1.3000 > competitor 1.2000" in text
+    window = {"window": 128, "cases": [
+        {"geometry": "32/8", "source": "trace", "batch": 16,
+         "ratios": {"ours": {"mean": 1.0, "worst": 1.0},
+                    "fia_v2_sink_metadata": {"mean": 1.3, "worst": 1.7}}}]}  # fmt: skip
+    text = tool.render("window.json", window)
+    assert "(window 128)" in text and text.rstrip().endswith("none")
+    assert tool.main([]) == 2

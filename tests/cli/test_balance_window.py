@@ -5,8 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyruntime.partitioners import CostModel, Workload, WorkloadError, ours
+from pyruntime.partitioners.fia_v2_sink import (
+    default_mask,
+    fia_v2_sink_metadata,
+    sink_rows,
+    sink_split_sizes,
+)
 from pyruntime.partitioners.windowed import (
     WindowedWorkload,
     _window_items,
@@ -73,6 +81,32 @@ def test_flashinfer_decode_ignores_the_window_but_pays_for_it():
                                                   [0, 2], [300], 64), 1)
 
 
+@settings(max_examples=30, deadline=None)
+@given(kv=st.lists(st.integers(1, 5000), min_size=1, max_size=16),
+       chunks=st.lists(st.integers(1, 300), min_size=1, max_size=16),
+       window=st.integers(1, 3000), cores=st.integers(1, 24),
+       heads=st.sampled_from([(16, 1), (32, 8), (64, 8)]))  # fmt: skip
+def test_fia_v2_sink_metadata_covers_the_window_exactly_once(kv, chunks, window, cores, heads):
+    """Its band rows (CalcS2Range) start at each row tile's window start on the 512-token
+    grid: every windowed block of every unit is on exactly one core, and every row starts at
+    or before its units' window starts."""
+    n = min(len(kv), len(chunks))
+    q = [min(c, k) for k, c in zip(kv[:n], chunks[:n])]
+    cu = [0]
+    for x in q:
+        cu.append(cu[-1] + x)
+    model = CostModel(num_q_heads=heads[0], num_kv_heads=heads[1], num_cores=cores)
+    w = WindowedWorkload(model, cu, kv[:n], window)
+    fia_v2_sink_metadata(w).validate()
+    m_base, s2_base = sink_split_sizes(max(kv[:n]), model.block_size, default_mask(w))
+    rows_tokens = m_base // model.group
+    for r, (qr, kr) in enumerate(zip(q, kv[:n])):
+        for t, row in enumerate(sink_rows(qr, kr, model.group, m_base, s2_base,
+                                          default_mask(w))):  # fmt: skip
+            first_token_kv = kr - qr + t * rows_tokens  # the row's first token's position
+            assert row.s2_start == max(0, first_token_kv - window + 1) // s2_base, (r, t)
+
+
 @needs_tiling
 def test_ours_plans_the_window_and_splits_the_unit():
     w = _one_decode()
@@ -92,8 +126,10 @@ def test_cli_json_and_verdict(cli, tmp_path):
     assert code == 0 and data == json.loads(out_file.read_text())
     assert data["window"] == 128 and len(data["cases"]) == 2
     trace, prefill = data["cases"]
-    assert {"ours", "flashinfer_1x_window", "flashinfer_1x_decode_masked"} <= set(trace["ratios"])
+    assert {"ours", "flashinfer_1x_window", "flashinfer_1x_decode_masked",
+            "fia_v2_sink_metadata"} <= set(trace["ratios"])
     assert "flashinfer_1x_decode_masked" not in prefill["ratios"]
+    assert "fia_v2_sink_metadata" in prefill["ratios"]
     assert 0 < trace["work_share"] < 1
     assert data["verdict"]["ours_at_or_below_all"] == (not data["verdict"]["losses"])
 

@@ -118,6 +118,26 @@ def test_mixed_batches_cover_the_work(kv, chunks, model):
         part.validate()
 
 
+@settings(max_examples=30, deadline=None)
+@given(kv=st.lists(st.integers(0, 5000), min_size=1, max_size=20),
+       chunks=st.lists(st.integers(0, 300), min_size=1, max_size=20),
+       cores=st.integers(1, 24), heads=st.sampled_from([(16, 1), (32, 8), (64, 8)]),
+       model=st.sampled_from(sorted(COST_MODELS)))  # fmt: skip
+def test_fia_v2_sink_metadata_is_fia_v3_without_a_window(kv, chunks, cores, heads, model):
+    """On causal TND steps without a window the AI-CPU kernel's split is FIA V3's host split
+    (same block sizes, rows and plan; pyruntime.partitioners.fia_v2_sink), padded slots (no
+    query, no kv) included."""
+    n = min(len(kv), len(chunks))
+    q = [0 if k == 0 else min(c, k) for k, c in zip(kv[:n], chunks[:n])]
+    cu = [0]
+    for x in q:
+        cu.append(cu[-1] + x)
+    w = Workload(cost_model(model, *heads, num_cores=cores), cu, kv[:n])
+    part = ANCHORS["fia_v2_sink_metadata"].run(w)
+    part.validate()
+    assert part.cores == ANCHORS["fia_v3"].run(w).cores
+
+
 @settings(max_examples=25, deadline=None)
 @given(kv=st.lists(st.integers(1, 4000), min_size=1, max_size=24),
        heads=st.sampled_from([(16, 1), (32, 8)]), cores=st.integers(8, 24))  # fmt: skip
