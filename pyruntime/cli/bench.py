@@ -218,6 +218,25 @@ def summarize_point(point: Point, runs: list, *, seed: int, resamples: int) -> d
     return out
 
 
+def method_lines(result: dict) -> list[str]:
+    """Each point's host time by method, side by side, and the floor ratios (medians, us)."""
+    lines = [(f"methods (headline: {result['method']['headline']}; K = "
+              f"{result['method']['graph_keys']} graph keys in symmetric): host us per step, "
+              "host_update / graph / pre-replay / floor; host_update over each; floor ratio")]
+    for p in result["points"]:
+        for m, q in p["methods"].items():
+            us = {k: v["host_us"]["median"] for k, v in q["modes"].items()}
+            floor = q.get("floor_ratio", {})
+            lines.append(
+                f"  L={p['layers']} b{p['batch']} {p['source']:<8} {m:<9} "
+                f"{us['host_update']:9.1f} / {us['device_tiling']:7.1f} / "
+                f"{us['pre_replay']:7.1f} / {us.get(FLOOR_MODE, float('nan')):7.1f}   "
+                f"{q['host_ratio']['value']:6.1f}x {q['host_ratio_pre_replay']['value']:6.1f}x"
+                f"   floor ratio {floor.get('device_tiling', {}).get('value', float('nan')):.2f}"
+                f" / {floor.get('pre_replay', {}).get('value', float('nan')):.2f}")
+    return lines
+
+
 def engine_work(graph_keys: int) -> dict[str, EngineWork]:
     """The hook engine's per-step work for each device mode with ``graph_keys`` keys, counted
     off `NpuTilingEngine` itself (`pyruntime.hook.engine_step`)."""
@@ -262,7 +281,7 @@ def placements_summary(points: list[dict]) -> dict | None:
                    (HEADLINE.batch, HEADLINE.source)), key=lambda p: p["layers"])
     if len(rows) < 2:
         return None
-    modes = list(rows[0]["modes"])
+    modes = [m for m in rows[0]["modes"] if m != FLOOR_MODE]
     return {
         "batch": HEADLINE.batch, "source": HEADLINE.source,
         "layers": [p["layers"] for p in rows],
@@ -429,6 +448,8 @@ def run(args: argparse.Namespace) -> int:
     console = make_console()
     for item in bench_table(result):
         console.print(item)
+    for line in method_lines(result):
+        console.print(line, highlight=False)
     for path in written:
         console.print(f"wrote {path}")
     return 0
