@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -191,6 +192,9 @@ class StaticAttention:
             inside `Backend.hold_device`, so on the CPU backend the emulated device, whose
             threads share the host's cores, does not run during it (it starts when the
             host part ends, or while the host blocks in a synchronize).
+        last_step_blocked_seconds: wall time of the last step's host part minus
+            `last_step_host_seconds`: how long the host thread was blocked (a synchronize,
+            a blocking copy, descheduled) inside it.
 
     Raises:
         ValueError: unknown mode or placement, or a placement given with host_update;
@@ -297,6 +301,7 @@ class StaticAttention:
         self._captured = False
         self._stepped = False
         self.last_step_host_seconds = math.nan
+        self.last_step_blocked_seconds = math.nan
 
     def _start(self, buffers) -> None:
         """Own `buffers` and make the path of this mode and placement over them."""
@@ -376,7 +381,8 @@ class StaticAttention:
         self._captured = True
 
     def step(self, block_table: Any, cu_seqlens_q: Any, seqlens_kv: Any, *,
-             wait: bool = True) -> list[torch.Tensor]:
+             wait: bool = True,
+             before_replay: Callable[[], None] | None = None) -> list[torch.Tensor]:
         """Run one step of every layer on the current queries and KV caches.
 
         Args:
@@ -388,6 +394,10 @@ class StaticAttention:
                 only enqueued, as a serving loop does: the outputs are ready after `wait()`
                 (steps enqueued back to back run in order; the inputs are staged at the
                 call, so the caller may reuse its arrays at once).
+            before_replay: host work a serving loop does between the input copies and the
+                replay (vLLM-Ascend's pre-replay synchronize, a hook engine's per-step
+                work): called once, inside the measured host part (`last_step_host_seconds`,
+                `last_step_blocked_seconds`). The benchmark's symmetric method uses it.
 
         Returns:
             The `outputs` list: per layer ``[max_tokens, num_q_heads, head_dim]``, padding
@@ -404,7 +414,10 @@ class StaticAttention:
             raise AttentionStateError("step() before capture(): call capture() once first")
         inputs = buffers.validate(block_table, cu_seqlens_q, seqlens_kv)
         with self.backend.hold_device():  # the device starts once the host part is done
-            self.last_step_host_seconds = path.step(inputs)
+            wall = time.perf_counter()
+            self.last_step_host_seconds = path.step(inputs, before_replay)
+            wall = time.perf_counter() - wall
+        self.last_step_blocked_seconds = max(0.0, wall - self.last_step_host_seconds)
         self._stepped = True
         if wait:
             path.wait()

@@ -4,6 +4,7 @@ Subcommands (one module each):
 
 * ``bench``: interleaved A/B runs of ``host_update`` against ``device_tiling``;
   ``bench balance``: our tiling against the anchors' partitioners;
+  ``bench projection``: the projected host saving on an NPU, with its assumptions;
   ``bench tiling``: the C kernel's time per call.
 * ``profile``: one workload, per-step host breakdown and device task timings, Chrome trace.
 * ``inspect``: the tiling of given lengths, per-core load bars.
@@ -20,7 +21,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from . import balance, bench, hook_dryrun, inspect, profile, selfcheck, tiling_bench
+from . import (
+    balance,
+    bench,
+    hook_dryrun,
+    inspect,
+    profile,
+    projection,
+    selfcheck,
+    tiling_bench,
+)
 from ._common import PROG, ArgumentParser, CliError
 
 __all__ = ["CliError", "build_parser", "main"]
@@ -37,6 +47,7 @@ def build_parser() -> ArgumentParser:
     bench_sub = bench_parser.add_subparsers(dest="bench_command", metavar="WHAT")
     balance.add_parser(bench_sub)
     tiling_bench.add_parser(bench_sub)
+    projection.add_parser(bench_sub)
     profile.add_parser(sub)
     inspect.add_parser(sub)
     selfcheck.add_parser(sub)

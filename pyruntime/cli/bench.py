@@ -21,6 +21,8 @@ import platform
 import time
 from pathlib import Path
 
+import numpy as np
+
 from ..measurement.abrun import (
     BENCH_MODES,
     DTYPES,
@@ -32,8 +34,16 @@ from ..measurement.abrun import (
     VARIANTS,
     Geometry,
     Point,
+    RunSpec,
     measure_flatness,
-    run_point,
+    run_interleaved,
+)
+from ..measurement.serving import (
+    DEFAULT_GRAPH_KEYS,
+    DEFAULT_METHOD,
+    FLOOR_MODE,
+    METHODS,
+    EngineWork,
 )
 from ..measurement.sources import SOURCES, SourceError
 from ..profiler import processors as proc
@@ -49,6 +59,18 @@ from ._common import (
 )
 from .balance import _int_list
 
+#: a measured step in which the host was blocked longer than this slept through device work
+#: (the shortest device phase here, L = 1, lasts about 2 ms); counted per mode as slept_steps
+SLEPT_S = 1e-3
+METHOD_DEFINITIONS = {
+    "old": "each mode's step is StaticAttention.step alone: host_update's holds vLLM-Ascend's "
+           "pre-replay synchronize, which sleeps through the warm pair's first step; the device "
+           "modes neither synchronize nor run the hook engine's work",
+    "symmetric": "every mode's step holds the same input copies and vLLM-Ascend's pre-replay "
+                 "synchronize, the device modes also the hook engine's per-step work for K "
+                 "graph keys; every measured step starts with the device idle and the host "
+                 "warm (pyruntime.measurement.serving)",
+}
 SCHEMA = "aicpu-tiling/bench"
 SCHEMA_VERSION = 3
 HEADLINE = Point(61, 64, "trace")
@@ -100,6 +122,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--quick", action="store_true", help="a small grid in under a minute")
+    p.add_argument("--method", type=comma_choices(METHODS, "method"), default=[DEFAULT_METHOD],
+                   help="how host time is measured: symmetric (default: every mode's step holds "
+                        "what its host does in vLLM-Ascend, the hook engine's work included) "
+                        "or old (the figures up to 2026-12-02); several, comma-separated, run "
+                        "side by side in one run, the first is the headline")
+    p.add_argument("--graph-keys", type=int, default=DEFAULT_GRAPH_KEYS, metavar="K",
+                   help="captured graph keys the hook engine serves per step in the symmetric "
+                        f"method (default {DEFAULT_GRAPH_KEYS}: vLLM's default capture sizes)")
     p.add_argument("--flatness", action=argparse.BooleanOptionalAction, default=None,
                    help=f"measure the host-time flatness figure (device path, L={FLATNESS_LAYERS[1]} "
                         f"over L={FLATNESS_LAYERS[0]}, side by side); default: with the default "
@@ -158,10 +188,15 @@ def summarize_point(point: Point, runs: list, *, seed: int, resamples: int) -> d
     for m, r in by_mode.items():
         host = [s.host_s for s in r.steps]
         step = [s.step_s for s in r.steps]
+        blocked = [s.blocked_s for s in r.steps]
         modes[m] = {
             "host_us": proc.summarize(host, scale=1e6, seed=seed, resamples=resamples),
             "step_us": proc.summarize(step, scale=1e6, seed=seed, resamples=resamples),
             "counters_per_step": r.counters,
+            # the host-state marker: how long the host was blocked inside each measured step
+            "blocked_us": {"median": float(np.median(blocked)) * 1e6,
+                           "max": float(np.max(blocked)) * 1e6},
+            "slept_steps": sum(b > SLEPT_S for b in blocked),
         }
     a, b = by_mode["host_update"], by_mode["device_tiling"]
     out = {
@@ -176,6 +211,64 @@ def summarize_point(point: Point, runs: list, *, seed: int, resamples: int) -> d
     if "pre_replay" in by_mode:
         out["host_ratio_pre_replay"] = ratio("host_s", a, by_mode["pre_replay"])
         out["step_ratio_pre_replay"] = ratio("step_s", a, by_mode["pre_replay"])
+    if FLOOR_MODE in by_mode:
+        floor = by_mode[FLOOR_MODE]
+        out["floor_ratio"] = {m: ratio("host_s", by_mode[m], floor)
+                              for m in ("device_tiling", "pre_replay") if m in by_mode}
+    return out
+
+
+def method_lines(result: dict) -> list[str]:
+    """Each point's host time by method, side by side, and the floor ratios (medians, us)."""
+    lines = [(f"methods (headline: {result['method']['headline']}; K = "
+              f"{result['method']['graph_keys']} graph keys in symmetric): host us per step, "
+              "host_update / graph / pre-replay / floor; host_update over each; floor ratio")]
+    for p in result["points"]:
+        for m, q in p["methods"].items():
+            us = {k: v["host_us"]["median"] for k, v in q["modes"].items()}
+            floor = q.get("floor_ratio", {})
+            lines.append(
+                f"  L={p['layers']} b{p['batch']} {p['source']:<8} {m:<9} "
+                f"{us['host_update']:9.1f} / {us['device_tiling']:7.1f} / "
+                f"{us['pre_replay']:7.1f} / {us.get(FLOOR_MODE, float('nan')):7.1f}   "
+                f"{q['host_ratio']['value']:6.1f}x {q['host_ratio_pre_replay']['value']:6.1f}x"
+                f"   floor ratio {floor.get('device_tiling', {}).get('value', float('nan')):.2f}"
+                f" / {floor.get('pre_replay', {}).get('value', float('nan')):.2f}")
+    return lines
+
+
+def engine_work(graph_keys: int) -> dict[str, EngineWork]:
+    """The hook engine's per-step work for each device mode with ``graph_keys`` keys, counted
+    off `NpuTilingEngine` itself (`pyruntime.hook.engine_step`)."""
+    from ..hook.engine_step import EngineStepError, engine_step_work
+
+    out = {}
+    for mode in ("device_tiling", "pre_replay"):
+        try:
+            counts = engine_step_work(VARIANTS[mode][1], graph_keys)
+        except EngineStepError as exc:
+            raise CliError(str(exc)) from exc
+        out[mode] = EngineWork(graph_keys=graph_keys, h2d_copies=counts.h2d_copies,
+                               blocking_copies=counts.blocking_copies,
+                               tiling_launches=counts.tiling_launches)
+    return out
+
+
+def run_methods(point: Point, geom: Geometry, methods: list[str], engine: dict, *,
+                steps: int, warmup: int, seed: int, on_step=None) -> dict[str, list]:
+    """Every mode and the floor of `point` under every method, side by side in one
+    interleaved run; method -> its runs (``host_update`` first, the floor last)."""
+    modes = (*BENCH_MODES, FLOOR_MODE)
+    specs = [RunSpec(f"{m}/{mode}", mode, point.layers, m) for m in methods for mode in modes]
+    workload = {"name": point.name, "layers": point.layers, "batch": point.batch,
+                "source": point.source, "geometry": geom.as_dict()}
+    runs = run_interleaved(specs, point.batch, point.source, geom, workload, steps=steps,
+                           warmup=warmup, seed=seed, engine=engine,
+                           on_step=on_step)  # fmt: skip
+    out: dict[str, list] = {m: [] for m in methods}
+    for spec, run in zip(specs, runs):
+        run.mode = spec.mode
+        out[spec.method].append(run)
     return out
 
 
@@ -188,7 +281,7 @@ def placements_summary(points: list[dict]) -> dict | None:
                    (HEADLINE.batch, HEADLINE.source)), key=lambda p: p["layers"])
     if len(rows) < 2:
         return None
-    modes = list(rows[0]["modes"])
+    modes = [m for m in rows[0]["modes"] if m != FLOOR_MODE]
     return {
         "batch": HEADLINE.batch, "source": HEADLINE.source,
         "layers": [p["layers"] for p in rows],
@@ -250,6 +343,10 @@ def run(args: argparse.Namespace) -> int:
                                  else (QUICK_STEPS, QUICK_WARMUP))
     full_steps, full_warmup = ((DEEPSEEK_V3_STEPS, DEEPSEEK_V3_WARMUP) if mla
                                else (DEFAULT_STEPS, DEFAULT_WARMUP))
+    methods = list(dict.fromkeys(args.method))
+    if args.graph_keys < 1:
+        raise CliError(f"--graph-keys must be >= 1 (got {args.graph_keys})")
+    engine = engine_work(args.graph_keys) if "symmetric" in methods else {}
     steps = args.steps or (quick_steps if args.quick else full_steps)
     warmup = args.warmup if args.warmup is not None else (
         quick_warmup if args.quick else full_warmup)  # fmt: skip
@@ -270,21 +367,26 @@ def run(args: argparse.Namespace) -> int:
         for point in points:
             bar.update(task, description=f"bench {point.name}")
             try:
-                runs = run_point(point, geom, steps=steps, warmup=warmup, seed=args.seed,
-                                 modes=BENCH_MODES,
-                                 on_step=lambda: bar.advance(task))  # fmt: skip
+                by_method = run_methods(point, geom, methods, engine, steps=steps,
+                                        warmup=warmup, seed=args.seed,
+                                        on_step=lambda: bar.advance(task))  # fmt: skip
             except SourceError as exc:
                 raise CliError(str(exc)) from exc
             except ValueError as exc:  # tiling params or attention sizes out of range
                 raise CliError(f"{point.name}: {exc}") from exc
-            results.append(summarize_point(point, runs, seed=args.seed,
-                                           resamples=args.resamples))  # fmt: skip
+            summaries = {m: summarize_point(point, runs, seed=args.seed,
+                                            resamples=args.resamples)
+                         for m, runs in by_method.items()}  # fmt: skip
+            head = dict(summaries[methods[0]])
+            head["method"] = methods[0]
+            head["methods"] = summaries
+            results.append(head)
         flat = None
         if flatness:
             bar.update(task, description="bench flatness")
             try:
                 flat_runs = measure_flatness(geom, steps=flat_steps, warmup=warmup,
-                                             seed=args.seed,
+                                             seed=args.seed, method=methods[0], engine=engine,
                                              on_step=lambda: bar.advance(task))  # fmt: skip
             except (SourceError, ValueError) as exc:
                 raise CliError(f"flatness: {exc}") from exc
@@ -301,11 +403,20 @@ def run(args: argparse.Namespace) -> int:
                    "warmup": warmup, "seed": args.seed, "resamples": args.resamples,
                    "confidence": 0.95, "quick": args.quick, "modes": list(BENCH_MODES),
                    "placements": {m: VARIANTS[m][1] for m in BENCH_MODES if VARIANTS[m][1]}},
+        "method": {"headline": methods[0], "methods": methods,
+                   "graph_keys": args.graph_keys if engine else None,
+                   "engine_per_step": {m: w.as_dict() for m, w in engine.items()},
+                   "definitions": METHOD_DEFINITIONS},
         "points": results,
+        "floor_ratio": None,
         "placements": placements_summary(results),
         "host_flatness": flat,
         "headline": None,
     }  # fmt: skip
+    if results:  # the headline point's, else the first point's
+        at = next((p for p in results if (p["layers"], p["batch"], p["source"]) ==
+                   (HEADLINE.layers, HEADLINE.batch, HEADLINE.source)), results[0])
+        result["floor_ratio"] = {m: r["value"] for m, r in at["floor_ratio"].items()}
     for p in results:
         if (p["layers"], p["batch"], p["source"]) == (61, 64, "trace"):
             result["headline"] = {
@@ -316,6 +427,16 @@ def run(args: argparse.Namespace) -> int:
                 "pre_replay_us": p["modes"]["pre_replay"]["host_us"]["median"],
                 "host_ratio_pre_replay": p["host_ratio_pre_replay"]["value"],
                 "host_ratio_pre_replay_ci": p["host_ratio_pre_replay"]["ci"],
+                "method": p["method"],
+                "by_method": {m: {
+                    "host_update_us": q["modes"]["host_update"]["host_us"]["median"],
+                    "device_tiling_us": q["modes"]["device_tiling"]["host_us"]["median"],
+                    "pre_replay_us": q["modes"]["pre_replay"]["host_us"]["median"],
+                    "host_ratio": q["host_ratio"]["value"], "host_ratio_ci": q["host_ratio"]["ci"],
+                    "host_ratio_pre_replay": q["host_ratio_pre_replay"]["value"],
+                    "host_ratio_pre_replay_ci": q["host_ratio_pre_replay"]["ci"],
+                    "floor_ratio": {k: v["value"] for k, v in q["floor_ratio"].items()},
+                } for m, q in p["methods"].items()},
             }  # fmt: skip
             if flat is not None:
                 result["headline"]["host_flatness"] = {
@@ -327,6 +448,8 @@ def run(args: argparse.Namespace) -> int:
     console = make_console()
     for item in bench_table(result):
         console.print(item)
+    for line in method_lines(result):
+        console.print(line, highlight=False)
     for path in written:
         console.print(f"wrote {path}")
     return 0

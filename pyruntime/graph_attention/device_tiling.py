@@ -29,6 +29,7 @@ used: outputs are zero and `error()` returns `StaleTilingError`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from pyruntime.backends import Backend
 from pyruntime.backends.handles import GraphState
@@ -85,10 +86,13 @@ class DeviceTilingPath:
         be.copy_h2d(b.lengths, b.stage_lengths(inputs), stream=self.stream)
         be.copy_h2d(b.block_table, inputs.block_table, stream=self.stream)
 
-    def step(self, inputs: StepInputs) -> float:
-        """Copy the inputs, replay; return the host CPU seconds spent (no device wait)."""
+    def step(self, inputs: StepInputs, before_replay: Callable[[], None] | None = None) -> float:
+        """Copy the inputs, call `before_replay` (if given), replay; return the host CPU
+        seconds spent (no device wait), `before_replay` included."""
         start = time.thread_time()
         self._copy_inputs(inputs)
+        if before_replay is not None:
+            before_replay()
         self.graph.replay(self.stream)
         self._last_epoch = inputs.epoch
         return time.thread_time() - start
@@ -127,10 +131,13 @@ class PreReplayTilingPath(DeviceTilingPath):
         with self.backend.capture(self.graph, self.stream):
             self._launch_layers()
 
-    def step(self, inputs: StepInputs) -> float:
-        """Copy the inputs, launch the tiling (ordered by events), replay; host seconds."""
+    def step(self, inputs: StepInputs, before_replay: Callable[[], None] | None = None) -> float:
+        """Copy the inputs, call `before_replay` (if given), launch the tiling (ordered by
+        events), replay; host seconds."""
         start = time.thread_time()
         self._copy_inputs(inputs)
+        if before_replay is not None:
+            before_replay()
         self._launch_tiling(self._fork, self._join)
         self.graph.replay(self.stream)
         self._last_epoch = inputs.epoch

@@ -19,6 +19,7 @@ addresses to the AI Core.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -81,11 +82,14 @@ class HostUpdatePath:
                 self._launch_layer(layer, main, cu, kv, 0)
                 self.groups.append(be.graph_task_group_end(main))
 
-    def step(self, inputs: StepInputs) -> float:
-        """Copy, sync, replay, then update every layer; return the host CPU seconds spent."""
+    def step(self, inputs: StepInputs, before_replay: Callable[[], None] | None = None) -> float:
+        """Copy, call `before_replay` (if given), sync, replay, then update every layer;
+        return the host CPU seconds spent, `before_replay` included."""
         start = time.thread_time()
         be, upd = self.backend, self.update_stream
         be.copy_h2d(self.buffers.block_table, inputs.block_table, stream=self.stream)
+        if before_replay is not None:
+            before_replay()
         self.stream.synchronize()  # vllm-ascend's pre-replay sync (idle here: cheap)
         self.graph.replay(self.stream)
         cu, kv = inputs.cu_seqlens_q, inputs.seqlens_kv

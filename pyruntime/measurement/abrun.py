@@ -21,6 +21,14 @@ import numpy as np
 from ..profiler.clock import Clock, PerfClock
 from ..profiler.data import DeviceTask, HostStep, Run
 from ..profiler.instrument import PhaseRecorder, instrument
+from .serving import (
+    FLOOR_MODE,
+    METHODS,
+    EngineWork,
+    FloorStep,
+    make_before_replay,
+    warm_up_host,
+)
 from .sources import ContinuousBatch
 
 MODES = ("host_update", "device_tiling")
@@ -69,14 +77,19 @@ class Geometry:
 
 
 def make_attention(
-    backend: Any, mode: str, geom: Geometry, layers: int, batch: int, max_tokens: int, seed: int = 0
+    backend: Any, mode: str, geom: Geometry, layers: int, batch: int, max_tokens: int,
+    seed: int = 0, *, floor_sync: bool = True,
 ) -> Any:
     """A captured ``StaticAttention`` of run mode `mode` (a `VARIANTS` key) with random
-    queries and KV caches."""
+    queries and KV caches; for `FLOOR_MODE`, a `FloorStep` (with the pre-replay synchronize
+    when ``floor_sync``)."""
     import torch
 
     from ..attention import StaticAttention
 
+    if mode == FLOOR_MODE:  # the floor of the device modes (serving.FloorStep)
+        return FloorStep(backend, max_batch=batch, max_blocks_per_req=geom.max_blocks_per_req,
+                         sync=floor_sync)
     attn_mode, placement = VARIANTS[mode]
     if geom.kv_lora_rank > 0:
         return _make_mla_attention(backend, attn_mode, placement, geom, layers, batch,
@@ -174,6 +187,8 @@ class RunSpec:
     key: str
     mode: str
     layers: int
+    #: how its steps are measured, `pyruntime.measurement.serving.METHODS`
+    method: str = "old"
 
 
 def run_point(
@@ -190,6 +205,8 @@ def run_point(
     backend_factory: Callable[[], Any] | None = None,
     on_step: Callable[[], None] | None = None,
     warm_host: bool = True,
+    method: str = "old",
+    engine: dict[str, EngineWork] | None = None,
 ) -> list[Run]:
     """Measure ``steps`` interleaved steps of each mode (after ``warmup`` unmeasured ones).
 
@@ -202,16 +219,18 @@ def run_point(
         on_step: called after each step (both modes), for progress.
         warm_host: measure each step warm, as `run_interleaved` describes (the one
             definition of host time per step that ``bench`` and ``selfcheck`` report).
+        method, engine: see `run_interleaved`.
 
     Returns:
         One :class:`Run` per mode, in ``modes`` order, counters averaged per step run.
     """
-    specs = [RunSpec(m, m, point.layers) for m in modes]
+    specs = [RunSpec(m, m, point.layers, method) for m in modes]
     workload = {"name": point.name, **asdict(point), "geometry": geom.as_dict()}
     return run_interleaved(specs, point.batch, point.source, geom, workload, steps=steps,
                            warmup=warmup, seed=seed, clock=clock, phases=phases,
                            device_tasks=device_tasks, backend_factory=backend_factory,
-                           on_step=on_step, warm_host=warm_host)  # fmt: skip
+                           on_step=on_step, warm_host=warm_host, method=method,
+                           engine=engine)  # fmt: skip
 
 
 def run_interleaved(
@@ -230,6 +249,8 @@ def run_interleaved(
     backend_factory: Callable[[], Any] | None = None,
     on_step: Callable[[], None] | None = None,
     warm_host: bool = True,
+    method: str = "old",
+    engine: dict[str, EngineWork] | None = None,
 ) -> list[Run]:
     """Step every spec's attention on the same batches, interleaved (the order flips every
     step), each on a backend of its own.
@@ -249,11 +270,27 @@ def run_interleaved(
     grow with the layer count without any host work per layer. The device then runs both
     steps; ``step_s`` is the pair's wall time over two (host parts plus device work, per
     step) and the counters are averaged over every step run, pairs' first steps included.
+
+    That is ``method="old"``. With ``method="symmetric"`` (`pyruntime.measurement.serving`)
+    every step of every mode runs with its serving work before the replay (the input copies
+    of every mode, vLLM-Ascend's pre-replay synchronize, the hook engine's work from
+    ``engine[mode]`` in the device modes), and each measured step starts from the same host
+    state in every mode: the warm pair's first step has run on the device before it (the
+    host waits outside the measured step), then a host-only warm-up (`warm_up_host`), then
+    the measured step with the device held; its synchronize finds the device idle.
+    ``step_s`` is then the measured step's wall time, host part and device work.
+    ``HostStep.blocked_s`` records, per step, how long the host was blocked inside the
+    measured host part.
     """
     from .. import backends
 
     if device_tasks and warm_host:
         raise ValueError("device_tasks needs warm_host=False (a warm pair runs two steps)")
+    specs = [s if method == "old" else RunSpec(s.key, s.mode, s.layers, method) for s in specs]
+    for s in specs:
+        if s.method not in METHODS:
+            raise ValueError(f"unknown method {s.method!r}; choose from {', '.join(METHODS)}")
+    symmetric_of = {s.key: s.method == "symmetric" for s in specs}
     clock = clock or PerfClock()
     factory = backend_factory or (lambda: backends.get("cpu"))
     src = ContinuousBatch(source, batch, seed=seed, max_kv=geom.max_kv)
@@ -261,13 +298,20 @@ def run_interleaved(
     keys = [s.key for s in specs]
     runs = {s.key: Run(s.key, dict(workload)) for s in specs}
     bes = {s.key: factory() for s in specs}
-    per_pair = 2 if warm_host else 1
+    runs_per_step = 2 if warm_host else 1  # steps run per measured step (counters)
     try:
+        for s in specs:
+            if symmetric_of[s.key] and s.mode not in ("host_update", FLOOR_MODE) \
+                    and s.mode not in (engine or {}):
+                raise ValueError(f"method 'symmetric' needs the hook engine's work of mode "
+                                 f"{s.mode!r} (engine)")
         attns = {
             s.key: make_attention(bes[s.key], s.mode, geom, s.layers, batch, src.max_tokens(),
-                                  seed)
+                                  seed, floor_sync=symmetric_of[s.key])
             for s in specs
         }  # fmt: skip
+        serving = {s.key: make_before_replay(s.method, attns[s.key], s.mode,
+                                             (engine or {}).get(s.mode)) for s in specs}
         recorders = {k: PhaseRecorder(clock) for k in keys}
         for i in range(warmup + steps):
             if i == warmup:
@@ -281,16 +325,31 @@ def run_interleaved(
             step = next(src)
             order = keys if i % 2 == 0 else list(reversed(keys))
             for k in order:
-                be, attn, recorder = bes[k], attns[k], recorders[k]
+                be, attn, recorder, before = bes[k], attns[k], recorders[k], serving[k]
+                symmetric = symmetric_of[k]
+                per_pair = 2 if warm_host and not symmetric else 1  # steps in one step_s
                 recorder.reset()
                 t_start = clock.now()
+                if symmetric:
+                    if first is not None:  # the previous step, run on the device first
+                        if before is not None:
+                            before.stage(first.cu_seqlens_q, first.seqlens_kv)
+                        attn.step(table, first.cu_seqlens_q, first.seqlens_kv, wait=False,
+                                  before_replay=before)
+                        attn.wait()
+                    if before is not None:
+                        before.stage(step.cu_seqlens_q, step.seqlens_kv)
+                    warm_up_host()
+                    t_start = clock.now()
                 with be.hold_device():  # the device starts when the host blocks in wait()
-                    if first is not None:
+                    if first is not None and not symmetric:
                         attn.step(table, first.cu_seqlens_q, first.seqlens_kv, wait=False)
                     t0 = clock.now()
                     with instrument(be, recorder) if phases else contextlib.nullcontext():
-                        attn.step(table, step.cu_seqlens_q, step.seqlens_kv, wait=False)
+                        attn.step(table, step.cu_seqlens_q, step.seqlens_kv, wait=False,
+                                  before_replay=before)
                         host_s = float(attn.last_step_host_seconds)
+                        blocked_s = float(attn.last_step_blocked_seconds)
                         attn.wait()
                     t1 = clock.now()
                 attn.check()
@@ -300,7 +359,8 @@ def run_interleaved(
                 if phases:
                     booked["other"] = max(0.0, (t1 - t0) - sum(booked.values()))
                 runs[k].steps.append(
-                    HostStep(t0, (t1 - t_start) / per_pair, host_s, booked, list(recorder.spans))
+                    HostStep(t0, (t1 - t_start) / per_pair, host_s, booked, list(recorder.spans),
+                             blocked_s)
                 )  # fmt: skip
                 rec = _records(be)
                 if device_tasks and rec is not None and rec.records:
@@ -310,7 +370,7 @@ def run_interleaved(
                 on_step()
         for k in keys:
             snap = bes[k].counters.snapshot()
-            runs[k].counters = {c: v / max(steps * per_pair, 1) for c, v in snap.items()}
+            runs[k].counters = {c: v / max(steps * runs_per_step, 1) for c, v in snap.items()}
     finally:
         for k in keys:
             close = getattr(bes[k], "close", None)
@@ -347,6 +407,8 @@ def measure_flatness(
     seed: int = 0,
     backend_factory: Callable[[], Any] | None = None,
     on_step: Callable[[], None] | None = None,
+    method: str = "old",
+    engine: dict[str, EngineWork] | None = None,
 ) -> dict[str, list[Run]]:
     """The runs behind the flatness figure: per mode, ``[Run at L=1, Run at L=61]``.
 
@@ -354,11 +416,12 @@ def measure_flatness(
     measured warm, `run_interleaved`), so the ratio does not carry the drift of a shared
     machine between two separate runs.
     """
-    specs = [RunSpec(flatness_spec_key(m, n), m, n) for m in modes for n in FLATNESS_LAYERS]
+    specs = [RunSpec(flatness_spec_key(m, n), m, n, method) for m in modes
+             for n in FLATNESS_LAYERS]
     workload = {"name": "flatness", "batch": FLATNESS_BATCH, "source": FLATNESS_SOURCE,
                 "layers": list(FLATNESS_LAYERS), "geometry": geom.as_dict()}
     runs = run_interleaved(specs, FLATNESS_BATCH, FLATNESS_SOURCE, geom, workload,
-                           steps=steps, warmup=warmup, seed=seed,
+                           steps=steps, warmup=warmup, seed=seed, engine=engine,
                            backend_factory=backend_factory, on_step=on_step)  # fmt: skip
     by_key = {r.mode: r for r in runs}
     return {m: [by_key[flatness_spec_key(m, n)] for n in FLATNESS_LAYERS] for m in modes}

@@ -35,6 +35,9 @@ class HostStep:
         host_s: the runtime's own host time (``last_step_host_seconds``).
         phases: exclusive seconds per host phase (see :data:`HOST_PHASES`).
         spans: ``(phase, start, end)`` intervals for the trace; may be empty.
+        blocked_s: wall time of the host part minus ``host_s``: how long the host was
+            blocked inside it (``last_step_blocked_seconds``; a sleep through a device
+            phase shows here).
     """
 
     start: float
@@ -42,6 +45,7 @@ class HostStep:
     host_s: float
     phases: dict[str, float] = field(default_factory=dict)
     spans: list[tuple[str, float, float]] = field(default_factory=list)
+    blocked_s: float = 0.0
 
 
 @dataclass
@@ -81,7 +85,8 @@ class Run:
         steps = [
             HostStep(_num(s["start"]), _num(s["step_s"]), _num(s["host_s"]),
                      {_str(k): _num(v) for k, v in _dict(s.get("phases", {})).items()},
-                     [(_str(p), _num(a), _num(b)) for p, a, b in _list(s.get("spans", []))])
+                     [(_str(p), _num(a), _num(b)) for p, a, b in _list(s.get("spans", []))],
+                     _num(s.get("blocked_s", 0.0)))
             for s in map(_dict, _list(d.get("steps", [])))
         ]  # fmt: skip
         tasks = [

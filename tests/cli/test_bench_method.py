@@ -1,0 +1,173 @@
+"""The bench's symmetric method (issue 30, item 1): the hook engine's per-step work is read
+off `NpuTilingEngine` and issued by the bench's device modes; the floor; the side-by-side
+run of both methods."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pyruntime import backends
+from pyruntime.hook.engine_step import EngineStepError, engine_step_work
+from pyruntime.hook.npu_engine import NpuTilingEngine
+from pyruntime.measurement import serving
+from pyruntime.measurement.abrun import Geometry, RunSpec, make_attention, run_interleaved
+from pyruntime.measurement.serving import EngineWork, ServingStep
+
+GEOM = Geometry(max_kv=512, num_blocks=8)
+
+
+def _work(placement: str, keys: int) -> EngineWork:
+    c = engine_step_work(placement, keys)
+    return EngineWork(keys, c.h2d_copies, c.blocking_copies, c.tiling_launches)
+
+
+@pytest.mark.parametrize("keys", [1, 8])
+def test_the_counts_are_what_the_engine_does_per_step(keys, monkeypatch):
+    """Counted against the engine's own seams: its host_to_device and its plan calls."""
+    copies, plans = [], []
+    real_init, real_plan = NpuTilingEngine.__init__, NpuTilingEngine._plan
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        inner = self.host_to_device
+        self.host_to_device = lambda d, s: (copies.append(1), inner(d, s))
+
+    monkeypatch.setattr(NpuTilingEngine, "__init__", init)
+    monkeypatch.setattr(NpuTilingEngine, "_plan",
+                        lambda self, key: (plans.append(1), real_plan(self, key)))
+    for placement in ("graph", "pre-replay"):
+        copies.clear(), plans.clear()
+        counts = engine_step_work(placement, keys)
+        # two before_replay calls ran; the second is the one counted
+        assert counts.h2d_copies == len(copies) // 2 == keys
+        assert counts.blocking_copies == counts.h2d_copies  # the default copy_ blocks
+        assert counts.tiling_launches == len(plans) // 2 == (placement == "pre-replay")
+
+
+def test_a_change_to_before_replay_changes_the_counts_or_is_refused(monkeypatch):
+    real = NpuTilingEngine.before_replay
+
+    def one_shared_copy(self, num_tokens=None):  # what a fixed engine might do instead
+        self.epoch += 1
+        self._host_epoch[0] = self.epoch
+        next(iter(self.keys.values())).epoch.copy_(self._host_epoch, non_blocking=True)
+
+    monkeypatch.setattr(NpuTilingEngine, "before_replay", one_shared_copy)
+    counts = engine_step_work("graph", 8)
+    assert (counts.h2d_copies, counts.blocking_copies) == (1, 0)
+
+    def with_a_fill(self, num_tokens=None):  # device work the bench has no stand-in for
+        real(self, num_tokens)
+        next(iter(self.keys.values())).tiling.zero_()
+
+    monkeypatch.setattr(NpuTilingEngine, "before_replay", with_a_fill)
+    with pytest.raises(EngineStepError, match="zero_"):
+        engine_step_work("graph", 2)
+
+    def with_an_op(self, num_tokens=None):
+        real(self, num_tokens)
+        self.ops.bump_epoch()
+
+    monkeypatch.setattr(NpuTilingEngine, "before_replay", with_an_op)
+    with pytest.raises(EngineStepError, match="bump_epoch"):
+        engine_step_work("graph", 2)
+
+
+def test_graph_keys_below_one_are_refused():
+    with pytest.raises(ValueError, match="graph_keys"):
+        engine_step_work("graph", 0)
+
+
+def test_default_k_is_vllms_default_capture_list():
+    sizes = serving.vllm_default_capture_sizes()
+    assert sizes[:4] == [1, 2, 4, 8] and sizes[-2:] == [248, 256]
+    assert serving.DEFAULT_GRAPH_KEYS == len(sizes) == 35
+    assert len(serving.vllm_default_capture_sizes(max_num_seqs=256)) == 51  # up to 512
+
+
+@pytest.mark.parametrize("mode,placement", [("device_tiling", "graph"),
+                                            ("pre_replay", "pre-replay")])
+def test_the_bench_device_step_issues_the_engines_work(mode, placement, monkeypatch):
+    """Per step: the path's two copies plus the engine's copies; one synchronize (vLLM's)
+    plus one per blocking copy; the engine's tiling launches (the pre-replay path's own
+    launch is one of them)."""
+    work = _work(placement, 5)
+    be = backends.get("cpu")
+    try:
+        attn = make_attention(be, mode, GEOM, 2, 4, 8)
+        before = ServingStep(attn, mode, work)
+        syncs = []
+        real = type(be).stream_synchronize
+        monkeypatch.setattr(type(be), "stream_synchronize",
+                            lambda self, s: (syncs.append(s), real(self, s)))
+        table = np.zeros((4, GEOM.max_blocks_per_req), np.int32)
+        cu, kv = np.arange(5, dtype=np.int32), np.full(4, 100, np.int32)
+        be.counters.reset()
+        attn.step(table, cu, kv, wait=False, before_replay=before)
+        got, synced = be.counters.snapshot(), len(syncs)
+        attn.wait()
+        assert got["copies_h2d"] == 2 + work.h2d_copies
+        assert synced == 1 + work.blocking_copies
+        assert got["launches_aicpu"] == work.tiling_launches
+        assert got["replays"] == 1
+        attn.check()
+        attn.close()
+    finally:
+        be.close()
+
+
+def test_symmetric_host_update_copies_the_lengths_too():
+    be = backends.get("cpu")
+    try:
+        attn = make_attention(be, "host_update", GEOM, 2, 4, 8)
+        before = ServingStep(attn, "host_update", None)
+        table = np.zeros((4, GEOM.max_blocks_per_req), np.int32)
+        cu, kv = np.arange(5, dtype=np.int32), np.full(4, 100, np.int32)
+        before.stage(cu, kv)
+        be.counters.reset()
+        attn.step(table, cu, kv, before_replay=before)
+        assert be.counters.copies_h2d == 2  # the block table and the lengths, as device modes
+        assert attn.block_table is not None and int(before.buffers.lengths[1]) == 4
+        attn.close()
+    finally:
+        be.close()
+
+
+def test_symmetric_needs_the_engine_work_of_each_device_mode():
+    with pytest.raises(ValueError, match="engine"):
+        run_interleaved([RunSpec("d", "device_tiling", 1, "symmetric")], 4, "uniform", GEOM,
+                        {}, steps=1, warmup=0)
+
+
+def test_both_methods_and_the_floor_in_one_run(cli, tmp_path):
+    code, out, err = cli("bench", "--layers", "2", "--batch-sizes", "4", "--sources", "uniform",
+                         "--steps", "2", "--warmup", "0", "--max-kv", "512",
+                         "--method", "old,symmetric", "--graph-keys", "3", "--json",
+                         "--no-save", "--no-progress", "--no-flatness")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["method"]["methods"] == ["old", "symmetric"]
+    assert result["method"]["engine_per_step"]["device_tiling"]["h2d_copies"] == 3
+    point = result["points"][0]
+    assert set(point["methods"]) == {"old", "symmetric"} and point["method"] == "old"
+    sym = point["methods"]["symmetric"]["modes"]
+    assert sym["device_tiling"]["counters_per_step"]["copies_h2d"] == 2 + 3
+    assert sym["host_update"]["counters_per_step"]["copies_h2d"] == 2
+    assert point["methods"]["old"]["modes"]["host_update"]["counters_per_step"][
+        "copies_h2d"] == 1
+    assert sym["floor"]["counters_per_step"] == {
+        "launches_aicpu": 0.0, "launches_aicore": 0.0, "task_updates": 0.0,
+        "host_tiling_calls": 0.0, "replays": 1.0, "copies_h2d": 2.0}
+    assert set(result["floor_ratio"]) == {"device_tiling", "pre_replay"}
+    assert all(v > 0 for v in result["floor_ratio"].values())
+    assert {"median", "max"} <= set(sym["pre_replay"]["blocked_us"])
+
+
+def test_an_unknown_method_is_a_usage_error(cli):
+    code, _, err = cli("bench", "--method", "fast")
+    assert code == 2 and "unknown method fast" in err
+
+
