@@ -319,13 +319,15 @@ class NpuTilingEngine:
 
 
 def mla_graph_key(graph_key: Hashable) -> Hashable:
-    """The engine's key for the MLA layers of vLLM-Ascend graph key ``(graph, num_tokens)``."""
+    """The engine's key for the MLA layers of vLLM-Ascend graph key ``(graph, num_tokens,
+    ...)``."""
     return (*graph_key, "mla") if isinstance(graph_key, tuple) else (graph_key, None, "mla")
 
 
 def _tokens_of(graph_key: Hashable) -> int | None:
-    """The token bucket of a key: ``(graph, num_tokens)`` or its MLA key."""
-    if isinstance(graph_key, tuple) and (
-            len(graph_key) == 2 or (len(graph_key) == 3 and graph_key[2] == "mla")):
+    """The token bucket of a key: ``(graph, num_tokens, ...)`` (the hook's keys, with the
+    graph's batch descriptor third: `pyruntime.hook.vllm_ascend_patches.graph_key_of`) or
+    its MLA key; None for any other key."""
+    if isinstance(graph_key, tuple) and len(graph_key) >= 2 and isinstance(graph_key[1], int):
         return graph_key[1]
     return None

@@ -132,12 +132,22 @@ class PatchState:
     #: C8 layers whose non-zero offsets were logged (each once)
     c8_offsets_noted: set[str] = field(default_factory=set)
 
-    def whole_graph_device_tiled(self, num_tokens: int) -> bool:
-        """True when graph ``num_tokens`` has device-tiled layers and no host-path FIA."""
+    def whole_graph_device_tiled(self, forward_context: Any, num_tokens: int) -> bool:
+        """True when the graph replayed under ``forward_context`` (``num_tokens``, its batch
+        descriptor) has device-tiled layers and no host-path FIA.
+
+        False when vLLM-Ascend has no global graph params (its 0.29+ model runner sets them
+        only under ``VLLM_COMPILE``: ``if self.use_aclgraph: set_graph_params(...)``,
+        vllm-ascend 0.30.0rc2 ``worker/model_runner_v1.py`` ``_use_aclgraph`` and
+        ``initialize_cudagraph_keys``), yet calls ``update_full_graph_params`` after every
+        FULL forward that is not a capture (``_update_full_graph_params_if_needed``): then
+        the original update runs, exactly as without the hook."""
         if not self.device_layers or self.graph_params_fn is None:
             return False  # nothing of ours captured: no need to read vLLM's forward context
         graph_params = self.graph_params_fn()
-        if not self.device_layers.get(_graph_key(graph_params, num_tokens)):
+        if graph_params is None:
+            return False
+        if not self.device_layers.get(graph_key_of(graph_params, num_tokens, forward_context)):
             return False
         return not graph_params.attn_params.get(num_tokens)
 
@@ -428,8 +438,63 @@ def _graph_params(source: ModuleType, extra_ctx: Any) -> Any:
     return source.get_graph_params()
 
 
-def _graph_key(graph_params: Any, num_tokens: int) -> Hashable:
-    return (id(graph_params), int(num_tokens))
+def current_forward_context(acl_graph: ModuleType) -> Any:
+    """vLLM's forward context through ``acl_graph``'s own binding (``from vllm.forward_context
+    import BatchDescriptor, get_forward_context``, vllm-ascend 0.23.0.post1 and 0.30.0rc2
+    ``compilation/acl_graph.py``: what its ``ACLGraphWrapper.__call__`` reads); None where the
+    module has no such binding."""
+    getter = getattr(acl_graph, "get_forward_context", None)
+    return getter() if getter is not None else None
+
+
+def batch_descriptor(forward_context: Any) -> Hashable | None:
+    """The batch descriptor of vLLM's forward context (None when it has none).
+
+    vLLM-Ascend's ``ACLGraphWrapper.__call__`` keys the graphs it captures by exactly this
+    object (``forward_context.batch_descriptor``, its ``concrete_aclgraph_entries``;
+    vllm-ascend 0.23.0.post1 and 0.30.0rc2 ``compilation/acl_graph.py``), and vLLM's
+    ``BatchDescriptor`` (a frozen dataclass: ``num_tokens``, ``num_reqs``, ``uniform``,
+    ``has_lora``, ``num_active_loras``; vLLM 0.23.0 and 0.30.0 ``forward_context.py``) is
+    what tells two graphs of one token count apart: with LoRA, vLLM captures one FULL graph
+    per size and LoRA case (``cudagraph_specialize_lora`` defaults to True,
+    ``config/compilation.py``; ``CudagraphDispatcher._get_lora_cases``,
+    ``v1/cudagraph_dispatcher.py``)."""
+    return getattr(forward_context, "batch_descriptor", None)
+
+
+def graph_key_of(graph_params: Any, num_tokens: int, forward_context: Any) -> Hashable:
+    """The hook's key of the graph being captured or replayed: ``(id(graph_params),
+    num_tokens, batch descriptor)``, one key per graph vLLM-Ascend's wrapper captures (the
+    token count first, as `pyruntime.hook.npu_engine` reads it)."""
+    return (id(graph_params), int(num_tokens), batch_descriptor(forward_context))
+
+
+def lora_reason(forward_context: Any, lora_configured: Any) -> str | None:
+    """Why the layers of this graph keep the host path for LoRA, or None.
+
+    With LoRA, vLLM captures several FULL graphs of one token count; the hook tells them
+    apart by the batch descriptor's LoRA fields (:func:`batch_descriptor`). Where the
+    forward context carries no descriptor with them, two such graphs would share one key:
+    the second would capture no tiling task and replay a stale tiling. ``lora_configured``:
+    a callable, True when vLLM's config has a ``lora_config``."""
+    descriptor = batch_descriptor(forward_context)
+    if descriptor is not None and hasattr(descriptor, "has_lora"):
+        return None
+    if not lora_configured():
+        return None
+    return ("LoRA: vLLM captures a graph per LoRA case of one token count, and this forward "
+            "context has no batch descriptor with has_lora to tell them apart")
+
+
+def vllm_lora_configured() -> bool:
+    """True when vLLM's current config has a ``lora_config`` (``get_current_vllm_config_or_none``,
+    vLLM 0.23.0 and 0.30.0 ``config/vllm.py``; False where there is none to read)."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+    except ImportError:
+        return False
+    config = get_current_vllm_config_or_none()
+    return getattr(config, "lora_config", None) is not None
 
 
 def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType) -> None:
@@ -445,6 +510,9 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
     def graph_params() -> Any:
         source = module if hasattr(module, "get_graph_params") else acl_graph
         return _graph_params(source, module._EXTRA_CTX)
+
+    def forward_context() -> Any:
+        return current_forward_context(acl_graph)
 
     _, _, orig_fia = ledger.resolve(module, f"{targets.IMPL}.full_graph_fia")
     _, _, orig_fia_v2 = ledger.resolve(module, f"{targets.IMPL}.full_graph_fia_v2")
@@ -469,18 +537,20 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
         """Capture the layer on the device path and return what vLLM-Ascend's entry returns,
         ``(output, num_tokens)``; or None (noted once) when it keeps the host path."""
         record_layer_name(self, layer)  # C8's own forward does not pass the patched one
-        reason = unsupported_reason(self, impl_cls, extra_ctx(), attn_metadata, query.device,
-                                    applies_soft_cap=applies_soft_cap,
-                                    applies_sinks=applies_sinks,
-                                    applies_sliding_window=applies_window,
-                                    c8_cls=c8_cls, layer=layer,
-                                    applies_kv_int8=applies_kv_int8)
+        context = forward_context()
+        reason = (lora_reason(context, vllm_lora_configured)
+                  or unsupported_reason(self, impl_cls, extra_ctx(), attn_metadata, query.device,
+                                        applies_soft_cap=applies_soft_cap,
+                                        applies_sinks=applies_sinks,
+                                        applies_sliding_window=applies_window,
+                                        c8_cls=c8_cls, layer=layer,
+                                        applies_kv_int8=applies_kv_int8))
         if reason is not None:
             _note_host_path(state, self, reason)
             return None
         lengths: DeviceLengths = getattr(attn_metadata, LENGTHS_ATTR)
         num_tokens = int(attn_metadata.actual_seq_lengths_q[-1])
-        graph_key = _graph_key(graph_params(), num_tokens)
+        graph_key = graph_key_of(graph_params(), num_tokens, context)
         kv_scales = None
         if c8_cls is not None and type(self) is c8_cls:
             # the int8 NZ caches in place, with the fp32 scales and zero offsets (made before
@@ -557,12 +627,13 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
         bound = update_sig.bind(*args, **kwargs)
         forward_context = bound.arguments["forward_context"]
         num_tokens = bound.arguments["num_tokens"]
-        if state.whole_graph_device_tiled(num_tokens):
+        if state.whole_graph_device_tiled(forward_context, num_tokens):
             state.updates_skipped += 1
             return None
-        device = state.device_layers and state.device_layers.get(
-            _graph_key(graph_params(), num_tokens))
-        if not device:
+        params = graph_params()
+        device = params is not None and state.device_layers and state.device_layers.get(
+            graph_key_of(params, num_tokens, forward_context))
+        if not device:  # no graph params (see whole_graph_device_tiled), or none of ours
             return orig_update(*args, **kwargs)
         bound.arguments["forward_context"] = _HostLayersView(forward_context, device)
         return orig_update(*bound.args, **bound.kwargs)
@@ -619,7 +690,8 @@ def make_update_full_graph_params(original: Any, state: PatchState) -> Any:
         if (
             state.impl_cls is not None
             and backend.get_impl_cls() is state.impl_cls
-            and state.whole_graph_device_tiled(bound.arguments["num_tokens"])
+            and state.whole_graph_device_tiled(bound.arguments["forward_context"],
+                                               bound.arguments["num_tokens"])
         ):
             state.updates_skipped += 1
             return None
