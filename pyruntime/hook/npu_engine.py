@@ -245,11 +245,13 @@ class NpuTilingEngine:
             seq_lens=c.seq_lens, batch=c.batch, output=c.output, num_heads=c.num_heads,
             num_kv_heads=1, head_size=params.head_dim, block_size=c.block_size, scale=c.scale,
             causal=True)
-        return _KeyBuffers(params, lengths, empty((params.tiling_bytes,), torch.uint8),
-                           empty((1,), torch.int32),
+        tiling_buffer = empty((params.tiling_bytes,), torch.uint8)
+        # its one tiling under `tilings` too, so that errors() reads MLA keys as GQA ones
+        return _KeyBuffers(params, lengths, tiling_buffer, empty((1,), torch.int32),
                            empty((slots, params.q_tile, params.group, c.kv_lora_rank),
                                  torch.float32),
-                           empty((slots, params.q_tile, params.group), torch.float32))
+                           empty((slots, params.q_tile, params.group), torch.float32),
+                           {None: (params, tiling_buffer)})
 
     def capture_mla(self, capture) -> None:
         """Enqueue (the key's tiling task under ``graph``, then) one MLA layer's decode.
@@ -304,7 +306,8 @@ class NpuTilingEngine:
                 self._plan(key)
 
     def errors(self) -> dict[Hashable, tiling.TilingError]:
-        """The tiling errors of the last step per key (reads every tiling header back)."""
+        """The tiling errors of the last step per key, GQA and MLA keys alike (reads every
+        tiling header back)."""
         found = {}
         for graph_key, key in self.keys.items():
             for params, buffer in key.tilings.values():  # the first error of the key
