@@ -129,6 +129,10 @@ class NpuTilingEngine:
         self.tiling_launches = 0
         #: graph key -> kv_lora_rank of the MLA keys (`capture_mla`)
         self.mla_lora: dict[Hashable, int] = {}
+        #: kernel variants (`_variant`) launched eagerly by `warm_up`
+        self.warmed: set = set()
+        #: layers whose captured attention was its variant's first launch (not warmed up)
+        self.cold_captures: list = []
 
     # ---- capture ----------------------------------------------------------------------------
     def _buffers(self, c: AttentionCapture) -> _KeyBuffers:
@@ -161,7 +165,7 @@ class NpuTilingEngine:
                            empty((slots, params.q_tile, params.group), torch.float32),
                            buffers)
 
-    def _plan(self, key: _KeyBuffers) -> None:
+    def _plan(self, key: _KeyBuffers, count: bool = True) -> None:
         c = key.capture
         lengths = {"cu_seqlens_q": c.query_start_loc, "seqlens_kv": c.seq_lens,
                    "batch": c.batch, "step_epoch": key.epoch, "causal": c.causal}
@@ -173,7 +177,7 @@ class NpuTilingEngine:
             self.ops.plan_tilings(tiling_outs=[t for _, t in planned],
                                   params=[v for p, _ in planned for v in kernels.params_list(p)],
                                   **lengths)
-        self.tiling_launches += 1
+        self.tiling_launches += count  # the steps' launches, not `warm_up`'s
 
     def capture_attention(self, capture: AttentionCapture) -> None:
         """Enqueue (the key's tiling task under ``graph``, then) this layer's attention."""
@@ -193,6 +197,41 @@ class NpuTilingEngine:
             raise BackendError(f"layer {c.layer_name}: sliding window {c.sliding_window} is "
                                "not among the windows this graph's tiling task plans "
                                f"({sorted(w or 0 for w in key.tilings)}; 0: none)")
+        variant = _variant(c, key.tilings[c.sliding_window][0])
+        if variant not in self.warmed:
+            # its first launch is this captured one: Triton compiles it inside the capture
+            self.cold_captures.append(c.layer_name)
+        self.launch(self._attention(c, key))
+
+    def warm_up(self, capture: AttentionCapture) -> bool:
+        """Outside any capture: launch once, eagerly, the kernels `capture_attention` would
+        capture for this layer (its tiling task, attention and combine: the same variant and
+        geometry), on scratch buffers of that geometry, so that Triton compiles and loads them
+        here and not inside vLLM's capture. The layer's own tensors are only read (the output
+        goes to a scratch tensor). Called by the hook after vLLM's eager warm-up forward of
+        each capture size; a variant already launched is not launched again.
+
+        Returns:
+            True when it launched (a variant not seen before).
+
+        Raises:
+            BackendError, TypeError, ValueError: what the launches raise (the hook then keeps
+            the layer on vLLM-Ascend's path).
+        """
+        c = capture
+        scratch = self._buffers(c)  # allocation is allowed here: no capture is open
+        p = scratch.tilings[c.sliding_window][0]
+        variant = _variant(c, p)
+        if variant in self.warmed:
+            return False
+        scratch.epoch.zero_()
+        self._plan(scratch, count=False)
+        self._attention(replace(c, output=torch.empty_like(c.output)), scratch)()
+        self.warmed.add(variant)
+        return True
+
+    def _attention(self, c: AttentionCapture, key: _KeyBuffers) -> Callable[[], None]:
+        """The launches of one layer's attention and combine over `key`'s tiling."""
         p, tiling_in = key.tilings[c.sliding_window]
         cache = (c.key_cache.shape[0], p.block_size, p.num_kv_heads, p.head_dim)
         # int8 caches with their scales: a 5-D (NZ, vLLM-Ascend's C8 view) cache goes to the
@@ -223,7 +262,7 @@ class NpuTilingEngine:
                                      **kv_scales, **common)
             self.ops.attention_combine(**sinks, **common)
 
-        self.launch(attention)
+        return attention
 
     def _mla_buffers(self, c) -> _KeyBuffers:
         from pyruntime.mla_attention import mla_tiling_params
@@ -245,11 +284,13 @@ class NpuTilingEngine:
             seq_lens=c.seq_lens, batch=c.batch, output=c.output, num_heads=c.num_heads,
             num_kv_heads=1, head_size=params.head_dim, block_size=c.block_size, scale=c.scale,
             causal=True)
-        return _KeyBuffers(params, lengths, empty((params.tiling_bytes,), torch.uint8),
-                           empty((1,), torch.int32),
+        tiling_buffer = empty((params.tiling_bytes,), torch.uint8)
+        # its one tiling under `tilings` too, so that errors() reads MLA keys as GQA ones
+        return _KeyBuffers(params, lengths, tiling_buffer, empty((1,), torch.int32),
                            empty((slots, params.q_tile, params.group, c.kv_lora_rank),
                                  torch.float32),
-                           empty((slots, params.q_tile, params.group), torch.float32))
+                           empty((slots, params.q_tile, params.group), torch.float32),
+                           {None: (params, tiling_buffer)})
 
     def capture_mla(self, capture) -> None:
         """Enqueue (the key's tiling task under ``graph``, then) one MLA layer's decode.
@@ -304,7 +345,8 @@ class NpuTilingEngine:
                 self._plan(key)
 
     def errors(self) -> dict[Hashable, tiling.TilingError]:
-        """The tiling errors of the last step per key (reads every tiling header back)."""
+        """The tiling errors of the last step per key, GQA and MLA keys alike (reads every
+        tiling header back)."""
         found = {}
         for graph_key, key in self.keys.items():
             for params, buffer in key.tilings.values():  # the first error of the key
@@ -318,14 +360,27 @@ class NpuTilingEngine:
         return found
 
 
+def _variant(c: AttentionCapture, params: tiling.TilingParams) -> tuple:
+    """What our Triton kernels are compiled for, for this layer: the tiling params (compile-time
+    constants: `pyruntime.kernels.triton_launch.constants`, the window among them), the
+    dtypes, the cache layout (rank) and the on/off switches (soft cap, sinks, window, int8),
+    and the device."""
+    return (str(c.query.device), params, c.query.dtype, c.key_cache.dtype, c.key_cache.dim(),
+            c.output.dtype, bool(c.causal), c.logits_soft_cap is not None,
+            None if c.sinks is None else c.sinks.dtype, c.sliding_window is not None,
+            c.kv_scales is not None)
+
+
 def mla_graph_key(graph_key: Hashable) -> Hashable:
-    """The engine's key for the MLA layers of vLLM-Ascend graph key ``(graph, num_tokens)``."""
+    """The engine's key for the MLA layers of vLLM-Ascend graph key ``(graph, num_tokens,
+    ...)``."""
     return (*graph_key, "mla") if isinstance(graph_key, tuple) else (graph_key, None, "mla")
 
 
 def _tokens_of(graph_key: Hashable) -> int | None:
-    """The token bucket of a key: ``(graph, num_tokens)`` or its MLA key."""
-    if isinstance(graph_key, tuple) and (
-            len(graph_key) == 2 or (len(graph_key) == 3 and graph_key[2] == "mla")):
+    """The token bucket of a key: ``(graph, num_tokens, ...)`` (the hook's keys, with the
+    graph's batch descriptor third: `pyruntime.hook.vllm_ascend_patches.graph_key_of`) or
+    its MLA key; None for any other key."""
+    if isinstance(graph_key, tuple) and len(graph_key) >= 2 and isinstance(graph_key[1], int):
         return graph_key[1]
     return None

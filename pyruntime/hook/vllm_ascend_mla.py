@@ -216,8 +216,10 @@ def patch_mla(module: ModuleType, state: Any, acl_graph: ModuleType) -> None:
         """Capture the layer on the device path; returns what the original returns, or None
         (noted once) when the layer keeps the host path."""
         q_pe = tensors["q_pe"]
-        reason = mla_unsupported_reason(self, impl_cls, module._EXTRA_CTX, attn_metadata,
-                                        tensors, q_pe.device if q_pe is not None else None)
+        context = gqa.current_forward_context(acl_graph)
+        reason = (gqa.lora_reason(context, gqa.vllm_lora_configured)
+                  or mla_unsupported_reason(self, impl_cls, module._EXTRA_CTX, attn_metadata,
+                                            tensors, q_pe.device if q_pe is not None else None))
         if reason is not None:
             _note_host_path(state, self, reason)
             return None
@@ -236,7 +238,7 @@ def patch_mla(module: ModuleType, state: Any, acl_graph: ModuleType) -> None:
         attn_output = torch.empty(shape, dtype=q_pe.dtype, device=q_pe.device)
         ours = torch.empty((num_tokens, h, lora), dtype=q_pe.dtype, device=q_pe.device)
         lengths = getattr(attn_metadata, gqa.LENGTHS_ATTR)
-        key = gqa._graph_key(graph_params(), num_tokens)
+        key = gqa.graph_key_of(graph_params(), num_tokens, context)
         name = mla_layer_name(self)
         state.engine.capture_mla(MLACapture(
             graph_key=key, layer_name=name, q_nope=q_nope, q_pe=q_pe, kv_c_cache=kv_c,
@@ -271,13 +273,16 @@ def patch_mla(module: ModuleType, state: Any, acl_graph: ModuleType) -> None:
     def update_graph_params(*args, **kwargs):
         bound = update_sig.bind(*args, **kwargs)
         num_tokens = bound.arguments["num_tokens"]
-        device = state.device_layers.get(gqa._graph_key(graph_params(), num_tokens))
+        forward_context = bound.arguments["forward_context"]
+        params = graph_params()
+        if params is None:  # no global graph params: what the original does (see
+            return orig_update(*args, **kwargs)  # PatchState.whole_graph_device_tiled)
+        device = state.device_layers.get(gqa.graph_key_of(params, num_tokens, forward_context))
         if not device:
             return orig_update(*args, **kwargs)
-        if not graph_params().attn_params.get(num_tokens):
+        if not params.attn_params.get(num_tokens):
             state.updates_skipped += 1  # every MLA layer of this graph is ours
             return None
-        forward_context = bound.arguments["forward_context"]
         bound.arguments["forward_context"] = gqa._HostLayersView(forward_context, device)
         return orig_update(*bound.args, **bound.kwargs)
 

@@ -131,13 +131,25 @@ class PatchState:
     mla_impl_cls: type | None = None
     #: C8 layers whose non-zero offsets were logged (each once)
     c8_offsets_noted: set[str] = field(default_factory=set)
+    #: layer name -> why our kernels' eager warm-up launch failed (it keeps the host path)
+    warm_up_failures: dict[str, str] = field(default_factory=dict)
 
-    def whole_graph_device_tiled(self, num_tokens: int) -> bool:
-        """True when graph ``num_tokens`` has device-tiled layers and no host-path FIA."""
+    def whole_graph_device_tiled(self, forward_context: Any, num_tokens: int) -> bool:
+        """True when the graph replayed under ``forward_context`` (``num_tokens``, its batch
+        descriptor) has device-tiled layers and no host-path FIA.
+
+        False when vLLM-Ascend has no global graph params (its 0.29+ model runner sets them
+        only under ``VLLM_COMPILE``: ``if self.use_aclgraph: set_graph_params(...)``,
+        vllm-ascend 0.30.0rc2 ``worker/model_runner_v1.py`` ``_use_aclgraph`` and
+        ``initialize_cudagraph_keys``), yet calls ``update_full_graph_params`` after every
+        FULL forward that is not a capture (``_update_full_graph_params_if_needed``): then
+        the original update runs, exactly as without the hook."""
         if not self.device_layers or self.graph_params_fn is None:
             return False  # nothing of ours captured: no need to read vLLM's forward context
         graph_params = self.graph_params_fn()
-        if not self.device_layers.get(_graph_key(graph_params, num_tokens)):
+        if graph_params is None:
+            return False
+        if not self.device_layers.get(graph_key_of(graph_params, num_tokens, forward_context)):
             return False
         return not graph_params.attn_params.get(num_tokens)
 
@@ -428,8 +440,63 @@ def _graph_params(source: ModuleType, extra_ctx: Any) -> Any:
     return source.get_graph_params()
 
 
-def _graph_key(graph_params: Any, num_tokens: int) -> Hashable:
-    return (id(graph_params), int(num_tokens))
+def current_forward_context(acl_graph: ModuleType) -> Any:
+    """vLLM's forward context through ``acl_graph``'s own binding (``from vllm.forward_context
+    import BatchDescriptor, get_forward_context``, vllm-ascend 0.23.0.post1 and 0.30.0rc2
+    ``compilation/acl_graph.py``: what its ``ACLGraphWrapper.__call__`` reads); None where the
+    module has no such binding."""
+    getter = getattr(acl_graph, "get_forward_context", None)
+    return getter() if getter is not None else None
+
+
+def batch_descriptor(forward_context: Any) -> Hashable | None:
+    """The batch descriptor of vLLM's forward context (None when it has none).
+
+    vLLM-Ascend's ``ACLGraphWrapper.__call__`` keys the graphs it captures by exactly this
+    object (``forward_context.batch_descriptor``, its ``concrete_aclgraph_entries``;
+    vllm-ascend 0.23.0.post1 and 0.30.0rc2 ``compilation/acl_graph.py``), and vLLM's
+    ``BatchDescriptor`` (a frozen dataclass: ``num_tokens``, ``num_reqs``, ``uniform``,
+    ``has_lora``, ``num_active_loras``; vLLM 0.23.0 and 0.30.0 ``forward_context.py``) is
+    what tells two graphs of one token count apart: with LoRA, vLLM captures one FULL graph
+    per size and LoRA case (``cudagraph_specialize_lora`` defaults to True,
+    ``config/compilation.py``; ``CudagraphDispatcher._get_lora_cases``,
+    ``v1/cudagraph_dispatcher.py``)."""
+    return getattr(forward_context, "batch_descriptor", None)
+
+
+def graph_key_of(graph_params: Any, num_tokens: int, forward_context: Any) -> Hashable:
+    """The hook's key of the graph being captured or replayed: ``(id(graph_params),
+    num_tokens, batch descriptor)``, one key per graph vLLM-Ascend's wrapper captures (the
+    token count first, as `pyruntime.hook.npu_engine` reads it)."""
+    return (id(graph_params), int(num_tokens), batch_descriptor(forward_context))
+
+
+def lora_reason(forward_context: Any, lora_configured: Any) -> str | None:
+    """Why the layers of this graph keep the host path for LoRA, or None.
+
+    With LoRA, vLLM captures several FULL graphs of one token count; the hook tells them
+    apart by the batch descriptor's LoRA fields (:func:`batch_descriptor`). Where the
+    forward context carries no descriptor with them, two such graphs would share one key:
+    the second would capture no tiling task and replay a stale tiling. ``lora_configured``:
+    a callable, True when vLLM's config has a ``lora_config``."""
+    descriptor = batch_descriptor(forward_context)
+    if descriptor is not None and hasattr(descriptor, "has_lora"):
+        return None
+    if not lora_configured():
+        return None
+    return ("LoRA: vLLM captures a graph per LoRA case of one token count, and this forward "
+            "context has no batch descriptor with has_lora to tell them apart")
+
+
+def vllm_lora_configured() -> bool:
+    """True when vLLM's current config has a ``lora_config`` (``get_current_vllm_config_or_none``,
+    vLLM 0.23.0 and 0.30.0 ``config/vllm.py``; False where there is none to read)."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+    except ImportError:
+        return False
+    config = get_current_vllm_config_or_none()
+    return getattr(config, "lora_config", None) is not None
 
 
 def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType) -> None:
@@ -446,6 +513,9 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
         source = module if hasattr(module, "get_graph_params") else acl_graph
         return _graph_params(source, module._EXTRA_CTX)
 
+    def forward_context() -> Any:
+        return current_forward_context(acl_graph)
+
     _, _, orig_fia = ledger.resolve(module, f"{targets.IMPL}.full_graph_fia")
     _, _, orig_fia_v2 = ledger.resolve(module, f"{targets.IMPL}.full_graph_fia_v2")
     _, _, orig_pa = ledger.resolve(module, f"{targets.IMPL}.full_graph_pa")
@@ -457,7 +527,9 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
     @functools.wraps(orig_forward)
     def forward(self, layer, *args, **kwargs):
         record_layer_name(self, layer)
-        return orig_forward(self, layer, *args, **kwargs)
+        result = orig_forward(self, layer, *args, **kwargs)
+        warm_up_after_eager(self, layer, args, kwargs)
+        return result
 
     applies_soft_cap = bool(getattr(state.engine, "applies_logits_soft_cap", False))
     applies_sinks = bool(getattr(state.engine, "applies_sinks", False))
@@ -465,22 +537,24 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
     applies_kv_int8 = bool(getattr(state.engine, "applies_kv_int8", False))
     c8_cls = _c8.c8_class(module)
 
-    def device_capture(self, entry, query, key, value, attn_metadata, output, layer=None):
-        """Capture the layer on the device path and return what vLLM-Ascend's entry returns,
-        ``(output, num_tokens)``; or None (noted once) when it keeps the host path."""
-        record_layer_name(self, layer)  # C8's own forward does not pass the patched one
-        reason = unsupported_reason(self, impl_cls, extra_ctx(), attn_metadata, query.device,
-                                    applies_soft_cap=applies_soft_cap,
-                                    applies_sinks=applies_sinks,
-                                    applies_sliding_window=applies_window,
-                                    c8_cls=c8_cls, layer=layer,
-                                    applies_kv_int8=applies_kv_int8)
+    def describe(self, query, key, value, attn_metadata, output, layer, *, capturing: bool):
+        """``(reason, capture)``: why the layer keeps the host path (and None), or (None and)
+        the `AttentionCapture` `device_capture` hands the engine; ``capturing`` False (the
+        eager warm-up) logs nothing and keys nothing."""
+        context = forward_context()
+        reason = (state.warm_up_failures.get(layer_name(self))
+                  or lora_reason(context, vllm_lora_configured)
+                  or unsupported_reason(self, impl_cls, extra_ctx(), attn_metadata, query.device,
+                                        applies_soft_cap=applies_soft_cap,
+                                        applies_sinks=applies_sinks,
+                                        applies_sliding_window=applies_window,
+                                        c8_cls=c8_cls, layer=layer,
+                                        applies_kv_int8=applies_kv_int8))
         if reason is not None:
-            _note_host_path(state, self, reason)
-            return None
+            return reason, None
         lengths: DeviceLengths = getattr(attn_metadata, LENGTHS_ATTR)
         num_tokens = int(attn_metadata.actual_seq_lengths_q[-1])
-        graph_key = _graph_key(graph_params(), num_tokens)
+        graph_key = graph_key_of(graph_params(), num_tokens, context) if capturing else None
         kv_scales = None
         if c8_cls is not None and type(self) is c8_cls:
             # the int8 NZ caches in place, with the fp32 scales and zero offsets (made before
@@ -492,40 +566,65 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
                 key, value, attn_metadata
             )
         cap = layer_soft_cap(self)  # checked by unsupported_reason: None or C > 0, finite
-        if cap is not None:
-            _note_soft_cap(state, self, float(cap))
         window = layer_window(self)  # checked by unsupported_reason: None or W >= 1, recorded
-        if window is not None:
+        if capturing and cap is not None:
+            _note_soft_cap(state, self, float(cap))
+        if capturing and window is not None:
             _note_window(state, self, int(window))
-        state.engine.capture_attention(
-            AttentionCapture(
-                graph_key=graph_key,
-                layer_name=layer_name(self),
-                query=query,
-                key_cache=key_cache,
-                value_cache=value_cache,
-                block_table=lengths.block_table,
-                query_start_loc=lengths.query_start_loc,
-                seq_lens=lengths.seq_lens,
-                batch=lengths.batch,
-                output=output,
-                num_heads=self.num_heads,
-                num_kv_heads=self.num_kv_heads,
-                head_size=self.head_size,
-                block_size=int(block_size),
-                scale=float(self.scale),
-                causal=bool(attn_metadata.causal),
-                logits_soft_cap=None if cap is None else float(cap),
-                sinks=self.sinks,  # checked by unsupported_reason: None or what our kernels read
-                sliding_window=None if window is None else int(window),
-                graph_windows=tuple(sorted({int(w) if w else None for w in state.windows},
-                                           key=lambda w: w or 0)),
-                kv_scales=kv_scales,
-            )
+        return None, AttentionCapture(
+            graph_key=graph_key,
+            layer_name=layer_name(self),
+            query=query,
+            key_cache=key_cache,
+            value_cache=value_cache,
+            block_table=lengths.block_table,
+            query_start_loc=lengths.query_start_loc,
+            seq_lens=lengths.seq_lens,
+            batch=lengths.batch,
+            output=output,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            block_size=int(block_size),
+            scale=float(self.scale),
+            causal=bool(attn_metadata.causal),
+            logits_soft_cap=None if cap is None else float(cap),
+            sinks=self.sinks,  # checked by unsupported_reason: None or what our kernels read
+            sliding_window=None if window is None else int(window),
+            graph_windows=tuple(sorted({int(w) if w else None for w in state.windows},
+                                       key=lambda w: w or 0)),
+            kv_scales=kv_scales,
         )
-        state.device_layers[graph_key].add(layer_name(self))
+
+    def device_capture(self, entry, query, key, value, attn_metadata, output, layer=None):
+        """Capture the layer on the device path and return what vLLM-Ascend's entry returns,
+        ``(output, num_tokens)``; or None (noted once) when it keeps the host path."""
+        record_layer_name(self, layer)  # C8's own forward does not pass the patched one
+        reason, capture = describe(self, query, key, value, attn_metadata, output, layer,
+                                   capturing=True)
+        if reason is not None:
+            _note_host_path(state, self, reason)
+            return None
+        state.engine.capture_attention(capture)
+        state.device_layers[capture.graph_key].add(layer_name(self))
         state.device_entries[layer_name(self)] = entry
-        return output, num_tokens  # as every release 0.23-0.30 returns it (both entries)
+        return output, int(attn_metadata.actual_seq_lengths_q[-1])  # as 0.23-0.30 return it
+
+    warm_up = getattr(state.engine, "warm_up", None)
+    forward_sig = inspect.signature(orig_forward)
+
+    def warm_up_after_eager(self, layer, args, kwargs) -> None:
+        """After an eager forward in vLLM's capture phase (its warm-up run before each
+        capture): our kernels for this layer launched once now, outside the capture
+        (`eager_warm_up`)."""
+        try:
+            a = forward_sig.bind(self, layer, *args, **kwargs).arguments
+        except TypeError:  # the original accepted the call, so this never happens
+            return
+        eager_warm_up(state, warm_up, extra_ctx(), self, a.get("attn_metadata"), layer,
+                      lambda: describe(self, a.get("query"), a.get("key"), a.get("value"),
+                                       a.get("attn_metadata"), a.get("output"), layer,
+                                       capturing=False))
 
     @functools.wraps(orig_fia)
     def full_graph_fia(self, query, key, value, attn_metadata, output, layer=None):
@@ -557,12 +656,13 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
         bound = update_sig.bind(*args, **kwargs)
         forward_context = bound.arguments["forward_context"]
         num_tokens = bound.arguments["num_tokens"]
-        if state.whole_graph_device_tiled(num_tokens):
+        if state.whole_graph_device_tiled(forward_context, num_tokens):
             state.updates_skipped += 1
             return None
-        device = state.device_layers and state.device_layers.get(
-            _graph_key(graph_params(), num_tokens))
-        if not device:
+        params = graph_params()
+        device = params is not None and state.device_layers and state.device_layers.get(
+            graph_key_of(params, num_tokens, forward_context))
+        if not device:  # no graph params (see whole_graph_device_tiled), or none of ours
             return orig_update(*args, **kwargs)
         bound.arguments["forward_context"] = _HostLayersView(forward_context, device)
         return orig_update(*bound.args, **bound.kwargs)
@@ -591,9 +691,62 @@ def patch_attention(module: ModuleType, state: PatchState, acl_graph: ModuleType
             result = orig_c8_forward(self, layer, *args, **kwargs)
             if applies_kv_int8 and not torch.npu.is_current_stream_capturing():
                 _c8.prepare_eager(self, layer, state.c8_offsets_noted)
+                warm_up_after_eager(self, layer, args, kwargs)
             return result
 
         ledger.replace(c8_cls, "forward", c8_forward)
+
+
+def vllm_capture_phase() -> bool:
+    """True unless vLLM says its graph captures are over: ``cudagraph_capturing_enabled`` of
+    ``vllm.compilation.monitor`` (True at import; ``capture_model`` sets it True, runs each
+    size's eager warm-up and capture, then sets it False: vLLM 0.23.0 and 0.30.0
+    ``v1/worker/gpu_model_runner.py``), so that later eager steps (prefills) never warm up."""
+    try:
+        from vllm.compilation import monitor
+    except ImportError:
+        return True
+    return bool(getattr(monitor, "cudagraph_capturing_enabled", True))
+
+
+def eager_warm_up(state: PatchState, warm_up: Any, extra_ctx: Any, impl: Any,
+                  attn_metadata: Any, layer: Any, describe: Any) -> None:
+    """Launch our kernels for this layer once, eagerly, before vLLM captures it (review 2 item
+    5: otherwise Triton compiles each variant and geometry inside the capture).
+
+    vLLM runs one eager forward of each capture size right before capturing it
+    (``_warmup_and_capture``: ``cudagraph_num_of_warmups`` dummy runs with
+    ``CUDAGraphMode.NONE`` and ``force_attention``, the same ``num_tokens``, ``uniform`` and
+    LoRA case; vLLM-Ascend sets ``cudagraph_num_of_warmups = 1``, ``platform.py`` of
+    0.23.0.post1 and 0.30.0rc2). After that forward the hook describes the layer as its
+    capture will (`describe`: same geometry, dtypes, switches) and calls the engine's
+    ``warm_up``, which launches each variant once. Nothing happens outside vLLM's capture
+    phase (:func:`vllm_capture_phase`), in its profile run, without an engine ``warm_up``, for
+    a layer that keeps the host path or metadata without the builder's device buffers, or
+    for a prefill without cache (no cache to read). Where the engine's launch raises, the
+    layer keeps vLLM-Ascend's path (its capture would raise the same), logged."""
+    import torch
+
+    if (warm_up is None or getattr(extra_ctx, "capturing", False)
+            or getattr(extra_ctx, "in_profile_run", False)
+            or getattr(attn_metadata, LENGTHS_ATTR, None) is None
+            or getattr(getattr(attn_metadata, "attn_state", None), "name", "") == "PrefillNoCache"
+            or not vllm_capture_phase()):
+        return
+    npu = getattr(torch, "npu", None)
+    if npu is not None and npu.is_current_stream_capturing():
+        return
+    reason, capture = describe()
+    if reason is not None:
+        return
+    try:
+        warm_up(capture)
+    except Exception as exc:  # noqa: BLE001 - the layer keeps vLLM-Ascend's path, logged
+        state.warm_up_failures[layer_name(impl)] = (
+            f"our kernels failed their eager launch before the capture: "
+            f"{type(exc).__name__}: {exc}")
+        log.warning("aicpu-tiling: layer %s: %s", layer_name(impl),
+                    state.warm_up_failures[layer_name(impl)])
 
 
 class _HostLayersView:
@@ -619,7 +772,8 @@ def make_update_full_graph_params(original: Any, state: PatchState) -> Any:
         if (
             state.impl_cls is not None
             and backend.get_impl_cls() is state.impl_cls
-            and state.whole_graph_device_tiled(bound.arguments["num_tokens"])
+            and state.whole_graph_device_tiled(bound.arguments["forward_context"],
+                                               bound.arguments["num_tokens"])
         ):
             state.updates_skipped += 1
             return None

@@ -472,3 +472,34 @@ def test_the_mla_patch_installs_and_uninstalls_in_the_real_module(release):
     result = json.loads(lines[-1])
     assert "vllm_ascend.attention.mla_v1" in result["modules"]
     assert result["patched"] == [True] * 4 and result["restored"] == [True] * 4
+
+
+def test_every_kernel_variant_is_launched_eagerly_before_its_capture(tmp_path):
+    """Review 2 item 5, on the newest release with the twin running our Triton bodies: the dry
+    run warms up each bucket eagerly before capturing it, as vLLM's capture_model does
+    (``_warmup_and_capture``; vLLM-Ascend's ``cudagraph_num_of_warmups = 1``). Every Triton
+    kernel specialization our kernels launch (counted at the twin's ``JITFunction.run`` seam
+    by ``dryrun_counting_engine``) had its first launch outside any capture: zero first
+    launches, so zero Triton compilations, inside vLLM's captures. The mixed set has every
+    switch (window, soft cap, sinks) and two buckets."""
+    env = _env(RELEASES[1])
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    environ = _clean_env(tree)
+    environ["PYTHONPATH"] = os.pathsep.join([environ["PYTHONPATH"], str(REPO / "tests" / "hook")])
+    environ["AICPU_TILING_ENGINE"] = "dryrun_counting_engine:make"
+    environ["AICPU_TILING_TWIN_AICORE"] = "triton"
+    environ.pop("TRITON_INTERPRET", None)  # the twin's Triton driver runs device launches
+    log = tmp_path / "launches.json"
+    environ["AICPU_TILING_TEST_LAUNCH_LOG"] = str(log)
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun", "--placement", "graph",
+                           "--steps", "1"], capture_output=True, text=True, env=environ,
+                          cwd=REPO, timeout=600, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    run = json.loads(lines[-1])
+    assert [layer["path"] for layer in run["layers"]] == ["device"] * 5
+    assert all(layer["max_rel_err"] <= 1e-4 for layer in run["layers"])
+    counts = json.loads(log.read_text())
+    assert counts["launches"]["captured"] > 0 and counts["specializations"] > 0
+    assert counts["first_launched_in_capture"] == [], counts["first_launched_in_capture"]
+    assert counts["cold_captures"] == [] and counts["warmed_variants"] > 0

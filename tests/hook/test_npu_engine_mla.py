@@ -79,3 +79,32 @@ def test_an_mla_layer_of_another_geometry_in_the_same_graph_is_refused():
                                   q_pe=torch.zeros(T, 8, R)))
     engine.capture_mla(_layer(gen, (1, 2 * T)))  # another bucket: a key of its own
     assert set(engine.keys) == {mla_graph_key((1, T)), mla_graph_key((1, 2 * T))}
+
+
+def test_errors_reports_an_mla_tiling_that_failed_and_one_that_is_stale():
+    """Review 2 item 7: ``errors()`` reads the MLA keys' tilings too. A step whose kv length
+    exceeds what the key's block table holds (MB * BS) fails the tiling: the error is reported
+    under the MLA key; a step whose tiling task does not run is reported stale."""
+    from pyruntime import tiling
+
+    gen = torch.Generator().manual_seed(2)
+    recorded = []
+    engine = NpuTilingEngine("graph", num_cores=3, launch=recorded.append)
+    layer = _layer(gen, (7, T))
+    engine.capture_mla(layer)
+    mla_key = mla_graph_key((7, T))
+    layer.query_start_loc.copy_(torch.tensor([0, 1, 2, 3], dtype=torch.int32))
+    layer.seq_lens.copy_(torch.tensor([5, MB * BS + 1, 9], dtype=torch.int32))
+    engine.before_replay(T)
+    for launch in recorded:
+        try:
+            launch()
+        except BackendError:  # the CPU body checks the status the NPU one leaves in place
+            pass
+    errors = engine.errors()
+    assert list(errors) == [mla_key]
+    assert isinstance(errors[mla_key], tiling.TilingError)
+    assert not isinstance(errors[mla_key], tiling.StaleTilingError)
+    engine.before_replay(T)  # a new step, and its tiling task never ran
+    stale = engine.errors()
+    assert list(stale) == [mla_key] and isinstance(stale[mla_key], tiling.StaleTilingError)

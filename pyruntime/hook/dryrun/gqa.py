@@ -65,9 +65,12 @@ class Runner(driver.Runner):
         #: token (``query.unsqueeze(2)``) with one kv length per request, and torch_npu
         #: documents fewer kv lengths than batch rows as an error (the twin raises it)
         self.c8_eager = s.q_len == 1
-        #: C8 layers: an eager warm-up step per bucket before its capture (vLLM's warm-up), in
-        #: which the hook makes their fp32 scales outside the graph
-        self.warm_up = bool(s.c8_layers) and self.c8_eager
+        #: an eager warm-up step per bucket before its capture, as vLLM's capture_model runs
+        #: one (``_warmup_and_capture``; vLLM-Ascend sets ``cudagraph_num_of_warmups = 1``):
+        #: there the hook launches our kernels once outside the capture, and makes the C8
+        #: layers' fp32 scales; not for C8 layers at q_len > 1, which vLLM-Ascend's eager C8
+        #: call cannot take (above)
+        self.warm_up = self.c8_eager or not s.c8_layers
         #: every layer has sinks (gpt-oss): vLLM's forward context then says so (``sinks``, set
         #: by vLLM-Ascend's set_ascend_forward_context when the model has sink parameters)
         self.all_sinks = all(sinks is not None for sinks in self.sinks)
