@@ -250,8 +250,13 @@ from pyruntime.kernels import custom_ops
 ops = custom_ops.ops()  # the Python schema first, as in the package
 torch.ops.load_library({str(lib)!r})
 assert torch._C._dispatch_has_kernel_for_dispatch_key("aicpu_tiling::plan_tiling", "PrivateUse1")
-ops.npu_load_tiling_kernel("/opt/k/{OP_INFO_JSON}")
-ops.npu_load_tiling_kernel("/opt/k/{OP_INFO_JSON}")  # idempotent
+with pytest.raises(RuntimeError, match="cannot read /opt/k/{OP_INFO_JSON}"):
+    ops.npu_load_tiling_kernel("/opt/k/{OP_INFO_JSON}")
+named = {str(tmp_path / OP_INFO_JSON)!r}
+open(named, "w").write("{{}}")
+ops.npu_load_tiling_kernel(named)  # names it: nothing is loaded on a device yet
+ops.npu_load_tiling_kernel(named)  # idempotent
+ops.npu_load_tiling_kernel(named, 0)  # loads device 0's launcher now (recording runtime)
 with pytest.raises(RuntimeError, match="already loaded"):
     ops.npu_load_tiling_kernel("/elsewhere.json")
 i32 = {{"dtype": torch.int32}}

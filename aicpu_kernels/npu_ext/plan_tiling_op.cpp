@@ -25,8 +25,17 @@
  *                                bool causal) -> ()
  *   tiling_outs   1 .. AICPU_TILING_KERNEL_MAX_PLANS tiling buffers, each as tiling_out
  *   params        13 fields per tiling_outs entry, concatenated in its order
- * and one more op, defined here, to load the AI-CPU binary once before capture:
- *     aicpu_tiling::npu_load_tiling_kernel(str op_info_json) -> ()
+ * and one more op, defined here, naming the AI-CPU binary before capture:
+ *     aicpu_tiling::npu_load_tiling_kernel(str op_info_json, int? device=None) -> ()
+ *   op_info_json  <dir>/libaicpu_tiling_runtime.json (its .so beside it), once per process
+ *   device        None: load nothing now; k: load the binary on NPU k now (self-check)
+ * One launcher per NPU (binary, AI-CPU stream, events: all bound to that device's context),
+ * loaded at the first launch on the tiling buffer's device, under an NPUGuard on it. Never
+ * at library load: vLLM-Ascend's worker imports the modules our hook patches before it sets
+ * its device (worker.py:108 import, :433 torch.npu.set_device), so a launcher made then would
+ * sit on NPU 0 in every worker, and the runtime refuses a stream outside the current context
+ * (hicann/runtime api_impl.cc StreamWaitEvent/EventRecord: ACL_ERROR_RT_STREAM_CONTEXT,
+ * 107003) at the first capture on ranks >= 1 (review 2 item 1).
  * Errors are c10::Error (RuntimeError in Python) naming the offending argument.
  * Never run on an NPU. CI compiles it with -fsyntax-only against torch 2.10's headers
  * (from the downloaded, never installed, wheel) and the torch_npu 2.10.0.post4 wheel's own
@@ -35,15 +44,16 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include <fstream>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
-/* c10_npu::current_device(): torch_npu/csrc/core/npu/NPUFunctions.h:76 (its GetDevice sets
- * device 0 when the thread has no context yet, NPUFunctions.h:30-40);
- * c10_npu::NPUGuard(c10::DeviceIndex): torch_npu/csrc/core/npu/NPUGuard.h:25;
+/* c10_npu::NPUGuard(c10::DeviceIndex): torch_npu/csrc/core/npu/NPUGuard.h:25;
  * c10_npu::getCurrentNPUStream: NPUStream.h:127; OpCommand::RunOpApiV2: OpCommand.h:129
  * (all under torch_npu/include/ in the torch_npu 2.10.0.post4 wheel). */
-#include "torch_npu/csrc/core/npu/NPUFunctions.h"
 #include "torch_npu/csrc/core/npu/NPUGuard.h"
 #include "torch_npu/csrc/core/npu/NPUStream.h"
 #include "torch_npu/csrc/framework/OpCommand.h"
@@ -55,10 +65,17 @@ namespace {
 
 constexpr int64_t kParamFields = 13; /* num_q_heads .. sliding_window */
 
-aicpu_tiling_npu::RuntimeLauncher &Launcher()
+/* Device index -> its launcher; the JSON every launcher loads. Both under LauncherMutex. */
+std::map<c10::DeviceIndex, std::unique_ptr<aicpu_tiling_npu::RuntimeLauncher>> &Launchers()
 {
-    static aicpu_tiling_npu::RuntimeLauncher launcher;
-    return launcher;
+    static std::map<c10::DeviceIndex, std::unique_ptr<aicpu_tiling_npu::RuntimeLauncher>> m;
+    return m;
+}
+
+std::string &KernelJson()
+{
+    static std::string path;
+    return path;
 }
 
 std::mutex &LauncherMutex()
@@ -89,16 +106,36 @@ void CheckTilingBuffer(const at::Tensor &t, const char *name, int64_t min_bytes)
                 t.nbytes(), " bytes, needs at least ", min_bytes);
 }
 
-void NpuLoadTilingKernel(c10::string_view op_info_json)
+/* The launcher of `device` is loaded (once). The caller holds an NPUGuard on `device`: the
+ * runtime looks the function up and creates the stream and events in the calling thread's
+ * current context, with no implicit set-device. */
+void EnsureLoaded(c10::DeviceIndex device)
 {
-    /* The runtime looks the function up in the calling thread's current context and does
-     * no implicit set-device, while torch_npu may set the device lazily: make sure this
-     * thread has the current NPU device (device 0 if none was chosen) before loading. */
-    c10_npu::NPUGuard device_guard(c10_npu::current_device());
     std::lock_guard<std::mutex> lock(LauncherMutex());
-    auto &launcher = Launcher();
-    const int rc = launcher.Load(std::string(op_info_json.data(), op_info_json.size()));
-    TORCH_CHECK(rc == 0, "npu_load_tiling_kernel: ", launcher.LastError());
+    auto &slot = Launchers()[device];
+    if (!slot) slot.reset(new aicpu_tiling_npu::RuntimeLauncher());
+    if (slot->Loaded()) return;
+    const int rc = slot->Load(KernelJson());
+    TORCH_CHECK(rc == 0, "aicpu_tiling: loading the AI-CPU tiling kernel on NPU ",
+                static_cast<int>(device), ": ", slot->LastError());
+}
+
+void NpuLoadTilingKernel(c10::string_view op_info_json, std::optional<int64_t> device)
+{
+    const std::string path(op_info_json.data(), op_info_json.size());
+    {
+        std::lock_guard<std::mutex> lock(LauncherMutex());
+        TORCH_CHECK(KernelJson().empty() || KernelJson() == path,
+                    "npu_load_tiling_kernel: already loaded from ", KernelJson(),
+                    "; cannot load ", path);
+        TORCH_CHECK(std::ifstream(path).good(), "npu_load_tiling_kernel: cannot read ", path);
+        KernelJson() = path;
+    }
+    if (device.has_value()) {
+        const auto index = static_cast<c10::DeviceIndex>(*device);
+        c10_npu::NPUGuard device_guard(index);
+        EnsureLoaded(index);
+    }
 }
 
 /* One tiling's 13 params fields (starting at `first`) into the C struct, checked. */
@@ -159,16 +196,29 @@ void PlanTilings(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv,
     args.batch = static_cast<int32_t>(n);
     TORCH_CHECK(aicpu_tiling_kernel_check(&args) == AICPU_TILING_KERNEL_OK,
                 "plan_tiling: the argument block is invalid (arrays shorter than max_batch?)");
-    TORCH_CHECK(Launcher().Loaded(), "plan_tiling: the AI-CPU tiling kernel is not loaded; "
+    bool named = false;
+    {
+        std::lock_guard<std::mutex> lock(LauncherMutex());
+        named = !KernelJson().empty();
+    }
+    TORCH_CHECK(named, "plan_tiling: the AI-CPU tiling kernel is not loaded; "
                 "call torch.ops.aicpu_tiling.npu_load_tiling_kernel(<dir>/"
                 AICPU_TILING_RUNTIME_JSON ") before capturing");
 
+    /* Every runtime call below happens in the context of the tensors' NPU: the launcher of
+     * that device (loaded now if this is its first launch), the caller stream of that
+     * device. A custom op gets no device guard from the dispatcher, and the thread's current
+     * device may be another one. */
+    const c10::DeviceIndex device = tiling_outs[0].device().index();
+    c10_npu::NPUGuard device_guard(device);
+    EnsureLoaded(device);
     /* The caller stream, read here (it waits for torch_npu's queue to submit earlier work);
      * the launch itself goes through the queue so it stays in order with other NPU ops. */
-    aclrtStream caller = c10_npu::getCurrentNPUStream(tiling_outs[0].device().index()).stream();
-    at_npu::native::OpCommand::RunOpApiV2("AicpuTilingPlan", [args, caller]() -> int {
+    aclrtStream caller = c10_npu::getCurrentNPUStream(device).stream();
+    at_npu::native::OpCommand::RunOpApiV2("AicpuTilingPlan", [args, caller, device]() -> int {
+        c10_npu::NPUGuard launch_guard(device);
         std::lock_guard<std::mutex> lock(LauncherMutex());
-        auto &launcher = Launcher();
+        auto &launcher = *Launchers().at(device);
         const int rc = launcher.Launch(args, caller);
         TORCH_CHECK(rc == 0, "plan_tiling: ", launcher.LastError());
         return rc;
@@ -195,7 +245,8 @@ void PlanTilingsNpu(const at::Tensor &cu_seqlens_q, const at::Tensor &seqlens_kv
 /* No tensor argument, so no dispatch key: defined with its one (catch-all) kernel. */
 TORCH_LIBRARY_FRAGMENT(aicpu_tiling, m)
 {
-    m.def("npu_load_tiling_kernel(str op_info_json) -> ()", &NpuLoadTilingKernel);
+    m.def("npu_load_tiling_kernel(str op_info_json, int? device=None) -> ()",
+          &NpuLoadTilingKernel);
 }
 
 TORCH_LIBRARY_IMPL(aicpu_tiling, PrivateUse1, m)

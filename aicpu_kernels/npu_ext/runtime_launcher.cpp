@@ -21,7 +21,8 @@
 
 namespace aicpu_tiling_npu {
 
-/* The launcher in plan_tiling_op.cpp is a function-local static, destroyed by exit() after
+/* The launchers in plan_tiling_op.cpp (one per NPU) live in a function-local static map,
+ * destroyed by exit() after
  * Python has finalized. torch_npu shuts ACL down from a Python atexit handler
  * (torch_npu/_init/core/runtime_lifecycle.py:40, atexit.register(_npu_shutdown): reset the
  * devices, aclFinalize), and Py_FinalizeEx runs those handlers before exit() runs any C++

@@ -138,35 +138,41 @@ def build(*, timeout_s: float = 1800) -> str:
 _loaded: KernelFiles | None = None
 
 
-def load(ops: Any = None) -> KernelFiles:
-    """Register our custom ops, load the extension and the AI-CPU binary (once).
+def load(ops: Any = None, *, device: int | None = None) -> KernelFiles:
+    """Register our custom ops, load the extension and name the AI-CPU binary (once).
+
+    The binary itself is loaded per NPU by the extension, at the first tiling launch on a
+    device, in that device's context; nothing here touches a device unless `device` is
+    given. (The vLLM-Ascend hook loads this while vLLM-Ascend's worker imports its modules,
+    before the worker sets its device: a binary, stream and events made then would sit on
+    NPU 0 in every worker, review 2 item 1.)
 
     Args:
         ops: ``torch.ops`` (a stand-in in tests).
+        device: also load the binary on this NPU now, so that a bad binary fails here (the
+            self-check does, on the device it checks); None: at the first launch.
 
     Raises:
         KernelsUnavailableError: not built, or loading failed (with the cause).
     """
     global _loaded
-    if _loaded is not None:
-        return _loaded
     import torch
 
     from pyruntime.kernels import custom_ops
 
     ops = ops if ops is not None else torch.ops
-    files = find()
+    files = _loaded or find()
     try:
-        custom_ops.ops()  # the schemas first: the extension only adds PrivateUse1 kernels
-        ops.load_library(str(files.extension))
-        # torch_npu sets the device lazily (NpuSysCtrl::Initialize): until then this thread
-        # has no runtime context, and the binary's function lookup needs one (CANN 107002)
-        torch.npu.set_device(torch.npu.current_device())
-        ops.aicpu_tiling.npu_load_tiling_kernel(str(files.runtime_json))
+        if _loaded is None:
+            custom_ops.ops()  # the schemas first: the extension only adds PrivateUse1 kernels
+            ops.load_library(str(files.extension))
+            ops.aicpu_tiling.npu_load_tiling_kernel(str(files.runtime_json))
+            _loaded = files
+        if device is not None:
+            ops.aicpu_tiling.npu_load_tiling_kernel(str(files.runtime_json), device)
     except Exception as exc:
         raise KernelsUnavailableError(f"loading {files.extension} / {files.runtime_json} "
                                       f"failed: {type(exc).__name__}: {exc}") from exc
-    _loaded = files
     return files
 
 

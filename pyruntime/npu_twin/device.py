@@ -41,6 +41,25 @@ docs/npu-twin.md):
 * A device kernel handed a host pointer (a CPU tensor) faults: Triton-Ascend's launcher
   takes ``data_ptr()`` with no device check (``backends/ascend/driver.py``), so the AI Core
   would read a host address; the twin raises `HostPointerError` instead of faulting.
+* Several devices (``$AICPU_TILING_TWIN_DEVICES``, default 2). Each thread has a current
+  device (``torch.npu.set_device``, torch_npu ``c10_npu::SetDevice`` -> ``aclrtSetDevice``,
+  which sets the calling thread's context); an index outside the count is CANN's
+  ``ACL_ERROR_RT_INVALID_DEVICEID`` (107001, hicann/runtime
+  ``include/external/acl/error_codes/rt_error_codes.h:22``). Streams, graphs, events (from
+  their first record) and memory belong to one device. A plain torch op runs on the current
+  stream of its tensors' device (torch_npu's generated kernels take a device guard from
+  them); tensors of two devices in one op raise torch's same-device error. A raw runtime call
+  on a stream outside the calling thread's current context is refused with
+  ``ACL_ERROR_RT_STREAM_CONTEXT`` (107003, ``rt_error_codes.h:24``): every stream call
+  checks ``stm->Context_() != CurrentContext()`` (``src/runtime/api/impl/api_impl.cc``:
+  ``EventRecord`` :2153, ``StreamWaitEvent`` :1610, kernel launches :624-690; the macro
+  ``COND_RETURN_AND_MSG_INVALID_CONTEXT_STREAM_WITH_FUNC_DESC``,
+  ``src/runtime/core/inc/common/error_message_manage.hpp:337``, message EE1010). torch_npu's
+  ``Event`` takes its device from the first stream that records it, and a later record on
+  another device's stream raises "Event device j does not match recording stream's device
+  k." (``torch_npu/csrc/core/npu/NPUEvent.h:16-20``; the text is in ``libtorch_npu.so``);
+  a wait from another device's stream is allowed (``NPUEvent::block`` guards to the stream's
+  device and the runtime waits remotely, ``src/runtime/core/src/event/event.cc:731-738``).
 """
 
 from __future__ import annotations
@@ -96,6 +115,36 @@ class NoContextError(TwinError):
     """A runtime call that needs a device context before any exists (CANN 107002)."""
 
 
+class AclError(TwinError):
+    """An ACL call failed; ``code`` is the ACL error code (``rt_error_codes.h``)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{message} (ACL error {code})")
+        self.code = code
+
+
+#: how many NPUs the twin has (``torch.npu.device_count()``)
+DEVICES_ENV = "AICPU_TILING_TWIN_DEVICES"
+DEFAULT_DEVICES = 2
+#: hicann/runtime include/external/acl/error_codes/rt_error_codes.h:22,24
+ACL_ERROR_RT_INVALID_DEVICEID = 107001
+ACL_ERROR_RT_STREAM_CONTEXT = 107003
+
+
+def device_count_from_env() -> int:
+    """``$AICPU_TILING_TWIN_DEVICES`` (default 2): a whole number from 1 to 64.
+
+    Raises:
+        ValueError: anything else (the variable's value is named).
+    """
+    given = os.environ.get(DEVICES_ENV, "").strip()
+    if not given:
+        return DEFAULT_DEVICES
+    if not given.isdigit() or not 1 <= int(given) <= 64:
+        raise ValueError(f"{DEVICES_ENV} must be a whole number from 1 to 64, got {given!r}")
+    return int(given)
+
+
 # ---- device work -----------------------------------------------------------------------------
 @dataclasses.dataclass
 class Work:
@@ -113,16 +162,16 @@ class Work:
 class StreamState:
     _ids = itertools.count()
 
-    def __init__(self, name: str, *, default: bool = False) -> None:
+    def __init__(self, name: str, *, default: bool = False, device: int = 0) -> None:
         self.id = next(self._ids)
-        self.name, self.default = name, default
+        self.name, self.default, self.device = name, default, device
         self.queue: collections.deque[Work] = collections.deque()
         self.capture: GraphState | None = None
         self.open_group: list[int] | None = None
         self.updating: tuple[GroupHandle, list[Work]] | None = None
 
     def __repr__(self) -> str:
-        return f"<npu-twin stream {self.name}#{self.id}>"
+        return f"<npu-twin stream {self.name}#{self.id} on npu:{self.device}>"
 
 
 class EventState:
@@ -136,6 +185,8 @@ class EventState:
         self.flag = False  # ExternalEvent: set by record, cleared by reset
         self.captured_in: GraphState | None = None
         self.snapshot: dict[int, int] = {}  # in a capture: what a wait on it is ordered after
+        #: torch_npu's NPUEvent takes its device from the first stream that records it
+        self.device: int | None = None
 
 
 @dataclasses.dataclass
@@ -150,6 +201,8 @@ class GraphState:
 
     def __init__(self) -> None:
         self.status = "empty"
+        #: the device of the stream it was captured on (replays run there)
+        self.device: int | None = None
         self.nodes: list[Work] = []
         self.origin: StreamState | None = None
         self.side: dict[int, StreamState] = {}
@@ -171,14 +224,18 @@ class GraphState:
 
 # ---- the device ------------------------------------------------------------------------------
 class Device:
-    """The one twin device (``npu:0``) of this process."""
+    """The twin's runtime in this process: ``count`` devices (``npu:0`` ..), each with its
+    default stream and context, one queue runner for all of them."""
 
-    def __init__(self, *, fault: str | None, state_dir: Path) -> None:
+    def __init__(self, *, fault: str | None, state_dir: Path, count: int | None = None) -> None:
         self.fault = fault
         self.state_dir = state_dir
-        self.context = False
-        self.default_stream = StreamState("default", default=True)
-        self.streams: list[StreamState] = [self.default_stream]
+        self.count = device_count_from_env() if count is None else count
+        #: the devices whose context exists (set_device or a first allocation made it)
+        self.contexts: set[int] = set()
+        self.default_streams = [StreamState("default", default=True, device=index)
+                                for index in range(self.count)]
+        self.streams: list[StreamState] = list(self.default_streams)
         self._local = threading.local()
         self.aicore_body = os.environ.get("AICPU_TILING_TWIN_AICORE", "triton")
         if self.aicore_body not in ("triton", "reference"):
@@ -213,24 +270,75 @@ class Device:
             raise DeviceLostError(f"the NPU is lost ({reason}); every later call fails "
                                   "(on hardware: error 507018, then 207001 on each call)")
 
-    def ensure_context(self) -> None:
+    @property
+    def context(self) -> bool:
+        """Whether the current device's context exists."""
+        return self.current_device() in self.contexts
+
+    def ensure_context(self, index: int | None = None) -> None:
+        """Create the context of device `index` (default: the current one), as torch_npu's
+        lazy set-device does at the first allocation."""
         self.check_alive()
-        self.context = True
+        self.contexts.add(self.current_device() if index is None else self.checked(index))
 
     def require_context(self, what: str) -> None:
         if not self.context:
             raise NoContextError(f"{what}: no device context on this thread (CANN 107002): "
                                  "call torch.npu.set_device() or allocate an npu tensor first")
 
+    # ---- devices -----------------------------------------------------------------------------
+    def checked(self, index: int) -> int:
+        """`index` if the twin has that device, else CANN's invalid device id."""
+        if not isinstance(index, int) or not 0 <= index < self.count:
+            raise AclError(ACL_ERROR_RT_INVALID_DEVICEID,
+                           f"aclrtSetDevice({index}): invalid device id: the twin has "
+                           f"{self.count} NPUs (${DEVICES_ENV})")
+        return index
+
+    def current_device(self) -> int:
+        """The calling thread's current device (0 until it sets one)."""
+        return getattr(self._local, "device", 0)
+
+    def set_current_device(self, index: int) -> None:
+        """``aclrtSetDevice``: the calling thread's current device and context."""
+        self.check_alive()
+        self.checked(index)
+        self._local.device = index
+        self.contexts.add(index)
+
+    def check_stream_context(self, stream: StreamState, call: str) -> None:
+        """A raw runtime call on `stream` from this thread: the stream must belong to the
+        current context (hicann/runtime api_impl.cc, every stream call:
+        ``stm->Context_() != curCtx`` -> RT_ERROR_STREAM_CONTEXT, ACL 107003, EE1010)."""
+        current = self.current_device()
+        if stream.device != current:
+            raise AclError(ACL_ERROR_RT_STREAM_CONTEXT,
+                           f"{call}: {stream} does not belong to the current context (npu:"
+                           f"{current}): EE1010 \"{call} execution failed because stream does "
+                           "not belong to the current context\" (ACL_ERROR_RT_STREAM_CONTEXT)")
+
     # ---- streams -----------------------------------------------------------------------------
-    def current_stream(self) -> StreamState:
-        return getattr(self._local, "stream", None) or self.default_stream
+    @property
+    def default_stream(self) -> StreamState:
+        """The current device's default stream."""
+        return self.default_streams[self.current_device()]
+
+    def current_stream(self, index: int | None = None) -> StreamState:
+        """The calling thread's current stream of device `index` (default: current)."""
+        index = self.current_device() if index is None else self.checked(index)
+        streams = getattr(self._local, "streams", None) or {}
+        return streams.get(index) or self.default_streams[index]
 
     def set_current_stream(self, stream: StreamState) -> None:
-        self._local.stream = stream
+        """The current stream of `stream`'s device (the current device is not changed)."""
+        if not hasattr(self._local, "streams"):
+            self._local.streams = {}
+        self._local.streams[stream.device] = stream
 
-    def new_stream(self, name: str) -> StreamState:
-        stream = StreamState(name)
+    def new_stream(self, name: str, index: int | None = None) -> StreamState:
+        """A stream on device `index` (default: the current one)."""
+        index = self.current_device() if index is None else self.checked(index)
+        stream = StreamState(name, device=index)
         self.streams.append(stream)
         return stream
 
@@ -338,10 +446,14 @@ class Device:
         self.refuse_in_capture(what)
         self.run_until(lambda: not stream.queue, f"{stream} to drain")
 
-    def synchronize(self, what: str = "torch.npu.synchronize()") -> None:
+    def synchronize(self, what: str = "torch.npu.synchronize()", index: int | None = None) -> None:
+        """``aclrtSynchronizeDevice``: every stream of device `index` (default: current)."""
         self.check_alive()
         self.refuse_in_capture(what)
-        self.run_until(lambda: all(not s.queue for s in self.streams), "every stream to drain")
+        index = self.current_device() if index is None else self.checked(index)
+        mine = [s for s in self.streams if s.device == index]
+        self.run_until(lambda: all(not s.queue for s in mine),
+                       f"every stream of npu:{index} to drain")
 
     # ---- events ------------------------------------------------------------------------------
     def record_event(self, event: EventState, stream: StreamState) -> None:
@@ -401,11 +513,11 @@ class Device:
                                    "that was never ended)")
         if graph.status != "empty":
             raise CaptureViolation(f"capture_begin on a graph that is {graph.status}")
-        graph.status, graph.origin = "capturing", stream
+        graph.status, graph.origin, graph.device = "capturing", stream, stream.device
         stream.capture = graph
 
     def capture_end(self, graph: GraphState) -> None:
-        stream = self.current_stream()
+        stream = self.current_stream(graph.device)
         if graph.status != "capturing" or stream is not graph.origin:
             raise CaptureViolation("capture_end: this graph is not capturing on the current "
                                    "stream")
@@ -429,7 +541,9 @@ class Device:
         self.check_alive()
         if graph.status != "captured":
             raise CaptureViolation(f"replay of a graph that is {graph.status}")
-        stream = self.current_stream()
+        # NPUGraph::replay runs on the current stream of the capture stream's device (a
+        # device guard on it, as CUDAGraph::replay; torch_npu/csrc/core/npu/NPUGraph.h:116)
+        stream = self.current_stream(graph.device)
         if stream.capture is not None:
             raise CaptureViolation("replay on a capturing stream")
         # one launch for the host (aclmdlRIExecuteAsync); the device expands it into the
@@ -470,7 +584,7 @@ class Device:
             graph.nodes = []
             return
         graph.status, graph.nodes = "empty", []
-        graph.side, graph.origin = {}, None
+        graph.side, graph.origin, graph.device = {}, None, None
         graph.seq, graph.frontier = collections.Counter(), collections.defaultdict(dict)
 
     # ---- task groups -------------------------------------------------------------------------
@@ -539,27 +653,30 @@ def poisoned(inner: torch.Tensor) -> torch.Tensor:
 
 
 class NpuTensor(torch.Tensor):
-    """A tensor on the twin's ``npu:0``: a wrapper around the CPU tensor that is its device
-    memory. Every aten op on it passes `__torch_dispatch__`, which queues it on the current
-    stream (or records it into the capturing graph)."""
+    """A tensor on a twin device (``npu:<index>``): a wrapper around the CPU tensor that is
+    its device memory. Every aten op on it passes `__torch_dispatch__`, which queues it on
+    the current stream of its device (or records it into the capturing graph)."""
 
     _inner: torch.Tensor
+    _index: int
 
     @staticmethod
-    def __new__(cls, inner: torch.Tensor):
+    def __new__(cls, inner: torch.Tensor, index: int = 0):
         out = torch.Tensor._make_wrapper_subclass(
             cls, inner.size(), strides=inner.stride(), storage_offset=inner.storage_offset(),
-            dtype=inner.dtype, device=torch.device("npu", 0), requires_grad=False)
+            dtype=inner.dtype, device=torch.device("npu", index), requires_grad=False)
         out._inner = inner
+        out._index = index
         return out
 
     def __repr__(self) -> str:
-        return f"NpuTensor(shape={tuple(self.shape)}, dtype={self.dtype}, device='npu:0')"
+        return (f"NpuTensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
+                f"device='npu:{self._index}')")
 
     # host access: what torch does for a non-CPU tensor
     def numpy(self, *args, **kwargs):
-        raise TypeError("can't convert npu:0 device type tensor to numpy. Use Tensor.cpu() to "
-                        "copy the tensor to host memory first.")
+        raise TypeError(f"can't convert npu:{self._index} device type tensor to numpy. Use "
+                        "Tensor.cpu() to copy the tensor to host memory first.")
 
     def __array__(self, *args, **kwargs):
         return self.numpy()
@@ -604,6 +721,17 @@ _ALLOCATING_OPS = (_aten.empty_like.default, _aten.new_empty.default,
                    _aten.new_empty_strided.default)
 
 
+def _device_of(func, args, kwargs) -> int:
+    """The device an op runs on: its npu tensors' (torch's same-device rule), else the
+    current one."""
+    found = sorted({t._index for t in pytree.tree_leaves((args, kwargs))
+                    if isinstance(t, NpuTensor)})
+    if len(found) > 1:
+        raise RuntimeError(f"{func}: Expected all tensors to be on the same device, but found "
+                           f"at least two devices, npu:{found[0]} and npu:{found[1]}!")
+    return found[0] if found else device().current_device()
+
+
 def _dispatch(func, args, kwargs):
     dev = device()
     name = func._schema.name
@@ -620,8 +748,10 @@ def _dispatch(func, args, kwargs):
         return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1),
                                *args, **kwargs)
     if func.is_view or name in _METADATA_OPS:
+        index = _device_of(func, args, kwargs)
         out = func(*pytree.tree_map(inner, args), **pytree.tree_map(inner, kwargs))
-        return pytree.tree_map(lambda t: NpuTensor(t) if isinstance(t, torch.Tensor) else t, out)
+        return pytree.tree_map(
+            lambda t: NpuTensor(t, index) if isinstance(t, torch.Tensor) else t, out)
     if func is _aten._to_copy.default and torch.device(kwargs.get("device") or "npu").type == "cpu":
         return _device_to_host(args[0], kwargs)
     if func is _aten._local_scalar_dense.default:
@@ -632,10 +762,11 @@ def _dispatch(func, args, kwargs):
     if func in (_aten.is_pinned.default,):
         return False
     if func in _ALLOCATING_OPS:  # memory only: no device work, garbage until written
-        dev.ensure_context()
+        index = _device_of(func, args, kwargs)
+        dev.ensure_context(index)
         meta = func(*pytree.tree_map(_meta, args), **pytree.tree_map(_meta, kwargs))
         return NpuTensor(poisoned(torch.empty_strided(meta.shape, meta.stride(),
-                                                      dtype=meta.dtype)))
+                                                      dtype=meta.dtype)), index)
     return _queue_op(dev, func, args, kwargs)
 
 
@@ -664,13 +795,14 @@ def _queue_reference_body(dev: Device, func, args, kwargs) -> None:
             # buffer (the Triton body never raises): keep it as the task's status
             dev.stats["aicore_status_errors"] += 1
             dev.last_aicore_status = f"{func}: {exc}"
-    dev.enqueue(Work("aicore", f"{func} (C reference body)", run))
+    dev.enqueue(Work("aicore", f"{func} (C reference body)", run),
+                dev.current_stream(_device_of(func, args, kwargs)))
 
 
 def _device_to_host(src: NpuTensor, kwargs) -> torch.Tensor:
     dev = device()
     dev.refuse_in_capture("a device-to-host copy (.cpu(), .item(), .tolist(), .numpy())")
-    dev.synchronize_stream(dev.current_stream(), "a device-to-host copy")
+    dev.synchronize_stream(dev.current_stream(src._index), "a device-to-host copy")
     kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
     return _aten._to_copy.default(src._inner, **kwargs)
 
@@ -720,16 +852,19 @@ def _copy(dst: Any, src: Any, non_blocking: bool):
         dst.copy_(_device_to_host(src, {}))
         return dst
     if isinstance(src, NpuTensor):
+        if src._index != dst._index:
+            raise TwinError(f"a copy from npu:{src._index} to npu:{dst._index}: copies between "
+                            "devices are not modelled by the NPU twin")
         return _queue_op(dev, _aten.copy_.default, (dst, src, non_blocking), {})
     if not isinstance(src, torch.Tensor):
         raise TypeError(f"copy_ from {type(src).__name__}")
     dev.refuse_in_capture("a host-to-device copy (it would freeze a host address in the "
                           "graph)")
-    target = dst._inner
+    target, stream = dst._inner, dev.current_stream(dst._index)
     if not non_blocking:
         source = src.detach()
-        dev.enqueue(Work("copy", "H2D copy", lambda: target.copy_(source)))
-        dev.synchronize_stream(dev.current_stream(), "a blocking host-to-device copy")
+        dev.enqueue(Work("copy", "H2D copy", lambda: target.copy_(source)), stream)
+        dev.synchronize_stream(stream, "a blocking host-to-device copy")
         return dst
     # asynchronous: the copy reads the host memory when it runs; a pinned block is kept
     # alive until then by the host allocator, a pageable tensor is not
@@ -748,7 +883,7 @@ def _copy(dst: Any, src: Any, non_blocking: bool):
             raise PageableCopyRace(f"a non_blocking host-to-device copy ran after its {kind} "
                                    f"source was rewritten; issued at:\n{where}")
         target.copy_(source)
-    dev.enqueue(Work("copy", "H2D copy (non_blocking)", run_async))
+    dev.enqueue(Work("copy", "H2D copy (non_blocking)", run_async), stream)
     return dst
 
 
@@ -759,7 +894,8 @@ def _queue_op(dev: Device, func, args, kwargs):
         if _is_host_tensor(value):
             raise HostPointerError(f"{func}: a host tensor of shape {tuple(value.shape)} among "
                                    "npu tensors (Expected all tensors to be on the same device)")
-    dev.ensure_context()
+    index = _device_of(func, args, kwargs)
+    dev.ensure_context(index)
     meta_out = func(*pytree.tree_map(_meta, args), **pytree.tree_map(_meta, kwargs))
     single = not isinstance(meta_out, (tuple, list))
     metas = [meta_out] if single else list(meta_out)
@@ -774,7 +910,7 @@ def _queue_op(dev: Device, func, args, kwargs):
             continue
         buf = poisoned(torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype))
         fresh.append((position, buf))
-        results.append(NpuTensor(buf))
+        results.append(NpuTensor(buf, index))
     for alias_set, target in aliased.items():
         meta_arg = _meta(target)
         for meta, ret in zip(metas, func._schema.returns):
@@ -793,7 +929,7 @@ def _queue_op(dev: Device, func, args, kwargs):
         for position, buf in fresh:
             buf.copy_(got[position])
 
-    dev.enqueue(Work("op", str(func), run))
+    dev.enqueue(Work("op", str(func), run), dev.current_stream(index))
     return results[0] if single else type(meta_out)(results)
 
 
@@ -819,30 +955,36 @@ def _written_arguments(func, args, kwargs) -> dict[str, NpuTensor]:
 # ---- allocation (PrivateUse1 kernels of the factory ops) ------------------------------------
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None,
                         memory_format=None):
-    _allocating()
-    return NpuTensor(poisoned(torch.empty(size, dtype=dtype or torch.get_default_dtype())))
+    index = _allocating(device)
+    return NpuTensor(poisoned(torch.empty(size, dtype=dtype or torch.get_default_dtype())),
+                     index)
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-    _allocating()
+    index = _allocating(device)
     return NpuTensor(poisoned(torch.empty_strided(size, stride,
-                                                  dtype=dtype or torch.get_default_dtype())))
+                                                  dtype=dtype or torch.get_default_dtype())),
+                     index)
 
 
-def _allocating() -> Device:
+def _allocating(where: Any = None) -> int:
+    """The device an allocation lands on (``npu:k``, else the current device), whose context
+    it creates (torch_npu sets the device lazily at the first allocation)."""
     dev = device()
-    dev.ensure_context()  # torch_npu sets the device lazily at the first allocation
-    return dev
+    index = torch.device(where).index if where is not None else None
+    index = dev.current_device() if index is None else dev.checked(index)
+    dev.ensure_context(index)
+    return index
 
 
 def to_copy(src, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
             memory_format=None):
     """``cpu_tensor.to("npu")``: allocate on the device, then a host-to-device copy."""
-    target = torch.device(device) if device is not None else torch.device("npu", 0)
+    target = torch.device(device) if device is not None else torch.device("npu")
     if target.type == "cpu":
         return _device_to_host(src, {"dtype": dtype})
     host = src.to(dtype or src.dtype).contiguous()
-    out = empty_strided(host.shape, host.stride(), dtype=host.dtype)
+    out = empty_strided(host.shape, host.stride(), dtype=host.dtype, device=target)
     _copy(out, host, non_blocking)
     return out
 

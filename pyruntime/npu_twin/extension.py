@@ -10,6 +10,12 @@ CANN's ``aclrtBinaryLoadFromFile`` does in CPU kernel mode 1 (hicann/runtime
 ``binary_loader.cc``: the runtime reads ``<json stem>.so``; ``program.cc`` sends it to the
 device under its basename; the task names the JSON's ``kernelSo``, so the two must agree).
 
+The binary is loaded once per device, at the first launch on that device, under an
+``NPUGuard`` on the launch's device (``plan_tiling_op.cpp``: ``npu_load_tiling_kernel`` only
+names the JSON, so nothing binds device 0 before vLLM-Ascend's worker sets its device; review
+2 item 1). Every runtime call of a launcher runs in the current context: a stream of another
+device is refused with CANN's 107003 (`pyruntime.npu_twin.device`).
+
 A launch queues the launcher's fork/join (an ``ACL_EVENT_SYNC`` event recorded on the caller
 stream, waited on by the launcher's flag-0 stream, the AI-CPU task, an event back) and the
 AI-CPU task itself: the AArch64 build of the runtime entry ``aicpu_tiling_kernel(void
@@ -18,6 +24,7 @@ AI-CPU task itself: the AArch64 build of the runtime entry ``aicpu_tiling_kernel
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from pathlib import Path
@@ -35,73 +42,124 @@ PARAM_FIELDS = 13
 OP_TYPE = "AicpuTilingKernel"
 FUNCTION = "aicpu_tiling_kernel"
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-#: NpuLoadTilingKernel takes a c10_npu::NPUGuard on the current device before loading, which
-#: creates the runtime context torch_npu's lazy set-device may not have made yet (a test
-#: checks the C++ still does; switching this off models the extension without it)
+#: PlanTilings takes a c10_npu::NPUGuard on the launch's device around the lazy load and the
+#: launch (a test checks the C++ still does; switching this off models the extension
+#: without it: its runtime calls then run in the thread's current context)
 HOLDS_DEVICE_GUARD = True
+#: one launcher per device, loaded at the first launch there (plan_tiling_op.cpp
+#: ``LauncherOn``); False models the extension before review 2 item 1: one launcher, loaded
+#: by ``npu_load_tiling_kernel`` on the current device (device 0 in every vLLM worker)
+LAUNCHER_PER_DEVICE = True
 
-
-class AclError(RuntimeError):
-    """An ACL call failed; ``code`` is the ACL error code."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"{message} (ACL error {code})")
-        self.code = code
+AclError = twin.AclError
 
 
 class _Launcher:
-    """``RuntimeLauncher``'s state: the loaded binary, the AI-CPU stream, the two events."""
+    """``RuntimeLauncher``'s state on one device: the binary, the AI-CPU stream, two events."""
 
-    def __init__(self) -> None:
+    def __init__(self, index: int) -> None:
+        self.index = index
         self.path: str | None = None
         self.stream: twin.StreamState | None = None
         self.events: tuple[twin.EventState, twin.EventState] | None = None
-        self.lock = threading.Lock()
 
 
-_launcher = _Launcher()
+#: device index -> its launcher (``Launchers()`` of plan_tiling_op.cpp)
+_launchers: dict[int, _Launcher] = {}
+#: the op-info JSON ``npu_load_tiling_kernel`` named (``KernelJson()``)
+_json: str | None = None
+_lock = threading.Lock()
 _library: torch.library.Library | None = None
 
 
-def load_binary(op_info_json: str) -> None:
-    """``aclrtBinaryLoadFromFile(json, {CPU_KERNEL_MODE: 1})`` + ``aclrtBinaryGetFunction``."""
+def load_binary(op_info_json: str, device: int | None = None) -> None:
+    """``npu_load_tiling_kernel(json, device=None)``: names the JSON every device's launcher
+    loads at its first launch (once per process; a second, different path is refused); with
+    `device`, loads that device's launcher now, under a guard on it."""
+    global _json
     dev = twin.device()
     dev.check_alive()
-    if HOLDS_DEVICE_GUARD:
-        dev.ensure_context()  # plan_tiling_op.cpp: c10_npu::NPUGuard before Load()
-    dev.require_context("npu_load_tiling_kernel (aclrtBinaryGetFunction)")
-    with _launcher.lock:
-        if _launcher.path is not None:
-            if _launcher.path == op_info_json:
-                return
-            raise RuntimeError(f"npu_load_tiling_kernel: already loaded from {_launcher.path}; "
-                               f"cannot load {op_info_json}")
-        path = Path(op_info_json)
-        if not path.is_file():
-            raise AclError(507014, f"npu_load_tiling_kernel: aclrtBinaryLoadFromFile({path}): "
-                                   "path cannot be accessed (EE1012)")
-        so = path.with_suffix(".so")  # mode 1: the runtime reads <json stem>.so
-        if not so.is_file():
-            raise AclError(507014, f"npu_load_tiling_kernel: aclrtBinaryLoadFromFile({path}): "
-                                   f"CPU kernel mode 1 loads {so.name} beside the JSON, which "
-                                   "is missing (EE1012)")
-        try:
-            info = json.loads(path.read_text())
-            entry = info[OP_TYPE]["opInfo"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise AclError(507014, f"npu_load_tiling_kernel: {path} has no op {OP_TYPE!r} "
-                                   f"with opInfo ({exc})") from exc
-        if entry.get("kernelSo") != so.name:
-            raise AclError(507018, f"npu_load_tiling_kernel: the op-info JSON names kernelSo "
-                                   f"{entry.get('kernelSo')!r} but the runtime sends {so.name!r} "
-                                   "to the device: the AI-CPU dlopen would miss it")
-        if entry.get("functionName") != FUNCTION:
-            raise AclError(507018, f"npu_load_tiling_kernel: functionName is "
-                                   f"{entry.get('functionName')!r}, the .so exports {FUNCTION!r}")
-        _check_elf(so)
-        _launcher.stream = dev.new_stream("aicpu-launcher")
-        _launcher.events = (twin.EventState(external=False), twin.EventState(external=False))
-        _launcher.path = op_info_json
+    with _lock:
+        if _json is not None and _json != op_info_json:
+            raise RuntimeError(f"npu_load_tiling_kernel: already loaded from {_json}; cannot "
+                               f"load {op_info_json}")
+        if not Path(op_info_json).is_file():
+            raise RuntimeError(f"npu_load_tiling_kernel: cannot read {op_info_json}")
+        _json = op_info_json
+    if not LAUNCHER_PER_DEVICE:  # the old extension: loaded here, on the current device
+        dev.ensure_context()
+        _launcher_on(dev.current_device())
+    elif device is not None:
+        with _guard(dev, int(device)):
+            _launcher_on(int(device))
+
+
+@contextlib.contextmanager
+def _guard(dev: twin.Device, index: int):
+    """``c10_npu::NPUGuard(index)``: `index` is the current device inside (its context made),
+    the previous one after (`HOLDS_DEVICE_GUARD` off: nothing changes)."""
+    if not HOLDS_DEVICE_GUARD:
+        yield
+        return
+    previous = dev.current_device()
+    dev.set_current_device(index)
+    try:
+        yield
+    finally:
+        dev.set_current_device(previous)
+
+
+def _launcher_on(index: int) -> _Launcher:
+    """``LauncherOn(device)``: device `index`'s launcher, loaded at its first use (the caller
+    holds the device guard, so its context is current)."""
+    dev = twin.device()
+    if not LAUNCHER_PER_DEVICE and _launchers:
+        return next(iter(_launchers.values()))  # the one launcher, wherever it was loaded
+    with _lock:
+        launcher = _launchers.get(index)
+        if launcher is None or launcher.path is None:
+            launcher = _Launcher(index)
+            try:
+                _load(dev, launcher, _json)
+            except AclError as exc:
+                raise RuntimeError(f"aicpu_tiling: loading the AI-CPU tiling kernel on NPU "
+                                   f"{index}: {exc}") from exc
+            _launchers[index] = launcher
+        return launcher
+
+
+def _load(dev: twin.Device, launcher: _Launcher, op_info_json: str) -> None:
+    """``RuntimeLauncher::Load``: ``aclrtBinaryLoadFromFile(json, {CPU_KERNEL_MODE: 1})``,
+    ``aclrtBinaryGetFunction``, a flag-0 stream and two ACL_EVENT_SYNC events, all in the
+    current context (the launcher's device)."""
+    dev.require_context("aclrtBinaryGetFunction")
+    path = Path(op_info_json)
+    if not path.is_file():
+        raise AclError(507014, f"npu_load_tiling_kernel: aclrtBinaryLoadFromFile({path}): "
+                               "path cannot be accessed (EE1012)")
+    so = path.with_suffix(".so")  # mode 1: the runtime reads <json stem>.so
+    if not so.is_file():
+        raise AclError(507014, f"npu_load_tiling_kernel: aclrtBinaryLoadFromFile({path}): "
+                               f"CPU kernel mode 1 loads {so.name} beside the JSON, which "
+                               "is missing (EE1012)")
+    try:
+        info = json.loads(path.read_text())
+        entry = info[OP_TYPE]["opInfo"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AclError(507014, f"npu_load_tiling_kernel: {path} has no op {OP_TYPE!r} "
+                               f"with opInfo ({exc})") from exc
+    if entry.get("kernelSo") != so.name:
+        raise AclError(507018, f"npu_load_tiling_kernel: the op-info JSON names kernelSo "
+                               f"{entry.get('kernelSo')!r} but the runtime sends {so.name!r} "
+                               "to the device: the AI-CPU dlopen would miss it")
+    if entry.get("functionName") != FUNCTION:
+        raise AclError(507018, f"npu_load_tiling_kernel: functionName is "
+                               f"{entry.get('functionName')!r}, the .so exports {FUNCTION!r}")
+    _check_elf(so)
+    # aclrtCreateStreamWithConfig makes the stream in the current context
+    launcher.stream = dev.new_stream("aicpu-launcher", dev.current_device())
+    launcher.events = (twin.EventState(external=False), twin.EventState(external=False))
+    launcher.path = op_info_json
 
 
 def _check_elf(so: Path) -> None:
@@ -201,11 +259,13 @@ def _plan_tilings(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_outs, para
             raise RuntimeError(f"plan_tiling: tiling_out holds {nbytes} bytes, needs at least "
                                f"{p.tiling_bytes}")
         sizes.append(nbytes)
-        # one twin device: the C++'s same-device check always holds here
+        if any(t.device != tiling_out.device for t in (cu_seqlens_q, seqlens_kv, batch,
+                                                        step_epoch)):
+            raise RuntimeError("plan_tiling: every tensor must be on the same NPU")
     if n > min(p.max_batch for p in ps):  # aicpu_tiling_kernel_check(): every plan's
         raise RuntimeError("plan_tiling: the argument block is invalid (arrays shorter than "
                            "max_batch?)")
-    if _launcher.path is None:
+    if _json is None:
         raise RuntimeError("plan_tiling: the AI-CPU tiling kernel is not loaded; call "
                            "torch.ops.aicpu_tiling.npu_load_tiling_kernel(<dir>/"
                            "libaicpu_tiling_runtime.json) before capturing")
@@ -215,11 +275,26 @@ def _plan_tilings(cu_seqlens_q, seqlens_kv, batch, step_epoch, tiling_outs, para
 
 def _enqueue_launch(ps, cu, kv, batch, epoch, outs, n: int, sizes, causal: bool) -> None:
     dev = twin.device()
-    caller, side = dev.current_stream(), _launcher.stream
+    index = outs[0].device.index
+    with _guard(dev, index):  # PlanTilings: NPUGuard on the tensors' device
+        launcher = _launcher_on(index)
+        _launch(dev, launcher, dev.current_stream(index), ps, cu, kv, batch, epoch, outs, n,
+                sizes, causal)
+
+
+def _launch(dev, launcher: _Launcher, caller, ps, cu, kv, batch, epoch, outs, n: int, sizes,
+            causal: bool) -> None:
+    """``RuntimeLauncher::Launch``: record(caller), wait(AI-CPU stream), the launch,
+    record(AI-CPU stream), wait(caller): each a runtime call on a stream, which must belong
+    to the current context (107003 otherwise)."""
+    side = launcher.stream
+    dev.check_stream_context(caller, "Event recording (aclrtRecordEvent on the caller stream)")
+    dev.check_stream_context(side, "Triggering stream event waiting (aclrtStreamWaitEvent on "
+                                   "the AI-CPU stream)")
     if caller.open_group is not None:
         raise twin.CaptureViolation("aicpu_tiling_kernel: an AI-CPU task cannot join a task "
                                     "group (CANN updates AI Core tasks only)")
-    ev_in, ev_out = _launcher.events
+    ev_in, ev_out = launcher.events
     cu_i, kv_i, batch_i, epoch_i = (twin.inner(t) for t in (cu, kv, batch, epoch))
     outs_i = [twin.inner(t) for t in outs]
 
@@ -268,7 +343,7 @@ def register() -> None:
 
     custom_ops.ops()  # the schema of plan_tiling comes from Python, as on the NPU
     fragment = torch.library.Library("aicpu_tiling", "FRAGMENT")
-    fragment.define("npu_load_tiling_kernel(str op_info_json) -> ()")
+    fragment.define("npu_load_tiling_kernel(str op_info_json, int? device=None) -> ()")
     fragment.impl("npu_load_tiling_kernel", load_binary, "CompositeExplicitAutograd")
     fragment.impl("plan_tiling", plan_tiling_npu, "PrivateUse1")
     fragment.impl("plan_tilings", plan_tilings_npu, "PrivateUse1")

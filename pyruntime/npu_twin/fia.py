@@ -441,7 +441,8 @@ def _issue(query, key, value, options, attention_out, softmax_lse, *,
         out_i.copy_(out.reshape(out_i.shape))
         if lse_i.numel() == lse.numel():
             lse_i.copy_(lse.reshape(lse_i.shape))
-    dev.enqueue(twin.Work("aicore", op, run))
+    # a torch_npu op runs on the current stream of its tensors' device (a device guard)
+    dev.enqueue(twin.Work("aicore", op, run), dev.current_stream(query._index))
 
 
 def _precheck(op: str, query, key, value, options: dict) -> None:

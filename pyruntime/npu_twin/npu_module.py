@@ -21,8 +21,12 @@ __all__ = [
     "ExternalEvent",
     "NPUGraph",
     "Stream",
+    "current_device",
     "current_stream",
+    "device",
+    "device_count",
     "graph",
+    "set_device",
     "synchronize",
 ]
 
@@ -44,20 +48,45 @@ def _dev() -> twin.Device:
     return twin.device()
 
 
+def _index(device: Any, *, optional: bool = True) -> int:
+    """torch_npu's ``_get_device_index(device, optional=True)`` (``torch_npu/npu/utils.py``):
+    an int as it is, ``"npu:k"`` / ``torch.device("npu", k)`` -> k, ``None`` / ``"npu"`` ->
+    the current device; a non-npu device raises ValueError."""
+    if isinstance(device, (Stream, Event)):
+        raise TypeError(f"expected a device, got {type(device).__name__}")
+    if isinstance(device, _DeviceContext):
+        return device.idx
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    if device is None:
+        return _dev().current_device()
+    device = torch.device(device) if isinstance(device, str) else device
+    if not isinstance(device, torch.device):
+        raise ValueError(f"Expected a npu device, but got: {device!r}")
+    if device.type != "npu":
+        raise ValueError(f"Expected a npu device, but got: {device}")
+    return _dev().current_device() if device.index is None else device.index
+
+
 class Stream:
     """``torch.npu.Stream(device=None, priority=0)``."""
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         _dev().check_alive()
-        self.state = _dev().new_stream(f"stream{priority}")
-        self.device = torch.device("npu", 0)
+        index = _dev().checked(_index(device))
+        self.state = _dev().new_stream(f"stream{priority}", index)
+        self.device = torch.device("npu", index)
         self.priority = priority
 
     @classmethod
     def _wrap(cls, state: twin.StreamState) -> Stream:
         obj = cls.__new__(cls)
-        obj.state, obj.device, obj.priority = state, torch.device("npu", 0), 0
+        obj.state, obj.device, obj.priority = state, torch.device("npu", state.device), 0
         return obj
+
+    @property
+    def device_index(self) -> int:
+        return self.state.device
 
     def wait_event(self, event: Event) -> None:
         event.wait(self)
@@ -96,7 +125,19 @@ class Event:
         self.state = twin.EventState(external=False, timing=enable_timing)
 
     def record(self, stream: Stream | None = None) -> None:
-        _dev().record_event(self.state, (stream or current_stream()).state)
+        """``NPUEvent::record``: the event takes the device of the first stream that records
+        it; a later stream of another device is refused (NPUEvent.h:16-20)."""
+        target = (stream or current_stream()).state
+        if self.state.device is not None and self.state.device != target.device:
+            raise RuntimeError(f"Event device {self.state.device} does not match recording "
+                               f"stream's device {target.device}.")
+        _dev().record_event(self.state, target)
+        self.state.device = target.device
+
+    @property
+    def device(self) -> torch.device | None:
+        index = self.state.device
+        return None if index is None else torch.device("npu", index)
 
     def wait(self, stream: Stream | None = None) -> None:
         _dev().wait_event(self.state, (stream or current_stream()).state)
@@ -154,7 +195,7 @@ class NPUGraph:
         _dev().reset(self.state)
 
     def pool(self) -> tuple[int, int]:
-        return (0, id(self))
+        return (self.state.device or 0, id(self))
 
 
 class graph:
@@ -188,21 +229,31 @@ class _DeviceProperties(types.SimpleNamespace):
 
 
 def current_stream(device: Any = None) -> Stream:
-    return Stream._wrap(_dev().current_stream())
+    return Stream._wrap(_dev().current_stream(_dev().checked(_index(device))))
+
+
+def default_stream(device: Any = None) -> Stream:
+    return Stream._wrap(_dev().default_streams[_dev().checked(_index(device))])
 
 
 @contextlib.contextmanager
 def stream_context(stream: Stream | None):
+    """torch_npu's ``StreamContext`` (``torch_npu/npu/utils.py``): remembers the current
+    stream of the current device and of the stream's device, makes `stream` current (which
+    also makes its device current, `set_stream`) and restores both on exit."""
     if stream is None:
         yield
         return
     dev = _dev()
-    previous = dev.current_stream()
-    dev.set_current_stream(stream.state)
+    source = dev.current_stream()
+    target = dev.current_stream(stream.state.device)
+    set_stream(stream)
     try:
         yield
     finally:
-        dev.set_current_stream(previous)
+        if source.device != stream.state.device:
+            set_stream(Stream._wrap(target))
+        set_stream(Stream._wrap(source))
 
 
 def stream(stream: Stream | None):
@@ -210,28 +261,61 @@ def stream(stream: Stream | None):
     return stream_context(stream)
 
 
-def set_stream(stream: Stream) -> None:
-    _dev().set_current_stream(stream.state)
+def set_stream(stream: Stream | None) -> None:
+    """``torch_npu._C._npu_setStream``: the stream becomes the current stream of its device,
+    and its device the current device (as torch's ``_cuda_setStream``, which it copies)."""
+    if stream is None:
+        return
+    dev = _dev()
+    if dev.current_device() != stream.state.device:
+        dev.set_current_device(stream.state.device)
+    dev.set_current_stream(stream.state)
 
 
 def synchronize(device: Any = None) -> None:
-    _dev().synchronize()
+    """Every stream of `device` (default: the current one), ``aclrtSynchronizeDevice``."""
+    _dev().synchronize(index=_dev().checked(_index(device)))
 
 
 def set_device(device: Any) -> None:
-    index = device.index if isinstance(device, torch.device) else (
-        int(str(device).split(":")[-1]) if isinstance(device, str) else int(device))
-    if index not in (0, -1):
-        raise RuntimeError(f"Invalid device id {index} (the twin has one NPU)")
-    _dev().ensure_context()
+    """``torch.npu.set_device``: a negative index is a no-op; an index the twin has not is
+    CANN's invalid device id (107001)."""
+    index = _index(device)
+    if index >= 0:
+        _dev().set_current_device(index)
 
 
 def current_device() -> int:
-    return 0
+    return _dev().current_device()
 
 
 def device_count() -> int:
-    return 1
+    """``$AICPU_TILING_TWIN_DEVICES`` (default 2)."""
+    return _dev().count
+
+
+class _DeviceContext:
+    """``torch.npu.device(d)``: makes `d` current inside, restores the previous device on
+    exit (a negative index or None is a no-op), as ``torch_npu/npu/utils.py``'s ``device``."""
+
+    def __init__(self, device: Any) -> None:
+        self.idx = _index(device) if device is not None else -1
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        if self.idx < 0:
+            return
+        self.prev_idx = _dev().current_device()
+        if self.prev_idx != self.idx:
+            _dev().set_current_device(self.idx)
+
+    def __exit__(self, *exc: object) -> bool:
+        if self.idx >= 0 and self.prev_idx >= 0 and self.prev_idx != _dev().current_device():
+            _dev().set_current_device(self.prev_idx)
+        return False
+
+
+device = _DeviceContext
 
 
 def is_available() -> bool:
@@ -247,6 +331,7 @@ def get_device_name(device: Any = None) -> str:
 
 
 def get_device_properties(device: Any = None) -> _DeviceProperties:
+    _dev().checked(_index(device))
     return _DeviceProperties(name=twin.DEVICE_NAME, total_memory=64 * 2**30,
                              cube_core_num=twin.AI_CORES, vector_core_num=twin.VECTOR_CORES)
 

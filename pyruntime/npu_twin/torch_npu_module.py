@@ -66,7 +66,7 @@ def build() -> types.ModuleType:
     c = _module("torch_npu._C")
 
     def current_raw_stream(device: int = 0) -> int:
-        return twin.device().current_stream().id
+        return twin.device().current_stream(device).id
 
     c._npu_getCurrentRawStream = current_raw_stream
 

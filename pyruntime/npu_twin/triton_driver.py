@@ -51,6 +51,13 @@ def _launch(jit_fn, args: tuple, kwargs: dict, grid: Any) -> None:
                 f"triton kernel {jit_fn.__name__}: argument on {t.device} (shape "
                 f"{tuple(t.shape)}): Triton-Ascend passes its data_ptr() to the AI Core "
                 "unchecked, a host address (AI Core exception on hardware)")
+        if t._index != dev.current_device():
+            # the launcher takes driver.active.get_current_device()'s current stream and
+            # context; another device's address is not mapped there
+            raise twin.TwinError(
+                f"triton kernel {jit_fn.__name__}: argument on npu:{t._index} launched on "
+                f"npu:{dev.current_device()}, the current device (Triton-Ascend launches in "
+                "the current device's context with the argument's data_ptr() unchecked)")
     inner_args = tuple(twin.inner(a) for a in args)
     inner_kwargs = {k: twin.inner(v) for k, v in kwargs.items()}
     if "UPCAST_DOT" in inner_kwargs:

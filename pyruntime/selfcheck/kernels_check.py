@@ -30,7 +30,11 @@ def kernels(ctx: Context) -> CheckResult:
                 raise
             npu_kernels.build()
             built = "built now with tools/build_aicpu_kernel.sh"
-        files = npu_kernels.load()
+        import torch
+
+        # the binary on the device this check runs on, now: a bad one fails here, not at the
+        # first capture (the hook's load leaves it to the first launch on each device)
+        files = npu_kernels.load(device=torch.npu.current_device())
     except npu_kernels.KernelsUnavailableError as exc:
         ctx.kernels_ready = False
         return failed(name, str(exc))

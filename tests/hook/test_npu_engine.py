@@ -147,9 +147,13 @@ def test_saved_placement_reaches_the_engine(no_placement, monkeypatch):
         vllm_tiling_engine(_npu_backend())
 
 
-def test_load_registers_schemas_then_loads_library_sets_the_device_and_loads_binary(
+def test_load_registers_schemas_then_loads_library_and_names_the_binary_touching_no_device(
         no_placement, monkeypatch):
-    """The order only (the NPU twin runs the real load: tests/twin/test_preflight.py)."""
+    """The order only (the NPU twin runs the real load: tests/twin/test_preflight.py and
+    tests/twin/test_devices.py). The hook loads this while vLLM-Ascend's worker imports its
+    modules, before the worker sets its device: nothing here may set or touch a device
+    (review 2 item 1); the binary is loaded per device by the extension, or on the device
+    asked for."""
     import torch
 
     ext = no_placement / "libaicpu_tiling_npu.so"
@@ -160,8 +164,8 @@ def test_load_registers_schemas_then_loads_library_sets_the_device_and_loads_bin
     monkeypatch.setattr(npu_kernels, "_loaded", None)
     calls = []
     monkeypatch.setattr(torch, "npu", types.SimpleNamespace(
-        current_device=lambda: 0, set_device=lambda i: calls.append(("set_device", i))),
-        raising=False)
+        current_device=lambda: calls.append("current_device") or 0,
+        set_device=lambda i: calls.append(("set_device", i))), raising=False)
 
     class Ops:
         def load_library(self, path):
@@ -169,11 +173,12 @@ def test_load_registers_schemas_then_loads_library_sets_the_device_and_loads_bin
 
         class aicpu_tiling:
             @staticmethod
-            def npu_load_tiling_kernel(path):
-                calls.append(("npu_load_tiling_kernel", path))
+            def npu_load_tiling_kernel(path, *device):
+                calls.append(("npu_load_tiling_kernel", path, *device))
 
     files = npu_kernels.load(Ops())
-    assert calls == [("load_library", str(ext)), ("set_device", 0),
-                     ("npu_load_tiling_kernel", str(js))]
+    assert calls == [("load_library", str(ext)), ("npu_load_tiling_kernel", str(js))]
     assert files.extension == ext
+    assert npu_kernels.load(Ops(), device=1) == files  # the self-check's eager load
+    assert calls[2:] == [("npu_load_tiling_kernel", str(js), 1)]
     monkeypatch.setattr(npu_kernels, "_loaded", None)

@@ -21,7 +21,9 @@ OP = REPO / "aicpu_kernels" / "npu_ext" / "plan_tiling_op.cpp"
 
 #: C++ checks the twin cannot trigger, with the reason
 EXEMPT = {
-    "plan_tiling: every tensor must be on the same NPU": "the twin has one device",
+    "aicpu_tiling: loading the AI-CPU tiling kernel on NPU {static_cast<int>(device)}: ":
+        "needs a JSON named without its binary, once per process: "
+        "tests/twin/test_devices.py triggers it",
     "plan_tiling: ": "the launcher's own error inside the queued launch: every case it "
                      "reports is refused by an earlier check",
 }
@@ -86,6 +88,11 @@ try:
 except RuntimeError as exc:
     out["load"] = str(exc)
 npu_kernels.load()
+try:
+    torch.ops.aicpu_tiling.npu_load_tiling_kernel("/elsewhere/libaicpu_tiling_runtime.json")
+except RuntimeError as exc:
+    out["load again"] = str(exc)
+attempt("same npu", tiling_out=torch.zeros(p.tiling_bytes, dtype=torch.uint8, device="npu:1"))
 for name in ("cu_seqlens_q", "seqlens_kv", "batch", "step_epoch", "tiling_out"):
     t = good[name]
     attempt(f"{name} device", **{name: torch.zeros(t.shape, dtype=t.dtype)})
@@ -133,10 +140,10 @@ def twin_messages(tmp_path_factory) -> dict[str, str]:
 
 def test_the_parser_finds_every_check():
     checks = cpp_checks()
-    # CheckInt32Npu: 4 per int32 argument; CheckTilingBuffer: 3; the loader: 1; ReadParams: 2;
-    # PlanTilings: 6 (the plan count, the params count, same device, the argument block,
-    # loaded, the launcher's own)
-    assert len(checks) == 4 * len(INT32_ARGS) + 3 + 1 + 2 + 6, checks
+    # CheckInt32Npu: 4 per int32 argument; CheckTilingBuffer: 3; the loader: 2 (another path,
+    # unreadable); EnsureLoaded: 1; ReadParams: 2; PlanTilings: 6 (the plan count, the params
+    # count, same device, the argument block, loaded, the launcher's own)
+    assert len(checks) == 4 * len(INT32_ARGS) + 3 + 2 + 1 + 2 + 6, checks
     assert "plan_tiling: tiling_out must be contiguous" in checks
 
 

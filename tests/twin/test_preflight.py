@@ -71,7 +71,7 @@ def test_item2_binary_names_agree_and_the_old_name_is_refused(tmp_path):
     """CPU kernel mode 1 loads <json stem>.so: the shipped JSON loads; the old name fails."""
     body = '''
     from pyruntime.backends import npu_kernels
-    files = npu_kernels.load()
+    files = npu_kernels.load(device=0)  # the binary now, as the self-check loads it
     result = files.runtime_json.name
     '''
     assert run_case(body, tmp_path=tmp_path) == {"ok": "libaicpu_tiling_runtime.json"}
@@ -178,21 +178,19 @@ def test_item6_the_host_update_baseline_hands_no_host_array_to_the_ai_core(tmp_p
 
 
 def test_item7_the_binary_loads_with_a_device_context(tmp_path):
-    """torch_npu sets the device lazily: the loader needs a context. Either fix suffices (the
-    extension's NPUGuard, or set_device before loading); without both, CANN 107002."""
+    """torch_npu sets the device lazily: the loader needs a context. The extension loads each
+    device's launcher under an NPUGuard on that device (review 2 item 1 moved the load from
+    npu_kernels.load's set_device to there); without the guard, CANN 107002."""
     body = '''
     from pyruntime.backends import npu_kernels
-    result = str(npu_kernels.load().runtime_json.name)
+    result = str(npu_kernels.load(device=0).runtime_json.name)
     '''
+    assert "ok" in run_case(body, tmp_path=tmp_path)
     no_guard = '''
     from pyruntime.npu_twin import extension
     extension.HOLDS_DEVICE_GUARD = False
     '''
-    assert "ok" in run_case(body, mutation=no_guard, tmp_path=tmp_path)
-    neither = no_guard + '''
-    torch.npu.set_device = lambda device: None
-    '''
-    got = run_case(body, mutation=neither, tmp_path=tmp_path)
+    got = run_case(body, mutation=no_guard, tmp_path=tmp_path)
     assert "107002" in got["error"]
     source = (REPO / "aicpu_kernels/npu_ext/plan_tiling_op.cpp").read_text()
     assert "c10_npu::NPUGuard" in source  # what HOLDS_DEVICE_GUARD = True models
