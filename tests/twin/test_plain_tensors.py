@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 TAG = "PLAIN-TENSORS "
 
 PROBE = textwrap.dedent('''
-    import json, threading
+    import json, threading, traceback
     from pyruntime import npu_twin
     npu_twin.activate()
     import torch
@@ -38,91 +38,120 @@ PROBE = textwrap.dedent('''
             return f"{type(exc).__name__}: {exc}"
         return "no error"
 
-    # exact tensors
-    x = torch.empty(4, device="npu")
-    out["exact"] = [type(x) is torch.Tensor, x.device.type, str(x.device)]
+    def section(fn):
+        """Each part records its result, or the error that stopped it, under its name."""
+        try:
+            fn()
+        except Exception as exc:
+            out[fn.__name__] = f"section failed: {type(exc).__name__}: {exc}"
 
-    # arithmetic against the same ops on the CPU
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(5, 7, generator=gen), torch.randn(7, 3, generator=gen)
     na, nb = a.to("npu"), b.npu()
-    cases = {
-        "matmul_softmax": (lambda p, q: torch.softmax(p @ q, -1)),
-        "views": (lambda p, q: p.t()[1:, ::2].contiguous() + p.view(7, 5)[:, :1].t().sum()),
-        "inplace": (lambda p, q: p.clone().mul_(2).add_(1)),
-        "cat_index": (lambda p, q: torch.cat([p, p[[0, 2]]])[:, 3]),
-        "reduce_long": (lambda p, q: (p > 0).sum(1).long()),
-    }
-    out["arith"] = {name: torch.equal(fn(na, nb).cpu(), fn(a, b)) for name, fn in cases.items()}
-    out["arith_devices"] = sorted({str(fn(na, nb).device) for fn in cases.values()})
-    target = torch.empty(0, device="npu")
-    torch.add(na, 1, out=target)
-    out["out_resized"] = [list(target.shape), torch.equal(target.cpu(), a + 1)]
-    with torch.inference_mode():
-        host = (na + 1).cpu()
-        out["inference_cpu"] = [type(host) is torch.Tensor, str(host.device),
-                                torch.equal(host, a + 1)]
 
-    # vLLM's parameter subclasses (vllm/model_executor/parameter.py: BasevLLMParameter)
-    class ModelWeightParameter(torch.nn.Parameter):
-        def __new__(cls, data, **kwargs):
-            return super().__new__(cls, data=data, requires_grad=False)
+    @section
+    def exact():
+        x = torch.empty(4, device="npu")
+        out["exact"] = [type(x) is torch.Tensor, x.device.type, str(x.device)]
 
-        def __init__(self, data, weight_loader):
-            self._weight_loader = weight_loader
+    @section
+    def arith():  # against the same ops on the CPU
+        cases = {
+            "matmul_softmax": (lambda p, q: torch.softmax(p @ q, -1)),
+            "views": (lambda p, q: p.t()[1:, ::2].contiguous() + p.view(7, 5)[:, :1].t().sum()),
+            "inplace": (lambda p, q: p.clone().mul_(2).add_(1)),
+            "cat_index": (lambda p, q: torch.cat([p, p[[0, 2]]])[:, 3]),
+            "reduce_long": (lambda p, q: (p > 0).sum(1).long()),
+        }
+        out["arith"] = {name: torch.equal(fn(na, nb).cpu(), fn(a, b))
+                        for name, fn in cases.items()}
+        out["arith_devices"] = sorted({str(fn(na, nb).device) for fn in cases.values()})
 
-        @property
-        def weight_loader(self):
-            return self._weight_loader
+    @section
+    def out_resized():
+        target = torch.empty(0, device="npu")
+        torch.add(na, 1, out=target)
+        out["out_resized"] = [list(target.shape), torch.equal(target.cpu(), a + 1)]
 
-    def loader(param, loaded):
-        param.data.copy_(loaded)
+    @section
+    def inference_cpu():
+        with torch.inference_mode():
+            host = (na + 1).cpu()
+            out["inference_cpu"] = [type(host) is torch.Tensor, str(host.device),
+                                    torch.equal(host, a + 1)]
 
-    param = ModelWeightParameter(torch.empty(2, 3, device="npu"), weight_loader=loader)
-    param.weight_loader(param, torch.ones(2, 3))
-    loaded = torch.equal(param.cpu(), torch.ones(2, 3))
-    param.data = torch.zeros(4, device="npu")
-    out["param"] = [type(param).__name__, param.weight_loader is loader, loaded,
-                    list(param.shape), str(param.device), torch.equal(param.cpu(), torch.zeros(4))]
+    @section
+    def param():  # vLLM's parameter subclasses (vllm/model_executor/parameter.py)
+        class ModelWeightParameter(torch.nn.Parameter):
+            def __new__(cls, data, **kwargs):
+                return super().__new__(cls, data=data, requires_grad=False)
 
-    # Dynamo, the whole function in one graph
-    from torch._dynamo.testing import CompileCounter
+            def __init__(self, data, weight_loader):
+                self._weight_loader = weight_loader
 
-    def fn(p, q):
-        return torch.relu(p @ q + 1).sum(-1).long()
+            @property
+            def weight_loader(self):
+                return self._weight_loader
 
-    counter = CompileCounter()
-    traced = torch.compile(fn, backend=counter, fullgraph=True)(na, nb)
-    eager = torch.compile(fn, backend="eager", fullgraph=True)(na, nb)
-    out["dynamo"] = [counter.frame_count, counter.op_count, str(traced.device),
-                     torch.equal(traced.cpu(), fn(a, b)), torch.equal(eager.cpu(), fn(a, b))]
+        def loader(param, loaded):
+            param.data.copy_(loaded)
 
-    # devices
-    one = torch.ones(3, device="npu:1")
-    out["device1"] = [str(one.device), str((one * 2).device), torch.npu.current_device(),
-                      torch.npu.device_count()]
-    with torch.npu.device(1):
-        inside = [torch.npu.current_device(), str(torch.empty(1, device="npu").device)]
-    out["guard"] = inside + [torch.npu.current_device()]
-    torch.npu.set_device(1)
-    seen = []
-    worker = threading.Thread(target=lambda: seen.append(torch.npu.current_device()))
-    worker.start(); worker.join()
-    out["per_thread"] = [torch.npu.current_device(), seen[0]]
-    torch.npu.set_device(0)
-    out["mixed_devices"] = error(lambda: one + torch.ones(3, device="npu:0"))
-    out["mixed_host"] = error(lambda: torch.ones(3, device="npu") + torch.ones(3))
-    out["bad_ordinal"] = error(lambda: torch.empty(1, device="npu:2"))
+        param = ModelWeightParameter(torch.empty(2, 3, device="npu"), weight_loader=loader)
+        out["param"] = [type(param).__name__]
+        param.weight_loader(param, torch.ones(2, 3))
+        loaded = torch.equal(param.cpu(), torch.ones(2, 3))
+        param.data = torch.zeros(4, device="npu")
+        out["param"] += [param.weight_loader is loader, loaded, list(param.shape),
+                         str(param.device), torch.equal(param.cpu(), torch.zeros(4))]
 
-    # memory accounting, on device 1
-    torch.npu.reset_peak_memory_stats(1)
-    start = torch.npu.memory_stats(1)
-    block = torch.empty(1000, device="npu:1")
-    held = torch.npu.memory_stats(1)
-    del block
-    freed = torch.npu.memory_stats(1)
-    out["memory"] = {"start": start, "held": held, "freed": freed,
-                     "device0": torch.npu.memory_allocated(0)}
+    @section
+    def dynamo():  # the whole function in one graph
+        from torch._dynamo.testing import CompileCounter
+
+        def fn(p, q):
+            return torch.relu(p @ q + 1).sum(-1).long()
+
+        counter = CompileCounter()
+        traced = torch.compile(fn, backend=counter, fullgraph=True)(na, nb)
+        eager = torch.compile(fn, backend="eager", fullgraph=True)(na, nb)
+        out["dynamo"] = [counter.frame_count, counter.op_count, str(traced.device),
+                         torch.equal(traced.cpu(), fn(a, b)), torch.equal(eager.cpu(), fn(a, b))]
+
+    @section
+    def devices():
+        one = torch.ones(3, device="npu:1")
+        out["device1"] = [str(one.device), str((one * 2).device), torch.npu.current_device(),
+                          torch.npu.device_count()]
+        out["mixed_devices"] = error(lambda: one + torch.ones(3, device="npu:0"))
+        out["mixed_host"] = error(lambda: torch.ones(3, device="npu") + torch.ones(3))
+        out["bad_ordinal"] = error(lambda: torch.empty(1, device="npu:2"))
+
+    @section
+    def guard():
+        with torch.npu.device(1):
+            inside = [torch.npu.current_device(), str(torch.empty(1, device="npu").device)]
+        out["guard"] = inside + [torch.npu.current_device()]
+
+    @section
+    def per_thread():
+        torch.npu.set_device(1)
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append(torch.npu.current_device()))
+        worker.start(); worker.join()
+        out["per_thread"] = [torch.npu.current_device(), seen[0]]
+        torch.npu.set_device(0)
+
+    @section
+    def memory():  # on device 1
+        torch.npu.reset_peak_memory_stats(1)
+        start = torch.npu.memory_stats(1)
+        block = torch.empty(1000, device="npu:1")
+        held = torch.npu.memory_stats(1)
+        del block
+        freed = torch.npu.memory_stats(1)
+        out["memory"] = {"start": start, "held": held, "freed": freed,
+                         "device0": torch.npu.memory_allocated(0)}
+
     print("TAG" + json.dumps(out))
 ''').replace('"TAG"', repr(TAG))
 
@@ -132,7 +161,7 @@ def run_probe(source: str, **env: str) -> subprocess.CompletedProcess:
     full.pop("AICPU_TILING_TWIN_DEVICES", None)  # the default, 2, unless a test sets it
     full.update(env)
     return subprocess.run([sys.executable, "-c", source], env=full, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=900, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -143,43 +172,51 @@ def probe() -> dict:
     return json.loads(lines[-1][len(TAG):])
 
 
+def part(probe: dict, name: str):
+    """One section's result; a section that raised fails here with its error."""
+    assert name in probe, f"the probe recorded no {name!r}: {probe}"
+    assert not str(probe[name]).startswith("section failed"), probe[name]
+    return probe[name]
+
+
 def test_an_npu_tensor_is_an_exact_torch_tensor(probe):
-    assert probe["exact"] == [True, "npu", "npu:0"]
+    assert part(probe, "exact") == [True, "npu", "npu:0"]
 
 
 def test_arithmetic_on_npu_copies_back_equal_to_the_cpu(probe):
-    assert probe["arith"] == {name: True for name in probe["arith"]} and len(probe["arith"]) == 5
-    assert probe["arith_devices"] == ["npu:0"]
-    assert probe["out_resized"] == [[5, 7], True]
+    arith = part(probe, "arith")
+    assert arith == {name: True for name in arith} and len(arith) == 5
+    assert part(probe, "arith_devices") == ["npu:0"]
+    assert part(probe, "out_resized") == [[5, 7], True]
     # under inference mode (vLLM's execute_model) .cpu() is a host tensor (issue 28, bug 2)
-    assert probe["inference_cpu"] == [True, "cpu", True]
+    assert part(probe, "inference_cpu") == [True, "cpu", True]
 
 
 def test_vllm_parameter_subclass_keeps_class_and_weight_loader_and_data_assignment(probe):
-    assert probe["param"] == ["ModelWeightParameter", True, True, [4], "npu:0", True]
+    assert part(probe, "param") == ["ModelWeightParameter", True, True, [4], "npu:0", True]
 
 
 def test_dynamo_traces_npu_tensors_in_one_graph(probe):
-    frames, ops, device, counted_equal, eager_equal = probe["dynamo"]
+    frames, ops, device, counted_equal, eager_equal = part(probe, "dynamo")
     assert (frames, device, counted_equal, eager_equal) == (1, "npu:0", True, True)
     assert ops >= 4  # matmul, add, relu, sum, long: all in the graph
 
 
 def test_two_devices_and_a_per_thread_device_guard(probe):
-    assert probe["device1"] == ["npu:1", "npu:1", 0, 2]
-    assert probe["guard"] == [1, "npu:1", 0]
-    assert probe["per_thread"] == [1, 0]  # a new thread starts on device 0 (aclrtSetDevice)
-    assert "npu:0" in probe["mixed_devices"] and "npu:1" in probe["mixed_devices"]
-    assert probe["mixed_devices"].startswith("RuntimeError: Expected all tensors to be on the "
-                                             "same device")
-    assert probe["mixed_host"].startswith("RuntimeError: Expected all tensors to be on the "
-                                          "same device")
-    assert probe["bad_ordinal"].startswith("RuntimeError: invalid npu device ordinal 2: the "
-                                           "twin has 2 devices")
+    assert part(probe, "device1") == ["npu:1", "npu:1", 0, 2]
+    assert part(probe, "guard") == [1, "npu:1", 0]
+    # a new thread starts on device 0 (aclrtSetDevice binds the calling thread)
+    assert part(probe, "per_thread") == [1, 0]
+    same_device = "RuntimeError: Expected all tensors to be on the same device"
+    mixed = part(probe, "mixed_devices")
+    assert mixed.startswith(same_device) and "npu:0" in mixed and "npu:1" in mixed
+    assert part(probe, "mixed_host").startswith(same_device)
+    assert part(probe, "bad_ordinal").startswith(
+        "RuntimeError: invalid npu device ordinal 2: the twin has 2 devices")
 
 
 def test_memory_accounting_follows_allocations(probe):
-    memory, names = probe["memory"], plain_tensors.STAT_NAMES
+    memory, names = part(probe, "memory"), plain_tensors.STAT_NAMES
     start, held, freed = (dict(zip(names, memory[key].values())) for key in
                           ("start", "held", "freed"))
     assert held["allocated"] - start["allocated"] == 4000
