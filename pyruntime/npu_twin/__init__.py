@@ -40,6 +40,9 @@ FAULTS: dict[str, str] = {
                       "beside its op-info JSON",
 }
 STATE_ENV = "AICPU_TILING_TWIN_STATE"
+#: ``wrapper`` (default: today's twin, `device.NpuTensor`) or ``plain``: the plain-tensor layer
+#: of `pyruntime.npu_twin.plain_tensors` alone (opt-in; none of the twin's rules yet)
+TENSORS_ENV = "AICPU_TILING_TWIN_TENSORS"
 #: ``triton`` (default: our AI Core ops run their Triton bodies, interpreted) or
 #: ``reference`` (they run their CPU body, the C reference attention, as an AI Core task)
 AICORE_ENV = "AICPU_TILING_TWIN_AICORE"
@@ -69,6 +72,10 @@ def activate(fault: str | None = None) -> None:
         ValueError: unknown fault, or the twin is already active with another fault.
         TwinUnavailableError: a real torch_npu is importable (the twin would shadow it), or
             the AI-CPU binary cannot be built (no ziglang, or not a source checkout).
+
+    With ``AICPU_TILING_TWIN_TENSORS=plain`` this installs only the plain npu tensor layer
+    (`pyruntime.npu_twin.plain_tensors`): no torch_npu module, streams, graphs, kernels or
+    faults yet, so ``fault`` must be None.
     """
     global _active, _activated
     if fault is not None and fault not in FAULTS:
@@ -81,6 +88,17 @@ def activate(fault: str | None = None) -> None:
     if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None:
         raise TwinUnavailableError("a real torch_npu is importable here: the NPU twin would "
                                    "shadow it; use --backend npu on an NPU machine")
+    tensors = os.environ.get(TENSORS_ENV, "wrapper")
+    if tensors not in ("wrapper", "plain"):
+        raise ValueError(f"{TENSORS_ENV}={tensors!r}: choose wrapper (the default) or plain")
+    if tensors == "plain":
+        if fault is not None:
+            raise ValueError(f"{TENSORS_ENV}=plain carries no twin faults yet, not {fault!r}")
+        from . import plain_tensors
+
+        plain_tensors.activate()
+        _active, _activated = fault, True
+        return
     import torch
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
