@@ -348,6 +348,9 @@ typedef struct {
     ptrdiff_t token_stride; /* elements between tokens of one head: num_kv_heads * head_dim in
                              * ND, AICPU_ATTENTION_KV_NZ_WIDTH in NZ */
     const void *query, *key_cache, *value_cache;
+    ptrdiff_t k_block_stride, v_block_stride; /* elements from a cache block to the next: the
+                                               * block's own size when contiguous, more when
+                                               * the blocks lie apart (attention_ref.h) */
     void *out;
     const attention_kernels *k; /* the variant this call runs with */
 } core_ctx;
@@ -566,15 +569,14 @@ static void process_chunk(const core_ctx *c, const float *qs, float *acc, float 
     }
 }
 
-/* Element offset in a cache of token `tok` of cache block `blk`, kv head h, dim 0: ND
- * [blk][tok][h][d], NZ [blk][h][d / 32][tok][32] (aicpu_attention_kv_int8). */
-static size_t kv_at(const core_ctx *c, int32_t blk, int32_t tok, int32_t h) {
+/* Element offset inside a cache block of token `tok`, kv head h, dim 0: ND [tok][h][d], NZ
+ * [h][d / 32][tok][32] (aicpu_attention_kv_int8). Block blk starts blk * the cache's block
+ * stride elements into the cache (its own size when the cache is contiguous). */
+static size_t kv_in_block(const core_ctx *c, int32_t tok, int32_t h) {
     const aicpu_tiling_params *p = c->w.p;
     if (c->nz)
-        return ((size_t)blk * p->num_kv_heads + (size_t)h) * p->head_dim * p->block_size +
-               (size_t)tok * AICPU_ATTENTION_KV_NZ_WIDTH;
-    return (((size_t)blk * p->block_size + (size_t)tok) * p->num_kv_heads + (size_t)h) *
-           p->head_dim;
+        return (size_t)h * p->head_dim * p->block_size + (size_t)tok * AICPU_ATTENTION_KV_NZ_WIDTH;
+    return ((size_t)tok * p->num_kv_heads + (size_t)h) * p->head_dim;
 }
 
 /* The block log (aicpu_attention_set_block_log): test instrumentation, off when count is NULL. */
@@ -626,22 +628,26 @@ static void row_block_chunk(void *arg, const kv_chunk *ch) {
     const core_ctx *c = rb->c;
     const int32_t h0 = rb->sg->h;
     const size_t kvsize = c->kv_bytes;
-    const size_t block_at = kv_at(c, ch->block, 0, h0);
     const size_t tok_at =
-        block_at + (size_t)(ch->c0 - ch->b * c->w.p->block_size) * c->token_stride;
+        kv_in_block(c, 0, h0) + (size_t)(ch->c0 - ch->b * c->w.p->block_size) * c->token_stride;
+    const size_t k_at = (size_t)ch->block * (size_t)c->k_block_stride + tok_at;
+    const size_t v_at = (size_t)ch->block * (size_t)c->v_block_stride + tok_at;
     chunk_prefetch pf;
     pf.n = ch->next_n;
     pf.k = pf.v = NULL;
     pf.head_bytes = (size_t)c->w.p->head_dim * kvsize;
     pf.stride = c->token_stride * (ptrdiff_t)kvsize;
     if (ch->next_n > 0) {
-        size_t at = kv_at(c, ch->next_block, ch->next_tok, h0) * kvsize;
-        pf.k = (const unsigned char *)c->key_cache + at;
-        pf.v = (const unsigned char *)c->value_cache + at;
+        const size_t at = kv_in_block(c, ch->next_tok, h0);
+        const size_t nb = (size_t)ch->next_block;
+        pf.k = (const unsigned char *)c->key_cache +
+               (nb * (size_t)c->k_block_stride + at) * kvsize;
+        pf.v = (const unsigned char *)c->value_cache +
+               (nb * (size_t)c->v_block_stride + at) * kvsize;
     }
     process_chunk(c, rb->qs, rb->acc, rb->sbuf, rb->m, rb->l, rb->lower, rb->limit, rb->head_at,
-                  rb->nr, ch->c0, ch->n, h0, (const char *)c->key_cache + tok_at * kvsize,
-                  (const char *)c->value_cache + tok_at * kvsize, c->token_stride, rb->kbuf,
+                  rb->nr, ch->c0, ch->n, h0, (const char *)c->key_cache + k_at * kvsize,
+                  (const char *)c->value_cache + v_at * kvsize, c->token_stride, rb->kbuf,
                   rb->vbuf, &pf);
 }
 
@@ -717,10 +723,21 @@ static int32_t fuse_cap(const tiling_walk *w, int32_t ntok) {
     return cap < 1 ? 1 : cap;
 }
 
+/* 1 when both caches' block strides (elements from one cache block's start to the next's)
+ * leave room for a whole block, block_size * num_kv_heads * head_dim elements in either
+ * layout: blocks may lie apart (vLLM 0.30's K and V pages of a block side by side in one
+ * allocation, attention_ref.h TENSORS), never overlap. params must be valid. */
+static int block_strides_ok(const aicpu_tiling_params *params, int64_t key_block_stride,
+                            int64_t value_block_stride) {
+    const int64_t block = (int64_t)params->block_size * params->num_kv_heads * params->head_dim;
+    return key_block_stride >= block && value_block_stride >= block;
+}
+
 /* The checks every entry point makes before reading the core table: AICPU_TILING_OK, or the
  * status to return. */
 static int layer_check(const aicpu_tiling_params *params, const int32_t *tiling, uint32_t flags,
-                       int32_t dtype, int32_t num_blocks, int32_t window,
+                       int32_t dtype, int32_t num_blocks, int64_t key_block_stride,
+                       int64_t value_block_stride, int32_t window,
                        const aicpu_attention_kv_int8 *kv_int8) {
     if (params == NULL || tiling == NULL || aicpu_tiling_params_check(params) != AICPU_TILING_OK ||
         !storage_dtype_ok(dtype) || num_blocks < 0 || window < 0 ||
@@ -730,6 +747,8 @@ static int layer_check(const aicpu_tiling_params *params, const int32_t *tiling,
         (kv_int8 != NULL && kv_int8->layout != AICPU_ATTENTION_KV_ND &&
          (kv_int8->layout != AICPU_ATTENTION_KV_NZ ||
           params->head_dim % AICPU_ATTENTION_KV_NZ_WIDTH != 0)))
+        return AICPU_ATTENTION_E_ARGS;
+    if (!block_strides_ok(params, key_block_stride, value_block_stride))
         return AICPU_ATTENTION_E_ARGS;
     if (!header_ok(params, tiling)) return AICPU_ATTENTION_E_TILING;
     if (tiling[AICPU_TILING_HDR_STATUS] != AICPU_TILING_OK) return tiling[AICPU_TILING_HDR_STATUS];
@@ -750,10 +769,10 @@ static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t fl
                      int32_t dtype, float scale, float soft_cap, const float *sinks,
                      int32_t window, const aicpu_attention_kv_int8 *kv_int8,
                      const void *query, const void *key_cache,
-                     const void *value_cache, int32_t num_blocks,
-                     const int32_t *block_table, const int32_t *cu_seqlens_q,
-                     const int32_t *seqlens_kv, void *out, float *partial_out,
-                     float *partial_lse) {
+                     const void *value_cache, int32_t num_blocks, int64_t key_block_stride,
+                     int64_t value_block_stride, const int32_t *block_table,
+                     const int32_t *cu_seqlens_q, const int32_t *seqlens_kv, void *out,
+                     float *partial_out, float *partial_lse) {
     walk_init(&c->w, params, flags, window, num_blocks, block_table, cu_seqlens_q, seqlens_kv,
               partial_out, partial_lse, run_segment, fuse_cap);
     c->group = params->num_q_heads / params->num_kv_heads;
@@ -771,6 +790,8 @@ static void ctx_init(core_ctx *c, const aicpu_tiling_params *params, uint32_t fl
     c->query = query;
     c->key_cache = key_cache;
     c->value_cache = value_cache;
+    c->k_block_stride = (ptrdiff_t)key_block_stride;
+    c->v_block_stride = (ptrdiff_t)value_block_stride;
     c->out = out;
 }
 
@@ -787,6 +808,7 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
                          const float *sinks, int32_t sliding_window,
                          const aicpu_attention_kv_int8 *kv_int8, const void *query,
                          const void *key_cache, const void *value_cache, int32_t num_blocks,
+                         int64_t key_block_stride, int64_t value_block_stride,
                          const int32_t *block_table, const int32_t *cu_seqlens_q,
                          const int32_t *seqlens_kv, void *out, float *partial_out,
                          float *partial_lse) {
@@ -798,15 +820,16 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
     if (params != NULL && aicpu_tiling_params_check(params) == AICPU_TILING_OK &&
         (core < 0 || core >= params->num_cores))
         return AICPU_ATTENTION_E_ARGS;
-    status = layer_check(params, tiling, flags, dtype, num_blocks, sliding_window, kv_int8);
+    status = layer_check(params, tiling, flags, dtype, num_blocks, key_block_stride,
+                         value_block_stride, sliding_window, kv_int8);
     if (status != AICPU_TILING_OK) return status;
     rec = core_record(tiling, core);
     if (core_idle(rec)) return AICPU_TILING_OK;
     if (!tensors_given(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out))
         return AICPU_ATTENTION_E_ARGS;
     ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, sliding_window, kv_int8, query,
-             key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv, out,
-             partial_out, partial_lse);
+             key_cache, value_cache, num_blocks, key_block_stride, value_block_stride, block_table,
+             cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
     mode.heads = 0;
     mode.slot_step = 0;
     mode.run = 1;
@@ -871,9 +894,10 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
                                   float soft_cap, const float *sinks, int32_t sliding_window,
                                   const aicpu_attention_kv_int8 *kv_int8, const void *query,
                                   const void *key_cache, const void *value_cache,
-                                  int32_t num_blocks,
-                                  const int32_t *block_table, const int32_t *cu_seqlens_q,
-                                  const int32_t *seqlens_kv, void *out, float *partial_out,
+                                  int32_t num_blocks, int64_t key_block_stride,
+                                  int64_t value_block_stride, const int32_t *block_table,
+                                  const int32_t *cu_seqlens_q, const int32_t *seqlens_kv,
+                                  void *out, float *partial_out,
                                   float *partial_lse) {
     int32_t sets = aicpu_attention_num_sibling_sets(params), heads, q, h, slot_step;
     int status = AICPU_TILING_OK;
@@ -885,7 +909,8 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
     q = sets;
     slot_step = 0;
     fusable = heads > 1 && layer_check(params, tiling, flags, dtype, num_blocks,
-                                       sliding_window, kv_int8) == AICPU_TILING_OK;
+                                       key_block_stride, value_block_stride, sliding_window,
+                                       kv_int8) == AICPU_TILING_OK;
     if (fusable) {
         int32_t num_slots = tiling[AICPU_TILING_HDR_NUM_SLOTS];
         fusable = num_slots >= 0 && num_slots % heads == 0;
@@ -901,8 +926,8 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
         int32_t batch = tiling[AICPU_TILING_HDR_BATCH];
         if (core_idle(rec)) return AICPU_TILING_OK; /* and so are its siblings (checked) */
         ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, sliding_window, kv_int8, query,
-                 key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv, out,
-                 partial_out, partial_lse);
+                 key_cache, value_cache, num_blocks, key_block_stride, value_block_stride,
+                 block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
         mode.heads = heads;
         mode.slot_step = slot_step;
         mode.run = 0; /* check the whole range first: a bad one falls back to the cores */
@@ -918,9 +943,9 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
     for (h = 0; h < heads; h++) {
         int s = aicpu_attention_core(params, tiling, first_core + h * q, flags, dtype, scale,
                                      soft_cap, sinks, sliding_window, kv_int8, query, key_cache,
-                                     value_cache, num_blocks,
-                                     block_table, cu_seqlens_q, seqlens_kv, out, partial_out,
-                                     partial_lse);
+                                     value_cache, num_blocks, key_block_stride,
+                                     value_block_stride, block_table, cu_seqlens_q, seqlens_kv,
+                                     out, partial_out, partial_lse);
         if (status == AICPU_TILING_OK) status = s;
     }
     return status;
@@ -1002,6 +1027,7 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
                               int32_t sliding_window, const aicpu_attention_kv_int8 *kv_int8,
                               const void *query, const void *key_cache,
                               const void *value_cache, int32_t num_blocks,
+                              int64_t key_block_stride, int64_t value_block_stride,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,
                               float *partial_lse) {
@@ -1011,7 +1037,8 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
         first_core < 0 || num_cores < 1 || first_core > params->num_cores - num_cores)
         return AICPU_ATTENTION_E_ARGS;
     if (num_cores > 1 && tiling != NULL &&
-        layer_check(params, tiling, flags, dtype, num_blocks, sliding_window, kv_int8) ==
+        layer_check(params, tiling, flags, dtype, num_blocks, key_block_stride,
+                         value_block_stride, sliding_window, kv_int8) ==
             AICPU_TILING_OK &&
         tensors_given(query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv, out)) {
         core_ctx c;
@@ -1020,8 +1047,8 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
         int32_t batch = tiling[AICPU_TILING_HDR_BATCH], first_live = -1, last_live = -1;
         int fusable = 1;
         ctx_init(&c, params, flags, dtype, scale, soft_cap, sinks, sliding_window, kv_int8, query,
-                 key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv, out,
-                 partial_out, partial_lse);
+                 key_cache, value_cache, num_blocks, key_block_stride, value_block_stride,
+                 block_table, cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
         mode.heads = 0;
         mode.slot_step = 0;
         mode.run = 0; /* check every range first: a bad one falls back to the cores */
@@ -1059,8 +1086,9 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
     for (core = first_core; core < first_core + num_cores; core++) {
         int s = aicpu_attention_core(params, tiling, core, flags, dtype, scale, soft_cap, sinks,
                                      sliding_window, kv_int8, query,
-                                     key_cache, value_cache, num_blocks, block_table,
-                                     cu_seqlens_q, seqlens_kv, out, partial_out, partial_lse);
+                                     key_cache, value_cache, num_blocks, key_block_stride,
+                                     value_block_stride, block_table, cu_seqlens_q, seqlens_kv,
+                                     out, partial_out, partial_lse);
         if (status == AICPU_TILING_OK) status = s;
     }
     return status;
@@ -1175,7 +1203,8 @@ int aicpu_attention_finalize(const aicpu_tiling_params *params, const int32_t *t
 const char *aicpu_attention_strerror(int status) {
     switch (status) {
     case AICPU_ATTENTION_E_ARGS:
-        return "attention: invalid argument (NULL pointer, dtype, core index or params)";
+        return "attention: invalid argument (NULL pointer, dtype, core index, params or a "
+               "cache block stride below a block's elements)";
     case AICPU_ATTENTION_E_TILING:
         return "attention: the tiling buffer does not match the params, flags or lengths";
     case AICPU_ATTENTION_E_BLOCK_ID:

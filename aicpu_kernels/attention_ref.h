@@ -21,12 +21,22 @@
  * nothing). No -march flag is needed: the variant is chosen at run time (see INSTRUCTION-SET
  * VARIANTS below; tools/bench_attention.py measures each).
  *
- * TENSORS (all row-major, contiguous; "dtype" is the storage type of query, caches and out)
+ * TENSORS (all row-major and contiguous, but for the caches' block axis; "dtype" is the storage
+ * type of query, caches and out)
  *   query        [max_tokens][num_q_heads][head_dim]
  *   key_cache    [num_blocks][block_size][num_kv_heads][head_dim]
  *   value_cache  [num_blocks][block_size][num_kv_heads][head_dim]; int8 caches may instead be
  *                [num_blocks][num_kv_heads][head_dim / 32][block_size][32] (NZ, see
  *                aicpu_attention_kv_int8.layout)
+ *                Each cache block is one dense run of block_size * num_kv_heads * head_dim
+ *                elements; block b of the key cache starts key_block_stride * b elements in
+ *                (value_block_stride for the value cache): the block's own size when the cache
+ *                is contiguous, more when blocks lie apart. vLLM 0.30 + vLLM-Ascend 0.30.0rc2
+ *                hand a full-attention layer (bf16/fp16 ND, and C8's int8 NZ view of it) K and
+ *                V views of one allocation with the K and V pages of a block side by side:
+ *                both strides 2 * block_size * num_kv_heads * head_dim, V starting one page
+ *                after K (vllm_ascend/worker/model_runner_v1.py:5720-5744, v2/attn_utils.py:
+ *                687-719). The caches are read in place with those strides, never copied.
  *   block_table  int32 [max_batch][max_blocks_per_req]; entry (r, b) holds the cache block of
  *                kv positions [b * block_size, (b + 1) * block_size) of request r
  *   cu_seqlens_q int32 [batch + 1], seqlens_kv int32 [batch]: the arrays the tiling was
@@ -167,6 +177,10 @@ typedef struct {
  *                 before the variant's kernels read it
  *   query, key_cache, value_cache, num_blocks, block_table, cu_seqlens_q, seqlens_kv
  *                 see TENSORS; num_blocks is the caches' dim 0
+ *   key_block_stride, value_block_stride
+ *                 elements (of the cache's type: dtype, or int8) from the start of one cache
+ *                 block to the next, each >= block_size * num_kv_heads * head_dim (that value:
+ *                 a contiguous cache; see TENSORS)
  *   out           whole units write their rows here, converted to dtype (round to nearest even)
  *   partial_out, partial_lse
  *                 pieces of split units write their slot here; may be NULL when the core's
@@ -179,8 +193,8 @@ typedef struct {
  *   the tiling's status         when it is not AICPU_TILING_OK; nothing is read or written
  *   AICPU_ATTENTION_E_ARGS      bad arguments (sliding_window < 0, or > 0 without
  *                               AICPU_TILING_CAUSAL; kv_int8 with a NULL pointer, an unknown
- *                               layout, or NZ with head_dim % 32 != 0); nothing is
- *                               read or written
+ *                               layout, or NZ with head_dim % 32 != 0; a block stride below
+ *                               a block's elements); nothing is read or written
  *   AICPU_ATTENTION_E_TILING    the buffer is not a tiling for these params and flags, or the
  *                               lengths differ from those it was planned from; the core stops
  *                               at the first inconsistent segment
@@ -190,16 +204,18 @@ typedef struct {
  *                               segments are computed, and this status is returned
  *     for (c = 0; c < params.num_cores; c++) status |= aicpu_attention_core(&params, tiling, c,
  *         AICPU_TILING_CAUSAL, AICPU_ATTENTION_BF16, scale, 0.0f, NULL, 0, NULL, q, k, v, nblk,
- *         bt, cu, kv, out, po, pl);
+ *         page, page, bt, cu, kv, out, po, pl);   (page = block_size * num_kv_heads * head_dim:
+ *                                                 contiguous caches)
  */
 int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tiling, int32_t core,
                          uint32_t flags, int32_t dtype, float scale, float soft_cap,
                          const float *sinks, int32_t sliding_window,
                          const aicpu_attention_kv_int8 *kv_int8, const void *query,
                          const void *key_cache, const void *value_cache,
-                         int32_t num_blocks,
-                         const int32_t *block_table, const int32_t *cu_seqlens_q,
-                         const int32_t *seqlens_kv, void *out, float *partial_out,
+                         int32_t num_blocks, int64_t key_block_stride,
+                         int64_t value_block_stride, const int32_t *block_table,
+                         const int32_t *cu_seqlens_q, const int32_t *seqlens_kv,
+                         void *out, float *partial_out,
                          float *partial_lse);
 
 /*
@@ -242,9 +258,10 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
                                   float soft_cap, const float *sinks, int32_t sliding_window,
                                   const aicpu_attention_kv_int8 *kv_int8, const void *query,
                                   const void *key_cache, const void *value_cache,
-                         int32_t num_blocks,
-                                  const int32_t *block_table, const int32_t *cu_seqlens_q,
-                                  const int32_t *seqlens_kv, void *out, float *partial_out,
+                                  int32_t num_blocks, int64_t key_block_stride,
+                                  int64_t value_block_stride, const int32_t *block_table,
+                                  const int32_t *cu_seqlens_q, const int32_t *seqlens_kv,
+                                  void *out, float *partial_out,
                                   float *partial_lse);
 
 /*
@@ -282,6 +299,7 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
                               int32_t sliding_window, const aicpu_attention_kv_int8 *kv_int8,
                               const void *query, const void *key_cache,
                               const void *value_cache, int32_t num_blocks,
+                              int64_t key_block_stride, int64_t value_block_stride,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,
                               float *partial_lse);

@@ -26,9 +26,10 @@ int aicpu_attention_core(const aicpu_tiling_params *params, const int32_t *tilin
                          const float *sinks, int32_t sliding_window,
                          const aicpu_attention_kv_int8 *kv_int8, const void *query,
                          const void *key_cache, const void *value_cache,
-                         int32_t num_blocks,
-                         const int32_t *block_table, const int32_t *cu_seqlens_q,
-                         const int32_t *seqlens_kv, void *out, float *partial_out,
+                         int32_t num_blocks, int64_t key_block_stride,
+                         int64_t value_block_stride, const int32_t *block_table,
+                         const int32_t *cu_seqlens_q, const int32_t *seqlens_kv,
+                         void *out, float *partial_out,
                          float *partial_lse);
 int32_t aicpu_attention_num_sibling_sets(const aicpu_tiling_params *params);
 int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32_t *tiling,
@@ -36,9 +37,10 @@ int aicpu_attention_core_siblings(const aicpu_tiling_params *params, const int32
                                   float soft_cap, const float *sinks, int32_t sliding_window,
                                   const aicpu_attention_kv_int8 *kv_int8, const void *query,
                                   const void *key_cache, const void *value_cache,
-                         int32_t num_blocks,
-                                  const int32_t *block_table, const int32_t *cu_seqlens_q,
-                                  const int32_t *seqlens_kv, void *out, float *partial_out,
+                                  int32_t num_blocks, int64_t key_block_stride,
+                                  int64_t value_block_stride, const int32_t *block_table,
+                                  const int32_t *cu_seqlens_q, const int32_t *seqlens_kv,
+                                  void *out, float *partial_out,
                                   float *partial_lse);
 int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *tiling,
                               int32_t first_core, int32_t num_cores, uint32_t flags,
@@ -46,6 +48,7 @@ int aicpu_attention_core_span(const aicpu_tiling_params *params, const int32_t *
                               int32_t sliding_window, const aicpu_attention_kv_int8 *kv_int8,
                               const void *query, const void *key_cache,
                               const void *value_cache, int32_t num_blocks,
+                              int64_t key_block_stride, int64_t value_block_stride,
                               const int32_t *block_table, const int32_t *cu_seqlens_q,
                               const int32_t *seqlens_kv, void *out, float *partial_out,
                               float *partial_lse);

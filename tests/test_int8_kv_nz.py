@@ -234,3 +234,20 @@ def test_c_program_nz_equals_nd(tmp_path, sanitize):
     assert match.group(1).split() == ra.isa_variants()["supported"]
     # 3 head dims x 2 groups x 3 core counts x 2 windows x 3 dtypes x 3 entry points per variant
     assert int(match.group(2)) == 324 * len(match.group(1).split())
+
+
+def test_c8_nz_views_of_vllm_030_strided_caches_read_in_place():
+    """C8 on vLLM-Ascend 0.30.0rc2: the int8 caches are strided views of one allocation (K
+    and V pages side by side) and ``_nz_5d_view`` keeps that page stride; the C reference
+    (every entry point) and the Triton kernels give the contiguous NZ caches' bits."""
+    from tests.test_attention_c import vllm_030_kv_views
+
+    for name in ("decode_split", "spec_decode"):
+        _, nz = nz_case(name, torch.bfloat16, sinks=True)
+        want_c = {how: nz.run_c(how) for how in ("cores", "span", "siblings")}
+        want_triton = nz.run_triton()
+        nz.key_cache, nz.value_cache = vllm_030_kv_views(nz.key_cache, nz.value_cache)
+        assert nz.key_cache.dim() == 5 and not nz.key_cache.is_contiguous()
+        for how, out in want_c.items():
+            assert torch.equal(nz.run_c(how), out), (name, how)
+        assert torch.equal(nz.run_triton(), want_triton), name

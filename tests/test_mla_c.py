@@ -214,3 +214,25 @@ def test_misuse_raises_before_any_c_code():
     with pytest.raises(ValueError, match="partial_out must have shape"):
         rm.mla_finalize(PARAMS, L, plan, cu_seqlens_q=CU, out=out, partial_out=po[:, :1],
                         partial_lse=pl)
+
+
+def test_strided_mla_caches_are_refused_with_a_typed_error_naming_the_strides():
+    """MLA caches arrive contiguous on vLLM-Ascend 0.23.0.post1 and 0.30.0rc2
+    (`kv_quant.MLA_CONTIGUOUS_WHY`): a page-strided one (as GQA's on 0.30) is refused by name,
+    with its strides, before any C code runs."""
+    import re
+
+    from pyruntime.kernels import kv_quant
+
+    plan = tiling.plan(PARAMS, CU.numpy(), KV.numpy())
+    t = tensors(torch.float32)
+    po, pl = rm.partial_buffers(PARAMS, L)
+    common = {"cu_seqlens_q": CU, "seqlens_kv": KV, "partial_out": po, "partial_lse": pl,
+              "scale": SCALE}
+    kv_c = t["kv_c_cache"]
+    wide = torch.zeros(kv_c.shape[0], 2, *kv_c.shape[1:], dtype=kv_c.dtype)
+    strided = wide[:, 0]
+    out = torch.full_like(t["q_nope"], 7.0)
+    with pytest.raises(kv_quant.CacheStrideError, match=re.escape(str(list(strided.stride())))):
+        rm.mla_core(PARAMS, L, plan, 0, **{**t, "kv_c_cache": strided}, out=out, **common)
+    assert bool((out == 7.0).all())

@@ -509,3 +509,30 @@ def test_model_dtype_sinks_are_read_in_place_as_their_fp32_values(sink_dtype):
     assert torch.equal(c_model, c_widened) and torch.equal(t_model, t_widened)
     vs_ref, vs_c = errors(widened, t_model, c_model)
     assert vs_ref <= TOL[torch.float32] and vs_c <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_reads_vllm_030_strided_caches_in_place(dtype):
+    """GQA ND caches as vLLM-Ascend 0.30.0rc2 hands them to a full-attention layer (K and V
+    pages side by side in one allocation, `tests.test_attention_c.vllm_030_kv_views`): the
+    launcher takes them (it raised "key_cache must be contiguous" before) and the kernel,
+    reading them in place, gives the contiguous caches' bits."""
+    from tests.test_attention_c import _float_case, vllm_030_kv_views
+
+    for name in ("decode_split", "spec_decode"):
+        case = _float_case(name, dtype)
+        want = case.run_triton()
+        case.key_cache, case.value_cache = vllm_030_kv_views(case.key_cache, case.value_cache)
+        assert torch.equal(case.run_triton(), want), name
+
+
+def test_launcher_refuses_caches_whose_blocks_are_not_dense():
+    from pyruntime.kernels import kv_quant
+    from tests.test_attention_c import _float_case
+
+    case = _float_case("decode_split", torch.float16)
+    head_major = case.key_cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    case.key_cache = head_major
+    found = "strides " + str(list(head_major.stride())).replace("[", r"\[").replace("]", r"\]")
+    with pytest.raises(kv_quant.CacheStrideError, match=found):
+        case.run_triton()

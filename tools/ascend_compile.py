@@ -107,7 +107,10 @@ def kernel_specs(dtype: str, q_tile: int | None) -> list[dict]:
                       "partial_lse": "*fp32", "core_status": "*i32", "scale": "fp32",
                       "soft_cap": "fp32", "sinks": "*fp32", "sliding_window": "i32",
                       "num_blocks": "i32", "k_scale": "*fp32", "k_offset": "*fp32",
-                      "v_scale": "*fp32", "v_offset": "*fp32"},
+                      "v_scale": "*fp32", "v_offset": "*fp32",
+                      # the caches' page strides in elements: i32, what a launch with any
+                      # real cache passes (a Python int below 2**31; triton_launch)
+                      "key_page_stride": "i32", "value_page_stride": "i32"},
         "constants": {**consts, **shapes, "UPCAST_DOT": False, "USE_SOFT_CAP": False,
                       "USE_SINKS": False, "USE_WINDOW": False, "KV_INT8": False,
                       "KV_NZ": False},

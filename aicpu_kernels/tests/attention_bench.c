@@ -21,6 +21,9 @@
 
 #include "attention_ref.h"
 
+/* A contiguous cache's block stride, in elements: one block after the other. */
+#define PAGE_OF(p) ((int64_t)(p)->block_size * (p)->num_kv_heads * (p)->head_dim)
+
 /* Thread CPU time when ATTENTION_BENCH_CPU=1 (steadier on a shared machine), else wall time. */
 static double now(void) {
     struct timespec ts;
@@ -111,7 +114,8 @@ int main(int argc, char **argv) {
         t0 = now();
         for (c = 0; c < cores; c++)
             if (aicpu_attention_core(&p, tiling, c, AICPU_TILING_CAUSAL, dtype, 0.088f, 0.0f, NULL,
-                                     0, NULL, q, kc, vc, num_blocks, bt, cu, kv, out, po, pl))
+                                     0, NULL, q, kc, vc, num_blocks, PAGE_OF(&p), PAGE_OF(&p), bt, cu,
+                                     kv, out, po, pl))
                 return 2;
         if (aicpu_attention_finalize(&p, tiling, dtype, cu, out, po, pl, NULL)) return 3;
         times[i] = now() - t0;

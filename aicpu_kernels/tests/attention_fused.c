@@ -36,6 +36,9 @@
 #include "attention_ref.h"
 #include "attention_test_values.h"
 
+/* A contiguous cache's block stride, in elements: one block after the other. */
+#define PAGE_OF(p) ((int64_t)(p)->block_size * (p)->num_kv_heads * (p)->head_dim)
+
 #define MAX_BATCH 5
 #define MAX_TOKENS 40
 #define MBPR 12
@@ -103,8 +106,9 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
             st[j] = aicpu_attention_core_siblings(p, pb->tiling, j, pb->call_flags, pb->dtype,
                                                   scale, pb->soft_cap, pb->sinks, pb->window,
                                                   NULL, q, pb->k, pb->v,
-                                                  pb->num_blocks, pb->bt, pb->cu, pb->kv, out,
-                                                  ws ? po : NULL, ws ? pl : NULL);
+                                                  pb->num_blocks, PAGE_OF(p), PAGE_OF(p), pb->bt,
+                                                  pb->cu, pb->kv, out, ws ? po : NULL,
+                                                  ws ? pl : NULL);
             continue;
         }
         if (how == SPANS) {
@@ -112,8 +116,8 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
                                               span_at[j + 1] - span_at[j], pb->call_flags,
                                               pb->dtype, scale, pb->soft_cap, pb->sinks,
                                               pb->window, NULL, q, pb->k, pb->v,
-                                              pb->num_blocks, pb->bt, pb->cu, pb->kv, out,
-                                              ws ? po : NULL, ws ? pl : NULL);
+                                              pb->num_blocks, PAGE_OF(p), PAGE_OF(p), pb->bt,
+                                              pb->cu, pb->kv, out, ws ? po : NULL, ws ? pl : NULL);
             continue;
         }
         st[j] = AICPU_TILING_OK;
@@ -123,7 +127,8 @@ static void run(const problem *pb, int how, const int32_t *span_at, int32_t nspa
             int s = aicpu_attention_core(p, pb->tiling, c, pb->call_flags, pb->dtype, scale,
                                          pb->soft_cap, pb->sinks, pb->window, NULL, q, pb->k,
                                          pb->v,
-                                         pb->num_blocks, pb->bt, pb->cu, pb->kv, out, ws ? po : NULL, ws ? pl : NULL);
+                                         pb->num_blocks, PAGE_OF(p), PAGE_OF(p), pb->bt, pb->cu,
+                                         pb->kv, out, ws ? po : NULL, ws ? pl : NULL);
             if (st[j] == AICPU_TILING_OK) st[j] = s;
         }
     }

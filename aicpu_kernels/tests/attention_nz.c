@@ -26,6 +26,9 @@
 #include "attention_ref.h"
 #include "attention_test_values.h"
 
+/* A contiguous cache's block stride, in elements: one block after the other. */
+#define PAGE_OF(p) ((int64_t)(p)->block_size * (p)->num_kv_heads * (p)->head_dim)
+
 #define BS 16
 #define HKV 2
 #define MAX_BATCH 4
@@ -63,7 +66,8 @@ static int run(const call *a, int entry) {
     if (entry == SPAN) {
         status = aicpu_attention_core_span(a->p, a->tiling, 0, a->p->num_cores,
                                            AICPU_TILING_CAUSAL, a->dtype, scale, 0.0f, NULL,
-                                           a->window, a->kv, a->q, a->k, a->v, NUM_BLOCKS, a->bt,
+                                           a->window, a->kv, a->q, a->k, a->v, NUM_BLOCKS,
+                                           PAGE_OF(a->p), PAGE_OF(a->p), a->bt,
                                            a->cu, a->seqlens, a->out, a->po, a->pl);
     } else {
         n = entry == SIBLINGS ? aicpu_attention_num_sibling_sets(a->p) : a->p->num_cores;
@@ -71,12 +75,13 @@ static int run(const call *a, int entry) {
             s = entry == SIBLINGS
                     ? aicpu_attention_core_siblings(a->p, a->tiling, j, AICPU_TILING_CAUSAL,
                                                     a->dtype, scale, 0.0f, NULL, a->window, a->kv,
-                                                    a->q, a->k, a->v, NUM_BLOCKS, a->bt, a->cu,
+                                                    a->q, a->k, a->v, NUM_BLOCKS, PAGE_OF(a->p),
+                                                    PAGE_OF(a->p), a->bt, a->cu,
                                                     a->seqlens, a->out, a->po, a->pl)
                     : aicpu_attention_core(a->p, a->tiling, j, AICPU_TILING_CAUSAL, a->dtype,
                                            scale, 0.0f, NULL, a->window, a->kv, a->q, a->k, a->v,
-                                           NUM_BLOCKS, a->bt, a->cu, a->seqlens, a->out, a->po,
-                                           a->pl);
+                                           NUM_BLOCKS, PAGE_OF(a->p), PAGE_OF(a->p), a->bt,
+                                           a->cu, a->seqlens, a->out, a->po, a->pl);
             if (s && !status) status = s;
         }
     }
@@ -275,7 +280,8 @@ int main(void) {
                             a.out = out_nz;
                             s = aicpu_attention_core(&p, tiling, 0, AICPU_TILING_CAUSAL, dtype,
                                                      1.0f, 0.0f, NULL, windows[wi], &bad, q, knz,
-                                                     vnz, NUM_BLOCKS, bt, cu, seqlens, out_nz, po,
+                                                     vnz, NUM_BLOCKS, PAGE_OF(&p), PAGE_OF(&p), bt,
+                                                     cu, seqlens, out_nz, po,
                                                      pl);
                             if (fail_args("layout 2", s, out_nz, out_nd, out_elems * esize))
                                 return 1;
@@ -283,7 +289,8 @@ int main(void) {
                             s = aicpu_attention_core_span(&p, tiling, 0, p.num_cores,
                                                           AICPU_TILING_CAUSAL, dtype, 1.0f, 0.0f,
                                                           NULL, windows[wi], &bad, q, knz, vnz,
-                                                          NUM_BLOCKS, bt, cu, seqlens, out_nz,
+                                                          NUM_BLOCKS, PAGE_OF(&p), PAGE_OF(&p),
+                                                          bt, cu, seqlens, out_nz,
                                                           po, pl);
                             if (fail_args("layout -1 (span)", s, out_nz, out_nd,
                                           out_elems * esize))
@@ -337,13 +344,13 @@ int main(void) {
         memset(out, 0x5a, sizeof out);
         memcpy(pat, out, sizeof out);
         s = aicpu_attention_core(&p, tiling, 0, AICPU_TILING_CAUSAL, AICPU_ATTENTION_FP32, 1.0f,
-                                 0.0f, NULL, 0, &kv, q, cache, cache, NUM_BLOCKS, bt, cu, seqlens,
-                                 out, po, pl);
+                                 0.0f, NULL, 0, &kv, q, cache, cache, NUM_BLOCKS, PAGE_OF(&p),
+                                 PAGE_OF(&p), bt, cu, seqlens, out, po, pl);
         if (fail_args("NZ with head_dim 48", s, out, pat, sizeof out)) return 1;
         kv.layout = AICPU_ATTENTION_KV_ND;
         s = aicpu_attention_core(&p, tiling, 0, AICPU_TILING_CAUSAL, AICPU_ATTENTION_FP32, 1.0f,
-                                 0.0f, NULL, 0, &kv, q, cache, cache, NUM_BLOCKS, bt, cu, seqlens,
-                                 out, po, pl);
+                                 0.0f, NULL, 0, &kv, q, cache, cache, NUM_BLOCKS, PAGE_OF(&p),
+                                 PAGE_OF(&p), bt, cu, seqlens, out, po, pl);
         if (s != AICPU_TILING_OK) {
             printf("FAIL ND with head_dim 48: status %d\n", s);
             return 1;

@@ -28,6 +28,9 @@
 #include "attention_ref.h"
 #include "attention_test_values.h"
 
+/* A contiguous cache's block stride, in elements: one block after the other. */
+#define PAGE_OF(p) ((int64_t)(p)->block_size * (p)->num_kv_heads * (p)->head_dim)
+
 #define BS 16
 #define MAX_BATCH 4
 #define MAX_TOKENS 12
@@ -63,7 +66,7 @@ static int run(const aicpu_tiling_params *p, const int32_t *tiling, int32_t dtyp
         status = aicpu_attention_core(p, tiling, c, AICPU_TILING_CAUSAL, dtype,
                                       1.0f / sqrtf((float)p->head_dim), cap, sinks, 0, NULL, q, k,
                                       v,
-                                      num_blocks, bt, cu, kv, out, po, pl);
+                                      num_blocks, PAGE_OF(p), PAGE_OF(p), bt, cu, kv, out, po, pl);
         if (status) return status;
     }
     return aicpu_attention_finalize(p, tiling, dtype, cu, out, po, pl, sinks);

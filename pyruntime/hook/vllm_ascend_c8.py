@@ -89,11 +89,19 @@ def c8_reason(impl: Any, layer: Any, applies_kv_int8: bool) -> str | None:
         return "C8 with a sliding window or attention sinks is not supported"
     if layer is None:
         return "C8 layer captured without its layer (full_graph_fia got layer=None)"
+    from pyruntime.kernels import kv_quant
+
     caches = (impl.key_cache, impl.value_cache)
     if not all(isinstance(c, torch.Tensor) and c.dtype == torch.int8 and c.dim() == 4
-               and c.is_contiguous() for c in caches):
-        return ("C8 caches that are not contiguous 4-D int8 tensors (as vLLM-Ascend allocates "
-                "them) are not supported")
+               for c in caches):
+        return ("C8 caches that are not 4-D int8 tensors (as vLLM-Ascend allocates them) are "
+                "not supported")
+    try:
+        # 0.30.0rc2 hands C8 layers page-strided views (K and V pages side by side), which
+        # our kernels read in place at their page strides (kv_quant.page_strides)
+        kv_quant.page_strides(*caches)
+    except kv_quant.CacheStrideError as error:
+        return f"C8 caches our kernels cannot read in place: {error}"
     missing = [name for name in LAYER_SCALES if not isinstance(getattr(layer, name, None),
                                                               torch.Tensor)]
     if missing:

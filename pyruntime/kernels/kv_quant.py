@@ -30,7 +30,18 @@ Two layouts of an int8 cache, told apart by its rank (both caches of a layer ali
   and ``head_dim % 32 == 0``.
 
 :func:`to_nz` / :func:`from_nz` convert (pure permute and reshape); :func:`cache_layout` is
-the one shape check every consumer makes.
+the one shape check every consumer makes, and :func:`page_strides` the one layout check.
+
+A cache of either layout and dtype may be a view whose blocks lie apart (its page, dim 0,
+stride larger than a block's elements), the rest of each block dense: vLLM 0.30 resolves the
+``LBNHC`` KV cache layout and vLLM-Ascend 0.30.0rc2 hands each full-attention layer K and V
+caches that are views of one allocation, the K and V pages of a block side by side
+(``vllm_ascend/worker/model_runner_v1.py:5720-5744``, ``torch.as_strided`` with strides
+``(hidden, 2 * hidden, ...)`` over ``(2, num_blocks, block_size, H, D)``, and the same in
+``worker/v2/attn_utils.py:687-719``): each cache's page stride is ``2 * block_size * H * D``,
+V starting ``block_size * H * D`` elements after K. C8's NZ view of such a cache
+(``_nz_5d_view``, a ``.view`` that keeps dim 0's stride) is strided the same way. Every
+consumer reads the caches in place with their page strides, never a copy.
 """
 
 from __future__ import annotations
@@ -160,11 +171,73 @@ def cache_shape(layout: str, num_blocks: int, block_size: int, num_kv_heads: int
     return (num_blocks, block_size, num_kv_heads, head_dim)
 
 
+class CacheStrideError(ValueError):
+    """A cache whose memory layout the kernels cannot read in place: anything but dense blocks
+    (dims 1.. contiguous) at a page stride of at least one block's elements."""
+
+
+def page_stride(name: str, cache: torch.Tensor) -> int:
+    """Elements from the start of one cache block (dim 0) to the next, after checking that
+    each block is dense: dims 1.. have the strides of a contiguous tensor of that shape. A
+    contiguous cache gives ``prod(shape[1:])``; vLLM-Ascend 0.30's K and V views (see the
+    module docstring) give twice that. A cache of one block has no page to step over: its
+    block size is returned whatever dim 0's stride says.
+
+    Raises:
+        CacheStrideError: dims 1.. are not dense, or the page stride is below one block's
+            elements (blocks would overlap); the message names the strides found.
+    """
+    shape, strides = tuple(cache.shape), tuple(cache.stride())
+    block = 1
+    dense = [0] * len(shape)
+    for dim in range(len(shape) - 1, 0, -1):
+        dense[dim] = block
+        block *= int(shape[dim])
+    inner_ok = all(strides[d] == dense[d] or shape[d] == 1 for d in range(1, len(shape)))
+    if not inner_ok:
+        raise CacheStrideError(
+            f"{name} of shape {list(shape)} has strides {list(strides)}: only the page (block, "
+            f"dim 0) stride may differ from a contiguous tensor's {[block] + dense[1:]}, the "
+            "blocks themselves must be dense for the kernels to read them in place")
+    if len(shape) == 0 or shape[0] <= 1:
+        return block
+    if strides[0] < block:
+        raise CacheStrideError(
+            f"{name} of shape {list(shape)} has page stride {strides[0]}, below one block's "
+            f"{block} elements (its blocks would overlap; strides {list(strides)})")
+    return int(strides[0])
+
+
+#: Why the MLA caches (``kv_c``, ``k_pe``) must be contiguous: no release hands them strided.
+#: vLLM-Ascend 0.30.0rc2 gives an MLA layer (``AscendMLAAttentionSpec``, not exactly
+#: ``FullAttentionSpec``, so never among the strided layers of
+#: ``worker/model_runner_v1.py:5008-5016``) its own K (nope) and V (rope) allocations, viewed
+#: contiguously (``model_runner_v1.py:5855-5860``; the v2 runner keeps "its K and V components
+#: in contiguous regions, as in MRv1", ``worker/v2/attn_utils.py:1647-1657``); 0.23.0.post1
+#: views separate contiguous tensors (``model_runner_v1.py:4639-4644``).
+MLA_CONTIGUOUS_WHY = ("vLLM-Ascend 0.23.0.post1 and 0.30.0rc2 allocate MLA caches contiguous, "
+                      "so the MLA kernels take no page stride")
+
+
+def contiguous_cache(name: str, cache: torch.Tensor, why: str) -> None:
+    """Raise :class:`CacheStrideError` naming ``cache``'s strides unless it is contiguous."""
+    if isinstance(cache, torch.Tensor) and not cache.is_contiguous():
+        raise CacheStrideError(f"{name} of shape {list(cache.shape)} has strides "
+                               f"{list(cache.stride())}, not a contiguous tensor's: {why}")
+
+
+def page_strides(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int]:
+    """``(key, value)`` page strides in elements (:func:`page_stride`), the kernels' block
+    stride arguments (``attention_ref.h``: ``key_block_stride``, ``value_block_stride``)."""
+    return page_stride("key_cache", key_cache), page_stride("value_cache", value_cache)
+
+
 def cache_layout(key_cache: torch.Tensor, value_cache: torch.Tensor, *, block_size: int,
                  num_kv_heads: int, head_dim: int, int8: bool,
                  error: type[Exception] = ValueError) -> str:
     """:data:`ND` or :data:`NZ`: the layout of a layer's two caches, told by their rank, after
-    checking their shapes (dtypes, devices and contiguity are the caller's checks).
+    checking their shapes (dtypes and devices are the caller's checks, the memory layout
+    :func:`page_strides`').
 
     ND: both 4-D ``[num_blocks, block_size, num_kv_heads, head_dim]``. NZ: both 5-D
     ``[num_blocks, num_kv_heads, head_dim // 32, block_size, 32]``, only with ``int8`` (the

@@ -180,7 +180,8 @@ def partial_buffers(params) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(out_shape, dtype=torch.float32), torch.zeros(lse_shape, dtype=torch.float32)
 
 
-def _tensor(name: str, t, dtype=None, shape=None, dtypes=None) -> torch.Tensor:
+def _tensor(name: str, t, dtype=None, shape=None, dtypes=None,
+            contiguous: bool = True) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
@@ -192,7 +193,7 @@ def _tensor(name: str, t, dtype=None, shape=None, dtypes=None) -> torch.Tensor:
         raise TypeError(f"{name} must have one of the dtypes {allowed}, got {t.dtype}")
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if not t.is_contiguous():
+    if contiguous and not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
     return t
 
@@ -314,8 +315,10 @@ class BoundAttention:
         self._kv_int8 = _ffi.NULL
         if kv_scales is not None:
             kv_scales = _kv_quant.check_scales(kv_scales, hkv, d, device=torch.device("cpu"))
-        _tensor("key_cache", key_cache, kv_dtype)
-        _tensor("value_cache", value_cache, kv_dtype)
+        # the caches may be page-strided views (vLLM-Ascend 0.30's K and V pages side by side):
+        # read in place, each block at its page stride (kv_quant.page_strides checks the rest)
+        _tensor("key_cache", key_cache, kv_dtype, contiguous=False)
+        _tensor("value_cache", value_cache, kv_dtype, contiguous=False)
         # ND (4-D) or, int8 only, vLLM-Ascend's NZ (5-D): told by the rank
         layout = _kv_quant.cache_layout(key_cache, value_cache, block_size=int(params.block_size),
                                         num_kv_heads=hkv, head_dim=d,
@@ -329,6 +332,7 @@ class BoundAttention:
                 else _lib.AICPU_ATTENTION_KV_ND})
         if key_cache.shape[0] >= 2**31:
             raise ValueError("key_cache has more than 2**31 - 1 blocks")
+        key_stride, value_stride = _kv_quant.page_strides(key_cache, value_cache)
         bt_shape = (int(params.max_batch), int(params.max_blocks_per_req))
         _tensor("block_table", block_table, torch.int32, bt_shape)
         _tensor("seqlens_kv", seqlens_kv, torch.int32)
@@ -350,6 +354,8 @@ class BoundAttention:
             _ptr("const void *", key_cache),
             _ptr("const void *", value_cache),
             int(key_cache.shape[0]),
+            key_stride,
+            value_stride,
             _ptr("const int32_t *", block_table),
             self._cu,
             _ptr("const int32_t *", seqlens_kv),
@@ -517,6 +523,8 @@ def attention_core(
         key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], query's dtype,
             or int8 with ``kv_scales``, then also (both alike) 5-D NZ [num_blocks, num_kv_heads,
             head_dim // 32, block_size, 32] when head_dim % 32 == 0 (`kv_quant.cache_layout`).
+            Each may be a page-strided view, its blocks (dim 0) apart and each block dense, as
+            vLLM-Ascend 0.30 hands them (`kv_quant.page_strides`): read in place.
         block_table: int32 [max_batch, max_blocks_per_req]; only rows of live requests are read.
         cu_seqlens_q: int32, 1-D, at least batch + 1 entries (batch = the tiling's live batch).
         seqlens_kv: int32, 1-D, at least batch entries.
@@ -552,7 +560,9 @@ def attention_core(
     Raises:
         TypeError: a tensor argument has the wrong type or dtype.
         ValueError: a wrong shape (a 5-D cache that is not int8, an NZ head_dim not a
-            multiple of 32, caches in different layouts), device, contiguity, core index or
+            multiple of 32, caches in different layouts), device, contiguity (the caches:
+            `kv_quant.CacheStrideError`, a ValueError, for anything but dense blocks at a page
+            stride of at least a block), core index or
             buffer size, a soft cap that is not None or a positive finite number, or a sliding
             window that is not None or an int >= 1 (0 included), or is given without ``causal``.
     """

@@ -41,6 +41,7 @@ import dataclasses
 import torch
 
 from pyruntime import tiling as _tiling
+from pyruntime.kernels import kv_quant as _kv_quant
 from pyruntime.kernels import reference_attention as _ra
 
 # the GQA wrapper's argument checks and pointer casts: the same rules for the same C ABI
@@ -136,13 +137,15 @@ def mla_core(params, kv_lora_rank: int, tiling_buffer, core: int, *, q_nope: tor
     _tensor("out", out, shape=(rows, heads, lora), dtypes=tuple(DTYPE_CODES))
     _tensor("q_nope", q_nope, out.dtype, (rows, heads, lora))
     _tensor("q_pe", q_pe, out.dtype, (rows, heads, rope))
-    _tensor("kv_c_cache", kv_c_cache, out.dtype)
+    _tensor("kv_c_cache", kv_c_cache, out.dtype, contiguous=False)
     blocks = int(kv_c_cache.shape[0]) if kv_c_cache.dim() == 4 else -1
     cache = (blocks, int(params.block_size), 1)
     if kv_c_cache.dim() != 4 or tuple(kv_c_cache.shape[1:]) != (*cache[1:], lora):
         raise ValueError(f"kv_c_cache must have shape [num_blocks, {params.block_size}, 1, "
                          f"{lora}], got {list(kv_c_cache.shape)}")
-    _tensor("k_pe_cache", k_pe_cache, out.dtype, (*cache, rope))
+    _tensor("k_pe_cache", k_pe_cache, out.dtype, (*cache, rope), contiguous=False)
+    for name, t in (("kv_c_cache", kv_c_cache), ("k_pe_cache", k_pe_cache)):
+        _kv_quant.contiguous_cache(name, t, _kv_quant.MLA_CONTIGUOUS_WHY)
     if blocks >= 2**31:
         raise ValueError("kv_c_cache has more than 2**31 - 1 blocks")
     _tensor("block_table", block_table, torch.int32,

@@ -164,7 +164,8 @@ def _request(cu_seqlens_q, seqlens_kv, r, MAX_TOKENS: tl.constexpr, KV_CAPACITY:
 def _walk_core(SEGMENT: tl.constexpr, tiling, step_epoch, cu_seqlens_q, seqlens_kv, block_table,
                core_status, num_blocks, query, query_rope, key_cache, key_rope_cache,
                value_cache, out, partial_out, partial_lse, scale, soft_cap, sinks,
-               sliding_window, k_scale, k_offset, v_scale, v_offset,
+               sliding_window, k_scale, k_offset, v_scale, v_offset, key_page_stride,
+               value_page_stride,
                NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, VALUE_DIM: tl.constexpr,
                ROPE_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_BATCH: tl.constexpr,
                MAX_TOKENS: tl.constexpr, MAX_BLOCKS_PER_REQ: tl.constexpr,
@@ -203,8 +204,8 @@ def _walk_core(SEGMENT: tl.constexpr, tiling, step_epoch, cu_seqlens_q, seqlens_
 
         SEGMENT(query, query_rope, key_cache, key_rope_cache, value_cache, block_table, out,
                 partial_out, partial_lse, scale, soft_cap, sinks, sliding_window, k_scale,
-                k_offset, v_scale, v_offset, r, h, t, kb, ke, slot, blocks_ok, q_start,
-                q_len, kv_len, NUM_Q_HEADS, NUM_KV_HEADS, VALUE_DIM, ROPE_DIM, BLOCK_SIZE,
+                k_offset, v_scale, v_offset, key_page_stride, value_page_stride, r, h, t, kb,
+                ke, slot, blocks_ok, q_start, q_len, kv_len, NUM_Q_HEADS, NUM_KV_HEADS, VALUE_DIM, ROPE_DIM, BLOCK_SIZE,
                 MAX_BLOCKS_PER_REQ, Q_TILE, CAUSAL, BLOCK_M, BLOCK_N, BLOCK_V, BLOCK_R,
                 UPCAST_DOT, USE_SOFT_CAP, USE_SINKS, USE_WINDOW, KV_INT8, KV_NZ)
 
@@ -310,7 +311,7 @@ def _walk_core(SEGMENT: tl.constexpr, tiling, step_epoch, cu_seqlens_q, seqlens_
                             SEGMENT(query, query_rope, key_cache, key_rope_cache, value_cache,
                                     block_table, out, partial_out, partial_lse, scale, soft_cap,
                                     sinks, sliding_window, k_scale, k_offset, v_scale, v_offset,
-                                    r, h, t, kr, ke, slot, blocks_ok, q_start, q_len, kv_len,
+                                    key_page_stride, value_page_stride, r, h, t, kr, ke, slot, blocks_ok, q_start, q_len, kv_len,
                                     NUM_Q_HEADS, NUM_KV_HEADS, VALUE_DIM, ROPE_DIM, BLOCK_SIZE,
                                     MAX_BLOCKS_PER_REQ, Q_TILE, CAUSAL, BLOCK_M, BLOCK_N,
                                     BLOCK_V, BLOCK_R, UPCAST_DOT, USE_SOFT_CAP, USE_SINKS,
@@ -342,7 +343,8 @@ def _soft_cap(s, cap):
 @triton.jit
 def _segment(query, query_rope, key_cache, key_rope_cache, value_cache, block_table, out,
              partial_out, partial_lse, scale, soft_cap, sinks, sliding_window, k_scale, k_offset,
-             v_scale, v_offset, r, h, t, kb, ke, slot, blocks_ok, q_start, q_len, kv_len,
+             v_scale, v_offset, key_page_stride, value_page_stride, r, h, t, kb, ke, slot,
+             blocks_ok, q_start, q_len, kv_len,
              NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
              ROPE_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_BLOCKS_PER_REQ: tl.constexpr,
              Q_TILE: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -364,7 +366,10 @@ def _segment(query, query_rope, key_cache, key_rope_cache, value_cache, block_ta
     [num_blocks, num_kv_heads, head_dim / 32, block_size, 32]: a tile's token n of kv head h
     starts at ``(block_id * H + h) * D * BS + n * 32`` and its dim d lies ``(d // 32) * BS * 32
     + d % 32`` further; tiles are loaded as [BLOCK_N, BLOCK_D / 32, 32] and reshaped, the same
-    values as ND, so the rest is unchanged."""
+    values as ND, so the rest is unchanged. In both layouts cache block ``block_id`` starts
+    ``block_id * key_page_stride`` elements into the key cache (``value_page_stride`` for the
+    value cache): a block's own size when the cache is contiguous, twice that for vLLM-Ascend
+    0.30's K and V pages side by side (`kv_quant.page_strides`); the blocks are read in place."""
     GROUP: tl.constexpr = NUM_Q_HEADS // NUM_KV_HEADS
     tok0 = t * Q_TILE
     ntok = tl.minimum(q_len - tok0, Q_TILE)
@@ -414,20 +419,22 @@ def _segment(query, query_rope, key_cache, key_rope_cache, value_cache, block_ta
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         for b in range(b_lo, b_hi):
             block_id = tl.load(bt_row + b).to(tl.int64)
+            k_block = key_cache + block_id * key_page_stride      # the block's first element
+            v_block = value_cache + block_id * value_page_stride
             for c0 in range(0, BLOCK_SIZE, BLOCK_N):
                 offs_n = c0 + tl.arange(0, BLOCK_N)       # token in the cache block
                 pos = b * BLOCK_SIZE + offs_n              # kv position in the request
                 kv_ok = pos < kv_hi
                 if KV_NZ:
-                    nz_at = ((block_id * NUM_KV_HEADS + h) * (HEAD_DIM * BLOCK_SIZE)
+                    nz_at = (h * (HEAD_DIM * BLOCK_SIZE)
                              + offs_n[:, None, None] * 32 + nz_col[None, :, :])
                     nz_mask = kv_ok[:, None, None] & p_ok[None, :, None]
-                    k = tl.reshape(tl.load(key_cache + nz_at, mask=nz_mask, other=0),
+                    k = tl.reshape(tl.load(k_block + nz_at, mask=nz_mask, other=0),
                                    (BLOCK_N, BLOCK_D))
                 else:
-                    kv_at = ((block_id * BLOCK_SIZE + offs_n) * NUM_KV_HEADS + h) * HEAD_DIM
+                    kv_at = (offs_n * NUM_KV_HEADS + h) * HEAD_DIM
                     kv_mask = kv_ok[:, None] & d_ok[None, :]
-                    k = tl.load(key_cache + kv_at[:, None] + offs_d[None, :], mask=kv_mask,
+                    k = tl.load(k_block + kv_at[:, None] + offs_d[None, :], mask=kv_mask,
                                 other=0.0)
                 if KV_INT8:
                     k = ((k.to(tl.float32) - k_off) * k_sc).to(q.dtype)
@@ -447,10 +454,10 @@ def _segment(query, query_rope, key_cache, key_rope_cache, value_cache, block_ta
                 p = tl.exp(s - m_use[:, None])
                 l_i = l_i * alpha + tl.sum(p, axis=1)
                 if KV_NZ:
-                    v = tl.reshape(tl.load(value_cache + nz_at, mask=nz_mask, other=0),
+                    v = tl.reshape(tl.load(v_block + nz_at, mask=nz_mask, other=0),
                                    (BLOCK_N, BLOCK_D))
                 else:
-                    v = tl.load(value_cache + kv_at[:, None] + offs_d[None, :], mask=kv_mask,
+                    v = tl.load(v_block + kv_at[:, None] + offs_d[None, :], mask=kv_mask,
                                 other=0.0)
                 if KV_INT8:
                     v = ((v.to(tl.float32) - v_off) * v_sc).to(out.dtype.element_ty)
@@ -486,7 +493,7 @@ def _segment(query, query_rope, key_cache, key_rope_cache, value_cache, block_ta
 def paged_attention_kernel(
     tiling, step_epoch, query, key_cache, value_cache, block_table, cu_seqlens_q, seqlens_kv,
     out, partial_out, partial_lse, core_status, scale, soft_cap, sinks, sliding_window,
-    num_blocks, k_scale, k_offset, v_scale, v_offset,
+    num_blocks, k_scale, k_offset, v_scale, v_offset, key_page_stride, value_page_stride,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, MAX_BATCH: tl.constexpr, MAX_TOKENS: tl.constexpr,
     MAX_BLOCKS_PER_REQ: tl.constexpr, NUM_CORES: tl.constexpr, Q_TILE: tl.constexpr,
@@ -514,15 +521,18 @@ def paged_attention_kernel(
     read only when ``USE_WINDOW``; ``k_scale``, ``k_offset``, ``v_scale``, ``v_offset`` (fp32
     [num_kv_heads][head_dim]) the int8 caches' dequantisation, read only when ``KV_INT8`` (then
     the caches are int8; with ``KV_NZ`` too they are in vLLM-Ascend's NZ layout
-    ``[num_blocks, num_kv_heads, head_dim / 32, block_size, 32]``). ``core_status[pid]``
-    receives the walk's status (`_walk_core`).
+    ``[num_blocks, num_kv_heads, head_dim / 32, block_size, 32]``). ``key_page_stride`` /
+    ``value_page_stride`` (int) are the elements from one cache block to the next in each
+    cache, ``block_size * num_kv_heads * head_dim`` when it is contiguous (`_segment`).
+    ``core_status[pid]`` receives the walk's status (`_walk_core`).
     """
     _walk_core(_segment, tiling, step_epoch, cu_seqlens_q, seqlens_kv, block_table, core_status,
                num_blocks, query=query, query_rope=None, key_cache=key_cache,
                key_rope_cache=None, value_cache=value_cache, out=out, partial_out=partial_out,
                partial_lse=partial_lse, scale=scale, soft_cap=soft_cap, sinks=sinks,
                sliding_window=sliding_window, k_scale=k_scale, k_offset=k_offset,
-               v_scale=v_scale, v_offset=v_offset, NUM_Q_HEADS=NUM_Q_HEADS,
+               v_scale=v_scale, v_offset=v_offset, key_page_stride=key_page_stride,
+               value_page_stride=value_page_stride, NUM_Q_HEADS=NUM_Q_HEADS,
                NUM_KV_HEADS=NUM_KV_HEADS, VALUE_DIM=HEAD_DIM, ROPE_DIM=0, BLOCK_SIZE=BLOCK_SIZE,
                MAX_BATCH=MAX_BATCH, MAX_TOKENS=MAX_TOKENS, MAX_BLOCKS_PER_REQ=MAX_BLOCKS_PER_REQ,
                NUM_CORES=NUM_CORES, Q_TILE=Q_TILE, MAX_SLOTS=MAX_SLOTS, CAUSAL=CAUSAL,

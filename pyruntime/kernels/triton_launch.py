@@ -214,8 +214,10 @@ def _int32(name: str, value) -> torch.Tensor:
 
 
 def _check_shapes(params, query, key_cache, value_cache, out, kv_int8: bool = False) -> str:
-    """Checks the tensors' dtypes and shapes; the caches' layout (`kv_quant.cache_layout`:
-    ND, or NZ for int8 caches of rank 5), ND when there are no caches."""
+    """Checks the tensors' dtypes, shapes and memory layout; the caches' layout
+    (`kv_quant.cache_layout`: ND, or NZ for int8 caches of rank 5), ND when there are no
+    caches. The caches may be page-strided views (`kv_quant.page_strides`, checked by the
+    caller, which passes the strides to the kernel); query and out must be contiguous."""
     shape = (params.max_tokens, params.num_q_heads, params.head_dim)
     if out.dtype not in DTYPES:
         raise TypeError(f"out must have one of the dtypes {DTYPES}, got {out.dtype}")
@@ -226,8 +228,9 @@ def _check_shapes(params, query, key_cache, value_cache, out, kv_int8: bool = Fa
         return _kv_quant.ND
     for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
         want = out.dtype if name == "query" or not kv_int8 else torch.int8
-        if t.dtype != want or not t.is_contiguous():
-            raise TypeError(f"{name} must be contiguous {want}, got {t.dtype}")
+        if t.dtype != want or (name == "query" and not t.is_contiguous()):
+            raise TypeError(f"{name} must be {'contiguous ' if name == 'query' else ''}{want}, "
+                            f"got {t.dtype}")
     if tuple(query.shape) != shape:
         raise ValueError(f"query must have shape {list(shape)}, got {list(query.shape)}")
     return _kv_quant.cache_layout(key_cache, value_cache, block_size=params.block_size,
@@ -309,12 +312,16 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
             head_dim // 32, block_size, 32]`` (both alike, head_dim % 32 == 0; compiled with
             ``KV_NZ``), told by their rank (`kv_quant.cache_layout`).
             The combine needs nothing.
+            Either cache may be a page-strided view, its blocks (dim 0) apart and each block
+            dense, as vLLM-Ascend 0.30 hands a full-attention layer its K and V pages side by
+            side (`kv_quant.page_strides`): the kernel reads it in place at that stride.
         core_status: int32 ``[num_cores]`` the programs write their status to (OK, the
             tiling's status, E_TILING or E_BLOCK_ID, the C reference's codes, or E_STALE);
             allocated when None. Device side: read it only after the stream has run.
 
     Raises:
-        TypeError, ValueError: wrong dtypes or shapes, (CPU tensors) length arrays shorter
+        TypeError, ValueError: wrong dtypes or shapes, caches whose blocks are not dense or
+            overlap (`kv_quant.CacheStrideError`), (CPU tensors) length arrays shorter
             than the tiling's live batch, a soft cap that is not None or a positive finite
             number, or a sliding window that is not None or an int >= 1 (0 included), or is
             given without ``causal``; checked before launching.
@@ -322,6 +329,8 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
     """
     layout = _check_shapes(params, query, key_cache, value_cache, out,
                            kv_int8=kv_scales is not None)
+    # read in place at each cache's page stride (vLLM-Ascend 0.30: K and V pages side by side)
+    key_stride, value_stride = _kv_quant.page_strides(key_cache, value_cache)
     if kv_scales is None:   # never read: the kernel is compiled without KV_INT8
         kv_scales = (partial_lse,) * 4
         kv_int8 = False
@@ -345,7 +354,8 @@ def launch_attention(params, *, tiling_in, step_epoch, query, key_cache, value_c
             words, _int32("step_epoch", step_epoch), query, key_cache, value_cache,
             _int32("block_table", block_table), cu_seqlens_q, seqlens_kv, out,
             partial_out, partial_lse, core_status, float(scale), soft_cap, sinks_ptr, window,
-            int(key_cache.shape[0]), *kv_scales, **constants(params, bool(causal)),
+            int(key_cache.shape[0]), *kv_scales, key_stride, value_stride,
+            **constants(params, bool(causal)),
             **block_shapes(params), UPCAST_DOT=upcast, USE_SOFT_CAP=soft_cap > 0.0,
             USE_SINKS=sinks is not None, USE_WINDOW=window > 0, KV_INT8=kv_int8,
             KV_NZ=layout == _kv_quant.NZ)

@@ -47,8 +47,8 @@ __all__ = ["attention_combine_kernel", "mla_decode_kernel"]
 @triton.jit
 def _mla_segment(q_nope, q_pe, kv_c_cache, k_pe_cache, value_cache, block_table, out,
                  partial_out, partial_lse, scale, soft_cap, sinks, sliding_window, k_scale,
-                 k_offset, v_scale, v_offset, r, h, t, kb, ke, slot, blocks_ok, q_start, q_len,
-                 kv_len, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                 k_offset, v_scale, v_offset, key_page_stride, value_page_stride, r, h, t, kb,
+                 ke, slot, blocks_ok, q_start, q_len, kv_len, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                  KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                  MAX_BLOCKS_PER_REQ: tl.constexpr, Q_TILE: tl.constexpr, CAUSAL: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
@@ -59,7 +59,9 @@ def _mla_segment(q_nope, q_pe, kv_c_cache, k_pe_cache, value_cache, block_table,
     are in MLA's terms: query = q_nope, query_rope = q_pe, key_cache = kv_c_cache,
     key_rope_cache = k_pe_cache). ``value_cache`` is None (the values are the kv_c tile the
     scores loaded), ``h`` is 0 (one kv head), and GQA's variants (soft cap, sinks, window,
-    int8) are off and never read.
+    int8) are off and never read, as are the page strides (None): the MLA caches are
+    contiguous on every release the hook takes (`kv_quant.MLA_CONTIGUOUS_WHY`; the launcher
+    refuses others with `kv_quant.CacheStrideError`).
     Kv blocks [kb, ke) of unit (r, t): rows (token in tile, head) attend with the latent
     cache. A whole unit (slot < 0) writes its output rows; a piece writes slot ``slot``."""
     tok0 = t * Q_TILE
@@ -168,7 +170,7 @@ def mla_decode_kernel(
                key_rope_cache=k_pe_cache, value_cache=None, out=out, partial_out=partial_out,
                partial_lse=partial_lse, scale=scale, soft_cap=None, sinks=None,
                sliding_window=None, k_scale=None, k_offset=None, v_scale=None, v_offset=None,
-               NUM_Q_HEADS=NUM_Q_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, VALUE_DIM=KV_LORA_RANK,
+               key_page_stride=None, value_page_stride=None, NUM_Q_HEADS=NUM_Q_HEADS, NUM_KV_HEADS=NUM_KV_HEADS, VALUE_DIM=KV_LORA_RANK,
                ROPE_DIM=HEAD_DIM - KV_LORA_RANK, BLOCK_SIZE=BLOCK_SIZE, MAX_BATCH=MAX_BATCH,
                MAX_TOKENS=MAX_TOKENS, MAX_BLOCKS_PER_REQ=MAX_BLOCKS_PER_REQ,
                NUM_CORES=NUM_CORES, Q_TILE=Q_TILE, MAX_SLOTS=MAX_SLOTS, CAUSAL=CAUSAL,

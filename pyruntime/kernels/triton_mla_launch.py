@@ -40,7 +40,7 @@ import importlib
 
 import torch
 
-from pyruntime.kernels import reference_mla, triton_launch
+from pyruntime.kernels import kv_quant, reference_mla, triton_launch
 
 _KERNELS = "pyruntime.kernels.triton_mla"
 
@@ -89,10 +89,13 @@ def _check_shapes(params, kv_lora_rank, q_nope, q_pe, kv_c_cache, k_pe_cache, ou
     expected["kv_c_cache"] = (kv_c_cache, (blocks, int(params.block_size), 1, lora))
     expected["k_pe_cache"] = (k_pe_cache, (blocks, int(params.block_size), 1, rope))
     for name, (t, shape) in expected.items():
-        if t.dtype != out.dtype or not t.is_contiguous():
+        cache = name.endswith("_cache")
+        if t.dtype != out.dtype or (not cache and not t.is_contiguous()):
             raise TypeError(f"{name} must be contiguous {out.dtype}, got {t.dtype}")
         if tuple(t.shape) != shape:
             raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+        if cache:
+            kv_quant.contiguous_cache(name, t, kv_quant.MLA_CONTIGUOUS_WHY)
 
 
 def launch_mla_attention(params, kv_lora_rank: int, *, tiling_in, step_epoch, q_nope, q_pe,

@@ -92,7 +92,7 @@ def test_a_c8_layer_takes_the_device_path_on_an_engine_that_reads_int8():
     (_C8(), _layer(), False, "no applies_kv_int8"),
     (_C8(kv_cache_dtype="fp8"), _layer(), True, "kv_cache_dtype='fp8'"),
     (_C8(head_size=48), _layer(), True, "head_size 48"),
-    (_C8(cache_dtype=torch.float16), _layer(), True, "not contiguous 4-D int8"),
+    (_C8(cache_dtype=torch.float16), _layer(), True, "not 4-D int8"),
     (_C8(), None, True, "layer=None"),
     (_C8(), _layer(prepared=False), True, None),  # prepared flag is not what is read
     (_OtherSubclass(), _layer(), True, "subclass _OtherSubclass"),
@@ -218,3 +218,18 @@ def test_the_npu_engine_passes_nz_caches_and_scales_as_they_are():
     attention = next(kwargs for name, kwargs in calls if name == "paged_attention")
     assert attention["key_cache"] is key and attention["value_cache"] is value
     assert [attention[n] for n in ("k_scale", "k_offset", "v_scale", "v_offset")] == list(scales)
+
+
+def test_c8_layer_with_vllm_030_strided_caches_takes_the_device_path():
+    """vLLM-Ascend 0.30.0rc2 hands a C8 layer K and V views of one allocation (pages side by
+    side): our kernels read them in place, so the layer is not refused (it was: "not
+    contiguous"); caches whose blocks are not dense still are, naming the strides."""
+    from tests.test_attention_c import vllm_030_kv_views
+
+    impl = _C8()
+    impl.key_cache, impl.value_cache = vllm_030_kv_views(impl.key_cache, impl.value_cache)
+    assert not impl.key_cache.is_contiguous()
+    assert _reason(impl, _layer()) is None
+    impl.key_cache = impl.key_cache.transpose(1, 2).contiguous().transpose(1, 2)
+    reason = _reason(impl, _layer())
+    assert reason is not None and str(list(impl.key_cache.stride())) in reason, reason
