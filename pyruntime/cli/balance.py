@@ -36,7 +36,9 @@ from ..partitioners.study import (
 from ..profiler.renderers.balance_tables import balance_tables
 from ._common import (
     CliError,
+    add_force_arg,
     add_output_args,
+    check_outputs,
     comma_choices,
     emit_json,
     make_console,
@@ -132,7 +134,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "it and head-major order (slow pure Python; not in the verdict)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless ours is at or below every anchor variant everywhere")
-    p.add_argument("-o", "--output", help="also write the JSON result to this file")
+    p.add_argument("-o", "--output", help="also write the JSON result to this file (an "
+                                           "existing file is refused unless --force)")
+    add_force_arg(p)
     p.add_argument("--window", type=int, default=None,
                    help="sliding window W in tokens, the model's W keys (>= 1; FlashInfer's "
                         "window_left + 1; omit for none): ours (tiling ABI v5) against "
@@ -151,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--samples must be >= 1, got {samples}")
     if args.cores < 1:
         raise CliError(f"--cores must be >= 1, got {args.cores}")
+    check_outputs({"-o": args.output}, force=args.force)
     if args.geometry is not None:
         return _run_mla(args, samples, sizes)
     for flag, value in (("--heads", args.heads), ("--q-lens", args.q_lens)):
@@ -201,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, result: dict) -> int:
     if args.output:
-        write_json(args.output, result)
+        write_json(args.output, result, force=args.force)
     if args.json:
         emit_json(result)
     else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 import platform
 import time
 from pathlib import Path
@@ -48,9 +49,12 @@ from ..measurement.serving import (
 from ..measurement.sources import SOURCES, SourceError
 from ..profiler import processors as proc
 from ..profiler.renderers.bench_tables import bench_table
+from . import _limits
 from ._common import (
     CliError,
+    add_force_arg,
     add_output_args,
+    check_outputs,
     comma_choices,
     emit_json,
     make_console,
@@ -100,6 +104,10 @@ GEOMETRIES = ("gqa", "deepseek-v3")
 #: the flatness figure is a ratio of two medians of a few microseconds each: fewer steps
 #: than this leave its interval too wide to judge against the target (about 10 s here)
 FLATNESS_MIN_STEPS = 20
+#: where the JSON goes without -o
+DEFAULT_OUTPUT = "aicpu-tiling-bench.json"
+#: what --quick sets, so none of these flags is silently overridden by it
+QUICK_SETS = ("--layers", "--batch-sizes", "--sources", "--steps", "--warmup")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -117,11 +125,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     grid.add_argument("--batch-sizes", type=_int_list, help="comma-separated batch sizes")
     grid.add_argument("--sources", type=comma_choices(tuple(SOURCES), "source"),
                       help=f"length sources: {', '.join(SOURCES)}")
-    p.add_argument("--steps", type=int, help=f"measured steps per mode (default {DEFAULT_STEPS})")
-    p.add_argument("--warmup", type=int, help=f"unmeasured steps (default {DEFAULT_WARMUP})")
+    p.add_argument("--steps", type=int, help=f"measured steps per mode (default {DEFAULT_STEPS}; "
+                                              f"--quick {QUICK_STEPS})")
+    p.add_argument("--warmup", type=int, help=f"unmeasured steps (default {DEFAULT_WARMUP}; "
+                                               f"--quick {QUICK_WARMUP})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
-    p.add_argument("--quick", action="store_true", help="a small grid in under a minute")
+    p.add_argument("--quick", action="store_true",
+                   help="two points (L=61 batch 64 trace, L=4 batch 8 spec-decode), "
+                        f"{QUICK_STEPS} steps, and the flatness figure: under a minute on two "
+                        f"cores; sets {', '.join(QUICK_SETS)}, so it cannot be combined with them")
     p.add_argument("--method", type=comma_choices(METHODS, "method"), default=[DEFAULT_METHOD],
                    help="how host time is measured: symmetric (default: every mode's step holds "
                         "what its host does in vLLM-Ascend, the hook engine's work included) "
@@ -134,29 +147,104 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help=f"measure the host-time flatness figure (device path, L={FLATNESS_LAYERS[1]} "
                         f"over L={FLATNESS_LAYERS[0]}, side by side); default: with the default "
                         "or quick grid, not with a grid given by flags")
-    p.add_argument("-o", "--output", default="aicpu-tiling-bench.json", help="JSON file")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help=f"JSON file (default {DEFAULT_OUTPUT}); an existing file is refused "
+                        "before the run unless --force")
     p.add_argument(
         "--png",
         default=None,
-        help="PNG chart (default: beside the JSON when matplotlib is installed)",
+        help="PNG chart (default: beside the JSON when matplotlib is installed; refused like "
+             "the JSON when it exists)",
     )
-    p.add_argument("--no-save", action="store_true", help="write no files")
+    p.add_argument("--no-save", action="store_true",
+                   help="write no files (refused with -o or --png, which it would ignore)")
+    add_force_arg(p)
     g = p.add_argument_group("geometry")
     g.add_argument("--geometry", choices=GEOMETRIES, default="gqa",
                    help="gqa (the flags below) or deepseek-v3: L=61 MLA layers, one TP-8 rank "
-                        "(16 heads, 512 + 64), batch 16, kv <= 2048; the flags below are "
-                        "then ignored, and the default grid is that one point")
+                        "(16 heads, 512 + 64), batch 16, kv <= 2048; the flags below "
+                        "cannot be combined with it, and the default grid is that one point")
     d = Geometry()
-    g.add_argument("--q-heads", type=int, default=d.num_q_heads)
-    g.add_argument("--kv-heads", type=int, default=d.num_kv_heads)
-    g.add_argument("--head-dim", type=int, default=d.head_dim)
-    g.add_argument("--block-size", type=int, default=d.block_size)
-    g.add_argument("--cores", type=int, default=d.num_cores)
-    g.add_argument("--dtype", choices=DTYPES, default=d.dtype)
-    g.add_argument("--max-kv", type=int, default=d.max_kv, help="kv length cap per request")
+    for flag, field, what in GEOMETRY_FLAGS:
+        g.add_argument(flag, type=int, default=None, dest=field,
+                       help=f"{what} (default {getattr(d, field)})")
+    g.add_argument("--dtype", choices=DTYPES, default=None,
+                   help=f"dtype of queries and caches (default {d.dtype})")
     add_output_args(p)
     p.set_defaults(run=run)
     return p
+
+
+#: (flag, Geometry field, what it sets) of the GQA geometry flags
+GEOMETRY_FLAGS = (
+    ("--q-heads", "num_q_heads", "query heads"),
+    ("--kv-heads", "num_kv_heads", "kv heads"),
+    ("--head-dim", "head_dim", "elements per head"),
+    ("--block-size", "block_size", "kv block size"),
+    ("--cores", "num_cores", "AI Cores"),
+    ("--max-kv", "max_kv", "kv length cap per request"),
+)
+
+
+def geometry(args: argparse.Namespace) -> Geometry:
+    """The Geometry the flags describe (`DEEPSEEK_V3` with ``--geometry deepseek-v3``)."""
+    if getattr(args, "geometry", "gqa") == "deepseek-v3":
+        return DEEPSEEK_V3
+    given = {field: getattr(args, field, None) for _, field, _ in GEOMETRY_FLAGS}
+    given["dtype"] = getattr(args, "dtype", None)
+    return Geometry(**{k: v for k, v in given.items() if v is not None})
+
+
+def check_before_work(args: argparse.Namespace, points: list[Point], flatness: bool) -> None:
+    """Every check that can fail before the run, so that none fails after it (issue 30):
+    options that cannot take effect, output files, sizes against their limits and the
+    memory the largest point needs. Imports no torch.
+
+    Raises:
+        CliError: one line saying what to change; nothing was run.
+    """
+    if args.quick:
+        given = [flag for flag in QUICK_SETS
+                 if getattr(args, flag.lstrip("-").replace("-", "_")) is not None]
+        if given:
+            raise CliError(f"--quick sets {', '.join(QUICK_SETS)}; it cannot be combined with "
+                           f"{', '.join(given)} (drop --quick to choose them)")
+    if getattr(args, "geometry", "gqa") == "deepseek-v3":
+        given = [flag for flag, field, _ in GEOMETRY_FLAGS if getattr(args, field) is not None]
+        given += ["--dtype"] if args.dtype is not None else []
+        if given:
+            raise CliError(f"--geometry deepseek-v3 sets the geometry; {', '.join(given)} "
+                           "cannot be combined with it")
+    if args.no_save:
+        given = [flag for flag, value in (("-o", args.output), ("--png", args.png)) if value]
+        if given:
+            raise CliError(f"--no-save writes no files; {' and '.join(given)} would be ignored")
+    geom = geometry(args)
+    _limits.LAYERS.check("--layers", args.layers, implies=lambda layers: (
+        f"{layers:,} layers would need about "
+        f"{_limits.gib(len(BENCH_MODES) * layers * _limits.attention_bytes_per_layer(geom, HEADLINE.source, HEADLINE.batch))}"
+        " for the three modes' attentions"))  # fmt: skip
+    _limits.BATCH.check("--batch-sizes", args.batch_sizes)
+    replace(_limits.STEPS, low=2).check("--steps", args.steps)  # a spread needs two
+    _limits.WARMUP.check("--warmup", args.warmup)
+    _limits.HEADS.check("--q-heads", args.num_q_heads)
+    _limits.HEADS.check("--kv-heads", args.num_kv_heads)
+    _limits.HEAD_DIM.check("--head-dim", args.head_dim)
+    _limits.MAX_KV.check("--max-kv", args.max_kv)
+    rows = [(f"point {p.name}", len(BENCH_MODES), p.layers, p.source, p.batch) for p in points]
+    if flatness:
+        # one attention per device-path mode at each of the figure's layer counts
+        rows.append(("the flatness figure", 2, sum(FLATNESS_LAYERS), FLATNESS_SOURCE,
+                     FLATNESS_BATCH))
+    _limits.check_memory(rows, geom)
+    if not args.no_save:
+        outputs = {"-o": args.output or DEFAULT_OUTPUT, "--png": args.png}
+        if args.png is None:
+            from ..profiler.renderers import plots
+
+            if plots.available():  # the default chart beside the JSON
+                outputs["--png (default)"] = str(Path(outputs["-o"]).with_suffix(".png"))
+        check_outputs(outputs, force=args.force)
 
 
 def grid(args: argparse.Namespace) -> list[Point]:
@@ -339,6 +427,9 @@ def run(args: argparse.Namespace) -> int:
             raise CliError("--png needs matplotlib: pip install 'aicpu-tiling[plot]'")
     points = grid(args)
     mla = getattr(args, "geometry", "gqa") == "deepseek-v3"
+    explicit_grid = bool(args.layers or args.batch_sizes or args.sources) or mla
+    flatness = (not explicit_grid) if args.flatness is None else args.flatness
+    check_before_work(args, points, flatness)
     quick_steps, quick_warmup = ((DEEPSEEK_V3_QUICK_STEPS, DEEPSEEK_V3_QUICK_WARMUP) if mla
                                  else (QUICK_STEPS, QUICK_WARMUP))
     full_steps, full_warmup = ((DEEPSEEK_V3_STEPS, DEEPSEEK_V3_WARMUP) if mla
@@ -350,14 +441,7 @@ def run(args: argparse.Namespace) -> int:
     steps = args.steps or (quick_steps if args.quick else full_steps)
     warmup = args.warmup if args.warmup is not None else (
         quick_warmup if args.quick else full_warmup)  # fmt: skip
-    if steps < 2 or warmup < 0:
-        raise CliError(f"--steps must be >= 2 and --warmup >= 0 (got {steps}, {warmup})")
-    geom = DEEPSEEK_V3 if mla else Geometry(
-        num_q_heads=args.q_heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
-        block_size=args.block_size, num_cores=args.cores, dtype=args.dtype,
-        max_kv=args.max_kv)  # fmt: skip
-    explicit_grid = bool(args.layers or args.batch_sizes or args.sources) or mla
-    flatness = (not explicit_grid) if args.flatness is None else args.flatness
+    geom = geometry(args)
     flat_steps = max(steps, FLATNESS_MIN_STEPS)
     started = time.time()
     results = []
@@ -456,12 +540,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _save(args: argparse.Namespace, result: dict) -> list[Path]:
+    """Write the JSON (and the PNG); their paths were checked before the run."""
     if args.no_save:
         return []
-    written = [write_json(args.output, result)]
+    output = args.output or DEFAULT_OUTPUT
+    written = [write_json(output, result, force=args.force)]
     from ..profiler.renderers import plots
 
-    png = args.png or (str(Path(args.output).with_suffix(".png")) if plots.available() else None)
+    png = args.png or (str(Path(output).with_suffix(".png")) if plots.available() else None)
     if png:
         try:
             written.append(plots.plot_bench(result, png))

@@ -18,7 +18,23 @@ from ..profiler import processors as proc
 from ..profiler.data import Session, SessionError
 from ..profiler.renderers.chrome_trace import write_chrome_trace
 from ..profiler.renderers.profile_tables import profile_tables
-from ._common import CliError, add_output_args, emit_json, make_console, progress
+from . import _limits
+from ._common import (
+    CliError,
+    add_force_arg,
+    add_output_args,
+    check_outputs,
+    emit_json,
+    make_console,
+    progress,
+)
+
+#: (flag, dest, default, --quick's value): what --quick sets, and the defaults without it
+RUN_SIZES = (("--layers", "layers", 61, 8), ("--batch", "batch", 64, 8),
+             ("--steps", "steps", 20, 4), ("--warmup", "warmup", 2, 1))
+#: flags that shape a recording, so --load (which records nothing) refuses them
+RECORD_FLAGS = ("--mode", "--layers", "--batch", "--source", "--steps", "--warmup", "--seed",
+                "--quick", "--head-dim", "--dtype")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,20 +44,23 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="host breakdown and device task timings of one workload",
         description=__doc__.split("\n\n")[1].replace("\n", " "),
     )
-    p.add_argument("--mode", choices=(*MODES, "both"), default="both")
-    p.add_argument("--layers", type=int, default=61)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--source", choices=SOURCES, default="trace")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="L=8, batch 8, 4 steps")
+    # None: not given (so --quick and --load can refuse what they would override)
+    p.add_argument("--mode", choices=(*MODES, "both"), default=None, help="default both")
+    for flag, dest, default, quick in RUN_SIZES:
+        p.add_argument(flag, type=int, default=None, dest=dest,
+                       help=f"default {default}; --quick {quick}")
+    p.add_argument("--source", choices=SOURCES, default=None, help="default trace")
+    p.add_argument("--seed", type=int, default=None, help="default 0")
+    p.add_argument("--quick", action="store_true",
+                   help="L=8, batch 8, 4 steps after 1 warm-up; cannot be combined with "
+                        "--layers, --batch, --steps or --warmup, which it sets")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace JSON here")
     p.add_argument("--save", metavar="PATH", help="save the session (JSON) here")
     p.add_argument("--load", metavar="PATH", help="render a saved session; run nothing")
+    add_force_arg(p)
     d = Geometry()
-    p.add_argument("--head-dim", type=int, default=d.head_dim)
-    p.add_argument("--dtype", choices=DTYPES, default=d.dtype)
+    p.add_argument("--head-dim", type=int, default=None, help=f"default {d.head_dim}")
+    p.add_argument("--dtype", choices=DTYPES, default=None, help=f"default {d.dtype}")
     add_output_args(p)
     p.set_defaults(run=run)
     return p
@@ -66,19 +85,61 @@ def process(session: Session) -> dict:
     return {"meta": session.meta, "runs": runs, "host_ratio": ratio}
 
 
+def check_before_work(args: argparse.Namespace) -> None:
+    """Refuse, before anything runs (issue 30): flags --quick or --load would override or
+    ignore, sizes past their limits or past this machine's memory, and output files that
+    cannot be written or exist (without --force). Imports no torch.
+
+    Raises:
+        CliError: one line saying what to change; nothing was run.
+    """
+    given = [flag for flag in RECORD_FLAGS
+             if getattr(args, flag.lstrip("-").replace("-", "_")) not in (None, False)]
+    if args.load and given:
+        raise CliError(f"--load renders a saved session and records nothing; "
+                       f"{', '.join(given)} would be ignored")
+    if args.quick:
+        sized = [flag for flag, dest, _, _ in RUN_SIZES if getattr(args, dest) is not None]
+        if sized:
+            raise CliError(f"--quick sets --layers, --batch, --steps and --warmup; it cannot "
+                           f"be combined with {', '.join(sized)} (drop --quick to choose them)")
+    if not args.load:
+        layers, batch, steps, warmup = _sizes(args)
+        _limits.LAYERS.check("--layers", layers)
+        _limits.BATCH.check("--batch", batch)
+        _limits.STEPS.check("--steps", steps)
+        _limits.WARMUP.check("--warmup", warmup)
+        _limits.HEAD_DIM.check("--head-dim", args.head_dim)
+        modes = 2 if (args.mode or "both") == "both" else 1
+        _limits.check_memory([(f"L={layers}, batch {batch}", modes, layers,
+                               args.source or "trace", batch)], _geometry(args))
+    check_outputs({"--trace": args.trace, "--save": args.save}, force=args.force)
+
+
+def _sizes(args: argparse.Namespace) -> tuple[int, int, int, int]:
+    """``(layers, batch, steps, warmup)``: the flags, --quick's values or the defaults."""
+    return tuple(quick if args.quick else (getattr(args, dest) if getattr(args, dest)
+                                            is not None else default)
+                 for _, dest, default, quick in RUN_SIZES)  # type: ignore[return-value]
+
+
+def _geometry(args: argparse.Namespace) -> Geometry:
+    d = Geometry()
+    return Geometry(head_dim=args.head_dim or d.head_dim, dtype=args.dtype or d.dtype)
+
+
 def record(args: argparse.Namespace) -> Session:
     """Run the workload and return its session."""
-    layers, batch, steps = (8, 8, 4) if args.quick else (args.layers, args.batch, args.steps)
-    if steps < 1 or layers < 1 or batch < 1:
-        raise CliError("--steps, --layers and --batch must be >= 1")
-    modes = MODES if args.mode == "both" else (args.mode,)
-    geom = Geometry(head_dim=args.head_dim, dtype=args.dtype)
-    point = Point(layers, batch, args.source)
-    warmup = 1 if args.quick else args.warmup
+    layers, batch, steps, warmup = _sizes(args)
+    mode = args.mode or "both"
+    modes = MODES if mode == "both" else (mode,)
+    geom = _geometry(args)
+    point = Point(layers, batch, args.source or "trace")
+    seed = 0 if args.seed is None else args.seed
     with progress(not (args.json or args.no_progress)) as bar:
         task = bar.add_task(f"profile {point.name}", total=steps + warmup)
         try:
-            runs = run_point(point, geom, steps=steps, warmup=warmup, seed=args.seed,
+            runs = run_point(point, geom, steps=steps, warmup=warmup, seed=seed,
                              modes=modes, phases=True, device_tasks=True,
                              warm_host=False,  # one step per record: device tasks per step
                              on_step=lambda: bar.advance(task))  # fmt: skip
@@ -92,13 +153,16 @@ def record(args: argparse.Namespace) -> Session:
 
 def run(args: argparse.Namespace) -> int:
     """Record (or load) a session, write what was asked, render the tables."""
+    check_before_work(args)
     try:
         session = Session.load(args.load) if args.load else record(args)
         if args.save:
+            check_outputs({"--save": args.save}, force=args.force)  # none appeared meanwhile
             session.save(args.save)
     except SessionError as exc:
         raise CliError(str(exc)) from exc
     if args.trace:
+        check_outputs({"--trace": args.trace}, force=args.force)
         try:
             write_chrome_trace(session, args.trace)
         except OSError as exc:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..profiler.renderers.selfcheck_table import selfcheck_tables
-from ._common import CliError, add_output_args, emit_json, make_console, progress
+from ._common import CliError, add_output_args, check_output, emit_json, make_console, progress
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -77,8 +77,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "start-up, torch_npu's import included) and fail the check (cpu runs "
                         "the checks in process, without a timeout)")
     p.add_argument("-o", "--output", metavar="FILE",
-                   help="also write the JSON report here, rewritten (atomically) after every "
-                        "check")
+                   help="also write the JSON report here, rewritten atomically (a temporary "
+                        "file, then a rename) after every check, so a run that dies leaves a "
+                        "whole report; an existing FILE is replaced (bench and profile refuse "
+                        "one without --force); a missing folder is refused before any check")
     p.add_argument("--build", action="store_true",
                    help="npu: build our kernels with tools/build_aicpu_kernel.sh if missing")
     p.add_argument("--quick", action="store_true", help="fewer steps in every check")
@@ -169,6 +171,8 @@ def run(args: argparse.Namespace, *, checks_table=None, isolate: bool | None = N
         planned = selfcheck.plan(args.checks, checks_table)
     except selfcheck.UnknownCheckError as exc:
         raise CliError(f"--checks: {exc}") from exc
+    if args.output:  # its folder, before any check runs (the file itself is replaced)
+        check_output(args.output, flag="-o", force=True)
     ctx = _context(args, isolate)
     command = " ".join(getattr(args, "argv", ["aicpu-tiling", "selfcheck"]))
 

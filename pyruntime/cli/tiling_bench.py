@@ -25,7 +25,16 @@ from pathlib import Path
 from ..measurement.sources import SourceError, load_trace, trace_path
 from ..profiler.renderers.bench_tables import tiling_bench_table
 from ..workload import trace as workload_trace
-from ._common import CliError, add_output_args, emit_json, make_console, progress, write_json
+from ._common import (
+    CliError,
+    add_force_arg,
+    add_output_args,
+    check_outputs,
+    emit_json,
+    make_console,
+    progress,
+    write_json,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES_C = ("aicpu_kernels/aicpu_tiling.c", "tools/bench_tiling.c")
@@ -118,7 +127,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help=f"build with -D{QUICK_MACRO} (fewer calls, when the source honours it)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before giving up")
-    p.add_argument("-o", "--output", help="also write the JSON result here")
+    p.add_argument("-o", "--output", help="also write the JSON result here (an existing file "
+                                           "is refused unless --force)")
+    add_force_arg(p)
     add_output_args(p)
     p.set_defaults(run=run)
     return p
@@ -126,6 +137,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Build, run, parse, report."""
+    check_outputs({"-o": args.output}, force=args.force)
     try:
         trace = trace_path()
     except SourceError as exc:
@@ -150,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
               "rows": rows, "oracle": oracle_times(trace, quick=args.quick)}  # fmt: skip
     result["aarch64"] = add_instruction_counts(rows, trace)
     if args.output:
-        write_json(args.output, result)
+        write_json(args.output, result, force=args.force)
     if args.json:
         emit_json(result)
     else:

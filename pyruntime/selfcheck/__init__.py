@@ -35,18 +35,43 @@ run in this process unless asked otherwise (``isolate``).
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .attention_checks import attention_correctness, attention_fia, attention_triton, host_time
 from .context import BACKEND_LABELS, TWIN_STATE_ENV, Context, make_context, twin_faults
-from .device_checks import aicpu_replay, tiling_kernel
 from .environment import environment
 from .kernels_check import kernels
-from .mla_checks import mla_correctness
 from .report import SCHEMA, SCHEMA_VERSION, CheckResult, Report
+
+
+def _deferred(module: str, name: str) -> Callable[[Context], CheckResult]:
+    """The check `name` of submodule `module`, imported when the check runs.
+
+    Those submodules import torch (seconds), and this package is imported to list the checks
+    (``aicpu-tiling selfcheck --help``, usage errors), which must answer without it. The
+    stand-in carries the real function's ``__module__`` and ``__qualname__``, so a child
+    process (`child.check_reference`) imports the real one.
+    """
+    qualified = f"{__name__}.{module}"
+
+    def check(ctx: Context) -> CheckResult:
+        return getattr(importlib.import_module(qualified), name)(ctx)
+
+    check.__module__, check.__name__, check.__qualname__ = qualified, name, name
+    check.__doc__ = f"`{qualified}.{name}`, imported when it runs."
+    return check
+
+
+attention_correctness = _deferred("attention_checks", "attention_correctness")
+attention_fia = _deferred("attention_checks", "attention_fia")
+attention_triton = _deferred("attention_checks", "attention_triton")
+host_time = _deferred("attention_checks", "host_time")
+aicpu_replay = _deferred("device_checks", "aicpu_replay")
+tiling_kernel = _deferred("device_checks", "tiling_kernel")
+mla_correctness = _deferred("mla_checks", "mla_correctness")
 
 __all__ = [
     "BACKEND_LABELS",

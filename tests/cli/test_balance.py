@@ -27,7 +27,7 @@ SMALL = ("--quick", "--batch-sizes", "16", "--geometries", "16/1", "--sources", 
     (["--samples", "0"], "--samples must be >= 1"),
 ])  # fmt: skip
 def test_user_errors_are_one_line(cli, argv, fragment):
-    code, _, err = cli("bench", "balance", *argv)
+    code, _, err = cli("bench", "balance", "--no-progress", *argv)  # stderr: the error alone
     assert code == 2 and fragment in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
@@ -54,7 +54,7 @@ def test_mla_heads_past_the_kernel_limit_are_a_user_error(cli):
 
 
 def assert_one_line_error(cli, argv, fragment):
-    code, _, err = cli("bench", "balance", *argv)
+    code, _, err = cli("bench", "balance", "--no-progress", *argv)  # stderr: the error alone
     assert code == 2 and fragment in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 

@@ -340,3 +340,316 @@ def test_inspect_trace_step_reports_progress_while_it_skips(cli, monkeypatch):
     assert code == 0
     assert err.splitlines() == ["inspect: batching the trace, step 2 of 5",
                                 "inspect: batching the trace, step 4 of 5"]
+
+
+# ---- a CLI that respects the user's time (issue 30, item 7) ----------------------------------
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+#: every answer that must come without the work's imports: help of every parser, the
+#: version, a usage error, and the checks made before work
+FAST_ARGVS = [[*name.split()[1:], "--help"] for name, _ in _parsers()] + [
+    ["--version"], ["frobnicate"], ["bench", "--layers", "x"], ["bench", "--layers", "100000"],
+    ["bench", "--quick", "-o", "/missing/dir/x.json"], ["profile", "--quick", "--batch", "-1"],
+    ["selfcheck", "--checks", "nope"],
+]
+
+
+def test_help_version_and_usage_errors_import_no_torch():
+    """``--help`` (every parser's), ``--version``, usage errors and the checks made before work
+    answer without importing torch (seconds): each argv in a fresh interpreter."""
+    script = (
+        "import json, sys\n"
+        "from pyruntime.cli import main\n"
+        "try:\n    code = main(json.loads(sys.argv[1]))\n"
+        "except SystemExit as exc:\n    code = exc.code\n"
+        "print('torch' in sys.modules, code, file=sys.stderr)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    imported = {}
+    for argv in FAST_ARGVS:
+        out = subprocess.run([sys.executable, "-c", script, json.dumps(argv)], env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+        torch_loaded, code = out.stderr.strip().splitlines()[-1].split()
+        imported[" ".join(argv)] = (torch_loaded, code)
+    assert {a: v for a, v in imported.items() if v[0] != "False"} == {}
+    assert imported["--version"][1] in ("0", "None")
+    assert all(v[1] == "2" for a, v in imported.items() if "--help" not in a and a != "--version")
+
+
+def test_version_is_the_package_version(cli, capsys):
+    import tomllib
+
+    import pyruntime
+
+    with pytest.raises(SystemExit) as exc:
+        cli("--version")
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert exc.value.code == 0 and pyruntime.__version__ == version
+    assert capsys.readouterr().out.strip() == f"aicpu-tiling {version}"
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fails the test if bench or profile starts measuring."""
+    from pyruntime.cli import bench, profile
+
+    def ran(*args, **kwargs):
+        pytest.fail("the run started")
+
+    monkeypatch.setattr(bench, "run_point", ran)
+    monkeypatch.setattr(bench, "measure_flatness", ran)
+    monkeypatch.setattr(profile, "run_point", ran)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["bench", "--quick", "-o", "/missing/dir/x.json"], "the folder /missing/dir does not exist"),
+    (["bench", "--quick", "-o", "{tmp}"], "is a folder"),
+    (["bench", "--quick", "--png", "q.png", "--no-save"], "--png would be ignored"),
+    (["bench", "--quick", "-o", "x.json", "--no-save"], "-o would be ignored"),
+    (["bench", "--quick", "--steps", "3"], "cannot be combined with --steps"),
+    (["bench", "--quick", "--layers", "8"], "cannot be combined with --layers"),
+    (["bench", "--layers", "100000"], "at most 512 layers"),
+    (["bench", "--layers", "0"], "expected positive integers"),
+    (["bench", "--batch-sizes", "100000"], "at most 4,096 requests per step"),
+    (["bench", "--steps", "1"], "measured steps must be at least 2"),
+    (["bench", "--warmup", "-1"], "must be at least 0"),
+    (["bench", "--head-dim", "4096"], "AICPU_TILING_MAX_HEAD_DIM"),
+    (["bench", "--geometry", "deepseek-v3", "--q-heads", "4"], "--q-heads cannot be combined"),
+    (["profile", "--quick", "--batch", "-1"], "cannot be combined with --batch"),
+    (["profile", "--quick", "--layers", "4", "--steps", "2"], "with --layers, --steps"),
+    (["profile", "--batch", "-1"], "--batch -1: requests per step must be at least 1"),
+    (["profile", "--layers", "100000"], "at most 512 layers"),
+    (["profile", "--steps", "0"], "must be at least 1"),
+    (["profile", "--load", "s.json", "--layers", "3"], "--layers would be ignored"),
+    (["profile", "--quick", "--trace", "/missing/dir/t.json"], "/missing/dir does not exist"),
+    (["profile", "--quick", "--save", "{tmp}/s.json", "--trace", "{tmp}/s.json"], "both name"),
+])  # fmt: skip
+def test_refused_before_any_work(cli, no_work, tmp_path, argv, fragment):
+    code, out, err = cli(*[a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert code == 2 and out == "", err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["bench", "--quick"], "-o"),   # the default file, in the current folder
+    (["bench", "--quick", "-o", "mine.json"], "-o"),
+    (["profile", "--quick", "--trace", "mine.json"], "--trace"),
+    (["profile", "--quick", "--save", "mine.json"], "--save"),
+])
+def test_an_existing_output_file_is_refused_before_work_without_force(cli, no_work, tmp_path,
+                                                                      monkeypatch, argv, flag):
+    monkeypatch.chdir(tmp_path)
+    name = "mine.json" if "mine.json" in argv else "aicpu-tiling-bench.json"
+    (tmp_path / name).write_text("keep me")
+    code, _, err = cli(*argv)
+    assert code == 2 and f"{flag} {name} exists; --force replaces it" in err
+    assert (tmp_path / name).read_text() == "keep me"
+
+
+def test_force_is_in_the_help_of_every_command_that_writes():
+    parsers = dict(_parsers())
+    for name in ("aicpu-tiling bench", "aicpu-tiling profile", "aicpu-tiling bench balance",
+                 "aicpu-tiling bench tiling"):
+        text = " ".join(parsers[name].format_help().split())
+        assert "--force replace output files that exist" in text, name
+
+
+@needs_runtime
+def test_bench_force_replaces_and_a_file_that_appears_meanwhile_is_kept(cli, tmp_path,
+                                                                         monkeypatch):
+    from pyruntime.cli import bench
+
+    out_file = tmp_path / "bench.json"
+    out_file.write_text("old")
+    small = ["bench", "--layers", "1", "--batch-sizes", "2", "--steps", "2", "--warmup", "0",
+             "--no-flatness", "--resamples", "50", "--no-progress", "--json", "-o", str(out_file)]
+    code, _, _ = cli(*small, "--force")
+    assert code == 0 and json.loads(out_file.read_text())["schema"] == "aicpu-tiling/bench"
+
+    fresh = tmp_path / "fresh.json"
+    real = bench.run_point
+
+    def run_and_race(*args, **kwargs):
+        fresh.write_text("someone else's")   # appears after the check, during the run
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "run_point", run_and_race)
+    code, _, err = cli(*small[:-1], str(fresh))
+    assert code == 2 and "appeared while this ran; not replaced" in err
+    assert fresh.read_text() == "someone else's"
+
+
+def test_selfcheck_output_folder_is_checked_first_and_an_existing_file_replaced(cli, tmp_path):
+    from pyruntime.cli import selfcheck as selfcheck_cli
+
+    code, _, err = cli("selfcheck", "-o", "/missing/dir/s.json", "--no-progress")
+    assert code == 2 and "/missing/dir does not exist" in err
+    help_text = " ".join(dict(_parsers())["aicpu-tiling selfcheck"].format_help().split())
+    assert "rewritten atomically" in help_text and "an existing FILE is replaced" in help_text
+    report = tmp_path / "s.json"
+    report.write_text("old")
+
+    class Args:
+        backend, checks, twin_fault, quick, build, output = "cpu", None, None, True, False, report
+        json, no_progress, check_timeout, no_save_placement = True, True, 10.0, True
+
+    from pyruntime.selfcheck import report as report_mod
+
+    table = [("kernels", lambda ctx: report_mod.passed("kernels", "stand-in"))]
+    assert selfcheck_cli.run(Args(), checks_table=table, isolate=False) == 0
+    assert json.loads(report.read_text())["checks"][0]["name"] == "kernels"
+
+
+# -- memory and limits
+
+
+def test_memory_check_names_the_need_and_what_is_available(cli, no_work, monkeypatch):
+    from pyruntime.cli import _limits
+
+    monkeypatch.setattr(_limits, "available_bytes", lambda: 1 << 30)   # 1 GiB available
+    code, _, err = cli("bench", "--layers", "61", "--batch-sizes", "64", "--sources",
+                       "chunked-prefill")
+    assert code == 2 and "point L61-b64-chunked-prefill needs about" in err
+    assert "3 captured attentions x 61 layers" in err and "of the 1.0 GiB" in err
+
+
+@needs_runtime
+@pytest.mark.parametrize("geometry, source", [("gqa", "trace"), ("gqa", "spec-decode"),
+                                              ("gqa", "chunked-prefill"), ("mla", "trace")])
+def test_the_memory_estimate_is_what_a_layer_allocates(geometry, source):
+    """The per-layer bytes `_limits` charges are exactly what one more layer allocates."""
+    from pyruntime import backends
+    from pyruntime.cli import _limits
+    from pyruntime.measurement.abrun import Geometry, make_attention
+
+    geom = Geometry(num_blocks=8, max_kv=512) if geometry == "gqa" else Geometry(
+        num_q_heads=4, num_kv_heads=1, head_dim=48, block_size=16, num_cores=3,
+        dtype="bfloat16", max_kv=64, num_blocks=16, kv_lora_rank=32, qk_rope_head_dim=16)
+    batch = 3
+
+    def allocated(layers: int) -> int:
+        backend = backends.get("cpu")
+        total, alloc = [0], backend.alloc
+
+        def counting(shape, dtype):
+            buf = alloc(shape, dtype)
+            total[0] += buf.nbytes
+            return buf
+
+        backend.alloc = counting
+        try:
+            make_attention(backend, "device_tiling", geom, layers, batch,
+                           _limits.max_tokens(source, batch)).close()
+        finally:
+            backend.close()
+        return total[0]
+
+    per_layer = (allocated(3) - allocated(1)) // 2
+    assert per_layer == _limits.attention_bytes_per_layer(geom, source, batch)
+
+
+def test_max_tokens_is_the_sources_own():
+    from pyruntime.cli import _limits
+
+    for source in SOURCES:
+        for batch in (1, 7, 64):
+            assert _limits.max_tokens(source, batch) == ContinuousBatch(source,
+                                                                        batch).max_tokens()
+
+
+# -- progress lines
+
+
+def test_plain_progress_lines_have_elapsed_and_estimated_time():
+    import io
+
+    from pyruntime.cli._common import PlainProgress
+
+    now = [100.0]
+    out = io.StringIO()
+    bar = PlainProgress(out, clock=lambda: now[0])
+    task = bar.add_task("bench", total=10)
+    bar.update(task, description="bench L61-b64-trace")
+    for _ in range(4):
+        now[0] += 15
+        bar.advance(task)
+    bar.update(task, description="bench L1-b64-trace")
+    bar.update(task, description="bench L1-b64-trace")   # unchanged: no line
+    now[0] += 3700
+    bar.advance(task, 6)
+    bar.finish()
+    assert out.getvalue().splitlines() == [
+        "aicpu-tiling: bench: 0 of 10 done, 0:00 elapsed",
+        "aicpu-tiling: bench L61-b64-trace: 0 of 10 done, 0:00 elapsed",
+        "aicpu-tiling: bench L1-b64-trace: 4 of 10 done, 1:00 elapsed, about 1:30 left",
+        "aicpu-tiling: bench L1-b64-trace: finished 10 of 10 in 1:02:40",
+    ]
+
+
+@needs_runtime
+def test_bench_prints_one_progress_line_per_point_when_stderr_is_not_a_terminal(cli):
+    code, _, err = cli("bench", "--layers", "1,2", "--batch-sizes", "2", "--steps", "2",
+                       "--warmup", "0", "--no-flatness", "--no-save", "--resamples", "50")
+    lines = err.splitlines()
+    assert code == 0 and len(lines) == 4, err
+    assert lines[1].startswith("aicpu-tiling: bench L1-b2-trace: 0 of 4 done")
+    assert lines[2].startswith("aicpu-tiling: bench L2-b2-trace: 2 of 4 done")
+    assert "elapsed, about" in lines[2] and "left" in lines[2]
+    assert lines[3].startswith("aicpu-tiling: bench L2-b2-trace: finished 4 of 4 in ")
+
+
+# -- Ctrl-C
+
+
+def _interrupted_run(argv: list[str], *, wait_for: str) -> tuple[int, list[str]]:
+    """Start ``python -X importtime -m pyruntime.cli ARGV``, send SIGINT once it has imported
+    module `wait_for` (``import time: ... | <name>``) or printed a line starting with it;
+    return (exit code, stderr lines other than importtime's). Killed after two minutes."""
+    import threading
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "pyruntime.cli", *argv],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=REPO,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = threading.Timer(120, proc.kill)
+    deadline.start()
+    lines, sent = [], False
+    try:
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            if line.split("|")[-1].strip() == wait_for or line.startswith(wait_for):
+                proc.send_signal(signal.SIGINT)
+                sent = True
+                break
+        lines += proc.stderr.read().splitlines()
+        proc.wait()
+    finally:
+        deadline.cancel()
+        proc.kill()
+    assert sent, f"never saw {wait_for!r}: {lines[-5:]}"
+    return proc.returncode, [x for x in lines if not x.startswith("import time:")]
+
+
+LONG_BENCH = ["bench", "--layers", "1", "--batch-sizes", "2", "--steps", "100000",
+              "--warmup", "0", "--no-flatness", "--no-save"]
+
+
+@needs_runtime
+@pytest.mark.parametrize("moment, wait_for", [
+    ("start-up: the subcommands' imports", "numpy"),
+    ("start-up: torch's import", "torch._C"),
+    ("the run", "aicpu-tiling: bench L1-b2-trace"),
+])
+def test_ctrl_c_at_any_moment_exits_130_with_one_line(moment, wait_for):
+    code, lines = _interrupted_run(LONG_BENCH, wait_for=wait_for)
+    assert code == 130, (moment, lines)
+    assert "Traceback" not in "\n".join(lines), (moment, lines)
+    assert lines[-1] == "aicpu-tiling: interrupted", (moment, lines)
+    assert not [x for x in lines if not x.startswith("aicpu-tiling: ")], (moment, lines)
