@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
-from ..backends import AICORE, Kernel
+# torch is imported where work starts: `aicpu-tiling --help` imports this module (bench.py)
+# and must answer without loading torch
+from ..kernels.kernel import AICORE, Kernel
 
 #: the bench's measuring methods (see the module docstring)
 METHODS = ("old", "symmetric")
@@ -118,6 +119,8 @@ class ServingStep:
         self.engine = engine
         self.extra_launches = 0 if engine is None else engine.tiling_launches - own
         copies = 0 if engine is None else engine.h2d_copies
+        import torch
+
         self.epochs = [self.backend.alloc((1,), torch.int32) for _ in range(copies)]
         self._host_epoch = np.zeros(1, np.int32)
         self._lengths: np.ndarray | None = None
@@ -153,6 +156,8 @@ def warm_up_host(rounds: int = 40) -> None:
     numpy and torch operations, no device work (about 100 us here). Without it the first
     host work after a sleep of over 10 ms costs about 150 us more on this project's VM
     (docs/benchmarks.md, the cold-start probe)."""
+    import torch
+
     a = np.arange(64, dtype=np.int32)
     t = torch.zeros(64, dtype=torch.int32)
     for _ in range(rounds):
@@ -203,6 +208,8 @@ class FloorStep:
                  sync: bool) -> None:
         self.backend, self.sync = backend, sync
         self.stream = backend.stream("floor")
+        import torch
+
         self.lengths = backend.alloc((2 * max_batch + 3,), torch.int32)
         self.block_table = backend.alloc((max_batch, max_blocks_per_req), torch.int32)
         self._image = np.zeros(2 * max_batch + 3, np.int32)

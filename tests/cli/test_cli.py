@@ -402,7 +402,7 @@ def no_work(monkeypatch):
     def ran(*args, **kwargs):
         pytest.fail("the run started")
 
-    monkeypatch.setattr(bench, "run_point", ran)
+    monkeypatch.setattr(bench, "run_interleaved", ran)
     monkeypatch.setattr(bench, "measure_flatness", ran)
     monkeypatch.setattr(profile, "run_point", ran)
 
@@ -473,13 +473,13 @@ def test_bench_force_replaces_and_a_file_that_appears_meanwhile_is_kept(cli, tmp
     assert code == 0 and json.loads(out_file.read_text())["schema"] == "aicpu-tiling/bench"
 
     fresh = tmp_path / "fresh.json"
-    real = bench.run_point
+    real = bench.run_interleaved
 
     def run_and_race(*args, **kwargs):
         fresh.write_text("someone else's")   # appears after the check, during the run
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(bench, "run_point", run_and_race)
+    monkeypatch.setattr(bench, "run_interleaved", run_and_race)
     code, _, err = cli(*small[:-1], str(fresh))
     assert code == 2 and "appeared while this ran; not replaced" in err
     assert fresh.read_text() == "someone else's"
