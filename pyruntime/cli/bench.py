@@ -21,6 +21,7 @@ import platform
 import time
 from pathlib import Path
 
+from ..measurement import invariants as inv
 from ..measurement.abrun import (
     BENCH_MODES,
     DTYPES,
@@ -35,6 +36,7 @@ from ..measurement.abrun import (
     measure_flatness,
     run_point,
 )
+from ..measurement.invariants import INVARIANT_LAYERS
 from ..measurement.sources import SOURCES, SourceError
 from ..profiler import processors as proc
 from ..profiler.renderers.bench_tables import bench_table
@@ -50,7 +52,7 @@ from ._common import (
 from .balance import _int_list
 
 SCHEMA = "aicpu-tiling/bench"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 HEADLINE = Point(61, 64, "trace")
 #: the default grid: the headline, its neighbours in layers and batch, two other sources
 DEFAULT_POINTS = (
@@ -78,6 +80,12 @@ GEOMETRIES = ("gqa", "deepseek-v3")
 #: the flatness figure is a ratio of two medians of a few microseconds each: fewer steps
 #: than this leave its interval too wide to judge against the target (about 10 s here)
 FLATNESS_MIN_STEPS = 20
+#: the invariants' definition, as the JSON states it
+INVARIANTS_DEFINITION = (
+    "per mode and layer count, one warm host step after warm-up: Python calls, C calls and "
+    "cffi lib calls of the host thread (sys.setprofile; a host wait or a threading call "
+    "counts as one) and the backend counters of that step. Device modes: identical at every "
+    "L. host_update (positive control): grows by the same whole amount per layer")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -104,6 +112,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help=f"measure the host-time flatness figure (device path, L={FLATNESS_LAYERS[1]} "
                         f"over L={FLATNESS_LAYERS[0]}, side by side); default: with the default "
                         "or quick grid, not with a grid given by flags")
+    p.add_argument("--invariants", action=argparse.BooleanOptionalAction, default=None,
+                   help="count each mode's calls per host step at --invariant-layers and "
+                        "judge them (exact, not timed), and fit host time over L there; "
+                        "default: with the default or quick grid, not with a grid given by "
+                        "flags")
+    p.add_argument("--invariant-layers", type=_int_list, default=None,
+                   help="layer counts of the invariants and the host-time fit (default "
+                        f"{','.join(map(str, INVARIANT_LAYERS))})")
     p.add_argument("-o", "--output", default="aicpu-tiling-bench.json", help="JSON file")
     p.add_argument(
         "--png",
@@ -221,6 +237,18 @@ def flatness_summary(runs: dict, *, steps: int, warmup: int, seed: int,
             "modes": modes}  # fmt: skip
 
 
+def invariants_summary(counts: dict, *, warmup: int) -> dict:
+    """`inv.judge`'s verdict on the invariants table, with what it was judged on and
+    host_update's per-layer amount (the positive control)."""
+    layers = sorted({int(n) for rows in counts.values() for n in rows})
+    problems = inv.judge(counts)
+    per_layer = (inv.per_layer_amount(counts[inv.PER_LAYER_MODE])
+                 if inv.PER_LAYER_MODE in counts else None)
+    return {"definition": INVARIANTS_DEFINITION, "layers": layers, "batch": HEADLINE.batch,
+            "source": HEADLINE.source, "warmup": warmup, "holds": not problems,
+            "problems": problems, "per_layer": {inv.PER_LAYER_MODE: per_layer}}
+
+
 def _environment() -> dict:
     import numpy
 
@@ -261,13 +289,26 @@ def run(args: argparse.Namespace) -> int:
         max_kv=args.max_kv)  # fmt: skip
     explicit_grid = bool(args.layers or args.batch_sizes or args.sources) or mla
     flatness = (not explicit_grid) if args.flatness is None else args.flatness
+    counting = (not explicit_grid) if args.invariants is None else args.invariants
+    if counting and mla:
+        raise CliError("--invariants counts the GQA modes; not with --geometry deepseek-v3")
+    inv_layers = sorted(set(args.invariant_layers or INVARIANT_LAYERS))
+    if counting and (len(inv_layers) < 2 or inv_layers[0] < 1):
+        raise CliError(f"--invariant-layers needs two or more layer counts >= 1 (got "
+                       f"{inv_layers})")
+    # the host-time fit's points: the grid's at the headline batch and source, and the
+    # other invariant layer counts measured the same way
+    sweep = [Point(n, HEADLINE.batch, HEADLINE.source) for n in inv_layers
+             if counting and Point(n, HEADLINE.batch, HEADLINE.source) not in points]
     flat_steps = max(steps, FLATNESS_MIN_STEPS)
     started = time.time()
     results = []
+    host_samples: dict = {}  # mode -> L -> host us of each measured step (headline b, source)
     with progress(not (args.json or args.no_progress)) as bar:
-        task = bar.add_task("bench", total=len(points) * (steps + warmup)
-                            + flatness * (flat_steps + warmup))
-        for point in points:
+        task = bar.add_task("bench", total=(len(points) + len(sweep)) * (steps + warmup)
+                            + flatness * (flat_steps + warmup)
+                            + counting * len(BENCH_MODES) * len(inv_layers))
+        for point in [*points, *sweep]:
             bar.update(task, description=f"bench {point.name}")
             try:
                 runs = run_point(point, geom, steps=steps, warmup=warmup, seed=args.seed,
@@ -277,6 +318,12 @@ def run(args: argparse.Namespace) -> int:
                 raise CliError(str(exc)) from exc
             except ValueError as exc:  # tiling params or attention sizes out of range
                 raise CliError(f"{point.name}: {exc}") from exc
+            if (point.batch, point.source) == (HEADLINE.batch, HEADLINE.source):
+                for r in runs:
+                    host_samples.setdefault(r.mode, {})[point.layers] = [
+                        1e6 * s.host_s for s in r.steps]
+            if point in sweep:
+                continue  # measured for the host-time fit only
             results.append(summarize_point(point, runs, seed=args.seed,
                                            resamples=args.resamples))  # fmt: skip
         flat = None
@@ -290,6 +337,21 @@ def run(args: argparse.Namespace) -> int:
                 raise CliError(f"flatness: {exc}") from exc
             flat = flatness_summary(flat_runs, steps=flat_steps, warmup=warmup, seed=args.seed,
                                     resamples=args.resamples)  # fmt: skip
+        counts = check = fit = None
+        if counting:
+            bar.update(task, description="bench invariants")
+            try:
+                counts = inv.measure(geom, layers=inv_layers, modes=BENCH_MODES,
+                                     batch=HEADLINE.batch, source=HEADLINE.source,
+                                     warmup=max(warmup, 1), seed=args.seed,
+                                     on_point=lambda: bar.advance(task))
+            except (SourceError, ValueError) as exc:
+                raise CliError(f"invariants: {exc}") from exc
+            check = invariants_summary(counts, warmup=max(warmup, 1))
+            fit = {"batch": HEADLINE.batch, "source": HEADLINE.source,
+                   **inv.host_time_fit({m: {n: v for n, v in by_l.items() if n in inv_layers}
+                                        for m, by_l in host_samples.items()},
+                                       ratio_layers=HEADLINE.layers)}
     result = {
         "schema": SCHEMA,
         "version": SCHEMA_VERSION,
@@ -304,6 +366,9 @@ def run(args: argparse.Namespace) -> int:
         "points": results,
         "placements": placements_summary(results),
         "host_flatness": flat,
+        "invariants": counts,
+        "invariants_check": check,
+        "host_time_vs_layers": fit,
         "headline": None,
     }  # fmt: skip
     for p in results:

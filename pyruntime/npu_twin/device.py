@@ -333,14 +333,26 @@ class Device:
                 raise DeviceHang(f"waiting for {waiting_for}, but no stream can run: "
                                  f"{'; '.join(blocked)} (an event that is never recorded)")
 
-    def synchronize_stream(self, stream: StreamState, what: str) -> None:
+    # Host waits are counted in `stats` by what made the host wait (the bench's and the hook's
+    # per-step invariants read them): ``synchronizes`` (torch.npu.synchronize(),
+    # Stream.synchronize(), Event.synchronize()), ``copies_h2d_blocking`` (``copy_`` to the
+    # device without non_blocking) and ``copies_d2h`` (``.cpu()``, ``.item()``, ...): torch_npu's
+    # ``copy_between_host_and_device`` (torch_npu/csrc/aten/common/CopyKernel.cpp, Ascend/pytorch;
+    # its log line "non_blocking copy without StreamSynchronize." is in the 2.10.0.post4
+    # wheel's libtorch_npu.so) calls AclrtSynchronizeStreamWithTimeout on the current stream
+    # and then a synchronous aclrtMemcpy unless non_blocking is set, in either direction; with
+    # non_blocking it queues the copy and records an event on the pinned host block instead.
+    def synchronize_stream(self, stream: StreamState, what: str,
+                           counted_as: str = "synchronizes") -> None:
         self.check_alive()
         self.refuse_in_capture(what)
+        self.stats[counted_as] += 1
         self.run_until(lambda: not stream.queue, f"{stream} to drain")
 
     def synchronize(self, what: str = "torch.npu.synchronize()") -> None:
         self.check_alive()
         self.refuse_in_capture(what)
+        self.stats["synchronizes"] += 1
         self.run_until(lambda: all(not s.queue for s in self.streams), "every stream to drain")
 
     # ---- events ------------------------------------------------------------------------------
@@ -382,6 +394,7 @@ class Device:
     def synchronize_event(self, event: EventState) -> None:
         self.check_alive()
         self.refuse_in_capture("Event.synchronize()")
+        self.stats["synchronizes"] += 1
         if event.external or event.last_token is None:
             return
         token = event.last_token
@@ -670,7 +683,8 @@ def _queue_reference_body(dev: Device, func, args, kwargs) -> None:
 def _device_to_host(src: NpuTensor, kwargs) -> torch.Tensor:
     dev = device()
     dev.refuse_in_capture("a device-to-host copy (.cpu(), .item(), .tolist(), .numpy())")
-    dev.synchronize_stream(dev.current_stream(), "a device-to-host copy")
+    dev.synchronize_stream(dev.current_stream(), "a device-to-host copy",
+                           counted_as="copies_d2h")
     kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
     return _aten._to_copy.default(src._inner, **kwargs)
 
@@ -729,7 +743,8 @@ def _copy(dst: Any, src: Any, non_blocking: bool):
     if not non_blocking:
         source = src.detach()
         dev.enqueue(Work("copy", "H2D copy", lambda: target.copy_(source)))
-        dev.synchronize_stream(dev.current_stream(), "a blocking host-to-device copy")
+        dev.synchronize_stream(dev.current_stream(), "a blocking host-to-device copy",
+                               counted_as="copies_h2d_blocking")
         return dst
     # asynchronous: the copy reads the host memory when it runs; a pinned block is kept
     # alive until then by the host allocator, a pageable tensor is not

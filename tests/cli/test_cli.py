@@ -218,7 +218,8 @@ def test_bench_quick_small_grid(cli, tmp_path):
                        "-o", str(out_file), "--resamples", "200")  # fmt: skip
     data = json.loads(out)
     assert code == 0 and len(data["points"]) == 2
-    assert data["version"] == 3 and data["placements"] is None  # one layer count only
+    assert data["version"] == 4 and data["placements"] is None  # one layer count only
+    assert data["invariants"] is None  # a grid given by flags: not counted unless asked
     assert data["host_flatness"] is None  # a grid given by flags: no flatness run unless asked
     p = data["points"][0]
     for mode in ("host_update", "device_tiling", "pre_replay"):
