@@ -269,6 +269,39 @@ def test_bench_flatness_measures_both_layer_counts_side_by_side(cli, monkeypatch
 
 
 @needs_runtime
+def test_bench_invariants_and_the_host_time_fit(cli):
+    """Issue 30: the JSON carries the invariants per mode and L (as a string), their verdict,
+    and host time over L with its least-squares slope; two layer counts keep it short."""
+    code, out, _ = cli("bench", "--layers", "2", "--batch-sizes", "4", "--steps", "3",
+                       "--warmup", "1", "--invariants", "--invariant-layers", "1,3",
+                       "--max-kv", "256", "--json", "--no-save", "--resamples", "50")
+    data = json.loads(out)
+    assert code == 0 and data["version"] == 4
+    counts = data["invariants"]
+    assert set(counts) == {"host_update", "device_tiling", "pre_replay"}
+    assert all(set(rows) == {"1", "3"} for rows in counts.values())
+    assert counts["device_tiling"]["1"] == counts["device_tiling"]["3"]
+    assert counts["pre_replay"]["3"]["launches_aicpu"] == 1
+    check = data["invariants_check"]
+    assert check["holds"] and check["problems"] == [] and check["layers"] == [1, 3]
+    assert check["per_layer"]["host_update"]["task_updates"] == 1
+    fit = data["host_time_vs_layers"]
+    for mode in ("host_update", "device_tiling", "pre_replay"):
+        m = fit["modes"][mode]
+        assert m["layers"] == [1, 3] and m["steps"] == 6  # every measured step a point
+        assert m["slope_ci"][0] <= m["slope_us_per_layer"] <= m["slope_ci"][1]
+    assert fit["ratio"] == {}  # L=61 was not measured
+    assert len(data["points"]) == 1  # the fit's extra layer counts are not grid points
+
+
+@needs_runtime
+def test_bench_invariants_need_two_layer_counts(cli):
+    code, _, err = cli("bench", "--layers", "2", "--invariants", "--invariant-layers", "4",
+                       "--no-save")
+    assert code == 2 and "--invariant-layers needs two or more layer counts" in err
+
+
+@needs_runtime
 def test_profile_quick_trace_and_reload(cli, tmp_path):
     trace, session = tmp_path / "trace.json", tmp_path / "session.json"
     code, out, _ = cli("profile", "--quick", "--no-progress", "--trace", str(trace),

@@ -93,7 +93,7 @@ def test_engine_never_drops_a_layers_soft_cap(fixture_pkg, where):
 
 def test_a_tiling_not_rerun_is_refused_not_reused(fixture_pkg):
     """Graph placement on a device that does not re-run the captured task: the epoch
-    written before each replay no longer matches, so outputs are zero and errors() says so."""
+    advanced by each replay no longer matches, so outputs are zero and errors() says so."""
     npu = importlib.import_module("vllm_ascend._fixture_npu")
     engine = NpuTilingEngine("graph", num_cores=4, launch=npu.launch)
     real_plan = engine._plan
