@@ -82,7 +82,8 @@ def flatness_table(flat: dict) -> Table:
     low, high = flat["layers"]
     table = Table(title=f"Host-time flatness: device path, L={high} over L={low}, batch "
                         f"{flat['batch']}, {flat['source']}, side by side (target <= "
-                        f"{flat['target']:g})", title_justify="left")
+                        f"{flat['target']:g}; reported, not judged: the invariants judge)",
+                  title_justify="left")
     for name in ("placement", f"L={low} (us)", f"L={high} (us)", f"L={high} / L={low}",
                  "target"):
         table.add_column(name, justify="right" if name != "placement" else "left",
