@@ -272,8 +272,15 @@ class Device:
         graph.nodes.append(work)
 
     def refuse_in_capture(self, what: str) -> None:
-        # a stream stays capturing after a reset without capture_end, so streams decide
-        if any(s.capture is not None for s in self.streams):
+        # a stream stays capturing after a reset without capture_end, so streams decide (a
+        # plain loop, not any() over a generator: a host step's Python calls, which the bench
+        # counts, must not grow with the streams this process has made)
+        capturing = False
+        for stream in self.streams:
+            if stream.capture is not None:
+                capturing = True
+                break
+        if capturing:
             raise CaptureViolation(f"{what} while a graph is capturing (capture mode global "
                                    "refuses it in every thread); do it before capture_begin "
                                    "or after capture_end")
