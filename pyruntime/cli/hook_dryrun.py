@@ -104,6 +104,12 @@ def run(args: argparse.Namespace) -> int:
         if report.get("tilings_per_graph") is not None:
             print(f"tilings per graph (one per distinct window): {report['tilings_per_graph']}, "
                   f"planned by {report['tiling_launches_per_step']:g} AI-CPU launch per step")
+        before, after = (report.get(f"host_waits_per_step_{k}") for k in ("before", "after"))
+        if before is not None and after is not None:
+            print(f"host waits per replayed step with {report['captured_sizes']} captured "
+                  "graphs (blocking H2D copies / D2H copies / synchronizes): without the hook "
+                  + " / ".join(f"{before[k]:g}" for k in before) + "; with it "
+                  + " / ".join(f"{after[k]:g}" for k in before))
         print("verdict: " + ("pass" if report["ok"] else "fail"))
     return 0 if report["ok"] else 1
 

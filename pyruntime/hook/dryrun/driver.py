@@ -482,8 +482,9 @@ def report(after: Run, before: Run | None = None) -> dict:
 
     ``ok`` holds when at least one layer moved to the device path, no layer of ours was
     host-updated, the hooked outputs (the host-path layers' included) match the float64
-    reference within the run's tolerance (`TOLERANCES` of its dtype), and what the geometry
-    adds holds (`Runner.report_fields`).
+    reference within the run's tolerance (`TOLERANCES` of its dtype), the hook added no host
+    wait per step (`HOST_WAITS`, where the twin counted both runs) and what the geometry adds
+    holds (`Runner.report_fields`).
     """
     runner = geometry(MODELS[after.model][0])
     device_layers = sum(1 for layer in after.layers if layer["path"] == "device")
@@ -505,8 +506,10 @@ def report(after: Run, before: Run | None = None) -> dict:
            "host_waits_per_step_after": after.host_waits_per_step, **own}
     if before is not None:
         out["host_waits_per_step_before"] = before.host_waits_per_step
+    waits = [after.host_waits_per_step, before and before.host_waits_per_step]
+    no_added_waits = None in waits or all(waits[0][k] <= waits[1][k] for k in HOST_WAITS)
     out["ok"] = bool(device_layers > 0 and on_ours == 0 and after.max_rel_err <= after.tolerance
-                     and verdict)
+                     and no_added_waits and verdict)
     return {name: out[name] for name in REPORT_FIELDS if name in out}
 
 
