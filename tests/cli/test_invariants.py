@@ -110,11 +110,13 @@ def _rows(per_layer: dict, base: dict, layers=(1, 8, 16)) -> dict:
     return {str(n): {k: base[k] + (n - 1) * per_layer[k] for k in base} for n in layers}
 
 
-BASE = {"python_calls": 100, "c_calls": 90, "lib_calls": 3, "task_updates": 1}
+BASE = {"python_calls": 100, "c_calls": 90, "lib_calls": 3, "task_updates": 1,
+        "host_tiling_calls": 1}
 
 
 def test_judge_accepts_an_exact_line_and_rejects_what_is_off_it():
-    good = _rows({"python_calls": 95, "c_calls": 119, "lib_calls": 3, "task_updates": 1}, BASE)
+    good = _rows({"python_calls": 95, "c_calls": 119, "lib_calls": 3, "task_updates": 1,
+                  "host_tiling_calls": 1}, BASE)
     assert inv.judge({"host_update": good}) == []
     off = json.loads(json.dumps(good))
     off["8"]["python_calls"] += 1  # one call that is not per layer, at one L only
@@ -126,7 +128,8 @@ def test_judge_accepts_an_exact_line_and_rejects_what_is_off_it():
 
 
 def test_judge_flags_a_positive_control_that_does_not_grow():
-    flat = _rows({"python_calls": 0, "c_calls": 0, "lib_calls": 0, "task_updates": 0}, BASE)
+    flat = _rows({"python_calls": 0, "c_calls": 0, "lib_calls": 3, "task_updates": 0,
+                  "host_tiling_calls": 0}, BASE)
     (problem,) = inv.judge({"host_update": flat})
     assert "the counting cannot see per-layer work" in problem
 
