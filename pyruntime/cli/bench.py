@@ -83,9 +83,10 @@ FLATNESS_MIN_STEPS = 20
 #: the invariants' definition, as the JSON states it
 INVARIANTS_DEFINITION = (
     "per mode and layer count, one warm host step after warm-up: Python calls, C calls and "
-    "cffi lib calls of the host thread (sys.setprofile; a host wait or a threading call "
-    "counts as one) and the backend counters of that step. Device modes: identical at every "
-    "L. host_update (positive control): grows by the same whole amount per layer")
+    "cffi lib calls of the host thread (sys.setprofile; a host wait or a call into Python's "
+    "standard library counts as one) and the backend counters of that step. Device modes: "
+    "identical at every L. host_update (positive control): grows by the same whole amount "
+    "per layer")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
