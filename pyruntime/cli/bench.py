@@ -9,7 +9,11 @@ intervals, the host_update over each placement's ratio with a paired bootstrap i
 per-step backend counters, host time by layer count, and the host-time flatness figure
 (device path host time at L=61 over L=1, both measured side by side). Host time is the
 host thread's CPU time in a step's host part, measured warm with the emulated device held
-(see ``pyruntime.measurement.abrun.run_interleaved``). Writes JSON (schema in
+(see ``pyruntime.measurement.abrun.run_interleaved``). What judges "no host work per
+layer" is exact: the per-step invariants (each mode's Python, C and cffi lib calls and
+backend counters in one warm host step at L = 1, 8, 16, 32, 61; the device modes' must not
+change with L, host_update's grow by its per-layer amount), reported with host time over L
+and its least-squares slope (``pyruntime.measurement.invariants``). Writes JSON (schema in
 docs/bench_schema.md) and, with the ``plot`` extra, a PNG.
 """
 
@@ -80,6 +84,9 @@ GEOMETRIES = ("gqa", "deepseek-v3")
 #: the flatness figure is a ratio of two medians of a few microseconds each: fewer steps
 #: than this leave its interval too wide to judge against the target (about 10 s here)
 FLATNESS_MIN_STEPS = 20
+#: the largest --invariant-layers: a model's layer count (DeepSeek-V3 has 61, the largest
+#: dense models about 126); each counted point captures a graph of that many layers
+INVARIANT_MAX_LAYERS = 128
 #: the invariants' definition, as the JSON states it
 INVARIANTS_DEFINITION = (
     "per mode and layer count, one warm host step after warm-up: Python calls, C calls and "
@@ -294,9 +301,10 @@ def run(args: argparse.Namespace) -> int:
     if counting and mla:
         raise CliError("--invariants counts the GQA modes; not with --geometry deepseek-v3")
     inv_layers = sorted(set(args.invariant_layers or INVARIANT_LAYERS))
-    if counting and (len(inv_layers) < 2 or inv_layers[0] < 1):
-        raise CliError(f"--invariant-layers needs two or more layer counts >= 1 (got "
-                       f"{inv_layers})")
+    if counting and (len(inv_layers) < 2 or inv_layers[0] < 1
+                     or inv_layers[-1] > INVARIANT_MAX_LAYERS):
+        raise CliError(f"--invariant-layers needs two or more layer counts from 1 to "
+                       f"{INVARIANT_MAX_LAYERS} (a model's layers; got {inv_layers})")
     # the host-time fit's points: the grid's at the headline batch and source, and the
     # other invariant layer counts measured the same way
     sweep = [Point(n, HEADLINE.batch, HEADLINE.source) for n in inv_layers

@@ -299,6 +299,9 @@ def test_bench_invariants_need_two_layer_counts(cli):
     code, _, err = cli("bench", "--layers", "2", "--invariants", "--invariant-layers", "4",
                        "--no-save")
     assert code == 2 and "--invariant-layers needs two or more layer counts" in err
+    code, _, err = cli("bench", "--layers", "2", "--invariants", "--invariant-layers",
+                       "1,100000", "--no-save")
+    assert code == 2 and "from 1 to 128" in err
 
 
 @needs_runtime
