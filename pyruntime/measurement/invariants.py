@@ -35,8 +35,6 @@ from .sources import ContinuousBatch
 
 #: the layer counts the bench counts at (``bench --invariant-layers``)
 INVARIANT_LAYERS = (1, 8, 16, 32, 61)
-#: the counts that are not backend counters, in the order the table prints them
-CALL_COUNTS = ("python_calls", "c_calls", "lib_calls")
 #: the modes whose host work per step must not depend on L
 DEVICE_MODES = ("device_tiling", "pre_replay")
 #: the mode that does host work per layer (the positive control)
