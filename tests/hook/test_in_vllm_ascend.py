@@ -22,6 +22,9 @@ both, cached under ``~/.cache/aicpu-tiling/vllm-envs``). There:
   device path, zero task updates, against float64 absorbed MLA; a mixed graph (an NZ-cache layer on
   vLLM-Ascend's path, updated once a step); 20 heads (padded); the Triton MLA bodies; an
   engine that drops the rope part is caught; the patch installs and uninstalls exactly.
+* ``aicpu-tiling hook-dryrun --model plain --captured-sizes N`` (N = 1, 8, 32): the blocking
+  copies and synchronizes per replayed step in vLLM-Ascend's classes, counted by the twin,
+  are the same with the hook as without it (issue 30).
 * ``tools/run_vllm_ascend_ut.py --both``: vLLM-Ascend's own unit tests of the classes we
   patch (``test_mla_v1.py`` included), without and with the hook applied: no outcome differs.
 
