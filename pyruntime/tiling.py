@@ -77,6 +77,12 @@ DEFAULT_TILE_ROWS = 128
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
+def is_lib_function(obj: Any) -> bool:
+    """Whether `obj` is a function of our cffi ``lib`` (for counting the C calls a host step
+    makes into it: `pyruntime.measurement.invariants`), without handing ``lib`` out."""
+    return getattr(obj, "__self__", None) is _lib
+
+
 def strerror(status: int) -> str:
     """The kernel's message for a status code."""
     return ffi.string(lib.aicpu_tiling_strerror(int(status))).decode()

@@ -1,8 +1,9 @@
 """Tests that measure host time run alone under pytest-xdist.
 
-Their verdicts include a host-time ratio (``selfcheck``'s ``host_time``: device tiling's host
-time at L = 61 over L = 1, at most 1.3). On the 2-core machine a second worker's test running
-beside them adds noise that the ratio was never meant to absorb, so such a test holds this
+Their verdicts include a host-time figure (until issue 30, ``selfcheck``'s ``host_time``
+judged device tiling's host time at L = 61 over L = 1; it now judges exact per-step counts).
+On the 2-core machine a second worker's test running beside them adds noise that such a
+figure was never meant to absorb, so such a test holds this
 run's lock exclusively while every other test holds it shared (`tests/conftest.py`): it
 starts once the tests running on other workers have ended, and none starts until it is done.
 Without xdist (``-n 0``) nothing is locked.

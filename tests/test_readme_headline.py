@@ -12,7 +12,7 @@ spec.loader.exec_module(headline)
 
 
 def result(**changes) -> dict:
-    out = {"version": 3, "command": "aicpu-tiling bench", "created": "2026-12-02T07:16:10+0000",
+    out = {"version": 4, "command": "aicpu-tiling bench", "created": "2026-12-02T07:16:10+0000",
            "environment": {"cpus": 2, "torch": "2.13.0+cpu"}, "config": {"steps": 30},
            "headline": {"host_update_us": 2826.2, "device_tiling_us": 20.6, "host_ratio": 137.2,
                         "pre_replay_us": 34.3, "host_ratio_pre_replay": 82.4},
@@ -31,7 +31,8 @@ def test_the_block_carries_each_figure_of_the_result():
     assert "`aicpu-tiling bench`, 2026-12-02, 2 CPUs" in block
 
 
-@pytest.mark.parametrize("bad", [{"version": 2}, {"headline": None}, {"host_flatness": None}])
+@pytest.mark.parametrize("bad", [{"version": 2}, {"version": 5}, {"headline": None},
+                                 {"host_flatness": None}])
 def test_a_result_without_the_headline_or_the_flatness_run_is_refused(bad):
     with pytest.raises(headline.HeadlineError, match="default grid"):
         headline.render(result(**bad))

@@ -23,11 +23,12 @@ class HeadlineError(ValueError):
 
 
 def render(result: dict) -> str:
-    """The markdown block for one bench result (schema version 3)."""
+    """The markdown block for one bench result (schema version 3 or 4: version 4 added the
+    invariants, and kept every field read here)."""
     head, flat = result.get("headline"), result.get("host_flatness")
-    if result.get("version") != 3 or head is None or flat is None:
-        raise HeadlineError("needs a version-3 bench JSON of the default grid (the L=61, "
-                            "batch 64, trace point and the flatness run)")
+    if result.get("version") not in (3, 4) or head is None or flat is None:
+        raise HeadlineError("needs a version-3 or -4 bench JSON of the default grid (the "
+                            "L=61, batch 64, trace point and the flatness run)")
     modes = flat["modes"]
     rows = [("host_update", head["host_update_us"], None, None),
             ("device tiling, `graph`", head["device_tiling_us"], head["host_ratio"],

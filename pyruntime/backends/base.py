@@ -55,7 +55,17 @@ _NUMPY_TO_TORCH = {np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.in
 
 @dataclasses.dataclass
 class Counters:
-    """Host-side counts, for tests and the profiler (reset with `reset()`)."""
+    """Host-side counts, for tests, the profiler and the bench's per-step invariants (reset
+    with `reset()`).
+
+    ``copies_h2d`` counts every host-to-device copy, ``copies_h2d_blocking`` those of them
+    the host waits for (``copy_h2d(..., blocking=True)``: torch_npu's ``copy_`` without
+    ``non_blocking``, which synchronises the current stream first). ``synchronizes`` counts
+    every host wait the backend performs: `Backend.synchronize`, `Stream.synchronize`,
+    `Event.synchronize`, and a backend's own waits inside its hooks (the NPU backend's wait
+    for a staging block's previous copy). ``event_records`` / ``event_waits`` count event
+    records and waits enqueued on a stream (external events included).
+    """
 
     launches_aicpu: int = 0
     launches_aicore: int = 0
@@ -63,6 +73,10 @@ class Counters:
     host_tiling_calls: int = 0
     replays: int = 0
     copies_h2d: int = 0
+    copies_h2d_blocking: int = 0
+    synchronizes: int = 0
+    event_records: int = 0
+    event_waits: int = 0
 
     def reset(self) -> None:
         for field in dataclasses.fields(self):
@@ -134,12 +148,16 @@ class Backend(abc.ABC):
 
     @_wrapped("copy_h2d")
     def copy_h2d(self, dst: torch.Tensor, src: np.ndarray | torch.Tensor, *,
-                 stream: Stream | None = None) -> None:
+                 stream: Stream | None = None, blocking: bool = False) -> None:
         """Copy host `src` into device buffer `dst` on `stream`, asynchronously.
 
         `src` is staged at the call, so the caller may reuse it at once. Shapes and dtypes
         must match exactly. Not allowed while `stream` is capturing: a captured copy
         would freeze the host address; copy into static buffers before the replay.
+        With ``blocking=True`` the host then waits for `stream` to drain, the copy
+        included: what torch_npu's ``dst.copy_(src)`` without ``non_blocking`` costs
+        (``copy_between_host_and_device``, see `Counters`); counted in
+        ``copies_h2d_blocking``.
         """
         stream = self._resolve(stream)
         if stream.capturing is not None:
@@ -157,6 +175,9 @@ class Backend(abc.ABC):
                                     f"not match destination {tuple(dst.shape)} {dst.dtype}")
         self.counters.copies_h2d += 1
         self._copy_h2d(stream, dst, src)
+        if blocking:
+            self.counters.copies_h2d_blocking += 1
+            self._stream_synchronize(stream)
 
     # ---- streams and events -------------------------------------------------------------
     def stream(self, name: str = "stream") -> Stream:
@@ -179,6 +200,7 @@ class Backend(abc.ABC):
         """Block until every stream of this backend is idle."""
         if self._capturing:
             raise CaptureError("synchronize() while a graph is capturing")
+        self.counters.synchronizes += 1
         self._synchronize()
 
     def hold_device(self) -> contextlib.AbstractContextManager[None]:
@@ -214,6 +236,7 @@ class Backend(abc.ABC):
     def stream_synchronize(self, stream: Stream) -> None:
         if stream.capturing is not None:
             raise CaptureError(f"synchronize of {stream} while it captures a graph")
+        self.counters.synchronizes += 1
         self._stream_synchronize(stream)
 
     def event_record(self, event: Event, stream: Stream | None) -> None:
@@ -222,6 +245,7 @@ class Backend(abc.ABC):
         event.captured_in = graph
         if graph is not None and stream is not graph.stream:
             graph.last_side_record[stream.id] = event
+        self.counters.event_records += 1
         self._event_record(event, stream)
 
     def event_wait(self, event: Event, stream: Stream | None) -> None:
@@ -238,6 +262,7 @@ class Backend(abc.ABC):
             raise CaptureError(f"{stream} is capturing and waits on an event recorded "
                                "outside the capture: use an ExternalEvent for that")
         self._note_side_task(stream)
+        self.counters.event_waits += 1
         self._event_wait(event, stream)
 
     def event_reset(self, event: Event, stream: Stream | None) -> None:
@@ -250,6 +275,7 @@ class Backend(abc.ABC):
     def event_synchronize(self, event: Event) -> None:
         if event.captured_in is not None:
             raise CaptureError("event.synchronize() on an event recorded during a capture")
+        self.counters.synchronizes += 1
         self._event_synchronize(event)
 
     # ---- graphs -------------------------------------------------------------------------

@@ -131,7 +131,10 @@ class NpuBackend(Backend):
             staged = (self._pinned_empty(src.shape, src.dtype), self.npu.Event())
             self._staging[key] = staged
         block, copied = staged
-        copied.synchronize()  # the previous copy from the block has run (a no-op the first time)
+        # the previous copy from the block has run (a no-op the first time): a host wait, even
+        # when the event completed long ago (aclrtSynchronizeEvent), so it is counted
+        self.counters.synchronizes += 1
+        copied.synchronize()
         block.copy_(src)
         with self.npu.stream(stream.native):
             dst.copy_(block, non_blocking=True)

@@ -9,7 +9,11 @@ intervals, the host_update over each placement's ratio with a paired bootstrap i
 per-step backend counters, host time by layer count, and the host-time flatness figure
 (device path host time at L=61 over L=1, both measured side by side). Host time is the
 host thread's CPU time in a step's host part, measured warm with the emulated device held
-(see ``pyruntime.measurement.abrun.run_interleaved``). Writes JSON (schema in
+(see ``pyruntime.measurement.abrun.run_interleaved``). What judges "no host work per
+layer" is exact: the per-step invariants (each mode's Python, C and cffi lib calls and
+backend counters in one warm host step at L = 1, 8, 16, 32, 61; the device modes' must not
+change with L, host_update's grow by its per-layer amount), reported with host time over L
+and its least-squares slope (``pyruntime.measurement.invariants``). Writes JSON (schema in
 docs/bench_schema.md) and, with the ``plot`` extra, a PNG.
 """
 
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..measurement import invariants as inv
 from ..measurement.abrun import (
     BENCH_MODES,
     DTYPES,
@@ -46,6 +51,7 @@ from ..measurement.serving import (
     METHODS,
     EngineWork,
 )
+from ..measurement.invariants import INVARIANT_LAYERS
 from ..measurement.sources import SOURCES, SourceError
 from ..profiler import processors as proc
 from ..profiler.renderers.bench_tables import bench_table
@@ -76,7 +82,7 @@ METHOD_DEFINITIONS = {
                  "warm (pyruntime.measurement.serving)",
 }
 SCHEMA = "aicpu-tiling/bench"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 HEADLINE = Point(61, 64, "trace")
 #: the default grid: the headline, its neighbours in layers and batch, two other sources
 DEFAULT_POINTS = (
@@ -108,6 +114,16 @@ FLATNESS_MIN_STEPS = 20
 DEFAULT_OUTPUT = "aicpu-tiling-bench.json"
 #: what --quick sets, so none of these flags is silently overridden by it
 QUICK_SETS = ("--layers", "--batch-sizes", "--sources", "--steps", "--warmup")
+#: the largest --invariant-layers: a model's layer count (DeepSeek-V3 has 61, the largest
+#: dense models about 126); each counted point captures a graph of that many layers
+INVARIANT_MAX_LAYERS = 128
+#: the invariants' definition, as the JSON states it
+INVARIANTS_DEFINITION = (
+    "per mode and layer count, one warm host step after warm-up: Python calls, C calls and "
+    "cffi lib calls of the host thread (sys.setprofile; a host wait or a call into Python's "
+    "standard library counts as one) and the backend counters of that step. Device modes: "
+    "identical at every L. host_update (positive control): grows by the same whole amount "
+    "per layer")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -147,6 +163,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help=f"measure the host-time flatness figure (device path, L={FLATNESS_LAYERS[1]} "
                         f"over L={FLATNESS_LAYERS[0]}, side by side); default: with the default "
                         "or quick grid, not with a grid given by flags")
+    p.add_argument("--invariants", action=argparse.BooleanOptionalAction, default=None,
+                   help="count each mode's calls per host step at --invariant-layers and "
+                        "judge them (exact, not timed), and fit host time over L there; "
+                        "default: with the default or quick grid, not with a grid given by "
+                        "flags")
+    p.add_argument("--invariant-layers", type=_int_list, default=None,
+                   help="layer counts of the invariants and the host-time fit (default "
+                        f"{','.join(map(str, INVARIANT_LAYERS))})")
     p.add_argument("-o", "--output", default=None, metavar="FILE",
                    help=f"JSON file (default {DEFAULT_OUTPUT}); an existing file is refused "
                         "before the run unless --force")
@@ -402,6 +426,18 @@ def flatness_summary(runs: dict, *, steps: int, warmup: int, seed: int,
             "modes": modes}  # fmt: skip
 
 
+def invariants_summary(counts: dict, *, warmup: int) -> dict:
+    """`inv.judge`'s verdict on the invariants table, with what it was judged on and
+    host_update's per-layer amount (the positive control)."""
+    layers = sorted({int(n) for rows in counts.values() for n in rows})
+    problems = inv.judge(counts)
+    per_layer = (inv.per_layer_amount(counts[inv.PER_LAYER_MODE])
+                 if inv.PER_LAYER_MODE in counts else None)
+    return {"definition": INVARIANTS_DEFINITION, "layers": layers, "batch": HEADLINE.batch,
+            "source": HEADLINE.source, "warmup": warmup, "holds": not problems,
+            "problems": problems, "per_layer": {inv.PER_LAYER_MODE: per_layer}}
+
+
 def _environment() -> dict:
     import numpy
 
@@ -442,13 +478,27 @@ def run(args: argparse.Namespace) -> int:
     warmup = args.warmup if args.warmup is not None else (
         quick_warmup if args.quick else full_warmup)  # fmt: skip
     geom = geometry(args)
+    counting = (not explicit_grid) if args.invariants is None else args.invariants
+    if counting and mla:
+        raise CliError("--invariants counts the GQA modes; not with --geometry deepseek-v3")
+    inv_layers = sorted(set(args.invariant_layers or INVARIANT_LAYERS))
+    if counting and (len(inv_layers) < 2 or inv_layers[0] < 1
+                     or inv_layers[-1] > INVARIANT_MAX_LAYERS):
+        raise CliError(f"--invariant-layers needs two or more layer counts from 1 to "
+                       f"{INVARIANT_MAX_LAYERS} (a model's layers; got {inv_layers})")
+    # the host-time fit's points: the grid's at the headline batch and source, and the
+    # other invariant layer counts measured the same way
+    sweep = [Point(n, HEADLINE.batch, HEADLINE.source) for n in inv_layers
+             if counting and Point(n, HEADLINE.batch, HEADLINE.source) not in points]
     flat_steps = max(steps, FLATNESS_MIN_STEPS)
     started = time.time()
     results = []
+    host_samples: dict = {}  # mode -> L -> host us of each measured step (headline b, source)
     with progress(not (args.json or args.no_progress)) as bar:
-        task = bar.add_task("bench", total=len(points) * (steps + warmup)
-                            + flatness * (flat_steps + warmup))
-        for point in points:
+        task = bar.add_task("bench", total=(len(points) + len(sweep)) * (steps + warmup)
+                            + flatness * (flat_steps + warmup)
+                            + counting * len(BENCH_MODES) * len(inv_layers))
+        for point in [*points, *sweep]:
             bar.update(task, description=f"bench {point.name}")
             try:
                 by_method = run_methods(point, geom, methods, engine, steps=steps,
@@ -458,6 +508,13 @@ def run(args: argparse.Namespace) -> int:
                 raise CliError(str(exc)) from exc
             except ValueError as exc:  # tiling params or attention sizes out of range
                 raise CliError(f"{point.name}: {exc}") from exc
+            runs = by_method[methods[0]]  # the headline method's
+            if (point.batch, point.source) == (HEADLINE.batch, HEADLINE.source):
+                for r in runs:
+                    host_samples.setdefault(r.mode, {})[point.layers] = [
+                        1e6 * s.host_s for s in r.steps]
+            if point in sweep:
+                continue  # measured for the host-time fit only
             summaries = {m: summarize_point(point, runs, seed=args.seed,
                                             resamples=args.resamples)
                          for m, runs in by_method.items()}  # fmt: skip
@@ -476,6 +533,21 @@ def run(args: argparse.Namespace) -> int:
                 raise CliError(f"flatness: {exc}") from exc
             flat = flatness_summary(flat_runs, steps=flat_steps, warmup=warmup, seed=args.seed,
                                     resamples=args.resamples)  # fmt: skip
+        counts = check = fit = None
+        if counting:
+            bar.update(task, description="bench invariants")
+            try:
+                counts = inv.measure(geom, layers=inv_layers, modes=BENCH_MODES,
+                                     batch=HEADLINE.batch, source=HEADLINE.source,
+                                     warmup=max(warmup, 1), seed=args.seed,
+                                     on_point=lambda: bar.advance(task))
+            except (SourceError, ValueError) as exc:
+                raise CliError(f"invariants: {exc}") from exc
+            check = invariants_summary(counts, warmup=max(warmup, 1))
+            fit = {"batch": HEADLINE.batch, "source": HEADLINE.source,
+                   **inv.host_time_fit({m: {n: v for n, v in by_l.items() if n in inv_layers}
+                                        for m, by_l in host_samples.items()},
+                                       ratio_layers=HEADLINE.layers)}
     result = {
         "schema": SCHEMA,
         "version": SCHEMA_VERSION,
@@ -495,6 +567,9 @@ def run(args: argparse.Namespace) -> int:
         "floor_ratio": None,
         "placements": placements_summary(results),
         "host_flatness": flat,
+        "invariants": counts,
+        "invariants_check": check,
+        "host_time_vs_layers": fit,
         "headline": None,
     }  # fmt: skip
     if results:  # the headline point's, else the first point's

@@ -17,6 +17,10 @@ import json
 
 from ._common import CliError
 
+#: the most graphs ``--captured-sizes`` captures (vLLM's default capture list has 35 sizes
+#: up to 256 tokens; the dry run's buckets are 1..N tokens)
+MAX_CAPTURED_SIZES = 64
+
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``hook-dryrun``."""
@@ -42,6 +46,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "mla (DeepSeek-V3-shaped MLA layers through "
                         "vLLM-Ascend's AscendMLAImpl; hooked run only: the twin does not model "
                         "its FIA v2 MLA call)")
+    p.add_argument("--captured-sizes", type=int, default=None, metavar="N",
+                   help=f"capture N token buckets (1..N tokens per step, N <= "
+                        f"{MAX_CAPTURED_SIZES}) instead of the set's own; the report's "
+                        "host_waits_per_step_before/after count the blocking copies and "
+                        "synchronizes per replayed step without and with the hook")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=run)
     return p
@@ -54,9 +63,13 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--steps must be at least 1")
     if not 0 <= args.spec_tokens <= 3:
         raise CliError("--spec-tokens must be 0 to 3 (the dry run's buckets hold 8 tokens)")
+    if args.captured_sizes is not None and not 1 <= args.captured_sizes <= MAX_CAPTURED_SIZES:
+        raise CliError(f"--captured-sizes must be 1 to {MAX_CAPTURED_SIZES} (each is one "
+                       "graph captured on the twin)")
     try:
         report = dryrun.dry_run(model=args.model, placement=args.placement, steps=args.steps,
-                                spec_tokens=args.spec_tokens)
+                                spec_tokens=args.spec_tokens,
+                                captured_sizes=args.captured_sizes)
     except dryrun.DryRunError as exc:
         raise CliError(str(exc)) from exc
     if args.model == "mla":
@@ -91,6 +104,12 @@ def run(args: argparse.Namespace) -> int:
         if report.get("tilings_per_graph") is not None:
             print(f"tilings per graph (one per distinct window): {report['tilings_per_graph']}, "
                   f"planned by {report['tiling_launches_per_step']:g} AI-CPU launch per step")
+        before, after = (report.get(f"host_waits_per_step_{k}") for k in ("before", "after"))
+        if before is not None and after is not None:
+            print(f"host waits per replayed step with {report['captured_sizes']} captured "
+                  "graphs (blocking H2D copies / D2H copies / synchronizes): without the hook "
+                  + " / ".join(f"{before[k]:g}" for k in before) + "; with it "
+                  + " / ".join(f"{after[k]:g}" for k in before))
         print("verdict: " + ("pass" if report["ok"] else "fail"))
     return 0 if report["ok"] else 1
 

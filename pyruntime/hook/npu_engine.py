@@ -4,7 +4,8 @@
 `engine_loader` calls it); it lives with the hook it serves, above the backends it runs on.
 
 Per graph key (a vLLM-Ascend graph and its token bucket) the engine owns static device
-buffers: the tiling, the step epoch, the live batch and the split-KV partials. Per layer it
+buffers: the tiling, the live batch and the split-KV partials; one step epoch on the device
+serves every key. Per layer it
 enqueues our attention and combine ops reading that tiling. A graph whose layers have
 several sliding windows (gpt-oss: none and 128) has one tiling per distinct window, all
 planned by the same task from the key's length buffers and epoch, and each layer reads its
@@ -16,14 +17,22 @@ flag-0 stream and joins back with sync events) runs:
 * placement ``pre-replay``: not captured; `before_replay` launches it once per step on the
   current stream, just before the graph replays (the extension orders it by events).
 
-`before_replay` also writes a new step epoch into every key's epoch buffer, so attention
-refuses a tiling not planned for this step (zeros, never a wrong answer) under either
-placement; `errors()` reads the tiling headers back on demand (a device-to-host copy, for
-diagnosis only: nothing reads them per step).
+The step epoch is advanced on the device, never written by the host: an in-place add on the
+shared epoch buffer, captured in each key's graph just before its tiling task (``graph``),
+or launched once by `before_replay` before the step's tiling tasks (``pre-replay``). The
+tiling task echoes the epoch it read into its header and attention compares the two, so a
+tiling not planned since the last advance (a captured AI-CPU task that a replay did not
+re-run; a key replayed without its pre-replay task) is refused: zeros, never a wrong answer.
+So our path adds no host-to-device copy and no host wait per step, whatever the number of
+captured graphs: `before_replay` does nothing under ``graph`` and only enqueues under
+``pre-replay`` (until issue 30 it made one blocking epoch copy per captured key per step,
+each of which synchronised the stream: torch_npu's ``copy_`` without ``non_blocking``).
+`errors()` reads the tiling headers and the epoch back on demand (device-to-host copies,
+for diagnosis only: nothing reads them per step).
 
-The AI-CPU task reads only what the host wrote: the length buffers the model runner fills
-(host-to-device copies), the batch constant the hook made outside the capture and the
-epoch `before_replay` copies in. Padded slots (vLLM-Ascend's uniform padding and FIA dummy
+The AI-CPU task reads only what the host wrote and the device advanced: the length buffers
+the model runner fills (host-to-device copies), the batch constant the hook made outside the
+capture and the shared epoch. Padded slots (vLLM-Ascend's uniform padding and FIA dummy
 request, kv_len 0 in the device buffer) are trailing padding under tiling ABI v4, so no
 AI Core op computes anything the AI-CPU task reads. Never run on an NPU.
 """
@@ -91,10 +100,6 @@ class NpuTilingEngine:
         ops: the op namespace (``torch.ops.aicpu_tiling``; a stand-in in tests).
         launch: how a captured op is enqueued (default: call it, which torch_npu's capture
             records; tests pass a fixture's recorder).
-        host_to_device: copies a host int32 ``[1]`` tensor into a device one before the
-            replay (default ``dst.copy_(src)``, blocking: the host epoch tensor is pageable
-            and rewritten every step, so a queued ``non_blocking`` copy could read the next
-            step's value, torch_npu checks no pinning).
     """
 
     #: our attention kernel applies a layer's logits soft cap (`AttentionCapture`)
@@ -109,8 +114,7 @@ class NpuTilingEngine:
     applies_kv_int8 = True
 
     def __init__(self, placement: str, *, num_cores: int, ops: Any = None,
-                 launch: Callable[[Callable[[], None]], None] | None = None,
-                 host_to_device: Callable[[torch.Tensor, torch.Tensor], None] | None = None):
+                 launch: Callable[[Callable[[], None]], None] | None = None):
         from pyruntime.placement import check
 
         self.placement = check(placement)
@@ -122,11 +126,15 @@ class NpuTilingEngine:
             ops = custom_ops.ops()
         self.ops = ops
         self.launch = launch or (lambda fn: fn())
-        self.host_to_device = host_to_device or (lambda d, s: d.copy_(s))
         self.keys: dict[Hashable, _KeyBuffers] = {}
+        #: steps begun (`before_replay` calls): a host count for reports, never copied to
+        #: the device (the device's epoch is `_device_epoch`, advanced there)
         self.epoch = 0
-        self._host_epoch = torch.zeros(1, dtype=torch.int32)
+        #: int32 ``[1]`` on the device, shared by every key: allocated (never filled: it runs
+        #: inside vLLM's capture) with the first key, then only ever advanced by the device
+        self._device_epoch: torch.Tensor | None = None
         self.tiling_launches = 0
+        self.epoch_advances = 0
         #: graph key -> kv_lora_rank of the MLA keys (`capture_mla`)
         self.mla_lora: dict[Hashable, int] = {}
         #: kernel variants (`_variant`) launched eagerly by `warm_up`
@@ -152,18 +160,31 @@ class NpuTilingEngine:
         # Allocation only: this runs inside vLLM's capture, where a zeros()/fill_() would be
         # a captured task re-run at every replay (wiping the tiling under pre-replay,
         # resetting the epoch under graph). Every buffer is written before it is read: the
-        # epoch by before_replay, the tiling by the tiling task; until then the attention
-        # sees a header that fails validation and writes zeros.
+        # tiling by the tiling task, which echoes the epoch (whatever its first value: only
+        # equality counts); until then the attention sees a header that fails validation
+        # and writes zeros.
         def empty(shape, dtype):
             return torch.empty(shape, dtype=dtype, device=device)
 
         buffers = {w: (t, empty((t.tiling_bytes,), torch.uint8)) for w, t in tilings.items()}
         return _KeyBuffers(params, c, buffers[windows[0]][1],
-                           empty((1,), torch.int32),
+                           self._epoch_buffer(device),
                            empty((slots, params.q_tile, params.group, params.head_dim),
                                  torch.float32),
                            empty((slots, params.q_tile, params.group), torch.float32),
                            buffers)
+
+    def _epoch_buffer(self, device: torch.device) -> torch.Tensor:
+        """The device epoch every key shares (allocated with the first key)."""
+        if self._device_epoch is None:
+            self._device_epoch = torch.empty((1,), dtype=torch.int32, device=device)
+        return self._device_epoch
+
+    def _advance_epoch(self) -> None:
+        """Advance the shared epoch on the device: one AI Core op, enqueued (captured under
+        ``graph``), no host copy; int32 wraps, only equality with a header counts."""
+        self._device_epoch.add_(1)
+        self.epoch_advances += 1
 
     def _plan(self, key: _KeyBuffers, count: bool = True) -> None:
         c = key.capture
@@ -186,6 +207,8 @@ class NpuTilingEngine:
         if key is None:
             key = self.keys[c.graph_key] = self._buffers(c)
             if self.placement == "graph":
+                # captured before the key's layers, re-run by every replay of its graph
+                self.launch(self._advance_epoch)
                 self.launch(lambda k=key: self._plan(k))
         elif (c.num_heads, c.num_kv_heads, c.head_size) != (
                 key.params.num_q_heads, key.params.num_kv_heads, key.params.head_dim):
@@ -219,12 +242,16 @@ class NpuTilingEngine:
             the layer on vLLM-Ascend's path).
         """
         c = capture
-        scratch = self._buffers(c)  # allocation is allowed here: no capture is open
+        # allocation is allowed here: no capture is open. The scratch key gets an epoch of its
+        # own: the keys' shared device epoch is only ever advanced (a reset could make an old
+        # header's epoch current again)
+        scratch = self._buffers(c)
         p = scratch.tilings[c.sliding_window][0]
         variant = _variant(c, p)
         if variant in self.warmed:
             return False
-        scratch.epoch.zero_()
+        scratch = replace(scratch, epoch=torch.zeros((1,), dtype=torch.int32,
+                                                     device=c.query.device))
         self._plan(scratch, count=False)
         self._attention(replace(c, output=torch.empty_like(c.output)), scratch)()
         self.warmed.add(variant)
@@ -286,7 +313,7 @@ class NpuTilingEngine:
             causal=True)
         tiling_buffer = empty((params.tiling_bytes,), torch.uint8)
         # its one tiling under `tilings` too, so that errors() reads MLA keys as GQA ones
-        return _KeyBuffers(params, lengths, tiling_buffer, empty((1,), torch.int32),
+        return _KeyBuffers(params, lengths, tiling_buffer, self._epoch_buffer(c.q_nope.device),
                            empty((slots, params.q_tile, params.group, c.kv_lora_rank),
                                  torch.float32),
                            empty((slots, params.q_tile, params.group), torch.float32),
@@ -314,6 +341,8 @@ class NpuTilingEngine:
             key = self.keys[mla_key] = self._mla_buffers(c)
             self.mla_lora[mla_key] = c.kv_lora_rank
             if self.placement == "graph":
+                # captured before the key's layers, re-run by every replay of its graph
+                self.launch(self._advance_epoch)
                 self.launch(lambda k=key: self._plan(k))
         elif (self.mla_lora.get(mla_key) != c.kv_lora_rank or geometry != (
                 key.params.num_q_heads, key.params.num_kv_heads, key.params.head_dim)):
@@ -334,25 +363,38 @@ class NpuTilingEngine:
 
     # ---- every step -------------------------------------------------------------------------
     def before_replay(self, num_tokens: int | None = None) -> None:
-        """Before a graph replays: a new step epoch; under ``pre-replay`` also the tiling of
-        the keys of `num_tokens` (every key when None)."""
+        """Before a graph replays. Under ``graph`` nothing reaches the device (the replay
+        advances the epoch and re-runs the tiling task); under ``pre-replay``: the epoch
+        advanced on the device, then the tiling of the keys of `num_tokens` (every key when
+        None), all enqueued: no host-to-device copy, no host wait, whatever the key count."""
         self.epoch = self.epoch % (2**31 - 1) + 1
-        self._host_epoch[0] = self.epoch
-        for graph_key, key in self.keys.items():
-            self.host_to_device(key.epoch, self._host_epoch)
-            if self.placement == "pre-replay" and (
-                    num_tokens is None or _tokens_of(graph_key) == num_tokens):
-                self._plan(key)
+        if self.placement != "pre-replay":
+            return
+        planned = [key for graph_key, key in self.keys.items()
+                   if num_tokens is None or _tokens_of(graph_key) == num_tokens]
+        if planned:
+            self._advance_epoch()
+        for key in planned:
+            self._plan(key)
+
+    def device_epoch(self) -> int | None:
+        """The shared epoch as the device holds it now (a device-to-host copy: diagnosis
+        only); None before the first capture."""
+        if self._device_epoch is None:
+            return None
+        return int(self._device_epoch.cpu()[0])
 
     def errors(self) -> dict[Hashable, tiling.TilingError]:
-        """The tiling errors of the last step per key, GQA and MLA keys alike (reads every
-        tiling header back)."""
+        """The tiling errors per key as of now, GQA and MLA keys alike (reads the epoch and
+        every tiling header back): a key whose tiling was not planned since the epoch's last
+        advance is stale (under ``graph`` every key but the last replayed one)."""
         found = {}
+        current = self.device_epoch()
         for graph_key, key in self.keys.items():
             for params, buffer in key.tilings.values():  # the first error of the key
                 planned = kernels.tiling_status(params, buffer.cpu())
-                if planned.epoch != self.epoch:
-                    found[graph_key] = tiling.StaleTilingError(planned.epoch, self.epoch)
+                if planned.epoch != current:
+                    found[graph_key] = tiling.StaleTilingError(planned.epoch, current)
                 elif planned.error is not None:
                     found[graph_key] = planned.error
                 if graph_key in found:

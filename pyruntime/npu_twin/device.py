@@ -380,8 +380,15 @@ class Device:
         graph.nodes.append(work)
 
     def refuse_in_capture(self, what: str) -> None:
-        # a stream stays capturing after a reset without capture_end, so streams decide
-        if any(s.capture is not None for s in self.streams):
+        # a stream stays capturing after a reset without capture_end, so streams decide (a
+        # plain loop, not any() over a generator: a host step's Python calls, which the bench
+        # counts, must not grow with the streams this process has made)
+        capturing = False
+        for stream in self.streams:
+            if stream.capture is not None:
+                capturing = True
+                break
+        if capturing:
             raise CaptureViolation(f"{what} while a graph is capturing (capture mode global "
                                    "refuses it in every thread); do it before capture_begin "
                                    "or after capture_end")
@@ -441,15 +448,27 @@ class Device:
                 raise DeviceHang(f"waiting for {waiting_for}, but no stream can run: "
                                  f"{'; '.join(blocked)} (an event that is never recorded)")
 
-    def synchronize_stream(self, stream: StreamState, what: str) -> None:
+    # Host waits are counted in `stats` by what made the host wait (the bench's and the hook's
+    # per-step invariants read them): ``synchronizes`` (torch.npu.synchronize(),
+    # Stream.synchronize(), Event.synchronize()), ``copies_h2d_blocking`` (``copy_`` to the
+    # device without non_blocking) and ``copies_d2h`` (``.cpu()``, ``.item()``, ...): torch_npu's
+    # ``copy_between_host_and_device`` (torch_npu/csrc/aten/common/CopyKernel.cpp, Ascend/pytorch;
+    # its log line "non_blocking copy without StreamSynchronize." is in the 2.10.0.post4
+    # wheel's libtorch_npu.so) calls AclrtSynchronizeStreamWithTimeout on the current stream
+    # and then a synchronous aclrtMemcpy unless non_blocking is set, in either direction; with
+    # non_blocking it queues the copy and records an event on the pinned host block instead.
+    def synchronize_stream(self, stream: StreamState, what: str,
+                           counted_as: str = "synchronizes") -> None:
         self.check_alive()
         self.refuse_in_capture(what)
+        self.stats[counted_as] += 1
         self.run_until(lambda: not stream.queue, f"{stream} to drain")
 
     def synchronize(self, what: str = "torch.npu.synchronize()", index: int | None = None) -> None:
         """``aclrtSynchronizeDevice``: every stream of device `index` (default: current)."""
         self.check_alive()
         self.refuse_in_capture(what)
+        self.stats["synchronizes"] += 1
         index = self.current_device() if index is None else self.checked(index)
         mine = [s for s in self.streams if s.device == index]
         self.run_until(lambda: all(not s.queue for s in mine),
@@ -494,6 +513,7 @@ class Device:
     def synchronize_event(self, event: EventState) -> None:
         self.check_alive()
         self.refuse_in_capture("Event.synchronize()")
+        self.stats["synchronizes"] += 1
         if event.external or event.last_token is None:
             return
         token = event.last_token
@@ -802,7 +822,8 @@ def _queue_reference_body(dev: Device, func, args, kwargs) -> None:
 def _device_to_host(src: NpuTensor, kwargs) -> torch.Tensor:
     dev = device()
     dev.refuse_in_capture("a device-to-host copy (.cpu(), .item(), .tolist(), .numpy())")
-    dev.synchronize_stream(dev.current_stream(src._index), "a device-to-host copy")
+    dev.synchronize_stream(dev.current_stream(src._index), "a device-to-host copy",
+                           counted_as="copies_d2h")
     kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
     return _aten._to_copy.default(src._inner, **kwargs)
 
@@ -864,7 +885,8 @@ def _copy(dst: Any, src: Any, non_blocking: bool):
     if not non_blocking:
         source = src.detach()
         dev.enqueue(Work("copy", "H2D copy", lambda: target.copy_(source)), stream)
-        dev.synchronize_stream(stream, "a blocking host-to-device copy")
+        dev.synchronize_stream(stream, "a blocking host-to-device copy",
+                               counted_as="copies_h2d_blocking")
         return dst
     # asynchronous: the copy reads the host memory when it runs; a pinned block is kept
     # alive until then by the host allocator, a pageable tensor is not

@@ -220,7 +220,8 @@ def test_bench_quick_small_grid(cli, tmp_path):
                        "-o", str(out_file), "--resamples", "200")  # fmt: skip
     data = json.loads(out)
     assert code == 0 and len(data["points"]) == 2
-    assert data["version"] == 3 and data["placements"] is None  # one layer count only
+    assert data["version"] == 4 and data["placements"] is None  # one layer count only
+    assert data["invariants"] is None  # a grid given by flags: not counted unless asked
     assert data["host_flatness"] is None  # a grid given by flags: no flatness run unless asked
     p = data["points"][0]
     for mode in ("host_update", "device_tiling", "pre_replay"):
@@ -267,6 +268,42 @@ def test_bench_flatness_measures_both_layer_counts_side_by_side(cli, monkeypatch
         for counters in v["counters_per_step"].values():
             assert counters["replays"] == 1 and counters["task_updates"] == 0
             assert counters["launches_aicpu"] == (1 if mode == "pre_replay" else 0)
+
+
+@needs_runtime
+def test_bench_invariants_and_the_host_time_fit(cli):
+    """Issue 30: the JSON carries the invariants per mode and L (as a string), their verdict,
+    and host time over L with its least-squares slope; two layer counts keep it short."""
+    code, out, _ = cli("bench", "--layers", "2", "--batch-sizes", "4", "--steps", "3",
+                       "--warmup", "1", "--invariants", "--invariant-layers", "1,3",
+                       "--max-kv", "256", "--json", "--no-save", "--resamples", "50")
+    data = json.loads(out)
+    assert code == 0 and data["version"] == 4
+    counts = data["invariants"]
+    assert set(counts) == {"host_update", "device_tiling", "pre_replay"}
+    assert all(set(rows) == {"1", "3"} for rows in counts.values())
+    assert counts["device_tiling"]["1"] == counts["device_tiling"]["3"]
+    assert counts["pre_replay"]["3"]["launches_aicpu"] == 1
+    check = data["invariants_check"]
+    assert check["holds"] and check["problems"] == [] and check["layers"] == [1, 3]
+    assert check["per_layer"]["host_update"]["task_updates"] == 1
+    fit = data["host_time_vs_layers"]
+    for mode in ("host_update", "device_tiling", "pre_replay"):
+        m = fit["modes"][mode]
+        assert m["layers"] == [1, 3] and m["steps"] == 6  # every measured step a point
+        assert m["slope_ci"][0] <= m["slope_us_per_layer"] <= m["slope_ci"][1]
+    assert fit["ratio"] == {}  # L=61 was not measured
+    assert len(data["points"]) == 1  # the fit's extra layer counts are not grid points
+
+
+@needs_runtime
+def test_bench_invariants_need_two_layer_counts(cli):
+    code, _, err = cli("bench", "--layers", "2", "--invariants", "--invariant-layers", "4",
+                       "--no-save")
+    assert code == 2 and "--invariant-layers needs two or more layer counts" in err
+    code, _, err = cli("bench", "--layers", "2", "--invariants", "--invariant-layers",
+                       "1,100000", "--no-save")
+    assert code == 2 and "from 1 to 128" in err
 
 
 @needs_runtime

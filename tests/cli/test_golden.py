@@ -47,6 +47,17 @@ def bench_result() -> dict:
         "pre_replay": {"launches_aicpu": 1.0, "launches_aicore": 0.0, "task_updates": 0.0,
                        "host_tiling_calls": 0.0, "replays": 1.0, "copies_h2d": 2.0},
     }
+    per_layer = {"python_calls": 95, "c_calls": 119, "lib_calls": 3, "launches_aicore": 2,
+                 "task_updates": 1, "host_tiling_calls": 1, "event_records": 1}
+    host_l1 = {"python_calls": 137, "c_calls": 142, "lib_calls": 3, "launches_aicore": 2,
+               "task_updates": 1, "host_tiling_calls": 1, "replays": 1, "copies_h2d": 1,
+               "synchronizes": 1, "event_records": 1}
+    invariants = {
+        "host_update": {str(n): {k: v + (n - 1) * per_layer.get(k, 0) for k, v in host_l1.items()}
+                        for n in (1, 61)},
+        "device_tiling": {str(n): {"python_calls": 44, "c_calls": 31, "replays": 1,
+                                   "copies_h2d": 2} for n in (1, 61)},
+    }
     return {
         "points": points,
         "placements": {"batch": 64, "source": "trace", "layers": [1, 61],
@@ -59,6 +70,16 @@ def bench_result() -> dict:
                                         "ratio": ratio(19.1 / 18.2), "within_target": True},
                       "pre_replay": {"host_us_L1": stat(30.0), "host_us_L61": stat(41.0),
                                      "ratio": ratio(41.0 / 30.0), "within_target": False}}},
+        "invariants": invariants,
+        "invariants_check": {"batch": 64, "source": "trace", "warmup": 3, "holds": True,
+                             "problems": [], "per_layer": {"host_update": per_layer}},
+        "host_time_vs_layers": {
+            "batch": 64, "source": "trace", "ratio_layers": 61,
+            "modes": {"host_update": {"layers": [1, 61], "median_us": [118.0, 4310.0],
+                                      "slope_us_per_layer": 69.87, "slope_ci": [68.5, 71.2]},
+                      "device_tiling": {"layers": [1, 61], "median_us": [60.5, 61.2],
+                                        "slope_us_per_layer": 0.012, "slope_ci": [-0.02, 0.04]}},
+            "ratio": {"device_tiling": 4310.0 / 61.2}},
         "headline": {"layers": 61, "batch": 64, "source": "trace", "host_update_us": 4310.0,
                      "device_tiling_us": 61.2, "host_ratio": 4310.0 / 61.2,
                      "pre_replay_us": 80.5, "host_ratio_pre_replay": 4310.0 / 80.5},

@@ -22,6 +22,9 @@ both, cached under ``~/.cache/aicpu-tiling/vllm-envs``). There:
   device path, zero task updates, against float64 absorbed MLA; a mixed graph (an NZ-cache layer on
   vLLM-Ascend's path, updated once a step); 20 heads (padded); the Triton MLA bodies; an
   engine that drops the rope part is caught; the patch installs and uninstalls exactly.
+* ``aicpu-tiling hook-dryrun --model plain --captured-sizes N`` (N = 1, 8, 32): the blocking
+  copies and synchronizes per replayed step in vLLM-Ascend's classes, counted by the twin,
+  are the same with the hook as without it (issue 30).
 * ``tools/run_vllm_ascend_ut.py --both``: vLLM-Ascend's own unit tests of the classes we
   patch (``test_mla_v1.py`` included), without and with the hook applied: no outcome differs.
 
@@ -139,6 +142,41 @@ def test_a_dropped_sink_is_caught(release):
     assert sink_layer["max_rel_err"] > 100 * 1e-4
     assert sink_layer["max_rel_err"] >= 0.99 * sink_layer["sinks_distance"]
     assert all(layer["max_rel_err"] <= 1e-4 for layer in run["layers"][:4])
+
+
+#: captured graph counts and the placement each runs under: both placements, each count once
+#: (every case is two children, the run without the hook and the run with it: 30-100 s)
+CAPTURED_SIZES = [(1, "pre-replay"), (8, "graph"), (32, "pre-replay")]
+
+
+@pytest.mark.parametrize("captured, placement", CAPTURED_SIZES)
+def test_the_hook_adds_no_blocking_copy_and_no_synchronize_per_step(captured, placement):
+    """Issue 30: vLLM-Ascend's own classes capture `captured` graphs (token buckets 1..N) on
+    the twin, without the hook and with it; per replayed step, the blocking host-to-device
+    and device-to-host copies and the synchronizes the host makes in the model runner's part
+    (the replay through ACLGraphWrapper, the hook's before_replay inside it, vLLM-Ascend's
+    update after it) are counted by the twin (torch_npu's copy_between_host_and_device
+    rule). The hook adds none, whatever the number of graphs: before issue 30 its
+    before_replay made one blocking epoch copy per captured graph per step."""
+    env = _env(RELEASES[1])
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    proc = subprocess.run([str(python), "-m", "pyruntime.cli", "hook-dryrun", "--json",
+                           "--model", "plain", "--captured-sizes", str(captured),
+                           "--placement", placement, "--steps", "2"],
+                          capture_output=True, text=True, env=_clean_env(tree), cwd=REPO,
+                          timeout=600, check=False)
+    start = proc.stdout.find("{")
+    assert start >= 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout[start:])
+    assert report["captured_sizes"] == captured and report["device"] == "npu-twin"
+    assert [layer["path"] for layer in report["layers"]] == ["device"] * 2
+    before, after = report["host_waits_per_step_before"], report["host_waits_per_step_after"]
+    added = {k: after[k] - before[k] for k in before}
+    assert added == {"copies_h2d_blocking": 0, "copies_d2h": 0, "synchronizes": 0}, (
+        before, after)
+    # what both runs keep: vLLM-Ascend's own synchronize before each replay
+    assert before["synchronizes"] >= 1
+    assert report["ok"] and proc.returncode == 0
 
 
 #: per real-config set: each layer's window, the soft cap of every layer, each layer's sinks

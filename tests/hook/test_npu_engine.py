@@ -3,8 +3,8 @@
 `NpuTilingEngine` is what the hook captures into on an Ascend machine. Here its ops are our
 custom ops' CPU implementations and its captured launches go through the fixture's graph
 recorder, so the engine's own logic (per-key buffers, the tiling task captured once under
-``graph`` or launched before every replay under ``pre-replay``, the step epoch written
-before each replay, the patched ``ACLGraphWrapper.__call__``) runs for real; only the
+``graph`` or launched before every replay under ``pre-replay``, the step epoch advanced
+on the device, the patched ``ACLGraphWrapper.__call__``) runs for real; only the
 device is not. The reasons the NPU backend gives the hook when it cannot offer an engine
 are checked against a stand-in torch.npu.
 """
@@ -43,6 +43,36 @@ def test_engine_matches_host_update_with_one_tiling_per_step(fixture_pkg, where)
 
 
 @pytest.mark.parametrize("where", ["graph", "pre-replay"])
+def test_before_replay_copies_nothing_from_the_host_whatever_the_key_count(fixture_pkg,
+                                                                         monkeypatch, where):
+    """Issue 30: before_replay writes no host value into any key's buffers (it made one
+    blocking epoch copy per captured key per step before): under graph it enqueues nothing,
+    under pre-replay one epoch advance on the device and the tiling of the replayed keys."""
+    npu = importlib.import_module("vllm_ascend._fixture_npu")
+    engine = NpuTilingEngine(where, num_cores=4, launch=npu.launch)
+    hook.install(engine_factory=lambda: (engine, None))
+    _run([(None, "auto")] * 2)
+    assert len(engine.keys) == 2
+    copies, real_copy = [], torch.Tensor.copy_
+
+    def counted_copy(self, src, *args, **kwargs):
+        copies.append(self.data_ptr())
+        return real_copy(self, src, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", counted_copy)
+    advances, launches = engine.epoch_advances, engine.tiling_launches
+    for _ in range(3):
+        engine.before_replay(None)
+    assert copies == []
+    planned = where == "pre-replay"
+    assert engine.epoch_advances - advances == (3 if planned else 0)
+    assert engine.tiling_launches - launches == (3 * len(engine.keys) if planned else 0)
+    # every key's tiling was planned after the last advance: none is stale (pre-replay)
+    if planned:
+        assert engine.errors() == {}
+
+
+@pytest.mark.parametrize("where", ["graph", "pre-replay"])
 def test_engine_never_drops_a_layers_soft_cap(fixture_pkg, where):
     """Layers with a logits soft cap take the device path on the real NPU engine (it
     declares applies_logits_soft_cap and hands the cap to its attention kernel) and match
@@ -63,7 +93,7 @@ def test_engine_never_drops_a_layers_soft_cap(fixture_pkg, where):
 
 def test_a_tiling_not_rerun_is_refused_not_reused(fixture_pkg):
     """Graph placement on a device that does not re-run the captured task: the epoch
-    written before each replay no longer matches, so outputs are zero and errors() says so."""
+    advanced by each replay no longer matches, so outputs are zero and errors() says so."""
     npu = importlib.import_module("vllm_ascend._fixture_npu")
     engine = NpuTilingEngine("graph", num_cores=4, launch=npu.launch)
     real_plan = engine._plan

@@ -29,7 +29,9 @@ def test_device_tiling_step_is_copies_and_one_replay(num_layers):
     attn = make_attention("device_tiling", num_layers=num_layers)
     delta = _run(attn, steps=10)
     assert delta == {"launches_aicpu": 0, "launches_aicore": 0, "task_updates": 0,
-                     "host_tiling_calls": 0, "replays": 10, "copies_h2d": 20}
+                     "host_tiling_calls": 0, "replays": 10, "copies_h2d": 20,
+                     "copies_h2d_blocking": 0, "event_records": 0, "event_waits": 0,
+                     "synchronizes": 20}  # step()'s wait and check()'s, per step
     aicpu = attn.backend.timings.by_kind["aicpu"].count
     assert aicpu == 11  # one AI-CPU tiling task per step, not per layer
     attn.backend.close()

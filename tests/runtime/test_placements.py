@@ -91,7 +91,9 @@ def test_pre_replay_step_is_one_aicpu_launch_and_no_update(num_layers):
     after = attn.backend.counters.snapshot()
     assert {k: after[k] - before[k] for k in after} == {
         "launches_aicpu": 10, "launches_aicore": 0, "task_updates": 0,
-        "host_tiling_calls": 0, "replays": 10, "copies_h2d": 20}
+        "host_tiling_calls": 0, "replays": 10, "copies_h2d": 20, "copies_h2d_blocking": 0,
+        # per step: the fork and join events of the launch; the waits of step() and check()
+        "event_records": 20, "event_waits": 20, "synchronizes": 20}
     assert attn.backend.timings.by_kind["aicpu"].count == 11
     attn.backend.close()
 

@@ -37,7 +37,6 @@ def by_name(report: dict) -> dict[str, dict]:
     return {c["name"]: c for c in report["checks"]}
 
 
-@pytest.mark.alone  # its verdict includes the host-time flatness
 def test_the_whole_npu_path_passes_on_the_twin(tmp_path):
     code, report, text = selfcheck(tmp_path)
     checks = by_name(report)

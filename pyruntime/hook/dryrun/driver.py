@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .models import MODELS, TOLERANCE, DryRunError, Shape, shape_of
+from .models import MODELS, TOLERANCE, DryRunError, Shape, shape_of, with_captured_sizes
 
 SCHEMA = "aicpu-tiling/hook-dryrun"
 REPO = Path(__file__).resolve().parents[3]
@@ -44,7 +44,11 @@ REPORT_FIELDS = (
     "updates_per_step_after", "updates_per_step_all", "updates_per_step_host_layers",
     "updates_skipped", "max_rel_err", "max_rel_err_before", "rope_distance", "tolerance",
     "dtype", "seconds", "steps_with_split_units", "tilings_per_graph",
-    "tiling_launches_per_step", "ok")
+    "tiling_launches_per_step", "captured_sizes", "host_waits_per_step_before",
+    "host_waits_per_step_after", "ok")
+#: the host waits counted per replayed step (the twin's `Device.stats` names): blocking copies
+#: either way and explicit synchronizes, torch_npu's rules (`pyruntime.npu_twin.device`)
+HOST_WAITS = ("copies_h2d_blocking", "copies_d2h", "synchronizes")
 
 
 @dataclass
@@ -75,6 +79,11 @@ class Run:
     #: the model dtype and the largest relative error against float64 it allows
     dtype: str = "float32"
     tolerance: float = TOLERANCE
+    #: graphs captured (token buckets), and the host waits per replayed step inside
+    #: vLLM-Ascend's classes (`HOST_WAITS`: the replay through ``ACLGraphWrapper``, the
+    #: hook's ``before_replay`` in it, vLLM-Ascend's update after it); None off the twin
+    captured_sizes: int = 0
+    host_waits_per_step: dict | None = None
 
 
 def check_real_vllm_ascend() -> Path:
@@ -159,9 +168,10 @@ def split_this_step(engine: Any) -> bool:
     from pyruntime import tiling
     from pyruntime.kernels.step import tiling_status
 
+    current = engine.device_epoch()
     for key in engine.keys.values():
         planned = tiling_status(key.params, key.tiling)
-        if (planned.epoch == engine.epoch and planned.status == tiling.OK
+        if (planned.epoch == current and planned.status == tiling.OK
                 and planned.num_slots > 0):
             return True
     return False
@@ -218,6 +228,11 @@ class Runner:
 
     def __init__(self, shape: Any, seed: int, hooked: bool = True) -> None:
         self.shape, self.seed, self.hooked = shape, seed, hooked
+        #: the twin device's counters (None on an NPU) and the host waits counted in the
+        #: replayed steps' model-runner part (`step`), once `counting` is set
+        self.twin_stats: Any = None
+        self.counting = False
+        self.host_waits = dict.fromkeys(HOST_WAITS, 0)
 
     # -- what a geometry provides ---------------------------------------------------------
 
@@ -345,6 +360,8 @@ class Runner:
                                 ("is_draft_model_prefill", False), ("sinks", self.all_sinks),
                                 ("in_profile_run", False), ("num_tokens", bucket)):
                 setattr(context, name, value)
+            counted = self.counting and not eager and self.twin_stats is not None
+            before = {k: self.twin_stats[k] for k in HOST_WAITS} if counted else None
             self.wrapper(metas, bucket)
             # the model runner's update after the replay, never after a capture (its
             # _update_full_graph_params_if_needed checks forward_context.capturing: an update
@@ -353,7 +370,10 @@ class Runner:
                 self.acl_graph.update_full_graph_params(
                     self.backend, self.update_stream, context, bucket, self.cfg,
                     self.cfg.speculative_config)
-        self.torch.npu.synchronize()
+            if before is not None:  # the replay and its update: what vLLM-Ascend's runner does
+                for k in HOST_WAITS:
+                    self.host_waits[k] += self.twin_stats[k] - before[k]
+        self.torch.npu.synchronize()  # the dry run's own reads: not counted
         return [o.cpu() for o in self.outputs]
 
     def capture(self) -> None:
@@ -411,8 +431,13 @@ def run(*, placement: str = "graph", steps: int | None = None, seed: int = 0,
     from importlib import metadata
 
     version = metadata.version("vllm-ascend")
+    if device == "npu-twin":
+        from pyruntime.npu_twin import device as twin_device
+
+        runner.twin_stats = twin_device.device().stats
     runner.build()
     runner.capture()
+    runner.counting = True
     counter.reset()
     runner.begin(dict(hook.status().host_path_layers) if hooked else {})
     split_steps = 0 if hasattr(engine, "keys") else None  # the NPU engine's per-key buffers
@@ -445,7 +470,10 @@ def run(*, placement: str = "graph", steps: int | None = None, seed: int = 0,
                max_rel_err=runner.max_rel_err, seconds=round(time.perf_counter() - started, 1),
                steps_with_split_units=split_steps, tilings_per_graph=tilings_per_graph,
                tiling_launches_per_step=launches_per_step, dtype=shape.dtype,
-               tolerance=shape.tolerance, **runner.run_fields(status))
+               tolerance=shape.tolerance, captured_sizes=len(shape.buckets),
+               host_waits_per_step=(None if runner.twin_stats is None else
+                                    {k: v / max(done, 1) for k, v in runner.host_waits.items()}),
+               **runner.run_fields(status))
 
 
 def report(after: Run, before: Run | None = None) -> dict:
@@ -454,8 +482,9 @@ def report(after: Run, before: Run | None = None) -> dict:
 
     ``ok`` holds when at least one layer moved to the device path, no layer of ours was
     host-updated, the hooked outputs (the host-path layers' included) match the float64
-    reference within the run's tolerance (`TOLERANCES` of its dtype), and what the geometry
-    adds holds (`Runner.report_fields`).
+    reference within the run's tolerance (`TOLERANCES` of its dtype), the hook added no host
+    wait per step (`HOST_WAITS`, where the twin counted both runs) and what the geometry adds
+    holds (`Runner.report_fields`).
     """
     runner = geometry(MODELS[after.model][0])
     device_layers = sum(1 for layer in after.layers if layer["path"] == "device")
@@ -472,14 +501,21 @@ def report(after: Run, before: Run | None = None) -> dict:
            "layers": after.layers, "device_layers": device_layers, "steps": after.steps,
            "max_rel_err": after.max_rel_err, "tolerance": after.tolerance,
            "seconds": round(sum(r.seconds for r in runs), 1),
-           "steps_with_split_units": after.steps_with_split_units, **own}
+           "steps_with_split_units": after.steps_with_split_units,
+           "captured_sizes": after.captured_sizes,
+           "host_waits_per_step_after": after.host_waits_per_step, **own}
+    if before is not None:
+        out["host_waits_per_step_before"] = before.host_waits_per_step
+    waits = [after.host_waits_per_step, before and before.host_waits_per_step]
+    no_added_waits = None in waits or all(waits[0][k] <= waits[1][k] for k in HOST_WAITS)
     out["ok"] = bool(device_layers > 0 and on_ours == 0 and after.max_rel_err <= after.tolerance
-                     and verdict)
+                     and no_added_waits and verdict)
     return {name: out[name] for name in REPORT_FIELDS if name in out}
 
 
 def run_in_child(*, hooked: bool, placement: str, steps: int, spec_tokens: int = 0,
-                 model: str = "mixed", timeout_s: float = 600) -> Any:
+                 model: str = "mixed", captured_sizes: int | None = None,
+                 timeout_s: float = 600) -> Any:
     """`run` in a fresh interpreter (the twin and the hook are once per process): what the
     child prints (`main`)."""
     import json
@@ -489,6 +525,7 @@ def run_in_child(*, hooked: bool, placement: str, steps: int, spec_tokens: int =
     env = {k: v for k, v in os.environ.items() if k != "AICPU_TILING"}  # no autostart hook
     cmd = [sys.executable, "-m", __package__, "--placement", placement,
            "--steps", str(steps), "--spec-tokens", str(spec_tokens), "--model", model,
+           *([] if captured_sizes is None else ["--captured-sizes", str(captured_sizes)]),
            *([] if hooked else ["--no-hook"])]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
                           check=False)
@@ -503,7 +540,7 @@ def run_in_child(*, hooked: bool, placement: str, steps: int, spec_tokens: int =
 
 
 def dry_run(*, model: str = "mixed", placement: str = "graph", steps: int = 6,
-            spec_tokens: int = 0) -> dict:
+            spec_tokens: int = 0, captured_sizes: int | None = None) -> dict:
     """``aicpu-tiling hook-dryrun``: the set's run without the hook and with it (the hooked
     one only, for a set vLLM-Ascend's own path cannot run here), each in a fresh interpreter;
     their `report`.
@@ -513,7 +550,7 @@ def dry_run(*, model: str = "mixed", placement: str = "graph", steps: int = 6,
     """
     check_real_vllm_ascend()
     options = {"placement": placement, "steps": steps, "spec_tokens": spec_tokens,
-               "model": model}
+               "model": model, "captured_sizes": captured_sizes}
     if not geometry(MODELS[model][0]).runs_unhooked:
         return run_in_child(hooked=True, **options)  # the child's report
     before = run_in_child(hooked=False, **options)
@@ -535,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec-tokens", type=int, default=0)
     parser.add_argument("--model", default="mixed", choices=tuple(MODELS))
     parser.add_argument("--no-hook", action="store_true")
+    parser.add_argument("--captured-sizes", type=int, default=None,
+                        help="capture this many token buckets, 1..N tokens (default: the "
+                             "set's own)")
     mla = parser.add_argument_group("--model mla only")
     mla.add_argument("--fault", choices=("drop-rope",), default=None)
     mla.add_argument("--host-layers", default=None,
@@ -554,6 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(fields) > 1 and MODELS[args.model][0].geometry != "mla":
         parser.error("--fault, --host-layers and --num-heads take --model mla")
     shape = shape_of(args.model, **fields)
+    if args.captured_sizes is not None:
+        shape = with_captured_sizes(shape, args.captured_sizes)
     result = run(placement=args.placement, steps=args.steps, hooked=not args.no_hook,
                  shape=shape)
     paired = geometry(shape).runs_unhooked

@@ -63,8 +63,9 @@ Each set is its own run (one geometry per graph).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 #: float32 attention against a float64 reference
 TOLERANCE = 1e-4
@@ -207,7 +208,27 @@ MODELS: dict[str, tuple[type, dict]] = {
                    "max_blocks_per_req": 8, "num_blocks": 40, "max_reqs": 4,
                    "buckets": (2, 4), "dtype": "bfloat16"}),
     "mla": (MLAShape, {}),
+    # two plain small layers: the cheapest set, for counting host work per step against the
+    # number of captured graphs (``--captured-sizes``)
+    "plain": (Shape, {"num_layers": 2, "windowed_layers": (), "soft_capped_layers": (),
+                      "sink_layers": (), "num_heads": 8, "num_kv_heads": 2, "head_size": 64}),
 }
+
+
+def with_captured_sizes(shape: Any, count: int) -> Any:
+    """`shape` capturing `count` graphs, one per token bucket ``q_len * (1..count)`` (the
+    requests and cache blocks grown to fill the largest), for counting per-step host work
+    against the number of captured graphs.
+
+    Raises:
+        DryRunError: `count` < 1.
+    """
+    if count < 1:
+        raise DryRunError(f"--captured-sizes must be >= 1, got {count}")
+    return dataclasses.replace(
+        shape, buckets=tuple(shape.q_len * n for n in range(1, count + 1)),
+        max_reqs=max(shape.max_reqs, count),
+        num_blocks=max(shape.num_blocks, count * shape.max_blocks_per_req))
 
 
 def shape_of(model: str = "mixed", **fields) -> Shape | MLAShape:

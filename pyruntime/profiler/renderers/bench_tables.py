@@ -82,7 +82,8 @@ def flatness_table(flat: dict) -> Table:
     low, high = flat["layers"]
     table = Table(title=f"Host-time flatness: device path, L={high} over L={low}, batch "
                         f"{flat['batch']}, {flat['source']}, side by side (target <= "
-                        f"{flat['target']:g})", title_justify="left")
+                        f"{flat['target']:g}; reported, not judged: the invariants judge)",
+                  title_justify="left")
     for name in ("placement", f"L={low} (us)", f"L={high} (us)", f"L={high} / L={low}",
                  "target"):
         table.add_column(name, justify="right" if name != "placement" else "left",
@@ -92,6 +93,64 @@ def flatness_table(flat: dict) -> Table:
         table.add_row(_HEADINGS.get(m, m), _cell(v[f"host_us_L{low}"]),
                       _cell(v[f"host_us_L{high}"]), _ratio(v["ratio"], 2),
                       Text("met" if ok else "missed", style="green" if ok else "bold red"))
+    return table
+
+
+#: the invariants table's rows: (key, name)
+_INVARIANT_ROWS = (("python_calls", "Python calls"), ("c_calls", "C calls"),
+                   ("lib_calls", "cffi lib calls"), ("copies_h2d", "copies H2D"),
+                   ("copies_h2d_blocking", "blocking copies"), ("synchronizes", "synchronizes"),
+                   ("event_records", "event records"), ("event_waits", "event waits"),
+                   ("launches_aicpu", "AI-CPU launches"), ("launches_aicore", "AI Core launches"),
+                   ("task_updates", "task updates"), ("host_tiling_calls", "host tilings"),
+                   ("replays", "replays"))
+
+
+def invariants_table(counts: dict, check: dict) -> list:
+    """The per-step invariants: per mode a table with a row per count and a column per L
+    (host_update also its per-layer amount, the positive control), then the verdict."""
+    out: list = [Text(f"Per host step, counted exactly (batch {check['batch']}, "
+                      f"{check['source']}, after {check['warmup']} warm-up steps): a device "
+                      "mode must be the same at every L", style="bold")]
+    per_layer = check["per_layer"].get("host_update")
+    for mode, rows in counts.items():
+        table = Table(title=_HEADINGS.get(mode, mode), title_justify="left")
+        table.add_column("per step", no_wrap=True)
+        columns = [rows[n] for n in sorted(rows, key=int)]
+        for n in sorted(rows, key=int):
+            table.add_column(f"L={n}", justify="right", no_wrap=True)
+        if mode == "host_update" and per_layer:
+            table.add_column("per layer", justify="right", no_wrap=True, style="dim")
+            columns.append(per_layer)
+        for key, name in _INVARIANT_ROWS:
+            table.add_row(name, *(f"{c.get(key, 0):g}" for c in columns))
+        out.append(table)
+    out.append(Text("invariants hold: no host work per layer on the device path; host_update "
+                    "grows by the same amount per layer", style="bold green") if check["holds"]
+               else Text("invariants BROKEN: " + "; ".join(check["problems"]), style="bold red"))
+    return out
+
+
+def host_time_fit_table(fit: dict) -> Table:
+    """Host time per step over L: the medians, the least-squares slope with its 95% CI, and
+    the ratio at the headline's L."""
+    modes = fit["modes"]
+    layers = next(iter(modes.values()))["layers"] if modes else []
+    table = Table(title=f"Host time per step (us) over L, batch {fit['batch']}, {fit['source']}: "
+                        "medians and the least-squares slope (reported, not judged)",
+                  title_justify="left")
+    table.add_column("mode", no_wrap=True)
+    for n in layers:
+        table.add_column(f"L={n}", justify="right", no_wrap=True)
+    table.add_column("us per layer\n95% CI", justify="right", no_wrap=True)
+    table.add_column(f"host_update /\nmode, L={fit['ratio_layers']}", justify="right")
+    for mode, m in modes.items():
+        slope = Text("-" if m["slope_us_per_layer"] is None else f"{m['slope_us_per_layer']:.2f}")
+        if m["slope_ci"]:
+            slope.append(f"\n{m['slope_ci'][0]:.2f}–{m['slope_ci'][1]:.2f}", style="dim")
+        ratio = fit["ratio"].get(mode)
+        table.add_row(_HEADINGS.get(mode, mode), *(_us(x) for x in m["median_us"]), slope,
+                      "-" if ratio is None else f"{ratio:.1f}x")
     return table
 
 
@@ -117,6 +176,10 @@ def bench_table(result: dict) -> list:
         out.extend(placements_tables(result["placements"]))
     if result.get("host_flatness"):
         out.append(flatness_table(result["host_flatness"]))
+    if result.get("invariants"):
+        out.extend(invariants_table(result["invariants"], result["invariants_check"]))
+    if result.get("host_time_vs_layers"):
+        out.append(host_time_fit_table(result["host_time_vs_layers"]))
     head = result.get("headline")
     if head:
         text = (f"headline: L={head['layers']}, batch {head['batch']}, {head['source']}: "
