@@ -67,10 +67,10 @@ def test_one_added_call_per_layer_on_the_device_path_is_flagged(monkeypatch):
 
     step = device_tiling.DeviceTilingPath.step
 
-    def step_with_work_per_layer(self, inputs):
+    def step_with_work_per_layer(self, inputs, *rest):
         for query in self.buffers.queries:
             per_layer_noop(query)
-        return step(self, inputs)
+        return step(self, inputs, *rest)
 
     monkeypatch.setattr(device_tiling.DeviceTilingPath, "step", step_with_work_per_layer)
     found = _measure(modes=("device_tiling",))
@@ -88,10 +88,10 @@ def test_one_added_device_operation_per_layer_is_flagged(monkeypatch):
 
     step = device_tiling.DeviceTilingPath.step
 
-    def step_with_records(self, inputs):
+    def step_with_records(self, inputs, *rest):
         for _ in self.buffers.queries:
             self.stream.record_event(self._spare)
-        return step(self, inputs)
+        return step(self, inputs, *rest)
 
     init = device_tiling.DeviceTilingPath.__init__
 
