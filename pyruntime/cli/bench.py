@@ -362,7 +362,8 @@ def engine_work(graph_keys: int) -> dict[str, EngineWork]:
             raise CliError(str(exc)) from exc
         out[mode] = EngineWork(graph_keys=graph_keys, h2d_copies=counts.h2d_copies,
                                blocking_copies=counts.blocking_copies,
-                               tiling_launches=counts.tiling_launches)
+                               tiling_launches=counts.tiling_launches,
+                               device_ops=counts.device_ops)
     return out
 
 

@@ -10,12 +10,16 @@ real `NpuTilingEngine` with K captured graph keys on host tensors and records wh
   kernel (Ascend/pytorch, ``copy_between_host_and_device``) synchronises the current stream
   after the copy unless ``non_blocking`` is set;
 - every ``plan_tiling`` / ``plan_tilings`` op call is one AI-CPU tiling launch;
+- every in-place aten op on one of the engine's device buffers whose other tensors are
+  device buffers too (the shared step epoch's ``add_``) is one enqueued AI Core op: no copy,
+  no host wait;
 - anything else that touches a device buffer, or any other op of the namespace, is work the
   bench cannot stand in for, and raises `EngineStepError` naming it, so a change to the engine
   fails loudly here instead of being left out of the bench.
 
-`tests/twin/test_engine_step_work.py` checks these counts against the NPU twin's own count of
-the same engine's copies, synchronizes and AI-CPU launches, with 1, 8 and 32 keys.
+`tests/cli/test_bench_method.py` checks these counts against the engine's own seams (its
+``_plan`` and ``_advance_epoch``); a check against the NPU twin's own counters of the same
+engine is not written yet.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from .npu_engine import NpuTilingEngine
 TILING_OPS = ("plan_tiling", "plan_tilings")
 
 
+#: the in-place ops that advance the step epoch on the device (`NpuTilingEngine._advance_epoch`)
+_EPOCH_ADVANCE = (torch.ops.aten.add_.Tensor, torch.ops.aten.add_.Scalar)
+
+
 class EngineStepError(RuntimeError):
     """`NpuTilingEngine.before_replay` does per-step work the bench has no stand-in for."""
 
@@ -47,6 +55,8 @@ class EngineStepCounts:
         h2d_copies: host-to-device copies issued.
         blocking_copies: those of them that block the host (each synchronises the stream).
         tiling_launches: AI-CPU tiling launches (``plan_tiling`` / ``plan_tilings``).
+        device_ops: enqueued in-place AI Core ops on the engine's buffers (the step epoch's
+            advance), each a launch with no copy and no host wait.
     """
 
     placement: str
@@ -54,6 +64,7 @@ class EngineStepCounts:
     h2d_copies: int
     blocking_copies: int
     tiling_launches: int
+    device_ops: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict (for JSON)."""
@@ -83,6 +94,7 @@ class _CopyRecorder(TorchDispatchMode):
         super().__init__()
         self.device_storages = device_storages
         self.copies: list[bool] = []  # one entry per host-to-device copy: blocking?
+        self.device_ops = 0  # in-place ops among the engine's device buffers
         self.other: list[str] = []
 
     def _on_device(self, value: Any) -> bool:
@@ -96,6 +108,10 @@ class _CopyRecorder(TorchDispatchMode):
                 and not self._on_device(args[1]):
             non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
             self.copies.append(not non_blocking)
+        elif func in _EPOCH_ADVANCE and self._on_device(args[0]) and all(
+                self._on_device(a) for a in (*args, *kwargs.values())
+                if isinstance(a, torch.Tensor)):
+            self.device_ops += 1  # the shared epoch's add_(1): enqueued, stays on the device
         elif touched:
             self.other.append(str(func))
         return func(*args, **kwargs)
@@ -140,6 +156,8 @@ def engine_step_work(placement: str, graph_keys: int) -> EngineStepCounts:
                       *(buf for _, buf in key.tilings.values())):
             if isinstance(value, torch.Tensor):
                 storages.add(value.untyped_storage().data_ptr())
+    if engine._device_epoch is not None:  # shared by every key (a key's `epoch` is it too)
+        storages.add(engine._device_epoch.untyped_storage().data_ptr())
     try:
         engine.before_replay(1)  # a first step: anything done once is not per-step work
         ops.calls.clear()
@@ -157,4 +175,5 @@ def engine_step_work(placement: str, graph_keys: int) -> EngineStepCounts:
     return EngineStepCounts(placement=placement, graph_keys=graph_keys,
                             h2d_copies=len(recorder.copies),
                             blocking_copies=sum(recorder.copies),
-                            tiling_launches=sum(c in TILING_OPS for c in ops.calls))
+                            tiling_launches=sum(c in TILING_OPS for c in ops.calls),
+                            device_ops=recorder.device_ops)

@@ -82,12 +82,16 @@ class EngineWork:
         tiling_launches: AI-CPU tiling launches per step; the pre-replay path's own launch is
             one of them, so the bench adds ``tiling_launches - 1`` (``pre-replay``) or
             ``tiling_launches`` (``graph``).
+        device_ops: enqueued AI Core ops per step with no copy and no host wait (the shared
+            step epoch's advance under ``pre-replay``); the bench launches as many no-op
+            AI Core tasks.
     """
 
     graph_keys: int
     h2d_copies: int
     blocking_copies: int
     tiling_launches: int
+    device_ops: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -146,6 +150,8 @@ class ServingStep:
             be.copy_h2d(epoch, self._host_epoch, stream=stream)
             if i < blocking:
                 stream.synchronize()
+        for _ in range(self.engine.device_ops):
+            be.launch(_NO_OP_TASK, {}, num_cores=1, stream=stream)
         for _ in range(self.extra_launches):
             self.path._launch_tiling()
 
@@ -186,7 +192,7 @@ def _no_op(core: int, **args: Any) -> None:
     """The floor graph's one task: no work."""
 
 
-_FLOOR_TASK = Kernel("floor_no_op", AICORE, _no_op)
+_NO_OP_TASK = Kernel("floor_no_op", AICORE, _no_op)
 
 
 class FloorStep:
@@ -216,7 +222,7 @@ class FloorStep:
         self._first_kv = max_batch + 3
         self.graph = backend.graph()
         with backend.capture(self.graph, self.stream):
-            backend.launch(_FLOOR_TASK, {}, num_cores=1, stream=self.stream)
+            backend.launch(_NO_OP_TASK, {}, num_cores=1, stream=self.stream)
         self.last_step_host_seconds = self.last_step_blocked_seconds = float("nan")
 
     def step(self, block_table: np.ndarray, cu_seqlens_q: np.ndarray, seqlens_kv: np.ndarray,

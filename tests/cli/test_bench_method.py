@@ -21,39 +21,50 @@ GEOM = Geometry(max_kv=512, num_blocks=8)
 
 def _work(placement: str, keys: int) -> EngineWork:
     c = engine_step_work(placement, keys)
-    return EngineWork(keys, c.h2d_copies, c.blocking_copies, c.tiling_launches)
+    return EngineWork(keys, c.h2d_copies, c.blocking_copies, c.tiling_launches, c.device_ops)
 
 
 @pytest.mark.parametrize("keys", [1, 8])
 def test_the_counts_are_what_the_engine_does_per_step(keys, monkeypatch):
-    """Counted against the engine's own seams: its host_to_device and its plan calls."""
-    copies, plans = [], []
-    real_init, real_plan = NpuTilingEngine.__init__, NpuTilingEngine._plan
+    """Counted against the engine's own seams: its plan calls and its epoch advances (the
+    engine copies nothing from the host per step since the device-advanced epoch)."""
+    advances, plans = [], []
+    real_advance, real_plan = NpuTilingEngine._advance_epoch, NpuTilingEngine._plan
 
-    def init(self, *args, **kwargs):
-        real_init(self, *args, **kwargs)
-        inner = self.host_to_device
-        self.host_to_device = lambda d, s: (copies.append(1), inner(d, s))
-
-    monkeypatch.setattr(NpuTilingEngine, "__init__", init)
+    monkeypatch.setattr(NpuTilingEngine, "_advance_epoch",
+                        lambda self: (advances.append(1), real_advance(self)))
     monkeypatch.setattr(NpuTilingEngine, "_plan",
-                        lambda self, key: (plans.append(1), real_plan(self, key)))
+                        lambda self, key, count=True: (plans.append(1),
+                                                       real_plan(self, key, count)))
     for placement in ("graph", "pre-replay"):
-        copies.clear(), plans.clear()
+        advances.clear(), plans.clear()
         counts = engine_step_work(placement, keys)
-        # two before_replay calls ran; the second is the one counted
-        assert counts.h2d_copies == len(copies) // 2 == keys
-        assert counts.blocking_copies == counts.h2d_copies  # the default copy_ blocks
-        assert counts.tiling_launches == len(plans) // 2 == (placement == "pre-replay")
+        # two before_replay calls ran (after the captures); the second is the one counted
+        assert (counts.h2d_copies, counts.blocking_copies) == (0, 0)
+        pre = placement == "pre-replay"
+        assert counts.tiling_launches == len(plans) // 2 == pre
+        assert counts.device_ops == len(advances) // 2 == pre
 
 
 def test_a_change_to_before_replay_changes_the_counts_or_is_refused(monkeypatch):
+    import torch
+
     real = NpuTilingEngine.before_replay
 
-    def one_shared_copy(self, num_tokens=None):  # what a fixed engine might do instead
+    def per_key_copies(self, num_tokens=None):  # the per-key epoch copy before issue 30
         self.epoch += 1
-        self._host_epoch[0] = self.epoch
-        next(iter(self.keys.values())).epoch.copy_(self._host_epoch, non_blocking=True)
+        host = torch.full((1,), self.epoch, dtype=torch.int32)
+        for key in self.keys.values():
+            key.epoch.copy_(host)
+
+    monkeypatch.setattr(NpuTilingEngine, "before_replay", per_key_copies)
+    counts = engine_step_work("graph", 8)
+    assert (counts.h2d_copies, counts.blocking_copies) == (8, 8)
+
+    def one_shared_copy(self, num_tokens=None):  # one non-blocking copy shared by every key
+        self.epoch += 1
+        host = torch.full((1,), self.epoch, dtype=torch.int32)
+        next(iter(self.keys.values())).epoch.copy_(host, non_blocking=True)
 
     monkeypatch.setattr(NpuTilingEngine, "before_replay", one_shared_copy)
     counts = engine_step_work("graph", 8)
@@ -61,10 +72,10 @@ def test_a_change_to_before_replay_changes_the_counts_or_is_refused(monkeypatch)
 
     def with_a_fill(self, num_tokens=None):  # device work the bench has no stand-in for
         real(self, num_tokens)
-        next(iter(self.keys.values())).tiling.zero_()
+        next(iter(self.keys.values())).tiling.fill_(1)
 
     monkeypatch.setattr(NpuTilingEngine, "before_replay", with_a_fill)
-    with pytest.raises(EngineStepError, match="zero_"):
+    with pytest.raises(EngineStepError, match="fill_"):
         engine_step_work("graph", 2)
 
     def with_an_op(self, num_tokens=None):
@@ -112,6 +123,7 @@ def test_the_bench_device_step_issues_the_engines_work(mode, placement, monkeypa
         assert got["copies_h2d"] == 2 + work.h2d_copies
         assert synced == 1 + work.blocking_copies
         assert got["launches_aicpu"] == work.tiling_launches
+        assert got["launches_aicore"] == work.device_ops  # the attention runs in the replay
         assert got["replays"] == 1
         attn.check()
         attn.close()
@@ -150,15 +162,24 @@ def test_both_methods_and_the_floor_in_one_run(cli, tmp_path):
     assert code == 0, err
     result = json.loads(out)
     assert result["method"]["methods"] == ["old", "symmetric"]
-    assert result["method"]["engine_per_step"]["device_tiling"]["h2d_copies"] == 3
+    engine = result["method"]["engine_per_step"]
+    # the hook engine copies nothing per step; under pre-replay it advances the shared epoch
+    # (one AI Core op) and launches the tiling task
+    assert engine["device_tiling"] == {"graph_keys": 3, "h2d_copies": 0, "blocking_copies": 0,
+                                       "tiling_launches": 0, "device_ops": 0}
+    assert engine["pre_replay"] == {"graph_keys": 3, "h2d_copies": 0, "blocking_copies": 0,
+                                    "tiling_launches": 1, "device_ops": 1}
     point = result["points"][0]
     assert set(point["methods"]) == {"old", "symmetric"} and point["method"] == "old"
     sym = point["methods"]["symmetric"]["modes"]
-    assert sym["device_tiling"]["counters_per_step"]["copies_h2d"] == 2 + 3
+    assert sym["device_tiling"]["counters_per_step"]["copies_h2d"] == 2
+    assert sym["pre_replay"]["counters_per_step"]["launches_aicore"] == 1
     assert sym["host_update"]["counters_per_step"]["copies_h2d"] == 2
     assert point["methods"]["old"]["modes"]["host_update"]["counters_per_step"][
         "copies_h2d"] == 1
-    assert sym["floor"]["counters_per_step"] == {
+    floor = sym["floor"]["counters_per_step"]
+    assert {k: floor[k] for k in ("launches_aicpu", "launches_aicore", "task_updates",
+                                  "host_tiling_calls", "replays", "copies_h2d")} == {
         "launches_aicpu": 0.0, "launches_aicore": 0.0, "task_updates": 0.0,
         "host_tiling_calls": 0.0, "replays": 1.0, "copies_h2d": 2.0}
     assert set(result["floor_ratio"]) == {"device_tiling", "pre_replay"}
