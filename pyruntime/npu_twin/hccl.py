@@ -2,7 +2,9 @@
 of ``torch.distributed``, whose collectives run over gloo on the npu tensors' host memory, as
 device work in stream order.
 
-What it stands in for (torch_npu 2.10.0.post4 wheel and Ascend/pytorch's sources):
+What it stands in for (torch_npu 2.10.0.post4 wheel; Ascend/pytorch's
+``torch_npu/csrc/distributed/ProcessGroupHCCL.cpp``, ``.hpp`` and ``Init.cpp`` at master
+9e73e708a, whose messages quoted here are all in the wheel's ``lib/libtorch_npu.so``):
 
 * ``torch_npu/_init/registry/distributed.py`` registers the backend at ``import torch_npu``:
   ``torch.distributed.Backend.register_backend("hccl", ..., extended_api=True,
