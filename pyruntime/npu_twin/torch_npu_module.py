@@ -10,7 +10,7 @@ import sys
 import types
 
 from . import device as twin
-from . import fia, npu_module
+from . import fia, hccl, npu_module
 from .npu_module import placeholder
 
 VERSION = "2.10.0.post4+npu-twin"
@@ -80,6 +80,7 @@ def build() -> types.ModuleType:
         return tensor.detach()
 
     c._weak_ref_tensor = weak_ref_tensor
+    c._distributed_c10d = hccl.c10d_module()
     module._C = c
     module.npu_fused_infer_attention_score = _FiaPacket(fia.register())
     module._npu_fused_infer_attention_score_get_max_workspace = fia.get_max_workspace
@@ -116,5 +117,7 @@ def install() -> types.ModuleType:
     module = build()
     sys.modules["torch_npu"] = module
     sys.modules["torch_npu._C"] = module._C
+    sys.modules["torch_npu._C._distributed_c10d"] = module._C._distributed_c10d
+    hccl.install()
     sys.modules["torch_npu.npu"] = npu_module
     return module
