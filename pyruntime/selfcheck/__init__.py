@@ -50,8 +50,8 @@ from .device_checks import aicpu_replay, tiling_kernel
 from .environment import environment
 from .kernels_check import kernels
 from .mla_checks import mla_correctness
-from .stale_read import stale_read
 from .report import SCHEMA, SCHEMA_VERSION, CheckResult, Report
+from .stale_read import stale_read
 
 __all__ = [
     "BACKEND_LABELS",
