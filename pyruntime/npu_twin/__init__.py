@@ -38,6 +38,8 @@ FAULTS: dict[str, str] = {
     "capture-refused": "graph capture is refused as with TASK_QUEUE_ENABLE=2",
     "kernel-missing": "the AI-CPU binary (libaicpu_tiling_runtime.so) is not installed "
                       "beside its op-info JSON",
+    "stale-aicpu-read": "the AI-CPU task reads its inputs as they were before the last AI "
+                        "Core task that wrote them (the self-check's stale_read must fail)",
 }
 STATE_ENV = "AICPU_TILING_TWIN_STATE"
 #: ``wrapper`` (default: today's twin, `device.NpuTensor`) or ``plain``: the plain-tensor layer
@@ -120,6 +122,7 @@ def activate(fault: str | None = None) -> None:
     # makes each small op spin (15 ms instead of 25 us per logsumexp here on 2 loaded cores)
     torch.set_num_threads(1)
     _setup_privateuseone_for_python_backend(rename="npu", backend_module=npu_module)
+    npu_module.install_accelerator()
     global _factories
     _factories = torch.library.Library("aten", "IMPL")
     device.register_factories(_factories)

@@ -65,6 +65,7 @@ docs/npu-twin.md):
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -157,6 +158,9 @@ class Work:
     run: Callable[[], None] | None = None
     event: Any = None
     token: int | None = None
+    #: the device memory the work writes (inner tensors): what fault ``stale-aicpu-read``
+    #: keeps the previous contents of when an AI Core task writes it
+    writes: tuple = ()
 
 
 class StreamState:
@@ -247,6 +251,16 @@ class Device:
         #: the last status the reference body would have raised (the device kernel only
         #: writes it to its status buffer); the count is in stats["aicore_status_errors"]
         self.last_aicore_status: str | None = None
+        from .memory import DeviceMemory, total_from_env
+
+        #: live allocated / reserved bytes against the device size (`pyruntime.npu_twin.memory`)
+        self.memory = DeviceMemory(total_from_env())
+        #: the device's default random generator (torch_npu ``default_generators[i]``, seeded
+        #: by ``torch.npu.manual_seed``): random ops on npu tensors draw from it, not from the
+        #: host's, when they run
+        self.generator = torch.Generator()
+        #: fault stale-aicpu-read: storage -> its bytes before the last AI Core write
+        self.before_aicore_write: dict[int, torch.Tensor] = {}
 
     # ---- context, loss ---------------------------------------------------------------------
     @property
@@ -413,7 +427,33 @@ class Device:
             if kind == "aicore" and self.fault == "device-lost":
                 raise self.lose(f"twin fault device-lost: the AI Core faulted running "
                                 f"{work.label}")
+            if self.fault == "stale-aicpu-read" and work.writes:
+                self._keep_before_write(work)
             work.run()
+
+    def _keep_before_write(self, work: Work) -> None:
+        """Fault stale-aicpu-read: an AI Core task (a plain op or our kernel) keeps what it
+        overwrites for the AI-CPU to read instead (`aicpu_reads`); a DMA copy (H2D) does
+        not count as an AI Core write and clears it."""
+        for tensor in work.writes:
+            storage = tensor.untyped_storage()
+            if work.kind in ("op", "aicore"):
+                kept = torch.empty(storage.nbytes(), dtype=torch.uint8)
+                kept.untyped_storage().copy_(storage)
+                self.before_aicore_write[storage.data_ptr()] = kept
+            else:
+                self.before_aicore_write.pop(storage.data_ptr(), None)
+
+    def aicpu_reads(self, tensor: torch.Tensor) -> torch.Tensor:
+        """What an AI-CPU task reads of `tensor` (device memory, an inner tensor): the memory
+        itself, or under fault stale-aicpu-read its contents before the last AI Core task
+        that wrote it (a view of the same shape, dtype and offset over the kept bytes)."""
+        kept = self.before_aicore_write.get(tensor.untyped_storage().data_ptr()) \
+            if self.fault == "stale-aicpu-read" else None
+        if kept is None:
+            return tensor
+        return torch.empty(0, dtype=tensor.dtype).set_(
+            kept.untyped_storage(), tensor.storage_offset(), tensor.size(), tensor.stride())
 
     def run_until(self, done: Callable[[], bool], waiting_for: str) -> None:
         """Run queued work, stream by stream in turn, until `done()`; `DeviceHang` when no
@@ -581,7 +621,7 @@ class Device:
             if node.kind == "aicpu" and self.fault == "no-aicpu-replay":
                 continue
             works.append(Work(node.kind, f"replay {node.label}", self._node_body(graph, index),
-                              event=node.event))
+                              event=node.event, writes=node.writes))
         return works
 
     @staticmethod
@@ -670,6 +710,45 @@ def install_device(dev: Device) -> None:
 def poisoned(inner: torch.Tensor) -> torch.Tensor:
     inner.view(-1).view(torch.uint8).fill_(POISON) if inner.numel() else None
     return inner
+
+
+def _storage_elements(shape, stride) -> int:
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+
+
+def device_memory(shape, stride, dtype: torch.dtype) -> torch.Tensor:
+    """Fresh device memory for a tensor of `shape` / `stride` / `dtype`: a host tensor filled
+    with `POISON` (garbage until a kernel writes it), accounted in the device's
+    `DeviceMemory` until its storage is freed.
+
+    It is a normal tensor even under ``torch.inference_mode``: device memory is not an
+    autograd object, and the device thread (outside inference mode) writes it; the tensor
+    the caller sees (the `NpuTensor` around it) is the inference tensor, as on torch_npu.
+
+    Raises:
+        torch.OutOfMemoryError: it does not fit in the device (`pyruntime.npu_twin.memory`).
+    """
+    import numpy as np
+
+    shape, stride = tuple(shape), tuple(stride)
+    nbytes = _storage_elements(shape, stride) * dtype.itemsize
+    with _normal_tensors():
+        if nbytes == 0:
+            return torch.empty_strided(shape, stride, dtype=dtype)
+        dev = device()
+        size = dev.memory.allocate(nbytes)
+        block = np.full(nbytes, POISON, dtype=np.uint8)
+        # the storage holds the only reference to the block: its release frees the block
+        weakref.finalize(block, dev.memory.release, size)
+        return torch.from_numpy(block).view(dtype).as_strided(shape, stride)
+
+
+def _normal_tensors():
+    """Outside ``torch.inference_mode`` for the tensors made inside (a no-op when off)."""
+    return torch.inference_mode(False) if torch.is_inference_mode_enabled() \
+        else contextlib.nullcontext()
 
 
 class NpuTensor(torch.Tensor):
@@ -767,12 +846,32 @@ def _dispatch(func, args, kwargs):
                             "libaicpu_tiling_npu.so)")
         return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1),
                                *args, **kwargs)
+    if _decomposes(func):
+        # a CompositeImplicitAutograd op with no NPU kernel runs its composite body on every
+        # backend (torch's dispatcher: the alias key fills the backend's entry; torch_npu
+        # registers none for these): normally at the Autograd key, before this point;
+        # under torch.inference_mode (vLLM's execute_model) the Autograd keys are skipped
+        # and it arrives here undecomposed. Queued as is it would run on the inner CPU
+        # tensors: x.cpu() (aten::to.dtype_layout) gave an npu tensor, silently
+        return func.decompose(*args, **kwargs)
     if func.is_view or name in _METADATA_OPS:
         index = _device_of(func, args, kwargs)
         out = func(*pytree.tree_map(inner, args), **pytree.tree_map(inner, kwargs))
-        return pytree.tree_map(
-            lambda t: NpuTensor(t, index) if isinstance(t, torch.Tensor) else t, out)
-    if func is _aten._to_copy.default and torch.device(kwargs.get("device") or "npu").type == "cpu":
+        # a view of a normal tensor is a normal tensor under inference mode too (torch's
+        # ADInplaceOrView still runs for it and shares the base's version counter, which
+        # an inference tensor cannot take); a view of an inference tensor is one
+        from_inference = any(isinstance(t, NpuTensor) and t.is_inference()
+                             for t in pytree.tree_leaves(args))
+        with contextlib.nullcontext() if from_inference else _normal_tensors():
+            return pytree.tree_map(
+                lambda t: NpuTensor(t, index) if isinstance(t, torch.Tensor) else t, out)
+    target = _target_device(func, kwargs)
+    if target == "meta":
+        # to("meta") / empty_like(device="meta"): a meta tensor, metadata only; torch's
+        # _to_copy allocates on the target and copy_ into a meta tensor reads no data
+        # (aten/src/ATen/native/TensorConversions.cpp _to_copy, Copy.cpp copy_impl)
+        return func(*pytree.tree_map(_meta, args), **kwargs)
+    if target == "cpu" and func is _aten._to_copy.default:
         return _device_to_host(args[0], kwargs)
     if func is _aten._local_scalar_dense.default:
         return _device_to_host(args[0], {}).item()
@@ -785,9 +884,30 @@ def _dispatch(func, args, kwargs):
         index = _device_of(func, args, kwargs)
         dev.ensure_context(index)
         meta = func(*pytree.tree_map(_meta, args), **pytree.tree_map(_meta, kwargs))
-        return NpuTensor(poisoned(torch.empty_strided(meta.shape, meta.stride(),
-                                                      dtype=meta.dtype)), index)
+        return NpuTensor(device_memory(meta.shape, meta.stride(), meta.dtype), index)
     return _queue_op(dev, func, args, kwargs)
+
+
+_DECOMPOSES: dict[Any, bool] = {}
+
+
+def _decomposes(func) -> bool:
+    """The op has a CompositeImplicitAutograd kernel and no NPU (PrivateUse1) one."""
+    known = _DECOMPOSES.get(func)
+    if known is None:
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        known = has(func.name(), "CompositeImplicitAutograd") and \
+            not has(func.name(), "PrivateUse1")
+        _DECOMPOSES[func] = known
+    return known
+
+
+def _target_device(func, kwargs) -> str | None:
+    """The device type a conversion or allocating op names (``device=``), else None."""
+    if func is not _aten._to_copy.default and func not in _ALLOCATING_OPS:
+        return None
+    target = kwargs.get("device")
+    return None if target is None else torch.device(target).type
 
 
 #: our AI Core ops whose CPU implementation (the C reference attention) may stand in for
@@ -804,6 +924,8 @@ def _queue_reference_body(dev: Device, func, args, kwargs) -> None:
         if _is_host_tensor(value):
             raise HostPointerError(f"{func}: a host tensor handed to an AI Core kernel")
     inner_args, inner_kwargs = pytree.tree_map(inner, args), pytree.tree_map(inner, kwargs)
+    writes = tuple(inner(t) for t in _written_arguments(func, args, kwargs).values()
+                   if isinstance(t, NpuTensor))
 
     def run() -> None:
         from pyruntime.kernels.kernel import AttentionKernelError
@@ -815,7 +937,7 @@ def _queue_reference_body(dev: Device, func, args, kwargs) -> None:
             # buffer (the Triton body never raises): keep it as the task's status
             dev.stats["aicore_status_errors"] += 1
             dev.last_aicore_status = f"{func}: {exc}"
-    dev.enqueue(Work("aicore", f"{func} (C reference body)", run),
+    dev.enqueue(Work("aicore", f"{func} (C reference body)", run, writes=writes),
                 dev.current_stream(_device_of(func, args, kwargs)))
 
 
@@ -865,10 +987,52 @@ def install_pinned_memory() -> None:
 
     torch.Tensor.pin_memory = pin_memory
     torch.Tensor.is_pinned = is_pinned
+    _install_pinned_factories()
+
+
+#: the factories vLLM and vLLM-Ascend call with ``pin_memory=True`` (CpuGpuBuffer,
+#: async_tensor_h2d, the rejection sampler, the MLA metadata builder, model_runner_v1's
+#: staging) and their relatives
+PINNED_FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "arange", "empty_like",
+                    "zeros_like", "ones_like", "full_like", "empty_strided", "rand", "randn",
+                    "randint", "linspace")
+
+
+def _install_pinned_factories() -> None:
+    """``torch.zeros(..., pin_memory=True)`` and the other factories on the host: torch
+    allocates through the accelerator's pinned-memory allocator (``PrivateUse1HooksInterface
+    ::getPinnedMemoryAllocator``, torch_npu's ``CachingHostAllocator``), which torch's Python
+    PrivateUse1 hooks cannot provide (torch raises NotImplementedError). The twin makes the
+    tensor on the host, then pins it as ``Tensor.pin_memory()`` does. A factory for another
+    device passes ``pin_memory`` through (torch refuses to pin non-CPU tensors itself)."""
+    import functools
+
+    from torch.utils import _device
+
+    # ``with torch.device("npu"):`` matches factories by identity in this set: fill it with
+    # torch's own functions before they are wrapped (the wrapper calls them)
+    _device._device_constructors()
+    for name in PINNED_FACTORIES:
+        original = getattr(torch, name)
+
+        def factory(*args, __original=original, pin_memory=False, **kwargs):
+            target = kwargs.get("device")
+            if not pin_memory or (target is not None and torch.device(target).type != "cpu"):
+                if pin_memory:
+                    kwargs["pin_memory"] = pin_memory
+                return __original(*args, **kwargs)
+            return __original(*args, **kwargs).pin_memory()
+
+        setattr(torch, name, functools.wraps(original)(factory))
 
 
 def _copy(dst: Any, src: Any, non_blocking: bool):
     dev = device()
+    if dst.numel() == 0:
+        # torch_npu's copy_ returns at once for an empty destination: no copy is queued,
+        # nothing synchronises, no host memory is read (Ascend/pytorch
+        # torch_npu/csrc/aten/ops/op_api/CopyKernelOpApi.cpp, NPUNativeOpApiFunctions::copy_)
+        return dst
     if not isinstance(dst, NpuTensor):  # device to host into an existing host tensor
         dst.copy_(_device_to_host(src, {}))
         return dst
@@ -884,7 +1048,8 @@ def _copy(dst: Any, src: Any, non_blocking: bool):
     target, stream = dst._inner, dev.current_stream(dst._index)
     if not non_blocking:
         source = src.detach()
-        dev.enqueue(Work("copy", "H2D copy", lambda: target.copy_(source)), stream)
+        dev.enqueue(Work("copy", "H2D copy", lambda: target.copy_(source), writes=(target,)),
+                    stream)
         dev.synchronize_stream(stream, "a blocking host-to-device copy",
                                counted_as="copies_h2d_blocking")
         return dst
@@ -905,7 +1070,7 @@ def _copy(dst: Any, src: Any, non_blocking: bool):
             raise PageableCopyRace(f"a non_blocking host-to-device copy ran after its {kind} "
                                    f"source was rewritten; issued at:\n{where}")
         target.copy_(source)
-    dev.enqueue(Work("copy", "H2D copy (non_blocking)", run_async), stream)
+    dev.enqueue(Work("copy", "H2D copy (non_blocking)", run_async, writes=(target,)), stream)
     return dst
 
 
@@ -930,7 +1095,7 @@ def _queue_op(dev: Device, func, args, kwargs):
         if target is not None or not isinstance(meta, torch.Tensor):
             results.append(target if target is not None else meta)
             continue
-        buf = poisoned(torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype))
+        buf = device_memory(meta.shape, meta.stride(), meta.dtype)
         fresh.append((position, buf))
         results.append(NpuTensor(buf, index))
     for alias_set, target in aliased.items():
@@ -944,6 +1109,11 @@ def _queue_op(dev: Device, func, args, kwargs):
     # host values are taken when the op is issued (a CPU scalar tensor included), and a
     # captured op keeps them: replay runs with what capture saw
     inner_args, inner_kwargs = pytree.tree_map(_issued, args), pytree.tree_map(_issued, kwargs)
+    generator = _generator_argument(func)
+    if generator is not None and inner_kwargs.get(generator) is None:
+        inner_kwargs[generator] = dev.generator  # the device's, as torch_npu's random ops
+    writes = tuple(t._inner for t in aliased.values() if isinstance(t, NpuTensor)) + \
+        tuple(buf for _, buf in fresh)
 
     def run() -> None:
         got = func(*inner_args, **inner_kwargs)
@@ -951,8 +1121,20 @@ def _queue_op(dev: Device, func, args, kwargs):
         for position, buf in fresh:
             buf.copy_(got[position])
 
-    dev.enqueue(Work("op", str(func), run), dev.current_stream(index))
+    dev.enqueue(Work("op", str(func), run, writes=writes), dev.current_stream(index))
     return results[0] if single else type(meta_out)(results)
+
+
+_GENERATOR_ARGUMENT: dict[Any, str | None] = {}
+
+
+def _generator_argument(func) -> str | None:
+    """The name of the op's keyword-only ``Generator?`` argument (a random op), or None."""
+    if func not in _GENERATOR_ARGUMENT:
+        _GENERATOR_ARGUMENT[func] = next(
+            (a.name for a in func._schema.arguments
+             if a.kwarg_only and "Generator" in str(a.type)), None)
+    return _GENERATOR_ARGUMENT[func]
 
 
 def _issued(value: Any) -> Any:
@@ -978,15 +1160,16 @@ def _written_arguments(func, args, kwargs) -> dict[str, NpuTensor]:
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None,
                         memory_format=None):
     index = _allocating(device)
-    return NpuTensor(poisoned(torch.empty(size, dtype=dtype or torch.get_default_dtype())),
-                     index)
+    size = tuple(size)
+    contiguous = [1] * len(size)
+    for i in range(len(size) - 2, -1, -1):
+        contiguous[i] = contiguous[i + 1] * max(size[i + 1], 1)
+    return NpuTensor(device_memory(size, contiguous, dtype or torch.get_default_dtype()), index)
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     index = _allocating(device)
-    return NpuTensor(poisoned(torch.empty_strided(size, stride,
-                                                  dtype=dtype or torch.get_default_dtype())),
-                     index)
+    return NpuTensor(device_memory(size, stride, dtype or torch.get_default_dtype()), index)
 
 
 def _allocating(where: Any = None) -> int:

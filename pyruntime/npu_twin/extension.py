@@ -299,7 +299,10 @@ def _launch(dev, launcher: _Launcher, caller, ps, cu, kv, batch, epoch, outs, n:
     outs_i = [twin.inner(t) for t in outs]
 
     def run() -> None:  # what the AI-CPU does with the argument block's addresses
-        buffers = _run_entry(ps, cu_i, kv_i, n, int(batch_i[0]), int(epoch_i[0]), causal,
+        # (fault stale-aicpu-read: what it reads predates the last AI Core write)
+        cu_r, kv_r, batch_r, epoch_r = (dev.aicpu_reads(t) for t in (cu_i, kv_i, batch_i,
+                                                                     epoch_i))
+        buffers = _run_entry(ps, cu_r, kv_r, n, int(batch_r[0]), int(epoch_r[0]), causal,
                              sizes)
         for out_i, buffer, nbytes in zip(outs_i, buffers, sizes, strict=True):
             out_i.view(-1).view(torch.uint8)[:nbytes].copy_(torch.from_numpy(buffer.copy()))

@@ -31,6 +31,10 @@ __all__ = [
 ]
 
 
+#: torch_npu ``SocVersion`` of the Ascend 910B3 (``NpuVariables.h``: Ascend910B1 = 220, ...)
+SOC_VERSION = 223
+
+
 class NotInTwinError(NotImplementedError):
     """A torch_npu name that exists on the real stack but that the twin does not implement."""
 
@@ -233,6 +237,9 @@ def current_stream(device: Any = None) -> Stream:
 
 
 def default_stream(device: Any = None) -> Stream:
+    """The default stream of `device` (default: the current one; torch_npu ``utils.py``:
+    ``_npu_getDefaultStream``)."""
+    _lazy_init()
     return Stream._wrap(_dev().default_streams[_dev().checked(_index(device))])
 
 
@@ -273,8 +280,18 @@ def set_stream(stream: Stream | None) -> None:
 
 
 def synchronize(device: Any = None) -> None:
-    """Every stream of `device` (default: the current one), ``aclrtSynchronizeDevice``."""
+    """Every stream of `device` (default: the current one), ``aclrtSynchronizeDevice``
+    (torch_npu ``utils.py``: ``_npu_synchronize``)."""
     _dev().synchronize(index=_dev().checked(_index(device)))
+
+
+def get_soc_version() -> int:
+    """torch_npu ``npu/_backends.py``: the runtime's SoC version, an int of torch_npu's
+    ``SocVersion`` enum (``torch_npu/csrc/core/npu/NpuVariables.h``: Ascend910B1 = 220, so
+    Ascend910B3 = 223, the SoC the twin reports; vLLM-Ascend maps 220..225 to its A2 build,
+    ``vllm_ascend/utils.py`` / ``device/device_config.py``)."""
+    _lazy_init()
+    return SOC_VERSION
 
 
 def set_device(device: Any) -> None:
@@ -332,7 +349,7 @@ def get_device_name(device: Any = None) -> str:
 
 def get_device_properties(device: Any = None) -> _DeviceProperties:
     _dev().checked(_index(device))
-    return _DeviceProperties(name=twin.DEVICE_NAME, total_memory=64 * 2**30,
+    return _DeviceProperties(name=twin.DEVICE_NAME, total_memory=_dev().memory.total,
                              cube_core_num=twin.AI_CORES, vector_core_num=twin.VECTOR_CORES)
 
 
@@ -361,7 +378,43 @@ def graph_task_update_end(stream: Stream) -> None:
 
 
 def empty_cache() -> None:
+    """Gives the cached, unallocated bytes back (`pyruntime.npu_twin.memory`)."""
     _dev().refuse_in_capture("torch.npu.empty_cache()")
+    _dev().memory.empty_cache()
+
+
+def memory_stats(device: Any = None) -> dict[str, int]:
+    """torch_npu ``memory.py``: the caching allocator's statistics, flat keys
+    (``allocated_bytes.all.peak`` is what vLLM's profiling reads), live."""
+    return _dev().memory.stats()
+
+
+def memory_allocated(device: Any = None) -> int:
+    return _dev().memory.allocated
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    return _dev().memory.peak_allocated
+
+
+def memory_reserved(device: Any = None) -> int:
+    return _dev().memory.reserved
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return _dev().memory.peak_reserved
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    _dev().memory.reset_peak()
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """torch_npu ``__init__.py``: ``(free, total)`` bytes of the device: the device size
+    (``AICPU_TILING_TWIN_DEVICE_MEMORY``) less what the caching allocator reserved."""
+    _lazy_init()
+    memory = _dev().memory
+    return memory.free_bytes(), memory.total
 
 
 def _lazy_init() -> None:
@@ -374,11 +427,75 @@ def _is_in_bad_fork() -> bool:
 
 
 def manual_seed(seed: int) -> None:
-    torch.manual_seed(seed)
+    """torch_npu ``npu/random.py``: seeds the current device's default generator, and only
+    it (``torch.manual_seed`` calls ``torch.npu.manual_seed_all``: calling back would
+    recurse)."""
+    _dev().generator.manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
+    """torch_npu ``npu/random.py``: seeds every device's default generator."""
+    _dev().generator.manual_seed(int(seed))
+
+
+def initial_seed() -> int:
+    """torch_npu ``npu/random.py``: the current device's generator's seed."""
+    _lazy_init()
+    return _dev().generator.initial_seed()
+
+
+class _NpuConfig:
+    """``torch.npu.config`` (torch_npu ``npu_config.py`` ``_npuConfig``): setting
+    ``allow_internal_format`` sets torch_npu's ``ALLOW_INTERNAL_FORMAT`` option (vLLM-Ascend's
+    ``model_runner_v1.py`` sets it True at import); other names are ignored and nothing
+    is readable back, as there."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "allow_internal_format":
+            OPTIONS["ALLOW_INTERNAL_FORMAT"] = "enable" if value else "disable"
+
+
+#: torch_npu options set through the twin (``_npu_setOption``)
+OPTIONS: dict[str, str] = {}
+config = _NpuConfig()
+
+
+def install_accelerator() -> None:
+    """``torch.accelerator`` as on torch_npu: ``synchronize`` reaches the device guard's
+    ``synchronizeDevice`` (``libtorch_npu.so`` exports ``c10_npu::impl::NPUGuardImpl::
+    synchronizeDevice``), which waits for every stream of the device; torch's Python
+    PrivateUse1 guard cannot implement it ("Backend doesn't support synchronizing all
+    streams on device"), so the module function is routed here. The device index and count
+    already reach the twin through torch's Python backend. The memory queries
+    (``memory_stats``, ``memory_allocated``, ``get_memory_info``, ``empty_cache``, ...) keep
+    raising as on torch_npu 2.10, whose allocator is not a c10 ``DeviceAllocator`` (no such
+    symbol in ``libtorch_npu.so``): vLLM-Ascend routes the ones it needs to ``torch.npu.*``
+    itself (``vllm_ascend/patch/platform/patch_torch_accelerator.py``)."""
+
+    def synchronize(device: Any = None) -> None:
+        """``torch.accelerator.synchronize(device=None)``: every stream of the device."""
+        _dev().synchronize("torch.accelerator.synchronize()")
+
+    torch.accelerator.synchronize = synchronize
+
+
+class _MemoryModule(types.ModuleType):
+    """``torch.npu.memory`` (torch_npu ``npu/memory.py``): the allocator queries above; its
+    other names (``NPUPluggableAllocator``, ``MemPool``, ``use_mem_pool``,
+    ``memory_snapshot``: vLLM-Ascend's sleep mode and RFork loader, paths the twin does not
+    run) are placeholders that raise `NotInTwinError` when called."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return placeholder(f"{self.__name__}.{name}")
+
+
+memory = _MemoryModule("torch.npu.memory")
+for _name in ("empty_cache", "memory_stats", "memory_allocated", "max_memory_allocated",
+              "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats"):
+    setattr(memory, _name, globals()[_name])
+del _name
 
 
 def __getattr__(name: str):

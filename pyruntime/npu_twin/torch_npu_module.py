@@ -120,4 +120,7 @@ def install() -> types.ModuleType:
     sys.modules["torch_npu._C._distributed_c10d"] = module._C._distributed_c10d
     hccl.install()
     sys.modules["torch_npu.npu"] = npu_module
+    # ``torch.npu.memory`` is a module there (vLLM-Ascend imports names from it)
+    sys.modules["torch_npu.npu.memory"] = npu_module.memory
+    sys.modules["torch.npu.memory"] = npu_module.memory
     return module

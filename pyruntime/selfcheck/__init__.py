@@ -11,6 +11,10 @@ Checks, in order (each passes, fails or skips with the reason):
   time: the epoch it echoes counts the replays it ran in; all -> placement ``graph``, at
   most the first -> ``pre-replay``. On the CPU backend it runs with ``replay_aicpu`` True
   and False and must tell them apart.
+* ``stale_read`` (NPU only): an AI Core op writes the lengths immediately before the
+  tiling task on the same stream, and the tiling must be planned from the written lengths,
+  1,000 times (25 with ``--quick``); fails at the first iteration that read the lengths from
+  before the write (the twin's fault ``stale-aicpu-read`` makes it fail at iteration 1).
 * ``attention_correctness``: our attention on that placement against a float64 reference
   on trace batches (decode, spec decode, chunked prefill, padded buckets), fp32 and bf16.
 * ``mla_correctness``: ``StaticMLAAttention`` (absorbed MLA decode, issue 20) on that
@@ -45,6 +49,7 @@ from .context import BACKEND_LABELS, TWIN_STATE_ENV, Context, make_context, twin
 from .environment import environment
 from .kernels_check import kernels
 from .report import SCHEMA, SCHEMA_VERSION, CheckResult, Report
+from .stale_read import stale_read
 
 
 def _deferred(module: str, name: str) -> Callable[[Context], CheckResult]:
@@ -95,6 +100,7 @@ CHECKS: tuple[tuple[str, Callable[[Context], CheckResult]], ...] = (
     ("kernels", kernels),
     ("tiling_kernel", tiling_kernel),
     ("aicpu_replay", aicpu_replay),
+    ("stale_read", stale_read),
     ("attention_correctness", attention_correctness),
     ("mla_correctness", mla_correctness),
     ("attention_fia", attention_fia),

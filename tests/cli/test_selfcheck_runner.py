@@ -39,7 +39,7 @@ def test_unknown_check_name_is_a_usage_error_listing_the_valid_names(cli):
     code, out, err = cli("selfcheck", "--checks", "tiling_kernel,aicpu_replay,nope")
     assert code == 2 and out == ""
     assert "unknown check nope" in err
-    assert "kernels, tiling_kernel, aicpu_replay, attention_correctness" in err
+    assert "kernels, tiling_kernel, aicpu_replay, stale_read, attention_correctness" in err
 
 
 def test_twin_fault_without_the_twin_is_a_usage_error(cli):

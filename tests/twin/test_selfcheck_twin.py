@@ -94,3 +94,28 @@ def test_kernel_missing_names_the_file_and_the_build_command(tmp_path):
     assert "tools/build_aicpu_kernel.sh runtime" in kernels["detail"]
     assert by_name(report)["aicpu_replay"]["status"] == "skip"
     assert report["placement"] is None
+
+
+def test_stale_read_passes_without_the_fault(tmp_path):
+    """The AI-CPU task launched behind the AI Core op that wrote its lengths plans from the
+    written lengths at every iteration (``--quick``: `stale_read.QUICK_ITERATIONS`)."""
+    from pyruntime.selfcheck.stale_read import QUICK_ITERATIONS
+
+    code, report, text = selfcheck(tmp_path, "--checks", "stale_read")
+    check = by_name(report)["stale_read"]
+    assert code == 0, text
+    assert (check["status"], check["iterations"]) == ("pass", QUICK_ITERATIONS)
+
+
+def test_stale_aicpu_read_fails_the_check_at_its_first_iteration(tmp_path):
+    """Fault stale-aicpu-read: the AI-CPU reads the lengths from before the AI Core's last
+    write, so the first tiling is planned from the staged lengths, not the written ones."""
+    code, report, _ = selfcheck(tmp_path, "--twin-fault", "stale-aicpu-read", "--checks",
+                                "tiling_kernel,stale_read")
+    checks = by_name(report)
+    assert code == 1 and report["verdict"] == "fail"
+    assert checks["tiling_kernel"]["status"] == "pass"  # lengths copied by DMA are fresh
+    stale = checks["stale_read"]
+    assert (stale["status"], stale["failed_at"], stale["stale"]) == ("fail", 1, True)
+    assert stale["detail"].startswith("iteration 1 of ")
+    assert "from before the AI Core's write" in stale["detail"]
