@@ -38,6 +38,9 @@ FAULTS: dict[str, str] = {
     "capture-refused": "graph capture is refused as with TASK_QUEUE_ENABLE=2",
     "kernel-missing": "the AI-CPU binary (libaicpu_tiling_runtime.so) is not installed "
                       "beside its op-info JSON",
+    "old-cann": "the CANN runtime is 8.2.RC1, whose ACL library has no "
+                "aclrtLaunchKernelWithHostArgs: loading our kernels fails in one line naming "
+                "that version (review 2 item 6)",
 }
 STATE_ENV = "AICPU_TILING_TWIN_STATE"
 #: ``triton`` (default: our AI Core ops run their Triton bodies, interpreted) or

@@ -95,3 +95,20 @@ def test_kernel_missing_names_the_file_and_the_build_command(tmp_path):
     assert "tools/build_aicpu_kernel.sh runtime" in kernels["detail"]
     assert by_name(report)["aicpu_replay"]["status"] == "skip"
     assert report["placement"] is None
+
+
+def test_old_cann_fails_the_kernels_check_in_one_line_naming_its_version(tmp_path):
+    """Review 2 item 6 on the twin: with a CANN runtime (8.2.RC1) whose ACL library has no
+    aclrtLaunchKernelWithHostArgs, the kernels check fails with the extension's one line (the
+    C++ says the same: tests/test_npu_ext.py builds it against a stand-in CANN without the
+    symbol), and the checks that need the kernels skip."""
+    from pyruntime.npu_twin.extension import missing_launch_message
+
+    code, report, _ = selfcheck(tmp_path, "--twin-fault", "old-cann", "--checks",
+                                "tiling_kernel,aicpu_replay")
+    kernels = by_name(report)["kernels"]
+    assert code == 1 and kernels["status"] == "fail"
+    line = missing_launch_message("8.2.RC1", "aclsysGetCANNVersion(ACL_PKG_NAME_RUNTIME)")
+    assert "npu_load_tiling_kernel: " + line in kernels["detail"], kernels["detail"]
+    assert "\n" not in kernels["detail"]
+    assert by_name(report)["aicpu_replay"]["status"] == "skip"
