@@ -297,8 +297,8 @@ def test_the_launch_symbol_is_not_linked(host_extension):
 @pytest.mark.parametrize("cann_kind, version, source", [
     ("aclsysGetCANNVersion", "8.2.RC1", "aclsysGetCANNVersion(ACL_PKG_NAME_RUNTIME)"),
     ("no version query", "8.2.RC1", "{home}/share/info/runtime/version.info"),
-    ("nothing says", "", "no aclsysGetVersionStr or aclsysGetCANNVersion, and no "
-                         "$ASCEND_HOME_PATH/share/info/runtime/version.info"),
+    ("nothing says", "", ("no aclsysGetVersionStr or aclsysGetCANNVersion, and no "
+                          "$ASCEND_HOME_PATH/share/info/runtime/version.info")),
 ])
 def test_a_cann_without_the_host_args_launch_gets_one_line_naming_its_version(
         tmp_path, acl_include, host_extension, cann_kind, version, source):
