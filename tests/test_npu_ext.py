@@ -131,7 +131,9 @@ def test_launcher_sequence_and_capture_replay(tmp_path, acl_include):
     subprocess.run(["gcc", "-std=c99", *WARN, "-c", str(KERNELS / "aicpu_tiling.c"), "-o",
                     str(obj)], check=True)  # fmt: skip
     exe = tmp_path / "launcher_driver"
-    cmd = ["g++", "-std=c++17", *WARN, "-g", "-isystem", str(acl_include), f"-I{STUB}",
+    # -rdynamic: the recording runtime is linked into the driver itself, and the launcher
+    # looks aclrtLaunchKernelWithHostArgs up by name (dlsym), as in a shared libascendcl
+    cmd = ["g++", "-std=c++17", *WARN, "-g", "-rdynamic", "-isystem", str(acl_include), f"-I{STUB}",
            f"-I{STUB / 'npu'}", f"-I{KERNELS / 'aicpu'}", f"-I{EXT}",
            str(EXT / "tests" / "launcher_driver.cc"),
            str(EXT / "runtime_launcher.cpp"), str(STUB / "npu" / "recording_runtime.cc"),
@@ -217,16 +219,36 @@ def test_cmake_runtime_target_with_a_ziglang_cann(tmp_path):
     assert json.loads((lib / OP_INFO_JSON).read_text())
 
 
-def test_op_library_links_and_registers_in_cpu_torch(tmp_path, acl_include):
-    """The whole extension, linked with host stand-ins for torch_npu and the recording
-    runtime (cann_stub/npu, NOT torch_npu, NOT CANN; the ACL declarations are the real ones
-    from the torch_npu wheel), loads into the installed torch after the Python
-    schema: the PrivateUse1 kernel registers against the SymInt[] schema, the load op works
-    once and refuses a second path, and the NPU kernel refuses tensors not on the NPU."""
-    import sys
+def stand_in_cann(root: Path, acl_include: Path, *defines: str,
+                  version: str | None = None) -> Path:
+    """A directory shaped like CANN (NOT CANN): ``lib64/libascendcl.so``, the recording
+    runtime (cann_stub/npu) built with `defines` (``RECORDING_RUNTIME_OLD_CANN``: no
+    aclrtLaunchKernelWithHostArgs), and, with `version`, the
+    ``share/info/runtime/version.info`` that CANN's version queries read."""
+    lib = root / "lib64"
+    lib.mkdir(parents=True)
+    subprocess.run(["g++", "-std=c++17", "-fPIC", "-shared", *WARN, *[f"-D{d}" for d in defines],
+                    "-isystem", str(acl_include), f"-I{STUB / 'npu'}",
+                    str(STUB / "npu" / "recording_runtime.cc"), "-Wl,-soname,libascendcl.so",
+                    "-o", str(lib / "libascendcl.so")], check=True)  # fmt: skip
+    if version is not None:
+        info = root / "share" / "info" / "runtime"
+        info.mkdir(parents=True)
+        (info / "version.info").write_text(f"Version={version}\nversion_dir=cann\n")
+    return root
 
+
+@pytest.fixture(scope="module")
+def host_extension(tmp_path_factory, acl_include) -> tuple[Path, Path]:
+    """The whole extension, linked with host stand-ins for torch_npu and against a stand-in
+    CANN's ``libascendcl.so`` (the recording runtime: cann_stub/npu, NOT torch_npu, NOT CANN;
+    the ACL declarations are the real ones from the torch_npu wheel), for the installed (CPU)
+    torch. Returns the library and the stand-in CANN it was linked against; a child process
+    picks the CANN it runs with by ``LD_LIBRARY_PATH``."""
     import torch
 
+    tmp_path = tmp_path_factory.mktemp("host_extension")
+    cann = stand_in_cann(tmp_path / "cann-9.1.0", acl_include, version="9.1.0")
     torch_dir = Path(torch.__file__).parent
     obj = tmp_path / "aicpu_tiling.o"
     subprocess.run(["gcc", "-std=c99", "-fPIC", *WARN, "-c", str(KERNELS / "aicpu_tiling.c"),
@@ -236,12 +258,96 @@ def test_op_library_links_and_registers_in_cpu_torch(tmp_path, acl_include):
            *torch_includes(), "-isystem", str(acl_include), f"-I{STUB}", f"-I{STUB / 'npu'}",
            f"-I{KERNELS / 'aicpu'}",
            f"-I{EXT}", str(EXT / "plan_tiling_op.cpp"), str(EXT / "runtime_launcher.cpp"),
-           str(STUB / "npu" / "recording_runtime.cc"), str(STUB / "npu" / "torch_npu_stub.cc"),
+           str(STUB / "npu" / "torch_npu_stub.cc"),
            str(KERNELS / "aicpu" / "tiling_ascendc_aicpu.cpp"), str(STUB / "cann_stub.cc"),
            str(obj), f"-L{torch_dir / 'lib'}", "-ltorch", "-ltorch_cpu", "-lc10",
-           "-o", str(lib)]  # fmt: skip
+           f"-L{cann / 'lib64'}", "-lascendcl", "-ldl", "-o", str(lib)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr[-4000:]
+    return lib, cann
+
+
+def run_with_cann(script: str, cann: Path, ascend_home: Path | None) -> subprocess.CompletedProcess:
+    """`script` in a child process whose ``libascendcl.so`` is `cann`'s, with
+    ``ASCEND_HOME_PATH`` set to `ascend_home` (unset when None)."""
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               LD_LIBRARY_PATH=os.pathsep.join([str(cann / "lib64"),
+                                                os.environ.get("LD_LIBRARY_PATH", "")]),
+               TORCH_SHOW_CPP_STACKTRACES="0")
+    env.pop("ASCEND_HOME_PATH", None)
+    if ascend_home is not None:
+        env["ASCEND_HOME_PATH"] = str(ascend_home)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, check=False, timeout=300)
+
+
+def test_the_launch_symbol_is_not_linked(host_extension):
+    """aclrtLaunchKernelWithHostArgs is looked up at run time: the extension does not import
+    it (review 2 item 6), while it does import the ACL functions it links."""
+    lib, _ = host_extension
+    r = subprocess.run(["nm", "-D", "--undefined-only", str(lib)], capture_output=True,
+                       text=True, check=True)
+    undefined = {line.split()[-1] for line in r.stdout.splitlines() if line.strip()}
+    assert "aclrtBinaryLoadFromFile" in undefined
+    assert "aclrtLaunchKernelWithHostArgs" not in undefined
+
+
+@pytest.mark.parametrize("cann_kind, version, source", [
+    ("aclsysGetCANNVersion", "8.2.RC1", "aclsysGetCANNVersion(ACL_PKG_NAME_RUNTIME)"),
+    ("no version query", "8.2.RC1", "{home}/share/info/runtime/version.info"),
+    ("nothing says", "", ("no aclsysGetVersionStr or aclsysGetCANNVersion, and no "
+                          "$ASCEND_HOME_PATH/share/info/runtime/version.info")),
+])
+def test_a_cann_without_the_host_args_launch_gets_one_line_naming_its_version(
+        tmp_path, acl_include, host_extension, cann_kind, version, source):
+    """Review 2 item 6: the extension, built as above, runs with a stand-in CANN 8.2.RC1
+    whose libascendcl has no aclrtLaunchKernelWithHostArgs. The library loads (linking the
+    symbol made this an "undefined symbol" at load_library), and npu_load_tiling_kernel
+    refuses in one line that names the CANN runtime version found, read by the CANN query the
+    library has (aclsysGetCANNVersion) or from the version.info file both queries read, or
+    says that nothing told it; the same line as the twin's (missing_launch_message). Nothing
+    is named: a second call says the same."""
+    from pyruntime.npu_twin.extension import missing_launch_message
+
+    lib, _ = host_extension
+    defines = ["RECORDING_RUNTIME_OLD_CANN"]
+    if cann_kind != "aclsysGetCANNVersion":
+        defines.append("RECORDING_RUNTIME_NO_VERSION_QUERY")
+    cann = stand_in_cann(tmp_path / "cann-8.2", acl_include, *defines,
+                         version="8.2.RC1" if version else None)
+    script = f"""
+import json, torch
+from pyruntime.kernels import custom_ops
+ops = custom_ops.ops()
+torch.ops.load_library({str(lib)!r})
+named = {str(tmp_path / OP_INFO_JSON)!r}
+open(named, "w").write("{{}}")
+said = []
+for _ in range(2):
+    try:
+        ops.npu_load_tiling_kernel(named)
+        said.append("loaded")
+    except RuntimeError as exc:
+        said.append(str(exc))
+print(json.dumps(said))
+"""
+    run = run_with_cann(script, cann, cann if version else None)
+    assert run.returncode == 0, run.stdout + run.stderr[-4000:]
+    said = json.loads(run.stdout.strip().splitlines()[-1])
+    want = "npu_load_tiling_kernel: " + missing_launch_message(
+        version, source.format(home=cann))
+    assert said == [want, want]
+    assert "\n" not in want and (not version or "CANN runtime in this process (8.2.RC1" in want)
+
+
+def test_op_library_links_and_registers_in_cpu_torch(tmp_path, host_extension):
+    """The whole extension (`host_extension`) loads into the installed torch after the Python
+    schema, with the stand-in CANN 9.1.0 (which has the host-args launch): the PrivateUse1
+    kernel registers against the SymInt[] schema, the load op works once and refuses a second
+    path, and the NPU kernel refuses tensors not on the NPU."""
+    lib, cann = host_extension
     # Loaded in a child process: torch cannot unload a library, and this one must not
     # leave its ops behind in the test session.
     script = f"""
@@ -268,7 +374,5 @@ with pytest.raises(RuntimeError, match="cu_seqlens_q must be on the NPU"):
     ops.plan_tiling.default.redispatch(npu_only, *args)
 print("OK")
 """
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=env, check=False, timeout=300)
+    run = run_with_cann(script, cann, cann)
     assert run.returncode == 0 and run.stdout.strip() == "OK", run.stdout + run.stderr[-4000:]

@@ -29,6 +29,8 @@
  *     aicpu_tiling::npu_load_tiling_kernel(str op_info_json, int? device=None) -> ()
  *   op_info_json  <dir>/libaicpu_tiling_runtime.json (its .so beside it), once per process
  *   device        None: load nothing now; k: load the binary on NPU k now (self-check)
+ *   Refused, with one line naming the CANN runtime version, when the loaded ACL library has
+ *   no aclrtLaunchKernelWithHostArgs (resolved at run time, never linked: runtime_launcher.h).
  * One launcher per NPU (binary, AI-CPU stream, events: all bound to that device's context),
  * loaded at the first launch on the tiling buffer's device, under an NPUGuard on it. Never
  * at library load: vLLM-Ascend's worker imports the modules our hook patches before it sets
@@ -129,6 +131,12 @@ void NpuLoadTilingKernel(c10::string_view op_info_json, std::optional<int64_t> d
                     "npu_load_tiling_kernel: already loaded from ", KernelJson(),
                     "; cannot load ", path);
         TORCH_CHECK(std::ifstream(path).good(), "npu_load_tiling_kernel: cannot read ", path);
+        /* Before anything is named: a CANN without the host-args launch fails here, in one
+         * line naming its version, not at library load ("undefined symbol") nor at the first
+         * capture (runtime_launcher.h; review 2 item 6). */
+        std::string why;
+        TORCH_CHECK(aicpu_tiling_npu::ResolveHostArgsLaunch(&why) != nullptr,
+                    "npu_load_tiling_kernel: ", why);
         KernelJson() = path;
     }
     if (device.has_value()) {

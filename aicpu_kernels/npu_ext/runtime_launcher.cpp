@@ -17,9 +17,129 @@
  */
 #include "runtime_launcher.h"
 
+#include <dlfcn.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <mutex>
 
 namespace aicpu_tiling_npu {
+
+namespace {
+
+/* A symbol of the ACL library that provides the functions this file links (found with
+ * dladdr from one of them, aclrtBinaryLoadFromFile), else of the process's global scope;
+ * nullptr when neither has it. dlsym on a handle searches that library and its dependencies,
+ * so a CANN that moved the implementation behind libascendcl (CANN 8.5.0 deprecates
+ * libascendcl.so for libacl_rt.so & co., hicann/runtime's release notes) still resolves.
+ * torch_npu resolves its optional ACL functions the same way, by name from libascendcl at
+ * run time (Ascend/pytorch torch_npu/csrc/core/npu/interface/AclInterface.cpp,
+ * REGISTER_LIBRARY(libascendcl) / GET_FUNC). */
+void *AclSymbol(const char *name)
+{
+    Dl_info info;
+    std::memset(&info, 0, sizeof(info));
+    void *symbol = nullptr;
+    if (dladdr(reinterpret_cast<void *>(&aclrtBinaryLoadFromFile), &info) != 0 &&
+        info.dli_fname != nullptr) {
+        /* RTLD_NOLOAD: a handle to the library already loaded, never a second copy. */
+        void *library = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+        if (library != nullptr) {
+            symbol = dlsym(library, name);
+            (void)dlclose(library); /* the extension's own dependency keeps it loaded */
+        }
+    }
+    return symbol != nullptr ? symbol : dlsym(RTLD_DEFAULT, name);
+}
+
+/* The "Version=" value of a CANN version.info file, or "" (hicann/runtime
+ * src/acl/aclrt_impl/acl.cpp GetVersionStringInternal: the first line holding "Version=",
+ * the rest of it trimmed). */
+std::string VersionInfoValue(const std::string &path)
+{
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+        const size_t at = line.find("Version=");
+        if (at == std::string::npos) continue;
+        std::string value = line.substr(at + std::strlen("Version="));
+        const size_t first = value.find_first_not_of(" \t\r");
+        const size_t last = value.find_last_not_of(" \t\r");
+        return first == std::string::npos ? "" : value.substr(first, last - first + 1);
+    }
+    return "";
+}
+
+} // namespace
+
+/* In the order CANN documents (hicann/runtime docs/zh/dev_guide/11_compatibility_handling.md,
+ * "版本查询机制": aclsysGetVersionStr with the package name "runtime"), then its predecessor
+ * aclsysGetCANNVersion(ACL_PKG_NAME_RUNTIME) (acl_rt.h:1062, deprecated in favour of the
+ * former; torch_npu reads the CANN version through it, GetCANNInfo.cpp), both looked up by
+ * name since an older CANN may lack them, then the file both read:
+ * $ASCEND_HOME_PATH/share/info/runtime/version.info (acl.cpp: kRelPathInfo "/share/info/",
+ * kInfoFileName "/version.info", key "Version="). */
+CannVersion CannRuntimeVersion()
+{
+    CannVersion found;
+    using GetVersionStrFn = aclError (*)(char *, char *);
+    using GetCannVersionFn = aclError (*)(aclCANNPackageName, aclCANNPackageVersion *);
+    if (void *fn = AclSymbol("aclsysGetVersionStr")) {
+        char package[] = "runtime";
+        char version[ACL_PKG_VERSION_MAX_SIZE] = {0}; /* acl_rt.h:905 */
+        if (reinterpret_cast<GetVersionStrFn>(fn)(package, version) == ACL_SUCCESS &&
+            version[0] != '\0') {
+            found.version.assign(version, strnlen(version, sizeof(version)));
+            found.source = "aclsysGetVersionStr(\"runtime\")";
+            return found;
+        }
+    }
+    if (void *fn = AclSymbol("aclsysGetCANNVersion")) {
+        aclCANNPackageVersion version;
+        std::memset(&version, 0, sizeof(version));
+        if (reinterpret_cast<GetCannVersionFn>(fn)(ACL_PKG_NAME_RUNTIME, &version) ==
+                ACL_SUCCESS &&
+            version.version[0] != '\0') {
+            found.version.assign(version.version, strnlen(version.version, sizeof(version.version)));
+            found.source = "aclsysGetCANNVersion(ACL_PKG_NAME_RUNTIME)";
+            return found;
+        }
+    }
+    const char *home = std::getenv("ASCEND_HOME_PATH");
+    if (home != nullptr && home[0] != '\0') {
+        const std::string path = std::string(home) + "/share/info/runtime/version.info";
+        found.version = VersionInfoValue(path);
+        if (!found.version.empty()) {
+            found.source = path;
+            return found;
+        }
+    }
+    found.source = "no aclsysGetVersionStr or aclsysGetCANNVersion, and no "
+                   "$ASCEND_HOME_PATH/share/info/runtime/version.info";
+    return found;
+}
+
+HostArgsLaunchFn ResolveHostArgsLaunch(std::string *why)
+{
+    static std::mutex mutex;
+    static HostArgsLaunchFn resolved = nullptr;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (resolved == nullptr) {
+        resolved = reinterpret_cast<HostArgsLaunchFn>(AclSymbol("aclrtLaunchKernelWithHostArgs"));
+    }
+    if (resolved == nullptr && why != nullptr) {
+        /* One line; the twin says the same (pyruntime/npu_twin/extension.py,
+         * missing_launch_message). */
+        const CannVersion cann = CannRuntimeVersion();
+        *why = "the CANN runtime in this process (" +
+               (cann.version.empty() ? "version unknown: " + cann.source
+                                     : cann.version + ", read by " + cann.source) +
+               ") has no aclrtLaunchKernelWithHostArgs, which launches the AI-CPU tiling "
+               "kernel; CANN 8.5.0 has it, and vLLM-Ascend 0.30 requires 9.1.0";
+    }
+    return resolved;
+}
 
 /* The launchers in plan_tiling_op.cpp (one per NPU) live in a function-local static map,
  * destroyed by exit() after
@@ -54,6 +174,7 @@ void RuntimeLauncher::Unload()
     stream_ = nullptr;
     binary_ = nullptr;
     func_ = nullptr;
+    launch_ = nullptr;
     path_.clear();
 }
 
@@ -64,6 +185,8 @@ int RuntimeLauncher::Load(const std::string &op_info_json)
         error_ = "already loaded from " + path_ + "; cannot load " + op_info_json;
         return -1;
     }
+    launch_ = ResolveHostArgsLaunch(&error_);
+    if (launch_ == nullptr) return -1; /* error_ names the CANN version; nothing loaded */
     /* aclrtBinaryLoadOption{type, value}: acl_rt.h:479-482; the option id
      * ACL_RT_BINARY_LOAD_OPT_CPU_KERNEL_MODE = 3: acl_rt.h:469; value.cpuKernelMode
      * (int32_t): acl_rt.h:475; aclrtBinaryLoadOptions{options, numOpt}: acl_rt.h:484-487. */
@@ -136,8 +259,9 @@ int RuntimeLauncher::Launch(const aicpu_tiling_kernel_args &args, aclrtStream ca
     cfg.numAttrs = 0;
     /* aclrtLaunchKernelWithHostArgs(aclrtFuncHandle, uint32_t numBlocks, aclrtStream,
      *     aclrtLaunchKernelCfg *, void *hostArgs, size_t argsSize,
-     *     aclrtPlaceHolderInfo *placeHolderArray, size_t placeHolderNum): acl_rt.h:4906-4909. */
-    rc = aclrtLaunchKernelWithHostArgs(func_, 1, stream_, &cfg, &block, sizeof(block), nullptr, 0);
+     *     aclrtPlaceHolderInfo *placeHolderArray, size_t placeHolderNum): acl_rt.h:4906-4909,
+     * resolved by Load() (ResolveHostArgsLaunch). */
+    rc = launch_(func_, 1, stream_, &cfg, &block, sizeof(block), nullptr, 0);
     if (rc != ACL_SUCCESS) return Fail(rc, "aclrtLaunchKernelWithHostArgs");
 
     rc = aclrtRecordEvent(ev_out_, stream_);

@@ -12,6 +12,11 @@
  *     rc = launcher.Launch(args, caller_stream);                               // eager or captured
  * Every call returns 0 or the failing ACL code; LastError() names the step.
  * Not thread-safe: one launcher per process, used under the caller's lock.
+ *
+ * aclrtLaunchKernelWithHostArgs is resolved at run time (ResolveHostArgsLaunch), never
+ * linked: a CANN whose ACL library lacks it (review 2 item 6: the CANN 8.2.RC1 API list has
+ * no such function; hicann/runtime v8.5.0 declares it, include/external/acl/acl_rt.h) still
+ * loads the extension, and Load() fails with one line naming the CANN version found.
  */
 #ifndef AICPU_TILING_NPU_EXT_RUNTIME_LAUNCHER_H
 #define AICPU_TILING_NPU_EXT_RUNTIME_LAUNCHER_H
@@ -26,6 +31,23 @@
 
 namespace aicpu_tiling_npu {
 
+/* aclrtLaunchKernelWithHostArgs's type, taken from its declaration (acl_rt.h:4906-4909); an
+ * unevaluated operand, so the extension holds no reference to the symbol. */
+using HostArgsLaunchFn = decltype(&aclrtLaunchKernelWithHostArgs);
+
+/* The CANN runtime version, read the way CANN documents it (runtime_launcher.cpp says
+ * where): `version` empty when nothing told it; `source` says what was read. */
+struct CannVersion {
+    std::string version;
+    std::string source;
+};
+CannVersion CannRuntimeVersion();
+
+/* aclrtLaunchKernelWithHostArgs of the ACL library this process loaded (the one that
+ * provides the ACL functions the launcher links), looked up by name once. nullptr when that
+ * library has none; then *why (if given) is one line naming the CANN runtime version. */
+HostArgsLaunchFn ResolveHostArgsLaunch(std::string *why);
+
 class RuntimeLauncher {
 public:
     RuntimeLauncher() = default;
@@ -34,8 +56,9 @@ public:
     /* Calls no ACL function, on purpose: see the comment at its definition. */
     ~RuntimeLauncher();
 
-    /* Load the op-info JSON and the .so of the same stem beside it, look the function up,
-     * and create the flag-0 stream and the two sync events. The calling thread must have a
+    /* Resolve aclrtLaunchKernelWithHostArgs (ResolveHostArgsLaunch: refused, with nothing
+     * loaded, when the runtime lacks it), load the op-info JSON and the .so of the same stem
+     * beside it, look the function up, and create the flag-0 stream and the two sync events. The calling thread must have a
      * device context (plan_tiling_op.cpp sets it with an NPUGuard). Must run before any
      * capture that launches; idempotent for the same path, an error for a different one. */
     int Load(const std::string &op_info_json);
@@ -61,6 +84,7 @@ private:
     std::string error_;
     aclrtBinHandle binary_ = nullptr; /* acl_rt.h:387 */
     aclrtFuncHandle func_ = nullptr;  /* acl_rt.h:388 */
+    HostArgsLaunchFn launch_ = nullptr; /* resolved by Load() */
     aclrtStream stream_ = nullptr;    /* acl_base_rt.h:46 */
     aclrtEvent ev_in_ = nullptr;      /* acl_base_rt.h:48 */
     aclrtEvent ev_out_ = nullptr;

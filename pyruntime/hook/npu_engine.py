@@ -137,7 +137,8 @@ class NpuTilingEngine:
         self.epoch_advances = 0
         #: graph key -> kv_lora_rank of the MLA keys (`capture_mla`)
         self.mla_lora: dict[Hashable, int] = {}
-        #: kernel variants (`_variant`) launched eagerly by `warm_up`
+        #: kernel variants (`_variant`, `_mla_variant`) launched eagerly by `warm_up` and
+        #: `warm_up_mla`
         self.warmed: set = set()
         #: layers whose captured attention was its variant's first launch (not warmed up)
         self.cold_captures: list = []
@@ -348,6 +349,43 @@ class NpuTilingEngine:
                 key.params.num_q_heads, key.params.num_kv_heads, key.params.head_dim)):
             raise BackendError(f"layer {c.layer_name}: MLA geometry differs from the first "
                                "layer of its graph; one tiling serves one geometry")
+        if _mla_variant(c, key.params) not in self.warmed:
+            # its first launch is this captured one: Triton compiles it inside the capture
+            self.cold_captures.append(c.layer_name)
+        self.launch(self._mla_attention(c, key))
+
+    def warm_up_mla(self, capture) -> bool:
+        """`warm_up` for one MLA layer: outside any capture, launch once, eagerly, what
+        `capture_mla` would capture for it (the tiling task, ``mla_attention`` and
+        ``mla_combine``: the same variant and geometry) on scratch tiling, partial and output
+        buffers, so that Triton compiles them here and not inside vLLM's capture. The layer's
+        query and caches are only read. Called by the hook after vLLM-Ascend's eager
+        ``_forward_decode`` in vLLM's warm-up run of each capture size; a variant already
+        launched is not launched again.
+
+        Args:
+            capture: a `pyruntime.hook.vllm_ascend_mla.MLACapture` (its ``graph_key`` unused).
+
+        Returns:
+            True when it launched (a variant not seen before).
+
+        Raises:
+            BackendError, TypeError, ValueError: what the launches raise (the hook then keeps
+            the layer on vLLM-Ascend's path).
+        """
+        c = capture
+        scratch = self._mla_buffers(c)  # allocation is allowed here: no capture is open
+        variant = _mla_variant(c, scratch.params)
+        if variant in self.warmed:
+            return False
+        scratch.epoch.zero_()
+        self._plan(scratch, count=False)
+        self._mla_attention(replace(c, output=torch.empty_like(c.output)), scratch)()
+        self.warmed.add(variant)
+        return True
+
+    def _mla_attention(self, c, key: _KeyBuffers) -> Callable[[], None]:
+        """The launches of one MLA layer's decode and combine over `key`'s tiling."""
         common = {"cu_seqlens_q": c.query_start_loc, "step_epoch": key.epoch,
                   "tiling_in": key.tiling, "out": c.output, "partial_out": key.partial_out,
                   "partial_lse": key.partial_lse, "params": kernels.params_list(key.params),
@@ -359,7 +397,7 @@ class NpuTilingEngine:
                                    seqlens_kv=c.seq_lens, scale=c.scale, causal=True, **common)
             self.ops.mla_combine(**common)
 
-        self.launch(attention)
+        return attention
 
     # ---- every step -------------------------------------------------------------------------
     def before_replay(self, num_tokens: int | None = None) -> None:
@@ -411,6 +449,14 @@ def _variant(c: AttentionCapture, params: tiling.TilingParams) -> tuple:
             c.output.dtype, bool(c.causal), c.logits_soft_cap is not None,
             None if c.sinks is None else c.sinks.dtype, c.sliding_window is not None,
             c.kv_scales is not None)
+
+
+def _mla_variant(c: Any, params: tiling.TilingParams) -> tuple:
+    """What our Triton MLA kernels are compiled for, for this MLA layer: the tiling params
+    (compile-time constants, `pyruntime.mla_attention.mla_tiling_params`), the latent and rope
+    widths, the query, cache and output dtypes, and the device."""
+    return ("mla", str(c.q_nope.device), params, c.kv_lora_rank, c.qk_rope_head_dim,
+            c.q_nope.dtype, c.kv_c_cache.dtype, c.output.dtype)
 
 
 def mla_graph_key(graph_key: Hashable) -> Hashable:

@@ -28,6 +28,12 @@ What changes, for supported layers only:
   graph it runs for the host-path layers only (its ``zip(attn_keys, attn_params[num_tokens],
   ...)`` pairs layer names with the captured FIA tasks in order, so our layers, which add no
   task, are removed from ``attn_keys`` through the forward context).
+* ``AscendMLAImpl._forward_decode``, eager, in vLLM's capture phase (its warm-up forward of
+  each capture size, right before the capture): after the original, the engine's
+  ``warm_up_mla`` launches the tiling task and our MLA kernels once for this layer's variant
+  and geometry, on scratch tiling and output buffers, so Triton compiles them here and not
+  inside the capture (review 2 item 5, as the GQA patch does: `gqa.eager_warm_up`). A layer
+  whose eager launch raises keeps vLLM-Ascend's path, logged.
 
 Everything else keeps the original path, each layer logged once with its reason
 (:func:`mla_unsupported_reason`): the NZ cache layout (``enable_kv_nz``), FA quantization
@@ -35,7 +41,8 @@ Everything else keeps the original path, each layer logged once with its reason
 fp16/bf16/fp32, MLA without rope (``qk_rope_head_dim == 0``: vLLM-Ascend pads a zero rope of
 64), context parallel (``pcp_enabled``, decode sharding, subclasses), speculative draft-model
 graphs, non-causal decode (K3's DSpark draft block), and metadata without the builder's
-device buffers. Eager (non-capturing) calls keep the original FIA call: no graph, no update.
+device buffers. Eager (non-capturing) calls keep the original FIA call: no graph, no update
+(only the warm-up above runs beside it).
 """
 
 from __future__ import annotations
@@ -212,17 +219,18 @@ def patch_mla(module: ModuleType, state: Any, acl_graph: ModuleType) -> None:
         source = module if hasattr(module, "get_graph_params") else acl_graph
         return gqa._graph_params(source, module._EXTRA_CTX)
 
-    def capture(self, tensors, block_size, attn_metadata) -> Any:
-        """Capture the layer on the device path; returns what the original returns, or None
-        (noted once) when the layer keeps the host path."""
+    def describe(self, tensors, block_size, attn_metadata, *, capturing: bool) -> tuple:
+        """``(reason, None)`` when the layer keeps the host path, else ``(None, capture)``: the
+        `MLACapture` `capture` hands the engine; ``capturing`` False (the eager warm-up) keys
+        nothing (``graph_key`` None)."""
         q_pe = tensors["q_pe"]
         context = gqa.current_forward_context(acl_graph)
-        reason = (gqa.lora_reason(context, gqa.vllm_lora_configured)
+        reason = (state.warm_up_failures.get(mla_layer_name(self))
+                  or gqa.lora_reason(context, gqa.vllm_lora_configured)
                   or mla_unsupported_reason(self, impl_cls, module._EXTRA_CTX, attn_metadata,
                                             tensors, q_pe.device if q_pe is not None else None))
         if reason is not None:
-            _note_host_path(state, self, reason)
-            return None
+            return reason, None
         h, lora, rope = int(self.num_heads), int(self.kv_lora_rank), int(self.qk_rope_head_dim)
         num_tokens = int(tensors["q_nope"].size(0))
         # the query views the original hands FIA (its `.contiguous()` on q_nope included)
@@ -230,28 +238,48 @@ def patch_mla(module: ModuleType, state: Any, acl_graph: ModuleType) -> None:
         q_pe = q_pe.view(num_tokens, h, -1).contiguous()
         kv_c = tensors["k_nope"].view(-1, int(block_size), 1, lora)
         k_pe = tensors["k_pe"].view(-1, int(block_size), 1, rope)
+        ours = torch.empty((num_tokens, h, lora), dtype=q_pe.dtype, device=q_pe.device)
+        lengths = getattr(attn_metadata, gqa.LENGTHS_ATTR)
+        key = gqa.graph_key_of(graph_params(), num_tokens, context) if capturing else None
+        return None, MLACapture(
+            graph_key=key, layer_name=mla_layer_name(self), q_nope=q_nope, q_pe=q_pe,
+            kv_c_cache=kv_c, k_pe_cache=k_pe, block_table=lengths.block_table,
+            query_start_loc=lengths.query_start_loc, seq_lens=lengths.seq_lens,
+            batch=lengths.batch, output=ours, num_heads=h, kv_lora_rank=lora,
+            qk_rope_head_dim=rope, block_size=int(block_size), scale=float(self.scale))
+
+    def capture(self, tensors, block_size, attn_metadata) -> Any:
+        """Capture the layer on the device path; returns what the original returns, or None
+        (noted once) when the layer keeps the host path."""
+        reason, c = describe(self, tensors, block_size, attn_metadata, capturing=True)
+        if reason is not None:
+            _note_host_path(state, self, reason)
+            return None
+        h, num_tokens, lora = c.num_heads, int(c.q_nope.shape[0]), c.kv_lora_rank
         speculative = (self.speculative_config is not None
                        and str(getattr(attn_metadata.attn_state, "name", "")) in
                        ("SpecDecoding", "ChunkedPrefill", "DecodeOnly", "PrefillNoCache"))
         padded = int(getattr(self, "num_heads_padded", h))
         shape = (padded, num_tokens, lora) if speculative else (padded, num_tokens, 1, lora)
-        attn_output = torch.empty(shape, dtype=q_pe.dtype, device=q_pe.device)
-        ours = torch.empty((num_tokens, h, lora), dtype=q_pe.dtype, device=q_pe.device)
-        lengths = getattr(attn_metadata, gqa.LENGTHS_ATTR)
-        key = gqa.graph_key_of(graph_params(), num_tokens, context)
-        name = mla_layer_name(self)
-        state.engine.capture_mla(MLACapture(
-            graph_key=key, layer_name=name, q_nope=q_nope, q_pe=q_pe, kv_c_cache=kv_c,
-            k_pe_cache=k_pe, block_table=lengths.block_table,
-            query_start_loc=lengths.query_start_loc, seq_lens=lengths.seq_lens,
-            batch=lengths.batch, output=ours, num_heads=h, kv_lora_rank=lora,
-            qk_rope_head_dim=rope, block_size=int(block_size), scale=float(self.scale)))
+        attn_output = torch.empty(shape, dtype=c.q_pe.dtype, device=c.q_pe.device)
+        state.engine.capture_mla(c)
         # head-major, as FIA's NBSD / NTD output: one captured copy (the up-projection reads it)
-        attn_output[:h].view(h, num_tokens, lora).copy_(ours.transpose(0, 1))
-        state.device_layers[key].add(name)
-        state.device_entries[name] = "_forward_decode"
+        attn_output[:h].view(h, num_tokens, lora).copy_(c.output.transpose(0, 1))
+        state.device_layers[c.graph_key].add(c.layer_name)
+        state.device_entries[c.layer_name] = "_forward_decode"
         out = attn_output[:h] if padded > h else attn_output
         return self._v_up_proj(out)
+
+    warm_up = getattr(state.engine, "warm_up_mla", None)
+
+    def warm_up_after_eager(self, tensors, block_size, attn_metadata) -> None:
+        """After an eager decode in vLLM's capture phase (its warm-up run before each
+        capture): our MLA kernels for this layer launched once now, outside the capture, with
+        the tiling task (`gqa.eager_warm_up`, the engine's ``warm_up_mla``)."""
+        gqa.eager_warm_up(state, warm_up, module._EXTRA_CTX, self, attn_metadata, None,
+                          lambda: describe(self, tensors, block_size, attn_metadata,
+                                           capturing=False),
+                          name=mla_layer_name(self))
 
     @functools.wraps(orig_forward)
     def forward(self, layer_name, *args, **kwargs):
@@ -264,7 +292,9 @@ def patch_mla(module: ModuleType, state: Any, acl_graph: ModuleType) -> None:
     @functools.wraps(orig_decode)
     def _forward_decode(*args, **kwargs):
         if not getattr(module._EXTRA_CTX, "capturing", False):
-            return orig_decode(*args, **kwargs)  # eager: no graph, no task update
+            result = orig_decode(*args, **kwargs)  # eager: no graph, no task update
+            warm_up_after_eager(*_decode_args(decode_sig, args, kwargs))
+            return result
         self, tensors, block_size, attn_metadata = _decode_args(decode_sig, args, kwargs)
         result = capture(self, tensors, block_size, attn_metadata)
         return orig_decode(*args, **kwargs) if result is None else result

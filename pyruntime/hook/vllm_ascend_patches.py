@@ -710,7 +710,8 @@ def vllm_capture_phase() -> bool:
 
 
 def eager_warm_up(state: PatchState, warm_up: Any, extra_ctx: Any, impl: Any,
-                  attn_metadata: Any, layer: Any, describe: Any) -> None:
+                  attn_metadata: Any, layer: Any, describe: Any,
+                  name: str | None = None) -> None:
     """Launch our kernels for this layer once, eagerly, before vLLM captures it (review 2 item
     5: otherwise Triton compiles each variant and geometry inside the capture).
 
@@ -724,7 +725,9 @@ def eager_warm_up(state: PatchState, warm_up: Any, extra_ctx: Any, impl: Any,
     phase (:func:`vllm_capture_phase`), in its profile run, without an engine ``warm_up``, for
     a layer that keeps the host path or metadata without the builder's device buffers, or
     for a prefill without cache (no cache to read). Where the engine's launch raises, the
-    layer keeps vLLM-Ascend's path (its capture would raise the same), logged."""
+    layer keeps vLLM-Ascend's path (its capture would raise the same), logged under `name`
+    (default `layer_name`; the MLA patch passes its own, `vllm_ascend_mla.mla_layer_name`),
+    the key its describe reads `PatchState.warm_up_failures` by."""
     import torch
 
     if (warm_up is None or getattr(extra_ctx, "capturing", False)
@@ -739,14 +742,14 @@ def eager_warm_up(state: PatchState, warm_up: Any, extra_ctx: Any, impl: Any,
     reason, capture = describe()
     if reason is not None:
         return
+    name = name or layer_name(impl)
     try:
         warm_up(capture)
     except Exception as exc:  # noqa: BLE001 - the layer keeps vLLM-Ascend's path, logged
-        state.warm_up_failures[layer_name(impl)] = (
+        state.warm_up_failures[name] = (
             f"our kernels failed their eager launch before the capture: "
             f"{type(exc).__name__}: {exc}")
-        log.warning("aicpu-tiling: layer %s: %s", layer_name(impl),
-                    state.warm_up_failures[layer_name(impl)])
+        log.warning("aicpu-tiling: layer %s: %s", name, state.warm_up_failures[name])
 
 
 class _HostLayersView:

@@ -40,6 +40,9 @@ FAULTS: dict[str, str] = {
                       "beside its op-info JSON",
     "stale-aicpu-read": "the AI-CPU task reads its inputs as they were before the last AI "
                         "Core task that wrote them (the self-check's stale_read must fail)",
+    "old-cann": "the CANN runtime is 8.2.RC1, whose ACL library has no "
+                "aclrtLaunchKernelWithHostArgs: loading our kernels fails in one line naming "
+                "that version (review 2 item 6)",
 }
 STATE_ENV = "AICPU_TILING_TWIN_STATE"
 #: ``wrapper`` (default: today's twin, `device.NpuTensor`) or ``plain``: the plain-tensor layer

@@ -53,6 +53,36 @@ LAUNCHER_PER_DEVICE = True
 
 AclError = twin.AclError
 
+#: the twin fault whose CANN runtime predates the host-args launch (`cann_runtime`)
+OLD_CANN_FAULT = "old-cann"
+
+
+def cann_runtime() -> tuple[str, str, bool]:
+    """The CANN runtime the twin stands for: ``(version, what read it, whether its ACL
+    library has aclrtLaunchKernelWithHostArgs)``.
+
+    By default the CANN that vLLM-Ascend 0.23 and 0.30 require, 9.1.0 (their READMEs), read
+    as CANN documents (hicann/runtime ``docs/zh/dev_guide/11_compatibility_handling.md``:
+    ``aclsysGetVersionStr("runtime")``). Under the fault `OLD_CANN_FAULT`, CANN 8.2.RC1, whose
+    API list has no ``aclrtLaunchKernelWithHostArgs`` (review 2 item 6; hicann/runtime v8.5.0
+    is the first public tag, and it declares the function), read by
+    ``aclsysGetCANNVersion(ACL_PKG_NAME_RUNTIME)``, the query torch_npu uses from 8.1.RC1 on
+    (Ascend/pytorch ``torch_npu/csrc/core/npu/GetCANNInfo.cpp``); whether 8.2 already has
+    ``aclsysGetVersionStr`` is not known here."""
+    if twin.device().fault == OLD_CANN_FAULT:
+        return "8.2.RC1", "aclsysGetCANNVersion(ACL_PKG_NAME_RUNTIME)", False
+    return "9.1.0", 'aclsysGetVersionStr("runtime")', True
+
+
+def missing_launch_message(version: str, source: str) -> str:
+    """The one line ``ResolveHostArgsLaunch`` (``runtime_launcher.cpp``) writes when the loaded
+    ACL library has no ``aclrtLaunchKernelWithHostArgs``: the CANN runtime `version` and what
+    read it (`source`); an empty `version` says it is unknown and `source` why."""
+    found = f"version unknown: {source}" if not version else f"{version}, read by {source}"
+    return (f"the CANN runtime in this process ({found}) has no aclrtLaunchKernelWithHostArgs, "
+            "which launches the AI-CPU tiling kernel; CANN 8.5.0 has it, and vLLM-Ascend 0.30 "
+            "requires 9.1.0")
+
 
 class _Launcher:
     """``RuntimeLauncher``'s state on one device: the binary, the AI-CPU stream, two events."""
@@ -75,7 +105,9 @@ _library: torch.library.Library | None = None
 def load_binary(op_info_json: str, device: int | None = None) -> None:
     """``npu_load_tiling_kernel(json, device=None)``: names the JSON every device's launcher
     loads at its first launch (once per process; a second, different path is refused); with
-    `device`, loads that device's launcher now, under a guard on it."""
+    `device`, loads that device's launcher now, under a guard on it. A CANN runtime without
+    ``aclrtLaunchKernelWithHostArgs`` (`cann_runtime`) is refused first, in one line
+    (`missing_launch_message`), with nothing named."""
     global _json
     dev = twin.device()
     dev.check_alive()
@@ -85,6 +117,11 @@ def load_binary(op_info_json: str, device: int | None = None) -> None:
                                f"load {op_info_json}")
         if not Path(op_info_json).is_file():
             raise RuntimeError(f"npu_load_tiling_kernel: cannot read {op_info_json}")
+        # ResolveHostArgsLaunch: the launch symbol is looked up at run time, before naming
+        version, source, has_launch = cann_runtime()
+        if not has_launch:
+            raise RuntimeError("npu_load_tiling_kernel: "
+                               + missing_launch_message(version, source))
         _json = op_info_json
     if not LAUNCHER_PER_DEVICE:  # the old extension: loaded here, on the current device
         dev.ensure_context()

@@ -541,3 +541,35 @@ def test_every_kernel_variant_is_launched_eagerly_before_its_capture(tmp_path):
     assert counts["launches"]["captured"] > 0 and counts["specializations"] > 0
     assert counts["first_launched_in_capture"] == [], counts["first_launched_in_capture"]
     assert counts["cold_captures"] == [] and counts["warmed_variants"] > 0
+
+
+def test_every_mla_kernel_variant_is_launched_eagerly_before_its_capture(tmp_path):
+    """Review 2 item 5, MLA half, on the newest release with the twin running our Triton MLA
+    bodies: the MLA dry run warms up each bucket eagerly before capturing it, as vLLM's
+    capture_model does (vLLM-Ascend's eager ``_forward_decode`` there calls FIA v2 eagerly:
+    the dry run's zero-writing stand-in). After it the hook launches the tiling task and our
+    MLA kernels once per variant (``warm_up_mla``), so every Triton specialization they launch
+    (counted at the twin's ``JITFunction.run`` seam by ``dryrun_counting_engine``) had its
+    first launch outside any capture; MTP (q_len 2) and two buckets."""
+    env = _env(RELEASES[1])
+    python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
+    environ = _clean_env(tree)
+    environ["PYTHONPATH"] = os.pathsep.join([environ["PYTHONPATH"], str(REPO / "tests" / "hook")])
+    environ["AICPU_TILING_ENGINE"] = "dryrun_counting_engine:make"
+    environ["AICPU_TILING_TWIN_AICORE"] = "triton"
+    environ.pop("TRITON_INTERPRET", None)  # the twin's Triton driver runs device launches
+    log = tmp_path / "launches.json"
+    environ["AICPU_TILING_TEST_LAUNCH_LOG"] = str(log)
+    proc = subprocess.run([str(python), "-m", "pyruntime.hook.dryrun", "--model", "mla",
+                           "--placement", "graph", "--steps", "1", "--spec-tokens", "1"],
+                          capture_output=True, text=True, env=environ, cwd=REPO, timeout=600,
+                          check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    run = json.loads(lines[-1])
+    assert [layer["path"] for layer in run["layers"]] == ["device"] * 3
+    assert run["max_rel_err"] <= run["tolerance"] and run["ok"]
+    counts = json.loads(log.read_text())
+    assert counts["launches"]["captured"] > 0 and counts["specializations"] > 0
+    assert counts["first_launched_in_capture"] == [], counts["first_launched_in_capture"]
+    assert counts["cold_captures"] == [] and counts["warmed_variants"] > 0

@@ -5,6 +5,8 @@ the key's MLA layers; a key of its own beside a GQA one); only the device is not
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -113,3 +115,42 @@ def test_errors_reports_an_mla_tiling_that_failed_and_one_that_is_stale():
     recorded[0]()
     stale = engine.errors()
     assert list(stale) == [mla_key] and isinstance(stale[mla_key], tiling.StaleTilingError)
+
+
+def test_warm_up_mla_launches_each_variant_once_eagerly_and_leaves_the_layer_alone():
+    """`warm_up_mla` (the hook calls it after vLLM-Ascend's eager decode, before the capture):
+    the tiling task, attention and combine run at once (not through `launch`, which records
+    the capture), on scratch buffers: the layer's output is untouched, no key is made, no
+    tiling launch is counted. A second call for the same variant launches nothing; a new
+    bucket (other tiling params) is a new variant. The captured layer is then not a cold
+    capture; one of a variant never warmed up is."""
+    gen = torch.Generator().manual_seed(2)
+    recorded = []
+    engine = NpuTilingEngine("graph", num_cores=3, launch=recorded.append)
+    calls = []
+    ops = engine.ops
+
+    class Counting:  # the engine's ops, each call named
+        def __getattr__(self, name):
+            def call(*args, **kwargs):
+                calls.append(name)
+                return getattr(ops, name)(*args, **kwargs)
+            return call
+
+    engine.ops = Counting()
+    layer = _layer(gen, None)
+    layer.query_start_loc[1:] = torch.tensor([1, 2, 2]).cumsum(0).int()
+    layer.seq_lens[:] = torch.tensor([5, 9, 3]).int()
+    before = layer.output.clone()
+    assert engine.warm_up_mla(layer) is True
+    assert calls == ["plan_tiling", "mla_attention", "mla_combine"]
+    assert recorded == [] and engine.keys == {} and engine.tiling_launches == 0
+    assert torch.equal(layer.output.isnan(), before.isnan())  # written to a scratch output
+    assert engine.warm_up_mla(layer) is False and len(calls) == 3
+    assert engine.warm_up_mla(_layer(gen, None, output=torch.zeros(2 * T, H, L),
+                                     q_nope=torch.zeros(2 * T, H, L),
+                                     q_pe=torch.zeros(2 * T, H, R))) is True
+    engine.capture_mla(replace(layer, graph_key=(1, T), layer_name="warm"))
+    engine.capture_mla(_layer(gen, (2, T), layer_name="cold", block_table=torch.zeros(
+        N, 2 * MB, dtype=torch.int32)))  # wider table: other params, never warmed up
+    assert engine.cold_captures == ["cold"]

@@ -119,3 +119,20 @@ def test_stale_aicpu_read_fails_the_check_at_its_first_iteration(tmp_path):
     assert (stale["status"], stale["failed_at"], stale["stale"]) == ("fail", 1, True)
     assert stale["detail"].startswith("iteration 1 of ")
     assert "from before the AI Core's write" in stale["detail"]
+
+
+def test_old_cann_fails_the_kernels_check_in_one_line_naming_its_version(tmp_path):
+    """Review 2 item 6 on the twin: with a CANN runtime (8.2.RC1) whose ACL library has no
+    aclrtLaunchKernelWithHostArgs, the kernels check fails with the extension's one line (the
+    C++ says the same: tests/test_npu_ext.py builds it against a stand-in CANN without the
+    symbol), and the checks that need the kernels skip."""
+    from pyruntime.npu_twin.extension import missing_launch_message
+
+    code, report, _ = selfcheck(tmp_path, "--twin-fault", "old-cann", "--checks",
+                                "tiling_kernel,aicpu_replay")
+    kernels = by_name(report)["kernels"]
+    assert code == 1 and kernels["status"] == "fail"
+    line = missing_launch_message("8.2.RC1", "aclsysGetCANNVersion(ACL_PKG_NAME_RUNTIME)")
+    assert "npu_load_tiling_kernel: " + line in kernels["detail"], kernels["detail"]
+    assert "\n" not in kernels["detail"]
+    assert by_name(report)["aicpu_replay"]["status"] == "skip"

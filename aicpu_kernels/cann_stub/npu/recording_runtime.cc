@@ -5,7 +5,9 @@
  */
 #include "recording_runtime.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -126,6 +128,7 @@ aclError aclrtBinaryGetFunction(const aclrtBinHandle binHandle, const char *kern
     }
     return rc;
 }
+#ifndef RECORDING_RUNTIME_OLD_CANN
 aclError aclrtLaunchKernelWithHostArgs(aclrtFuncHandle funcHandle, uint32_t numBlocks,
                                        aclrtStream stream, aclrtLaunchKernelCfg *cfg,
                                        void *hostArgs, size_t argsSize,
@@ -149,4 +152,27 @@ aclError aclrtLaunchKernelWithHostArgs(aclrtFuncHandle funcHandle, uint32_t numB
     }
     return 0;
 }
+#else
+/* A CANN older than the host-args launch: no aclrtLaunchKernelWithHostArgs at all. Its
+ * version query, unless RECORDING_RUNTIME_NO_VERSION_QUERY, is aclsysGetCANNVersion, reading
+ * what hicann/runtime's implementation reads (src/acl/aclrt_impl/acl.cpp,
+ * aclsysGetCANNVersionImpl: $ASCEND_HOME_PATH/share/info/<package>/version.info, its
+ * "Version=" line); only the runtime package is modelled. */
+#ifndef RECORDING_RUNTIME_NO_VERSION_QUERY
+aclError aclsysGetCANNVersion(aclCANNPackageName name, aclCANNPackageVersion *version)
+{
+    const char *home = std::getenv("ASCEND_HOME_PATH");
+    if (name != ACL_PKG_NAME_RUNTIME || home == nullptr) return ACL_ERROR_INVALID_FILE;
+    std::ifstream in(std::string(home) + "/share/info/runtime/version.info");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("Version=", 0) != 0) continue;
+        std::memset(version, 0, sizeof(*version));
+        std::strncpy(version->version, line.c_str() + 8, sizeof(version->version) - 1);
+        return ACL_SUCCESS;
+    }
+    return ACL_ERROR_INVALID_FILE;
+}
+#endif
+#endif
 }

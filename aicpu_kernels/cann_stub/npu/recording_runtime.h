@@ -11,7 +11,11 @@
  *   - aclrtLaunchKernelWithHostArgs copies the argument block (as the runtime copies it to device
  *     memory) and runs the host build of the function the JSON names, at once, or, while
  *     a capture is open on the stream the launch is ordered after, at each replay;
- *   - injected failures: StubFailNext("aclrtBinaryGetFunction", code) makes that call fail once.
+ *   - injected failures: StubFailNext("aclrtBinaryGetFunction", code) makes that call fail once;
+ *   - built with -DRECORDING_RUNTIME_OLD_CANN: a CANN before the host-args launch (no
+ *     aclrtLaunchKernelWithHostArgs; aclsysGetCANNVersion reads
+ *     $ASCEND_HOME_PATH/share/info/runtime/version.info as CANN's does), and with
+ *     -DRECORDING_RUNTIME_NO_VERSION_QUERY as well, one without that query either.
  * Capture is modelled per launcher stream, not per event graph: enough to show that a
  * captured launch re-runs its frozen block at every replay, reading fresh device data.
  */

@@ -56,10 +56,12 @@ def reference(q_nope, q_pe, kv_c, k_pe, table, q_lens, kv_lens, scale):
 
 class FiaV2Recorder:
     """Stands in for ``torch_npu.npu_fused_infer_attention_score_v2`` (and its workspace
-    query) in a mixed-graph run: each call is one AI Core task on the current stream that
-    writes zeros (no numerics: the twin does not model FIA v2), so vLLM-Ascend's own capture
-    and ``update_graph_params`` run their task-group and task-update protocol around it, and
-    the twin checks it. It records the query buffer each task-update call reads."""
+    query): each call is one AI Core task on the current stream that writes zeros (no
+    numerics: the twin does not model FIA v2). In a mixed-graph run vLLM-Ascend's own capture
+    and ``update_graph_params`` run their task-group and task-update protocol around its
+    ``.out``, and the twin checks it; it records the query buffer each task-update call reads.
+    Its eager call serves vLLM-Ascend's eager ``_forward_decode`` in the warm-up step before
+    each capture, whose output no check reads."""
 
     LABEL = "npu_fused_infer_attention_score_v2 (recorder)"
 
@@ -85,7 +87,22 @@ class FiaV2Recorder:
 
         class _Packet:
             def __call__(self, query, key, value, **options):
-                raise NotImplementedError("eager FIA v2 is not needed by the dry run")
+                # eager: (attention_out, softmax_lse), the output head-major as the layouts
+                # vLLM-Ascend's MLA decode passes say (BNSD_NBSD: [B, N, S, D] -> [N, B, S,
+                # D]; BSND_NBSD, the NZ cache's: [B, S, N, D] -> [N, B, S, D]; TND_NTD:
+                # [T, N, D] -> [N, T, D])
+                layout, q = options.get("input_layout"), query.shape
+                if layout in ("BNSD_NBSD", "TND_NTD"):
+                    shape = (q[1], q[0], *q[2:])
+                elif layout == "BSND_NBSD":
+                    shape = (q[2], q[0], q[1], q[3])
+                else:
+                    raise NotImplementedError(f"the dry run's eager FIA v2 stand-in takes the "
+                                              f"layouts of MLA decode, not {layout!r}")
+                out = torch.empty(shape, dtype=query.dtype, device=query.device)
+                lse = torch.empty(query.shape[0], dtype=query.dtype, device=query.device)
+                issue(query, [out, lse])
+                return out, lse
 
             @staticmethod
             def out(query, key, value, *, workspace=None, out, **options):
@@ -119,10 +136,15 @@ class Runner(driver.Runner):
     schema = "aicpu-tiling/hook-dryrun-mla"
     spec_fields = {"use_eagle": lambda: False, "disable_padded_drafter_batch": False}
 
+    #: an eager warm-up step per bucket before its capture, as vLLM's capture_model runs one
+    #: (``_warmup_and_capture``; vLLM-Ascend's ``cudagraph_num_of_warmups = 1``): the hook
+    #: launches our MLA kernels once there, outside the capture; vLLM-Ascend's own eager FIA
+    #: v2 call in it is the recorder's
+    warm_up = True
+
     def before_import(self) -> None:
         self.recorder = FiaV2Recorder()
-        if self.shape.host_layers:
-            self.recorder.install()
+        self.recorder.install()
 
     def use_engine(self, engine: Any) -> None:
         if self.shape.fault == "drop-rope":
