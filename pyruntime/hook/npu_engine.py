@@ -378,7 +378,9 @@ class NpuTilingEngine:
         variant = _mla_variant(c, scratch.params)
         if variant in self.warmed:
             return False
-        scratch.epoch.zero_()
+        # an epoch of its own, as `warm_up`'s: the keys' shared epoch is only ever advanced
+        scratch = replace(scratch, epoch=torch.zeros((1,), dtype=torch.int32,
+                                                     device=c.q_nope.device))
         self._plan(scratch, count=False)
         self._mla_attention(replace(c, output=torch.empty_like(c.output)), scratch)()
         self.warmed.add(variant)
