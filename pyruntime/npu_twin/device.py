@@ -169,6 +169,11 @@ class GraphState:
         return [s for s in (self.origin, *self.side.values()) if s is not None]
 
 
+#: torch_npu 2.10.0.post4 ``torch_npu/npu/__init__.py`` ``_lazy_init`` in a bad fork
+BAD_FORK = ("Cannot re-initialize NPU in forked subprocess. To use NPU with multiprocessing, "
+            "you must use the 'spawn' start method")
+
+
 # ---- the device ------------------------------------------------------------------------------
 class Device:
     """The one twin device (``npu:0``) of this process."""
@@ -177,6 +182,9 @@ class Device:
         self.fault = fault
         self.state_dir = state_dir
         self.context = False
+        #: torch_npu's bad-fork state: a multiprocessing fork child of a process that had
+        #: initialised the device (set by `pyruntime.npu_twin.processes`); every call raises
+        self.in_bad_fork = False
         self.default_stream = StreamState("default", default=True)
         self.streams: list[StreamState] = [self.default_stream]
         self._local = threading.local()
@@ -208,6 +216,8 @@ class Device:
         return DeviceLostError(reason)
 
     def check_alive(self) -> None:
+        if self.in_bad_fork:  # torch_npu/npu/__init__.py: _lazy_init, before any runtime call
+            raise RuntimeError(BAD_FORK)
         reason = self.lost_reason()
         if reason is not None:
             raise DeviceLostError(f"the NPU is lost ({reason}); every later call fails "
