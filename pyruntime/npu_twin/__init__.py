@@ -92,7 +92,8 @@ def activate(fault: str | None = None) -> None:
     if not given:  # ours: child processes inherit it through the variable while we run
         processes.remove_at_exit(state)
     os.environ[STATE_ENV] = str(state)
-    kernel_dir, ext = prepare_kernels(state, missing_binary=fault == "kernel-missing")
+    with processes.children_without_the_twin():  # its compiler runs are Python processes
+        kernel_dir, ext = prepare_kernels(state, missing_binary=fault == "kernel-missing")
 
     device.install_device(device.Device(fault=fault, state_dir=state))
     processes.install()  # what a fork child keeps (pyruntime.npu_twin.processes)

@@ -35,6 +35,7 @@ What :func:`install` arranges at activation, for the fork case:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing.util
 import os
 import shutil
@@ -59,6 +60,28 @@ def remove_at_exit(state_dir: Path) -> None:
             shutil.rmtree(state_dir, ignore_errors=True)
 
     atexit.register(remove)
+
+
+@contextlib.contextmanager
+def children_without_the_twin():
+    """Python children started inside the block do not activate the twin.
+
+    The twin's activation runs Python tools (``python -m ziglang`` builds the AI-CPU binary
+    when its cache is cold). With ``AICPU_TILING_TWIN`` on, each would activate a twin of its
+    own at start, which would build again, and so on without end; inside the block the
+    variable reads ``0`` and the previous value comes back after it.
+    """
+    from .pth import ENV_VAR
+
+    saved = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = saved
 
 
 def install() -> None:

@@ -210,7 +210,9 @@ print("FACTS " + json.dumps(out))
 '''
 
 
-def test_every_process_of_a_tree_has_the_twin_and_it_starts_before_the_hook(tmp_path):
+def _with_the_pth_in_a_user_site(tmp_path) -> tuple[dict, Path]:
+    """(an environment whose interpreters start with a fresh user site holding the twin's
+    .pth, installed as a user would; that folder)."""
     if not site.ENABLE_USER_SITE:
         pytest.skip("this Python has no user site folder (a venv without system site "
                     "packages): the test installs the .pth there")
@@ -222,6 +224,11 @@ def test_every_process_of_a_tree_has_the_twin_and_it_starts_before_the_hook(tmp_
     assert installed.returncode == 0, installed.stderr
     user_site = _user_site(base)
     assert pth.installed(user_site)
+    return env, user_site
+
+
+def test_every_process_of_a_tree_has_the_twin_and_it_starts_before_the_hook(tmp_path):
+    env, user_site = _with_the_pth_in_a_user_site(tmp_path)
     # as a regular install of the hook would have it, plus the order probe (sorted first)
     (user_site / hook_pth.PTH_FILENAME).write_text(hook_pth.pth_content())
     (user_site / "twin_order_probe.py").write_text(ORDER_PROBE)
@@ -265,3 +272,47 @@ def test_every_process_of_a_tree_has_the_twin_and_it_starts_before_the_hook(tmp_
     assert facts["state_dir_after_bare_fork_exit"] is True
     assert facts["parent_after"]["device_sum"] == 6.0
     assert STATE_ENV == "AICPU_TILING_TWIN_STATE"
+
+
+#: a stand-in for ``python -m ziglang``: notes what it saw and fails like a broken compiler
+FAKE_ZIG = """
+import os, sys
+twin = sys.modules.get("pyruntime.npu_twin")
+with open(os.environ["FAKE_ZIG_LOG"], "a") as log:
+    log.write(f"{os.environ.get('AICPU_TILING_TWIN')} {bool(twin and twin.is_active())}\\n")
+sys.exit("fake ziglang: no compiler here")
+"""
+#: sorted before the twin's line: past three nested interpreters it turns the twin off, so a
+#: start that recurses (each compiler run activating a twin that compiles) stops
+DEPTH_GUARD = ("import os; depth = int(os.environ.get('TWIN_TEST_DEPTH', '0')) + 1; "
+               "os.environ['TWIN_TEST_DEPTH'] = str(depth); "
+               "depth > 3 and os.environ.__setitem__('AICPU_TILING_TWIN', '0')\n")
+
+
+def test_the_twins_own_compiler_runs_do_not_start_a_twin(tmp_path):
+    """With a cold build cache, activation runs ``python -m ziglang``: a Python process,
+    which must not activate a twin of its own (that one would build again, without end)."""
+    env, user_site = _with_the_pth_in_a_user_site(tmp_path)
+    (user_site / "00_depth_guard.pth").write_text(DEPTH_GUARD)
+    fake = tmp_path / "fake" / "ziglang"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text(FAKE_ZIG)
+    log = tmp_path / "zig.log"
+    env.update({pth.ENV_VAR: "1", "FAKE_ZIG_LOG": str(log),
+                "AICPU_TILING_BUILD_DIR": str(tmp_path / "build"),  # a cold cache
+                "PYTHONPATH": os.pathsep.join([str(fake.parent), env["PYTHONPATH"]])})
+    code = ("import os, sys; twin = sys.modules.get('pyruntime.npu_twin'); "
+            "print('FACTS', bool(twin and twin.is_active()), os.environ['AICPU_TILING_TWIN'])")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # one compiler run, which saw the variable off and started no twin
+    assert log.read_text().splitlines() == ["0 False"]
+    # the activation failed on the compiler, said so, and the variable is back as it was
+    # (the message carries the compiler's diagnostics)
+    assert proc.stderr.startswith("aicpu-tiling: NPU twin not activated: TwinUnavailableError: "
+                                  "the NPU twin needs the AArch64 AI-CPU binary"), proc.stderr
+    assert "fake ziglang: no compiler here" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout.split() == ["FACTS", "False", "1"]

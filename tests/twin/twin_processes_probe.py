@@ -47,6 +47,10 @@ def facts_from_a_child(context) -> dict:
     child = context.Process(target=_report_into, args=(queue,))
     child.start()
     child.join(300)
+    if child.exitcode is None:  # still running (a hang): it must not hold up our exit
+        child.kill()
+        child.join()
+        return {"hung": True}
     if child.exitcode != 0:
         return {"exitcode": child.exitcode}
     return queue.get()
