@@ -1,5 +1,6 @@
-"""The NPU twin in the processes vLLM starts (issue 28, item 3), in the vLLM 0.30 environment of
-``tools/vllm_env.sh`` (which installs the twin's ``.pth`` into its venv on every call).
+"""The NPU twin in the processes vLLM starts (issue 28, item 3), in the vLLM environments of
+``tools/vllm_env.sh`` (0.23.0.post1 with vLLM 0.23, 0.30.0rc2 with vLLM 0.30), which install
+the twin's ``.pth`` into their venv on every call.
 
 With ``AICPU_TILING_TWIN=1`` and ``VLLM_ENABLE_V1_MULTIPROCESSING=1``, a process of that venv
 with this checkout on ``PYTHONPATH`` starts children the way vLLM does, and each reports
@@ -32,7 +33,8 @@ from tests.wheels import vllm_env, wheels_required
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE_DIR = Path(__file__).resolve().parent
-RELEASE = "0.30.0rc2"
+#: the oldest and the newest supported release (tests/hook/test_in_vllm_ascend.py)
+RELEASES = ("0.23.0.post1", "0.30.0rc2")
 
 SCRIPT = r'''
 import json, os
@@ -50,22 +52,23 @@ print("FACTS " + json.dumps(out))
 '''
 
 
-def _venv_with_the_pth() -> Path:
-    python = vllm_env(RELEASE) / "venv" / "bin" / "python"
+def _venv_with_the_pth(release: str) -> Path:
+    python = vllm_env(release) / "venv" / "bin" / "python"
     code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site_dir = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
                               timeout=120, check=True)
     if not pth.installed(Path(site_dir.stdout.strip())):
         message = (f"the NPU twin's {pth.PTH_FILENAME} is missing or outdated in the vLLM "
-                   f"{RELEASE} venv (run tools/vllm_env.sh {RELEASE}: it installs it)")
+                   f"{release} venv (run tools/vllm_env.sh {release}: it installs it)")
         if wheels_required():
             pytest.fail(f"{message}; CI=true requires it")
         pytest.skip(message)
     return python
 
 
-def test_model_inspection_and_vllms_multiprocessing_children_have_the_twin():
-    python = _venv_with_the_pth()
+@pytest.mark.parametrize("release", RELEASES)
+def test_model_inspection_and_vllms_multiprocessing_children_have_the_twin(release):
+    python = _venv_with_the_pth(release)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AICPU_TILING", "VLLM_")) and k != "PYTHONHOME"}
     env.update({"PYTHONPATH": os.pathsep.join([str(REPO), str(PROBE_DIR)]),
