@@ -16,6 +16,11 @@
 #   constraints.txt  torch==2.13.0 (and no real torchvision) for every pip call
 #   logs/          one log per step;  READY.json  the stamp of a finished env
 # Finished steps are skipped on a rerun (.steps/); a finished env returns in seconds.
+# Every call, cached env or not, also (re)writes the NPU twin's start-up file into the venv
+# (install_twin_pth below: not part of RECIPE, so it never rebuilds an env): the twin then
+# activates in every process of the venv that has AICPU_TILING_TWIN=1 and this checkout on
+# PYTHONPATH (the model-inspection subprocess, engine core and workers of vLLM); it is inert
+# without that variable. To run only that step on an env: tools/vllm_env.sh RELEASE (cached).
 # The vLLM version is the one the release pins (.github/vllm-release-tag.commit, else
 # the Dockerfile's VLLM_TAG). Archives come from ${AICPU_TILING_WHEELS:-~/.cache/aicpu-tiling/wheels},
 # fetched by tools/fetch_sdists.py when missing (a `pip download --no-binary :all:` of vLLM
@@ -47,8 +52,18 @@ mkdir -p "$ROOT" || die "cannot create $ROOT"
 exec 9>"$ROOT/.$RELEASE.lock"
 flock -w 3600 9 || die "another build of $RELEASE holds $ROOT/.$RELEASE.lock"
 
+# The NPU twin's .pth (pyruntime/npu_twin/pth.py) in the venv's site-packages: idempotent,
+# seconds, run on every call (a cached env included). It runs this checkout's module with
+# the venv's interpreter; the file it writes names no checkout (PYTHONPATH picks one).
+install_twin_pth() {
+    env -u AICPU_TILING_TWIN -u AICPU_TILING PYTHONPATH="$HERE/.." "$ENV/venv/bin/python" \
+        -m pyruntime.npu_twin.pth install >&2 \
+        || die "cannot install the NPU twin's .pth into $ENV/venv"
+}
+
 if [ -f "$STAMP" ]; then
     if grep -q "\"recipe\": $RECIPE," "$STAMP" && [ -x "$ENV/venv/bin/python" ]; then
+        install_twin_pth
         echo "vllm_env: $RELEASE ready (cached) at $ENV: $(( $(date +%s) - START )) s, $(env_size)"
         exit 0
     fi
@@ -331,6 +346,7 @@ step_twin() {
 }
 run_step twin step_twin
 
+install_twin_pth
 ELAPSED=$(( $(date +%s) - START ))
 BUILD_S=$(cat "$ENV"/.steps/* | awk '{s += $1} END {print s + 0}')   # all steps, all calls
 versions=$(PYTHONPATH="$TREE" "$VPY" -c "import importlib.metadata as m; print(' '.join(f'{d}={m.version(d)}' for d in ('torch','vllm','vllm-ascend','transformers','pytest')))")

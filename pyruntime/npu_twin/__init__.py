@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 #: fault name -> what it does
@@ -107,19 +107,19 @@ def activate(fault: str | None = None) -> None:
     import torch
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    from . import device, extension, npu_module, torch_npu_module
+    from . import device, extension, npu_module, processes, torch_npu_module
 
     given = os.environ.get(STATE_ENV)
     state = Path(given or tempfile.mkdtemp(prefix="aicpu-tiling-twin-"))
     state.mkdir(parents=True, exist_ok=True)
     if not given:  # ours: child processes inherit it through the variable while we run
-        import atexit
-
-        atexit.register(shutil.rmtree, state, ignore_errors=True)
+        processes.remove_at_exit(state)
     os.environ[STATE_ENV] = str(state)
-    kernel_dir, ext = prepare_kernels(state, missing_binary=fault == "kernel-missing")
+    with processes.children_without_the_twin():  # its compiler runs are Python processes
+        kernel_dir, ext = prepare_kernels(state, missing_binary=fault == "kernel-missing")
 
     device.install_device(device.Device(fault=fault, state_dir=state))
+    processes.install()  # what a fork child keeps (pyruntime.npu_twin.processes)
     device.install_pinned_memory()
     # device work runs on the host thread; torch's intra-op pool on a small shared machine
     # makes each small op spin (15 ms instead of 25 us per logsumexp here on 2 loaded cores)
@@ -172,13 +172,13 @@ def prepare_kernels(state: Path, *, missing_binary: bool = False) -> tuple[Path,
     kernel_dir, ext = state / "kernels", state / "ext" / EXTENSION_NAME
     kernel_dir.mkdir(parents=True, exist_ok=True)
     ext.parent.mkdir(parents=True, exist_ok=True)
-    ext.write_text(EXTENSION_MARKER)
+    _write_atomically(ext, EXTENSION_MARKER.encode())
     source = OP_INFO_JSON if OP_INFO_JSON.is_file() else REPO / "aicpu_kernels" / "npu_ext" / \
         "aicpu_tiling_runtime.json"
     if not source.is_file():
         raise TwinUnavailableError(f"the op-info JSON is not at {OP_INFO_JSON}: the NPU twin "
                                    "runs from a clone of the repository (pip install -e .)")
-    shutil.copy(source, kernel_dir / source.name)
+    _write_atomically(kernel_dir / source.name, source.read_bytes())
     if missing_binary:
         return kernel_dir, ext
     unit = next(u for u in toolchain.cross_units() if u.name == "runtime-route .so")
@@ -191,5 +191,14 @@ def prepare_kernels(state: Path, *, missing_binary: bool = False) -> tuple[Path,
             raise TwinUnavailableError(f"the NPU twin needs the AArch64 AI-CPU binary: {exc}") \
                 from exc
         os.replace(built, cached)
-    shutil.copy(cached, kernel_dir / unit.output)
+    _write_atomically(kernel_dir / unit.output, cached.read_bytes())
     return kernel_dir, ext
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` in one rename: the processes of one tree share the state
+    directory and each activation rewrites its kernel files, while another may be reading
+    them (a reader keeps the file it opened, never a half-written one)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

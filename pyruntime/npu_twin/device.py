@@ -226,6 +226,11 @@ class GraphState:
         return [s for s in (self.origin, *self.side.values()) if s is not None]
 
 
+#: torch_npu 2.10.0.post4 ``torch_npu/npu/__init__.py`` ``_lazy_init`` in a bad fork
+BAD_FORK = ("Cannot re-initialize NPU in forked subprocess. To use NPU with multiprocessing, "
+            "you must use the 'spawn' start method")
+
+
 # ---- the device ------------------------------------------------------------------------------
 class Device:
     """The twin's runtime in this process: ``count`` devices (``npu:0`` ..), each with its
@@ -240,6 +245,9 @@ class Device:
         self.default_streams = [StreamState("default", default=True, device=index)
                                 for index in range(self.count)]
         self.streams: list[StreamState] = list(self.default_streams)
+        #: torch_npu's bad-fork state: a multiprocessing fork child of a process that had
+        #: initialised the device (set by `pyruntime.npu_twin.processes`); every call raises
+        self.in_bad_fork = False
         self._local = threading.local()
         self.aicore_body = os.environ.get("AICPU_TILING_TWIN_AICORE", "triton")
         if self.aicore_body not in ("triton", "reference"):
@@ -279,6 +287,8 @@ class Device:
         return DeviceLostError(reason)
 
     def check_alive(self) -> None:
+        if self.in_bad_fork:  # torch_npu/npu/__init__.py: _lazy_init, before any runtime call
+            raise RuntimeError(BAD_FORK)
         reason = self.lost_reason()
         if reason is not None:
             raise DeviceLostError(f"the NPU is lost ({reason}); every later call fails "

@@ -423,7 +423,7 @@ def _lazy_init() -> None:
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    return _dev().in_bad_fork
 
 
 def manual_seed(seed: int) -> None:
