@@ -55,7 +55,7 @@ def kv_cache_layouts(release: str, shape: tuple, strided_layers: list[bool]) -> 
     `strided_layers` has K and V views of one allocation, the pages side by side (page stride
     twice a block's elements, V one block after K); every other layer, and every layer on
     0.23.0.post1, two contiguous allocations. `shape`: ``[num_blocks, block_size, H, D]``."""
-    num_blocks, block_size, heads, dim = shape
+    _, block_size, heads, dim = shape
     hidden = block_size * heads * dim
     strided = {"shape": list(shape), "stride": [2 * hidden, heads * dim, dim, 1],
                "shared": True, "value_offset": hidden, "contiguous": False}
