@@ -12,7 +12,11 @@ both, cached under ``~/.cache/aicpu-tiling/vllm-envs``). There:
   vLLM-Ascend captures through ``full_graph_fia_v2``, with its sinks applied; the
   sliding-window layer with the model's W keys), and every output matches float64. With an
   engine that drops the sinks the dry run fails; with one that does not apply windows the
-  windowed layer keeps vLLM-Ascend's path and its update in the same graph.
+  windowed layer keeps vLLM-Ascend's path and its update in the same graph. The KV caches are
+  allocated as each release's model runner does: on 0.30.0rc2 the full-attention and C8
+  layers' K and V pages side by side in one allocation (page-strided views, read in place by
+  vLLM-Ascend's FIA on the twin and by our kernels), contiguous on 0.23.0.post1 and for
+  sliding-window layers (each layer's ``kv_cache`` in the report).
 * ``--model gpt-oss|gemma2|gemma3``: layer sets from the real configs (windows 128 / 4096 /
   1024, sinks, soft cap 50), every layer on the device path, kv lengths past the window, one
   tiling per distinct window planned by one AI-CPU launch per step, zero host updates. With
@@ -46,6 +50,21 @@ from tests.wheels import vllm_env as _env
 REPO = Path(__file__).resolve().parents[2]
 #: the oldest and the newest supported release
 RELEASES = ("0.23.0.post1", "0.30.0rc2")
+
+
+def kv_cache_layouts(release: str, shape: tuple, strided_layers: list[bool]) -> list[dict]:
+    """Each layer's ``kv_cache`` entry of a report, as the release's model runner allocates
+    the caches (``pyruntime/hook/dryrun/kv_caches.py``): on 0.30.0rc2 a layer of
+    `strided_layers` has K and V views of one allocation, the pages side by side (page stride
+    twice a block's elements, V one block after K); every other layer, and every layer on
+    0.23.0.post1, two contiguous allocations. `shape`: ``[num_blocks, block_size, H, D]``."""
+    _, block_size, heads, dim = shape
+    hidden = block_size * heads * dim
+    strided = {"shape": list(shape), "stride": [2 * hidden, heads * dim, dim, 1],
+               "shared": True, "value_offset": hidden, "contiguous": False}
+    contiguous = {"shape": list(shape), "stride": [hidden, heads * dim, dim, 1],
+                  "shared": False, "value_offset": None, "contiguous": True}
+    return [strided if release == RELEASES[1] and s else contiguous for s in strided_layers]
 
 
 def _clean_env(tree: Path) -> dict:
@@ -117,6 +136,12 @@ def test_hook_dryrun_in_vllm_ascends_own_classes(release, placement, spec_tokens
     assert report["tilings_per_graph"] == 2 and report["tiling_launches_per_step"] == 1
     assert report["max_rel_err"] <= report["tolerance"] == 1e-4
     assert report["max_rel_err_before"] <= 1e-4  # its own path is right on the twin too
+    # the caches as the release's runner allocates them: on 0.30.0rc2 the full-attention
+    # layers' (plain, soft-capped, sinks) K and V pages side by side in one allocation, read
+    # in place by vLLM-Ascend's FIA (without the hook) and by our kernels (with it), both
+    # within the tolerance above; the windowed layer's (SlidingWindowSpec) contiguous
+    assert [layer["kv_cache"] for layer in report["layers"]] == kv_cache_layouts(
+        release, (96, 16, 8, 64), [True, False, True, True, True])
     assert report["ok"] and proc.returncode == 0
 
 
@@ -324,6 +349,10 @@ def test_c8_layers_read_their_int8_nz_caches_in_place(release, placement, spec_t
         assert report["max_rel_err_before"] <= report["tolerance"]
     else:  # its C8 call cannot take q_len > 1 (pyruntime/hook/dryrun/models.py): not run there
         assert report["updates_per_step_before"] == 0
+    # on 0.30.0rc2 every C8 layer's int8 K and V pages side by side in one allocation (a C8
+    # layer's spec is FullAttentionSpec), its NZ view keeping that page stride
+    assert [layer["kv_cache"] for layer in layers] == kv_cache_layouts(
+        release, (40, 128, 8, 128), [True] * 3)
     assert report["ok"] and proc.returncode == 0
 
 

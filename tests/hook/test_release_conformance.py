@@ -54,6 +54,10 @@ GROUPS = {
     "upd_raises": "AscendAttentionBackendImpl.update_graph_params raises NotImplementedError",
     "gpu_fields": "AscendMetadata.query_start_loc_gpu and .seq_lens_gpu",
     "build_sig": "AscendAttentionMetadataBuilder.build exists (its parameters: see the test)",
+    "strided_kv": "model_runner_v1 page-strides full-attention KV caches "
+                  "(strided_attention_cache_layers)",
+    "pa_rule": "attention/utils.py defines requires_contiguous_pa_kv_cache (the dry run "
+               "strides its caches where it exists: pyruntime/hook/dryrun/kv_caches.py)",
 }  # fmt: skip
 HOOK_GROUPS = ("modules", "functions", "staticmeth", "impl_attrs", "meta_fields",
                "graph_params", "globals", "importers")  # fmt: skip
@@ -80,6 +84,10 @@ def expected_code_shape(version):
         "upd_raises": _at_least(version, "0.29.0rc1"),
         "gpu_fields": _at_least(version, "0.30.0rc1"),
         "build_sig": True,
+        # issue 29, fix A: the releases whose runner hands page-strided KV caches are exactly
+        # those that define the contiguity rule the dry run keys on
+        "strided_kv": _at_least(version, "0.30.0rc1"),
+        "pa_rule": _at_least(version, "0.30.0rc1"),
     }
 
 
@@ -181,6 +189,14 @@ def release_facts(version):
     build = find_def(attention, BUILDER)
     facts["build_sig"] = (isinstance(build, ast.FunctionDef),
                           ", ".join(param_names(build)) if build else "")  # fmt: skip
+    runner = src.tree("vllm_ascend.worker.model_runner_v1")
+    strided = runner is not None and any(
+        isinstance(n, ast.Name) and n.id == "strided_attention_cache_layers"
+        for n in ast.walk(runner))  # fmt: skip
+    facts["strided_kv"] = (strided, "")
+    utils = src.tree("vllm_ascend.attention.utils")
+    rule = find_def(utils, "requires_contiguous_pa_kv_cache") if utils is not None else None
+    facts["pa_rule"] = (isinstance(rule, ast.FunctionDef), "")
     return facts
 
 
@@ -194,7 +210,8 @@ def _check(version, wanted):
 @pytest.mark.parametrize("version", RELEASES)
 def test_the_code_shape_the_issue_states(version):
     """0.27+: the moved importer; 0.29+: UpdatableGraph, _updatable_graph_replay, the
-    providers, update_graph_params raising; 0.30.0rc1+: the *_gpu length buffers."""
+    providers, update_graph_params raising; 0.30.0rc1+: the *_gpu length buffers, and the
+    page-strided KV caches with their contiguity rule."""
     _check(version, expected_code_shape(version))
 
 

@@ -1,6 +1,10 @@
 """The twin's FIA for vLLM-Ascend's C8 call (BNSD, int8 NZ KV, per-channel antiquant) and
 FIA v2 with learnable sinks: eager, captured and updated, against the float64 reference, and
-the errors torch_npu's docs make of what they forbid (each script runs on a fresh twin). Then
+the errors torch_npu's docs make of what they forbid (each script runs on a fresh twin); and
+each path vLLM-Ascend calls (v1 TND eager and captured, v2 TND with sinks, C8's BNSD on the
+int8 NZ view) bit-equal on vLLM-Ascend 0.30's page-strided caches (K and V pages side by side
+in one allocation) and on contiguous ones (``STRIDED``; a twin that read the allocation as a
+contiguous cache fails it, checked by mutating ``_attention`` and ``_nz_to_nd``). Then
 vLLM-Ascend's own C8 and sinks layers (``tools/vllm_ascend_fia_paths.py``) in the oldest and
 newest supported release's environment, without our hook."""
 
@@ -260,7 +264,124 @@ check("v2_workspace_unknown_option_refused", lambda: expect(
 '''
 
 
-@pytest.mark.parametrize("script", [C8, V2], ids=["c8", "v2-sinks"])
+STRIDED = COMMON + """
+# vLLM-Ascend 0.30.0rc2's KV caches of a full-attention or C8 layer: ONE int8 allocation of
+# num_blocks * page_size_bytes, viewed as the dtype and torch.as_strided to (2, NB, BS, H, D)
+# with strides (hidden, 2 * hidden, H * D, D, 1), K = [0], V = [1]
+# (vllm_ascend/worker/model_runner_v1.py:5158-5189 and 5718-5744); the same values in
+# contiguous caches must give FIA's very bits, on each of its paths vLLM-Ascend calls
+def page_strided(key_h, value_h):
+    nb, bs, heads, dim = key_h.shape
+    hidden = bs * heads * dim
+    raw = torch.zeros(nb * 2 * hidden * key_h.element_size(), dtype=torch.int8, device=dev)
+    both = torch.as_strided(raw.view(key_h.dtype), (2, nb, bs, heads, dim),
+                            (hidden, 2 * hidden, heads * dim, dim, 1))
+    both[0].copy_(key_h)
+    both[1].copy_(value_h)
+    eq((tuple(both[0].stride()), both[1].storage_offset(), both[0].is_contiguous()),
+       ((2 * hidden, heads * dim, dim, 1), hidden, False))
+    return both[0], both[1]
+
+
+def same(got, want):
+    got, want = got.cpu(), want.cpu()
+    if not torch.equal(got, want):
+        raise AssertionError(f"strided caches differ by {(got.float() - want.float()).abs().max()}")
+
+
+HQ, HKV, D, BS, NB = 8, 2, 64, 16, 12
+SCALE = D ** -0.5
+key_h, value_h = (torch.randn(NB, BS, HKV, D, generator=gen).bfloat16() for _ in range(2))
+table = torch.randperm(NB, generator=gen)[:12].to(torch.int32).reshape(3, 4).to(dev)
+query = torch.randn(6, HQ, D, generator=gen).bfloat16().to(dev)
+sink = (torch.randn(HQ, generator=gen) * 2).bfloat16().to(dev)
+mask = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), 1).to(dev)
+contiguous = (key_h.to(dev), value_h.to(dev))
+strided = page_strided(key_h, value_h)
+
+
+def tnd(caches):
+    # vLLM-Ascend's _get_kv_cache_view: [num_blocks, block_size, H * D] (a .view: the page
+    # stride stays), FIA v1 TND as its decode and full_graph_fia call it (MTP: q_len 1 and 2)
+    k, v = (c.view(NB, BS, -1) for c in caches)
+    return torch_npu.npu_fused_infer_attention_score(
+        query, k, v, atten_mask=mask, block_table=table, input_layout="TND", block_size=BS,
+        actual_seq_lengths=[1, 3, 5], actual_seq_lengths_kv=[5, 17, 60], num_heads=HQ,
+        num_key_value_heads=HKV, scale=SCALE, sparse_mode=3)[0]
+
+
+def tnd_v2_sinks(caches):
+    # full_graph_fia_v2 (layers with sinks), with a window (sparse_mode 4)
+    k, v = (c.view(NB, BS, -1) for c in caches)
+    return torch_npu.npu_fused_infer_attention_score_v2(
+        query, k, v, atten_mask=mask, block_table=table, input_layout="TND", block_size=BS,
+        actual_seq_qlen=[1, 3, 5], actual_seq_kvlen=[5, 17, 60], num_query_heads=HQ,
+        num_key_value_heads=HKV, softmax_scale=SCALE, sparse_mode=4, pre_tokens=7,
+        next_tokens=0, learnable_sink=sink)[0]
+
+
+def captured(caches):
+    out = torch.zeros(6, HQ, D, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(1, dtype=torch.bfloat16, device=dev)
+    k, v = (c.view(NB, BS, -1) for c in caches)
+    kw = dict(atten_mask=mask, block_table=table, input_layout="TND", block_size=BS,
+              actual_seq_lengths=[1, 3, 5], actual_seq_lengths_kv=[5, 17, 60], num_heads=HQ,
+              num_key_value_heads=HKV, scale=SCALE, sparse_mode=3)
+    workspace = torch_npu._npu_fused_infer_attention_score_get_max_workspace(query, k, v, **kw)
+    with capture() as (graph, stream):
+        torch_npu.npu_fused_infer_attention_score.out(query, k, v, workspace=workspace,
+                                                      out=[out, lse], **kw)
+    graph.replay()
+    return out
+
+
+# C8: int8 pages, vLLM-Ascend's _nz_5d_view of each ND cache (a .view keeping the page stride)
+C8_HQ, C8_HKV, C8_D, C8_BS, C8_NB = 10, 1, 128, 128, 8
+k_s, v_s = ((torch.rand(C8_HKV, C8_D, generator=gen) * 0.02 + 0.01).bfloat16() for _ in range(2))
+zero = torch.zeros(C8_HKV, C8_D)
+k_q, v_q = (kv_quant.quantize(torch.randn(C8_NB, C8_BS, C8_HKV, C8_D, generator=gen),
+                              s.float(), zero) for s in (k_s, v_s))
+# the int8 memory holds NZ: the ND-shaped cache is that memory, as vLLM-Ascend keeps it
+nz_nd = [to_nz(q).view(C8_NB, C8_BS, C8_HKV, C8_D) for q in (k_q, v_q)]
+c8_contiguous = tuple(t.to(dev) for t in nz_nd)
+c8_strided = page_strided(*nz_nd)
+c8_table = torch.randperm(C8_NB, generator=gen)[:6].to(torch.int32).reshape(3, 2).to(dev)
+c8_query = torch.randn(3, C8_HQ, 1, C8_D, generator=gen).bfloat16().to(dev)
+
+
+def bnsd_nz(caches):
+    k, v = (c.view(-1, C8_HKV, C8_D // 32, C8_BS, 32) for c in caches)
+    return torch_npu.npu_fused_infer_attention_score(
+        c8_query, k, v, key_antiquant_scale=k_s.view(C8_HKV, 1, C8_D).to(dev),
+        value_antiquant_scale=v_s.view(C8_HKV, 1, C8_D).to(dev), block_table=c8_table,
+        actual_seq_lengths=[1, 2, 3], actual_seq_lengths_kv=[1, 200, 129], num_heads=C8_HQ,
+        num_key_value_heads=C8_HKV, input_layout="BNSD", scale=C8_D ** -0.5,
+        block_size=C8_BS, key_antiquant_mode=0, value_antiquant_mode=0, inner_precise=1,
+        sparse_mode=0)[0]
+
+
+def differs(fn, a, b):
+    # the values differ where the strided memory's gaps are read as a contiguous cache's
+    # pages: a twin that read the allocation flat would fail `same`
+    if torch.equal(fn(a).cpu(), fn(b).cpu()):
+        raise AssertionError("the check cannot tell the layouts apart")
+
+
+check("tnd_strided_equals_contiguous", lambda: same(tnd(strided), tnd(contiguous)))
+check("tnd_v2_sinks_strided_equals_contiguous",
+      lambda: same(tnd_v2_sinks(strided), tnd_v2_sinks(contiguous)))
+check("tnd_captured_strided_equals_contiguous",
+      lambda: same(captured(strided), captured(contiguous)))
+check("bnsd_nz_strided_equals_contiguous", lambda: same(bnsd_nz(c8_strided),
+                                                         bnsd_nz(c8_contiguous)))
+# the allocation read flat as one contiguous [2 * NB, ...] cache: K's blocks interleaved with
+# V's, a different answer (so the equalities above can fail)
+flat = strided[0].as_strided((NB, BS, HKV, D), (BS * HKV * D, HKV * D, D, 1), 0)
+check("a_flat_read_differs", lambda: differs(tnd, (flat, flat), (strided[0], strided[0])))
+"""
+
+
+@pytest.mark.parametrize("script", [C8, V2, STRIDED], ids=["c8", "v2-sinks", "strided"])
 def test_fia_paths_on_the_twin(script, run_twin):
     found = run_twin.rules(run_twin(script, timeout=180))
     assert found and "<script>" not in found, found.get("<script>", found)

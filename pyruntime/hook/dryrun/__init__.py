@@ -7,6 +7,8 @@ part of it: nothing in the hook imports this package.
 * `models`: the layer sets of ``--model``, as data (`models.MODELS`).
 * `gqa`, `mla`: what differs per geometry (vLLM-Ascend's GQA attention or its ``AscendMLAImpl``):
   how the layers and metadata are built, checked and described.
+* `kv_caches`: the GQA layers' KV caches, allocated as the release's model runner allocates
+  them (on 0.30 the full-attention and C8 layers' K and V pages side by side).
 
 Beside the dry run, a later issue adds the engine check and ``serve-check`` here (their own
 modules, e.g. ``engine_check`` and ``serve_check``).

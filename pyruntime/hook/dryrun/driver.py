@@ -19,7 +19,9 @@ fields its report adds. The layer sets are data (`pyruntime.hook.dryrun.models`)
 What stands in for vLLM's engine here: the model config (a namespace with the fields these
 classes read: no model is loaded), the layers, the queries and the KV cache (random, written
 outside the graph, so ``reshape_and_cache`` is not called: key and value are None, as in
-vLLM-Ascend's decode-only forward). The classes, the hook and the engine are the real ones.
+vLLM-Ascend's decode-only forward; the GQA caches allocated as the release's model runner
+allocates them, `pyruntime.hook.dryrun.kv_caches`). The classes, the hook and the engine are
+the real ones.
 """
 
 from __future__ import annotations

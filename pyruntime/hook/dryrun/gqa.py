@@ -5,7 +5,10 @@
 
 The layer sets (plain, windows, soft cap, sinks, C8) are `pyruntime.hook.dryrun.models`.
 What stands in for the model, besides what the driver lists: the layers (namespaces with
-``layer_name`` and unit KV scales; a C8 layer's scale and offset parameters).
+``layer_name`` and unit KV scales; a C8 layer's scale and offset parameters). The KV caches
+are allocated as the release's model runner allocates them (`pyruntime.hook.dryrun.kv_caches`:
+on 0.30 the full-attention and C8 layers' K and V pages side by side in one allocation), and
+each layer's report says how (``kv_cache``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from . import driver
+from . import driver, kv_caches
 
 
 class Runner(driver.Runner):
@@ -23,7 +26,7 @@ class Runner(driver.Runner):
         import torch
         import vllm_ascend.attention.attention_v1 as attention
         from vllm.config import CUDAGraphMode
-        from vllm.v1.kv_cache_interface import FullAttentionSpec
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
         from vllm_ascend.compilation import acl_graph
 
         self.attention, self.acl_graph = attention, acl_graph
@@ -87,8 +90,27 @@ class Runner(driver.Runner):
                                          and (i not in s.c8_layers or self.c8_eager))]
         cache = (s.num_blocks, s.block_size, s.num_kv_heads, s.head_size)
         dev = self.device
-        self.kv = [(torch.randn(cache, generator=gen).to(dev, self.dtype),
-                    torch.randn(cache, generator=gen).to(dev, self.dtype)) for _ in self.names]
+        # each layer's KV cache spec as vLLM's Attention.get_kv_cache_spec makes it (a window:
+        # SlidingWindowSpec; C8: int8, kv_c8.py's kv_cache_torch_dtype), and its caches
+        # allocated as the release's model runner does (`kv_caches`: on 0.30 one allocation
+        # with K and V pages side by side for full-attention and C8 layers), then filled
+        self.specs = [SlidingWindowSpec(
+            block_size=s.block_size, num_kv_heads=s.num_kv_heads, head_size=s.head_size,
+            dtype=self.dtype, sliding_window=window) if window is not None else
+            FullAttentionSpec(block_size=s.block_size, num_kv_heads=s.num_kv_heads,
+                              head_size=s.head_size,
+                              dtype=torch.int8 if i in s.c8_layers else self.dtype)
+            for i, window in enumerate(self.windows)]
+        with self.set_current_vllm_config(cfg):
+            self.strided = [kv_caches.page_strided(spec, impl, self.backend, cfg)
+                            for spec, impl in zip(self.specs, self.impls)]
+        self.kv = [kv_caches.allocate(spec, self.backend, s.num_blocks, dev, strided=strided)
+                   for spec, strided in zip(self.specs, self.strided)]
+        for i, caches in enumerate(self.kv):
+            values = [torch.randn(cache, generator=gen) for _ in caches]
+            if i not in s.c8_layers:  # a C8 layer's int8 values are _make_c8's
+                for allocated, value in zip(caches, values):
+                    allocated.copy_(value.to(self.dtype))
         self.attn_layers = [types.SimpleNamespace(layer_name=n, _k_scale_float=1.0,
                                               _v_scale_float=1.0) for n in self.names]
         #: per layer, the caches the float64 reference reads: the C8 layers' dequantised ones
@@ -121,8 +143,9 @@ class Runner(driver.Runner):
     def _make_c8(self, i: int, gen) -> None:
         """Layer i's C8 state as vLLM-Ascend leaves it before capture: the layer's scale and
         offset parameters (``create_weights`` + ``process_weights_after_loading``: flat, the
-        model dtype; symmetric, zero offsets), and int8 caches of vLLM-Ascend's allocated shape
-        ``[num_blocks, block_size, num_kv_heads, head_size]`` whose memory holds the NZ layout
+        model dtype; symmetric, zero offsets), and its int8 caches (``[num_blocks, block_size,
+        num_kv_heads, head_size]``, allocated by `build` as the release's runner allocates
+        them: on 0.30 with the K and V pages side by side) whose memory holds the NZ layout
         ``_nz_5d_view`` reads, filled with N(0, 1) values quantised by
         ``_quantize_kv_to_int8``'s rule. The implementation holds them as ``key_cache`` /
         ``value_cache``, as ``_reshape_and_cache`` leaves them on its first call (the dry run
@@ -150,7 +173,11 @@ class Runner(driver.Runner):
             memory = stored.view(s.num_blocks, s.block_size, s.num_kv_heads,
                                  s.head_size // 32, 32).permute(0, 2, 3, 1, 4).contiguous()
             assert memory.shape == nz
-            caches.append(memory.view(nd).to(dev))
+            # written through vLLM-Ascend's own NZ view of the allocated cache (a .view: on
+            # 0.30 it keeps the page stride of the K and V pages side by side)
+            cache = self.kv[i][len(caches)]
+            self.impls[i]._nz_5d_view(cache, s.block_size).copy_(memory)
+            caches.append(cache)
             ref.append((stored.double() * per_channel.double()).float())
             unscaled.append(stored.float())
         self.impls[i].key_cache, self.impls[i].value_cache = caches
@@ -281,6 +308,9 @@ class Runner(driver.Runner):
             layer["steps_past_window"] = self.window_steps[i] if i in ran else None
             layer["kv_cache_dtype"] = "int8" if i in s.c8_layers else "auto"
             layer["scales_distance"] = self.scales_distance[i] if i in ran else None
+            # how the caches were allocated (the release's runner's way): their shape, strides,
+            # one allocation or two, V's offset from K
+            layer["kv_cache"] = kv_caches.describe(*self.kv[i])
         return layers
 
     @staticmethod

@@ -179,7 +179,10 @@ class Runner(driver.Runner):
         for impl in self.impls:  # process_weights_after_loading's W_UV: [N, L, V]
             impl.W_UV = torch.randn(s.num_heads, s.kv_lora_rank, s.v_head_dim,
                                     generator=gen).div_(s.kv_lora_rank ** 0.5).to(dev)
-        # vLLM-Ascend's MLA cache pair (model_runner_v1: nope then rope, num_kv_heads 1)
+        # vLLM-Ascend's MLA cache pair (model_runner_v1: nope then rope, num_kv_heads 1), two
+        # contiguous allocations on both releases: AscendMLAAttentionSpec is never exactly
+        # FullAttentionSpec, so 0.30.0rc2 does not page-stride it (model_runner_v1.py:5297-5322
+        # allocates, 5855-5860 views; `kv_caches` has the rule the GQA layers follow)
         self.kv = [(torch.randn(s.num_blocks, s.block_size, 1, s.kv_lora_rank,
                                 generator=gen).to(dev),
                     torch.randn(s.num_blocks, s.block_size, 1, s.qk_rope_head_dim,
