@@ -154,3 +154,26 @@ def test_warm_up_mla_launches_each_variant_once_eagerly_and_leaves_the_layer_alo
     engine.capture_mla(_layer(gen, (2, T), layer_name="cold", block_table=torch.zeros(
         N, 2 * MB, dtype=torch.int32)))  # wider table: other params, never warmed up
     assert engine.cold_captures == ["cold"]
+
+
+def test_a_warm_up_after_a_capture_leaves_the_shared_epoch_where_the_replays_left_it():
+    """The keys share one device epoch that only replays advance: a warm-up for a new variant
+    (vLLM warms each capture size up just before capturing it, after earlier sizes were
+    captured) plans its scratch tiling against an epoch of its own. Reset to 0, the shared
+    epoch could later come back to a value an old, stale tiling header carries."""
+    gen = torch.Generator().manual_seed(3)
+    recorded = []
+    engine = NpuTilingEngine("graph", num_cores=3, launch=recorded.append)
+    layer = _layer(gen, (1, T))
+    layer.query_start_loc[1:] = torch.tensor([1, 2, 2]).cumsum(0).int()
+    layer.seq_lens[:] = torch.tensor([5, 9, 3]).int()
+    engine.capture_mla(layer)
+    for _ in range(3):  # three replays: each advances the epoch, then plans
+        for launch in recorded:
+            launch()
+    epoch = engine.device_epoch()
+    other = _layer(gen, None, output=torch.zeros(2 * T, H, L), q_nope=torch.zeros(2 * T, H, L),
+                   q_pe=torch.zeros(2 * T, H, R), query_start_loc=layer.query_start_loc,
+                   seq_lens=layer.seq_lens)
+    assert engine.warm_up_mla(other) is True  # a new variant: it launched
+    assert engine.device_epoch() == epoch
