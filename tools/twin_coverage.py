@@ -46,12 +46,16 @@ def _engine_scenario(placement: str) -> None:
     lens = torch.tensor([5, 17, 33, 0], dtype=torch.int32).to("npu")
     live = torch.tensor([batch], dtype=torch.int32).to("npu")  # made outside the capture
     outputs = [torch.zeros(tokens, heads * dim, **dev) for _ in range(2)]
+    captures = [AttentionCapture(("graph", tokens), f"layer{layer}", query, cache, cache, table,
+                                 cu, lens, live, out, heads, kv_heads, dim, block, dim ** -0.5,
+                                 True) for layer, out in enumerate(outputs)]
+    # the hook's eager warm-up before vLLM captures: one launch per kernel variant
+    assert engine.warm_up(captures[0]) and not engine.warm_up(captures[1])
     stream, graph = torch.npu.Stream(), torch.npu.NPUGraph()
     with torch.npu.graph(graph, stream=stream):
-        for layer, out in enumerate(outputs):
-            engine.capture_attention(AttentionCapture(
-                ("graph", tokens), f"layer{layer}", query, cache, cache, table, cu, lens, live,
-                out, heads, kv_heads, dim, block, dim ** -0.5, True))
+        for capture in captures:
+            engine.capture_attention(capture)
+    assert engine.cold_captures == [], engine.cold_captures
     for _ in range(2):
         engine.before_replay(tokens)
         graph.replay()
@@ -102,10 +106,12 @@ def _mla_engine_scenario(placement: str) -> None:
                          rand(16, block, 1, rope), table, cu, lens, live,
                          torch.zeros(tokens, heads, lora, device="npu"), heads, lora, rope,
                          block, (lora + rope) ** -0.5) for i in range(2)]
+    assert engine.warm_up_mla(layers[0]) and not engine.warm_up_mla(layers[1])
     stream, graph = torch.npu.Stream(), torch.npu.NPUGraph()
     with torch.npu.graph(graph, stream=stream):
         for layer in layers:
             engine.capture_mla(layer)
+    assert engine.cold_captures == [], engine.cold_captures
     for _ in range(2):
         engine.before_replay(tokens)
         graph.replay()

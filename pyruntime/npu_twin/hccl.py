@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import datetime
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -396,12 +397,11 @@ def _new_process_group_hccl(dist_backend_opts: Any, pg_options: Any) -> ProcessG
                             dist_backend_opts.group_size, pg_options)
 
 
-def c10d_module() -> types.ModuleType:
+def c10d_module(make_module: Callable[[str], types.ModuleType]) -> types.ModuleType:
     """``torch_npu._C._distributed_c10d``: `ProcessGroupHCCL`; other names raise
-    `NotInTwinError` when called."""
-    from .torch_npu_module import _module
-
-    module = _module("torch_npu._C._distributed_c10d")
+    `NotInTwinError` when called (`make_module`: torch_npu_module's module factory, passed in
+    so that this module does not import the one that imports it)."""
+    module = make_module("torch_npu._C._distributed_c10d")
     module.ProcessGroupHCCL = ProcessGroupHCCL
     return module
 

@@ -80,7 +80,7 @@ def build() -> types.ModuleType:
         return tensor.detach()
 
     c._weak_ref_tensor = weak_ref_tensor
-    c._distributed_c10d = hccl.c10d_module()
+    c._distributed_c10d = hccl.c10d_module(_module)
     module._C = c
     module.npu_fused_infer_attention_score = _FiaPacket(fia.register())
     module._npu_fused_infer_attention_score_get_max_workspace = fia.get_max_workspace

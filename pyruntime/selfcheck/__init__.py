@@ -49,7 +49,6 @@ from .context import BACKEND_LABELS, TWIN_STATE_ENV, Context, make_context, twin
 from .environment import environment
 from .kernels_check import kernels
 from .report import SCHEMA, SCHEMA_VERSION, CheckResult, Report
-from .stale_read import stale_read
 
 
 def _deferred(module: str, name: str) -> Callable[[Context], CheckResult]:
@@ -76,6 +75,7 @@ attention_triton = _deferred("attention_checks", "attention_triton")
 host_time = _deferred("attention_checks", "host_time")
 aicpu_replay = _deferred("device_checks", "aicpu_replay")
 tiling_kernel = _deferred("device_checks", "tiling_kernel")
+stale_read = _deferred("stale_read", "stale_read")
 mla_correctness = _deferred("mla_checks", "mla_correctness")
 
 __all__ = [

@@ -61,9 +61,9 @@ def kv_cache_layouts(release: str, shape: tuple, strided_layers: list[bool]) -> 
     _, block_size, heads, dim = shape
     hidden = block_size * heads * dim
     strided = {"shape": list(shape), "stride": [2 * hidden, heads * dim, dim, 1],
-               "shared": True, "value_offset": hidden, "contiguous": False}
+               "one_allocation": True, "value_offset": hidden, "contiguous": False}
     contiguous = {"shape": list(shape), "stride": [hidden, heads * dim, dim, 1],
-                  "shared": False, "value_offset": None, "contiguous": True}
+                  "one_allocation": False, "value_offset": None, "contiguous": True}
     return [strided if release == RELEASES[1] and s else contiguous for s in strided_layers]
 
 

@@ -91,8 +91,10 @@ def _run_line(tmp_path, value, prefix=""):
     code = (prefix + "import site, sys; site.addsitedir(sys.argv[1]); site.addsitedir(sys.argv[1]); "
             "print(sorted(m for m, mod in sys.modules.items() "
             "if mod is not None and (m.startswith('pyruntime') or m == 'torch')))")
-    return subprocess.run([sys.executable, "-c", code, str(folder)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, check=True)
+    # -S: the interpreter's own site-packages (where an install, or .ci/run's venv, may hold
+    # the same line) is not processed at start, so only this folder's copy of the line runs
+    return subprocess.run([sys.executable, "-S", "-c", code, str(folder)], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True)
 
 
 @pytest.mark.parametrize("value", [None, "", "0", "off", " No "])

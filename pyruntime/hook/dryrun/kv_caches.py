@@ -103,7 +103,7 @@ def describe(key_cache: Any, value_cache: Any) -> dict:
     allocations), whether both are contiguous."""
     shared = key_cache.untyped_storage().data_ptr() == value_cache.untyped_storage().data_ptr()
     return {"shape": list(key_cache.shape), "stride": list(key_cache.stride()),
-            "shared": shared,
+            "one_allocation": shared,
             "value_offset": (value_cache.storage_offset() - key_cache.storage_offset()
                              if shared else None),
             "contiguous": key_cache.is_contiguous() and value_cache.is_contiguous()}
