@@ -243,18 +243,22 @@ class NpuTilingEngine:
             the layer on vLLM-Ascend's path).
         """
         c = capture
-        # allocation is allowed here: no capture is open. The scratch key gets an epoch of its
-        # own: the keys' shared device epoch is only ever advanced (a reset could make an old
-        # header's epoch current again)
-        scratch = self._buffers(c)
-        p = scratch.tilings[c.sliding_window][0]
-        variant = _variant(c, p)
+        scratch = self._buffers(c)  # allocation is allowed here: no capture is open
+        variant = _variant(c, scratch.tilings[c.sliding_window][0])
+        return self._launch_eagerly(variant, scratch, c, self._attention, c.query.device)
+
+    def _launch_eagerly(self, variant, scratch: _KeyBuffers, c, attention,
+                        device: torch.device) -> bool:
+        """`warm_up` and `warm_up_mla`'s launch: unless `variant` was launched before, plan
+        `scratch`'s tiling and run `attention` (`_attention` or `_mla_attention`) over it at
+        once, into a scratch output. The scratch key gets an epoch of its own: the keys'
+        shared device epoch is only ever advanced (a reset could make an old header's epoch
+        current again)."""
         if variant in self.warmed:
             return False
-        scratch = replace(scratch, epoch=torch.zeros((1,), dtype=torch.int32,
-                                                     device=c.query.device))
+        scratch = replace(scratch, epoch=torch.zeros((1,), dtype=torch.int32, device=device))
         self._plan(scratch, count=False)
-        self._attention(replace(c, output=torch.empty_like(c.output)), scratch)()
+        attention(replace(c, output=torch.empty_like(c.output)), scratch)()
         self.warmed.add(variant)
         return True
 
@@ -375,16 +379,8 @@ class NpuTilingEngine:
         """
         c = capture
         scratch = self._mla_buffers(c)  # allocation is allowed here: no capture is open
-        variant = _mla_variant(c, scratch.params)
-        if variant in self.warmed:
-            return False
-        # an epoch of its own, as `warm_up`'s: the keys' shared epoch is only ever advanced
-        scratch = replace(scratch, epoch=torch.zeros((1,), dtype=torch.int32,
-                                                     device=c.q_nope.device))
-        self._plan(scratch, count=False)
-        self._mla_attention(replace(c, output=torch.empty_like(c.output)), scratch)()
-        self.warmed.add(variant)
-        return True
+        return self._launch_eagerly(_mla_variant(c, scratch.params), scratch, c,
+                                    self._mla_attention, c.q_nope.device)
 
     def _mla_attention(self, c, key: _KeyBuffers) -> Callable[[], None]:
         """The launches of one MLA layer's decode and combine over `key`'s tiling."""
