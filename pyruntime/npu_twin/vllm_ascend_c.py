@@ -398,6 +398,168 @@ def _sgmv_expand_meta(x, weight, lora_indices, seq_len, y, slice_offset, slice_s
     return torch.empty_like(y)
 
 
+# ---- speculative decoding: npu_copy_and_expand_eagle_inputs -----------------------------------
+# vllm_ascend/spec_decode/llm_base_proposer.py (both releases) calls it when the drafter needs
+# extra input slots (parallel drafting). The wrapper (torch_binding.cpp) allocates zeroed
+# int32 outputs (int8 masks) and runs aclnnCopyAndExpandEagleInputs, whose OpDef takes int32
+# inputs only (csrc/moe/copy_and_expand_eagle_inputs/op_host/..._def.cpp); the body follows
+# the AscendC kernel (op_kernel/copy_and_expand_eagle_inputs.cpp), identical in both
+# releases, quirks included (see `copy_and_expand_eagle_inputs_reference`).
+
+_EAGLE_OP = "_C_ascend::npu_copy_and_expand_eagle_inputs"
+
+
+def copy_and_expand_eagle_inputs_reference(target_token_ids, target_positions, next_token_ids,
+                                           query_start_loc, query_end_loc,
+                                           padding_token_id: int,
+                                           parallel_drafting_token_id: int,
+                                           num_padding_slots_per_request: int,
+                                           shift_input_ids: bool, total_draft_tokens: int):
+    """The kernel's six outputs from host int32 tensors: per request r with ``qs, nqs =
+    query_start_loc[r:r + 2]`` and ``qe = query_end_loc[r]``, ``valid = qe - qs + 1`` tokens
+    (``qe - qs`` and read from ``qs + 1`` when ``shift_input_ids``), then the bonus token
+    ``next_token_ids[r]``, ``slots - 1`` parallel-drafting tokens (masked) and ``nqs - qe - 1``
+    rejected slots (padding, position 0), written from ``qs + r * slots`` (``r * (slots - 1)``
+    when shifting); positions count on from ``target_positions[qs]``; the new-token indices
+    are ``r * slots + k -> start + valid + k``; when shifting, ``hidden_state_mapping[qs + j] =
+    start + j`` for the request's input tokens, and a request whose ``nqs == qe`` (not the
+    last) writes one slot less, as the kernel does.
+
+    Raises:
+        twin.TwinError: a write or read outside its tensor (out of bounds on the device).
+    """
+    ids, pos, bonus = (t.tolist() for t in (target_token_ids, target_positions, next_token_ids))
+    starts, ends = query_start_loc.tolist(), query_end_loc.tolist()
+    total_in, slots, num_reqs = len(ids), int(num_padding_slots_per_request), len(starts) - 1
+    out = {name: [0] * size for name, size in (
+        ("ids", total_draft_tokens), ("pos", total_draft_tokens),
+        ("rej", total_draft_tokens), ("msk", total_draft_tokens),
+        ("nti", num_reqs * slots), ("hsm", total_in))}
+
+    def oob(what: str) -> twin.TwinError:
+        return twin.TwinError(f"{_EAGLE_OP}: {what} is out of bounds on the device (an AI Core "
+                              "exception)")
+
+    def write(name: str, at: int, values: list[int]) -> None:
+        if values and (at < 0 or at + len(values) > len(out[name])):
+            raise oob(f"writing {name}[{at}:{at + len(values)}] of {len(out[name])}")
+        out[name][at:at + len(values)] = values
+
+    for r in range(num_reqs):
+        qs, nqs, qe = starts[r], starts[r + 1], ends[r]
+        rejected, n_in = max(nqs - qe - 1, 0), nqs - qs
+        if not 0 <= qs < total_in or r >= len(bonus):
+            raise oob(f"request {r}'s first token {qs} or bonus token")
+        if shift_input_ids:
+            valid, start = max(qe - qs, 0), qs + r * (slots - 1)
+            count = max(min(valid, total_in - (qs + 1)), 0)
+            source = [ids[qs + 1 + min(j, count - 1)] if count else 0 for j in range(valid)]
+        else:
+            valid, start = max(qe - qs + 1, 0), qs + r * slots
+            if valid and n_in <= 0:
+                raise oob(f"request {r}'s input tokens (none for {valid} valid)")
+            source = [ids[qs + min(j, n_in - 1)] for j in range(valid)]
+        first = pos[qs]
+        length = valid + slots + rejected
+        local = {name: [0] * max(length, valid + 1) for name in ("ids", "pos", "rej", "msk")}
+        for j in range(valid):
+            local["ids"][j], local["pos"][j] = source[j], first + j
+        local["ids"][valid], local["pos"][valid] = bonus[r], first + valid
+        for k in range(1, slots):
+            j = valid + k
+            local["ids"][j], local["pos"][j], local["msk"][j] = parallel_drafting_token_id, \
+                first + j, 1
+        for k in range(rejected):
+            j = valid + slots + k
+            local["ids"][j], local["pos"][j], local["rej"][j], local["msk"][j] = \
+                padding_token_id, 0, 1, 0
+        count = length - 1 if shift_input_ids and nqs == qe and r + 1 < num_reqs else length
+        for name in ("ids", "pos", "rej", "msk"):
+            write(name, start, local[name][:count])
+        write("nti", r * slots, [start + valid + k for k in range(slots)])
+        if shift_input_ids:
+            write("hsm", qs, [start + j for j in range(max(n_in, 0))])
+    int32, int8 = torch.int32, torch.int8
+    return tuple(torch.tensor(out[name], dtype=dtype) for name, dtype in (
+        ("ids", int32), ("pos", int32), ("rej", int8), ("msk", int8), ("nti", int32),
+        ("hsm", int32)))
+
+
+def _eagle_shapes(target_token_ids, query_start_loc, num_padding_slots_per_request,
+                  total_draft_tokens):
+    num_reqs = query_start_loc.size(0) - 1
+    return ([total_draft_tokens], [total_draft_tokens], [total_draft_tokens],
+            [total_draft_tokens], [num_reqs * num_padding_slots_per_request],
+            [target_token_ids.size(0)])
+
+
+def npu_copy_and_expand_eagle_inputs(target_token_ids, target_positions, next_token_ids,
+                                     query_start_loc, query_end_loc, padding_token_id,
+                                     parallel_drafting_token_id, num_padding_slots_per_request,
+                                     shift_input_ids, total_draft_tokens):
+    """``_C_ascend::npu_copy_and_expand_eagle_inputs(...) -> (out_input_ids, out_positions,
+    out_is_rejected_token_mask, out_is_masked_token_mask, out_new_token_indices,
+    out_hidden_state_mapping)``: the drafter's inputs with extra slots per request. Inputs
+    int32 1-d npu tensors (``target_token_ids``, ``target_positions`` ``[T]``,
+    ``next_token_ids`` ``[R]``, ``query_start_loc`` ``[R + 1]``, ``query_end_loc`` ``[R]``);
+    outputs int32 ``[total_draft_tokens]`` (masks int8), ``[R * slots]`` and ``[T]``,
+    zero where the kernel writes nothing (`copy_and_expand_eagle_inputs_reference`)."""
+    named = {"target_token_ids": target_token_ids, "target_positions": target_positions,
+             "next_token_ids": next_token_ids, "query_start_loc": query_start_loc,
+             "query_end_loc": query_end_loc}
+    index = _on_one_device(_EAGLE_OP, named)
+    for name, t in named.items():
+        if t.dtype != torch.int32:
+            raise RuntimeError(f"{_EAGLE_OP}: {name} must be int32 (aclnnCopyAndExpandEagleInputs"
+                               f"'s OpDef), got {t.dtype}")
+        if t.dim() != 1:
+            raise NotInTwinError(f"{_EAGLE_OP}: the twin models 1-d {name}, got "
+                                 f"{list(t.shape)}")
+    num_reqs = query_start_loc.size(0) - 1
+    if num_reqs < 0 or query_end_loc.size(0) != num_reqs or next_token_ids.size(0) < num_reqs:
+        raise RuntimeError(f"{_EAGLE_OP}: query_start_loc [R + 1], query_end_loc [R] and "
+                           f"next_token_ids [>= R] disagree: {query_start_loc.size(0)}, "
+                           f"{query_end_loc.size(0)}, {next_token_ids.size(0)}")
+    if target_positions.size(0) != target_token_ids.size(0):
+        raise RuntimeError(f"{_EAGLE_OP}: target_positions must have one entry per target token")
+    if total_draft_tokens < 0 or num_padding_slots_per_request < 0:
+        raise RuntimeError(f"{_EAGLE_OP}: total_draft_tokens and num_padding_slots_per_request "
+                           "must not be negative")
+    shapes = _eagle_shapes(target_token_ids, query_start_loc, int(num_padding_slots_per_request),
+                           int(total_draft_tokens))
+    dtypes = (torch.int32, torch.int32, torch.int8, torch.int8, torch.int32, torch.int32)
+    outputs = tuple(torch.zeros(shape, dtype=dtype, device=target_token_ids.device)
+                    for shape, dtype in zip(shapes, dtypes, strict=True))
+    inputs = [twin.inner(t) for t in named.values()]
+    outs_i = [twin.inner(t) for t in outputs]
+    scalars = (int(padding_token_id), int(parallel_drafting_token_id),
+               int(num_padding_slots_per_request), bool(shift_input_ids),
+               int(total_draft_tokens))
+
+    def run() -> None:
+        for out, value in zip(outs_i, copy_and_expand_eagle_inputs_reference(*inputs, *scalars),
+                              strict=True):
+            out.copy_(value)
+    dev = twin.device()
+    dev.enqueue(twin.Work("aicore", _EAGLE_OP, run, writes=tuple(outs_i)),
+                dev.current_stream(index))
+    return outputs
+
+
+def npu_copy_and_expand_eagle_inputs_meta(target_token_ids, target_positions, next_token_ids,
+                                          query_start_loc, query_end_loc, padding_token_id,
+                                          parallel_drafting_token_id,
+                                          num_padding_slots_per_request, shift_input_ids,
+                                          total_draft_tokens):
+    """``torch_binding_meta.cpp``: target_token_ids' dtype for the ids, positions and
+    indices, int8 for the masks."""
+    shapes = _eagle_shapes(target_token_ids, query_start_loc, num_padding_slots_per_request,
+                           total_draft_tokens)
+    dtypes = (None, None, torch.int8, torch.int8, None, None)
+    return tuple(target_token_ids.new_empty(shape, dtype=dtype or target_token_ids.dtype)
+                 for shape, dtype in zip(shapes, dtypes, strict=True))
+
+
 #: op name -> (NPU kernel, fake kernel): the ops given a body, in every release defining them.
 #: The shrinks' fakes return nothing (their schema returns ()); the releases register no
 #: Meta kernel for them (torch_binding_meta.cpp), the twin does so that a trace reaches them
@@ -407,6 +569,8 @@ BODIES = {
     "bgmv_expand": (bgmv_expand, _bgmv_expand_meta),
     "sgmv_shrink": (sgmv_shrink, _shrink_meta),
     "sgmv_expand": (sgmv_expand, _sgmv_expand_meta),
+    "npu_copy_and_expand_eagle_inputs": (npu_copy_and_expand_eagle_inputs,
+                                         npu_copy_and_expand_eagle_inputs_meta),
 }
 
 

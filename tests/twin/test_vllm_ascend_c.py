@@ -306,6 +306,61 @@ def punica_rules():
 check("the punica ops refuse what their wrappers and kernels refuse", punica_rules)
 
 
+def eagle(ids, pos, nxt, starts, ends, slots, shift, total):
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32).npu()  # noqa: E731
+    out = ops.npu_copy_and_expand_eagle_inputs(i32(ids), i32(pos), i32(nxt), i32(starts),
+                                               i32(ends), 0, -7, slots, shift, total)
+    eq([t.dtype for t in out], [torch.int32] * 2 + [torch.int8] * 2 + [torch.int32] * 2)
+    return [t.cpu().tolist() for t in out]
+
+
+def eagle_inputs_worked_examples():
+    # two requests of 3 and 2 tokens, the first with one rejected token (query_end_loc =
+    # query_start_loc[1:] - 1 - rejected, as llm_base_proposer.py computes it), 2 slots each
+    ids, pos, nxt = [10, 11, 12, 20, 21], [100, 101, 102, 200, 201], [13, 22]
+    # without shift: valid tokens, the bonus, one masked parallel-drafting slot, rejected
+    eq(eagle(ids, pos, nxt, [0, 3, 5], [1, 4], 2, False, 9), [
+        [10, 11, 13, -7, 0, 20, 21, 22, -7], [100, 101, 102, 103, 0, 200, 201, 202, 203],
+        [0, 0, 0, 0, 1, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0, 0, 0, 1], [2, 3, 7, 8], [0] * 5])
+    # shifted (hidden states passed on): one slot less per request, the ids read from qs + 1
+    eq(eagle(ids, pos, nxt, [0, 3, 5], [1, 4], 2, True, 7), [
+        [11, 13, -7, 0, 21, 22, -7], [100, 101, 102, 0, 200, 201, 202],
+        [0, 0, 0, 1, 0, 0, 0], [0, 0, 1, 0, 0, 0, 1], [1, 2, 5, 6], [0, 1, 2, 4, 5]])
+    args = [torch.zeros(n, dtype=torch.int32).npu() for n in (5, 5, 2, 3, 2)]
+    with capture() as (graph, stream):
+        ops.npu_copy_and_expand_eagle_inputs(*args, 0, -7, 2, False, 2)
+    graph.replay()  # a draft buffer too small for what the kernel writes
+    expect(twin.TwinError, "out of bounds", torch.npu.synchronize)
+
+
+check("npu_copy_and_expand_eagle_inputs: worked examples of the AscendC kernel",
+      eagle_inputs_worked_examples)
+
+
+def eagle_inputs_rules_and_fake():
+    i32 = torch.zeros(5, dtype=torch.int32).npu()
+    two, three = i32[:2], i32[:3]
+    op = ops.npu_copy_and_expand_eagle_inputs
+    refused(RuntimeError, "query_start_loc must be int32", op, i32, i32, two, three.long(),
+            two, 0, -7, 2, False, 9)
+    refused(RuntimeError, "disagree", op, i32, i32, two, three, three, 0, -7, 2, False, 9)
+    refused(RuntimeError, "one entry per target token", op, i32, three, two, three, two, 0,
+            -7, 2, False, 9)
+    refused(twin.HostPointerError, "next_token_ids must be an npu tensor", op, i32, i32,
+            two.cpu(), three, two, 0, -7, 2, False, 9)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        t = torch.empty(5, dtype=torch.int32)
+        out = op(t, t, t[:2], t[:3], t[:2], 0, -7, 2, True, 7)
+        eq([(list(o.shape), o.dtype) for o in out],
+           [([7], torch.int32), ([7], torch.int32), ([7], torch.int8), ([7], torch.int8),
+            ([4], torch.int32), ([5], torch.int32)])
+
+
+check("npu_copy_and_expand_eagle_inputs: its rules and fake kernel", eagle_inputs_rules_and_fake)
+
+
 def others_are_not_in_the_twin():
     for name, make in (("npu_gemma_rms_norm",
                         lambda where: (torch.randn(4, 8, device=where),
