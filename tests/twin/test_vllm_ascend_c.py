@@ -411,6 +411,11 @@ import torch
 from vllm_ascend.utils import enable_custom_op
 
 assert enable_custom_op() is True, "custom ops are off on the twin"
+import vllm_ascend.utils as utils
+
+# the device_print ops' registration: 0.30's NPUWorker.init_device calls
+# register_device_print() next (probe step 21); 0.23 does it at the first device_print
+(getattr(utils, "register_device_print", None) or utils._ensure_device_print_registered)()
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm_ascend.ops.layernorm import AscendRMSNorm
 from vllm_ascend.lora import lora_ops
@@ -439,8 +444,9 @@ print("VLLM-ASCEND-C-OK")
 @pytest.mark.parametrize("release", RELEASES)
 def test_vllm_ascend_turns_custom_ops_on_and_runs_them_on_the_twin(release):
     """vLLM-Ascend's own enable_custom_op() (``vllm_ascend/utils.py``) is True on the twin, as
-    on hardware, and its AscendRMSNorm with a residual (_C_ascend.npu_add_rms_norm_bias) and
-    LoRA's bgmv_shrink run through the twin's ops."""
+    on hardware, the device_print ops' registration finds them, and its AscendRMSNorm with a
+    residual (_C_ascend.npu_add_rms_norm_bias) and LoRA's bgmv_shrink run through the twin's
+    ops."""
     env_dir = vllm_env(release)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AICPU_TILING", "VLLM_")) and k != "PYTHONHOME"}
