@@ -107,7 +107,7 @@ def activate(fault: str | None = None) -> None:
     import torch
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    from . import device, extension, npu_module, processes, torch_npu_module
+    from . import device, extension, npu_module, processes, torch_npu_module, vllm_ascend_c
 
     given = os.environ.get(STATE_ENV)
     state = Path(given or tempfile.mkdtemp(prefix="aicpu-tiling-twin-"))
@@ -130,6 +130,7 @@ def activate(fault: str | None = None) -> None:
     _factories = torch.library.Library("aten", "IMPL")
     device.register_factories(_factories)
     torch_npu_module.install()
+    vllm_ascend_c.install()  # import vllm_ascend.vllm_ascend_C: custom ops on, as on hardware
     if importlib.util.find_spec("triton") is not None:
         from . import triton_driver
 
