@@ -463,9 +463,12 @@ def _precheck(op: str, query, key, value, options: dict) -> None:
 
 
 def fia(query, key, value, **options):
-    # the output's D is value's (MLA prefill: query_rope carries the rest of the query's D)
-    attention_out = torch.empty(query.shape[:-1] + value.shape[-1:], dtype=query.dtype,
-                                device=query.device)
+    if mla_ops.is_mla_call(options):
+        # TND with contiguous K/V: the output's D is value's (query_rope holds the rope part)
+        attention_out = torch.empty(query.shape[:-1] + value.shape[-1:], dtype=query.dtype,
+                                    device=query.device)
+    else:
+        attention_out = torch.empty_like(query)
     # (T, N, 1) for TND, (B, N, S, 1) for BNSD
     softmax_lse = torch.empty(query.shape[:-1] + (1,), dtype=torch.float32, device=query.device)
     _issue(query, key, value, options, attention_out, softmax_lse)
