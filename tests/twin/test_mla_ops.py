@@ -4,16 +4,22 @@ FIA's MLA calls (v2 ``BNSD_NBSD`` paged decode with query_rope/key_rope, eager, 
 updated as vLLM-Ascend's graph path does; v1 ``TND`` prefill with rope). Each against an
 independent float64 formula written here (element-wise RoPE pairs, the concatenated
 ``[nope | rope]`` query and key in one softmax), each documented refusal, the schemas against
-the torch_npu wheel's library, and the fake kernels under Dynamo."""
+the torch_npu wheel's library, and the fake kernels under Dynamo. Then vLLM-Ascend's own
+``AscendMLAImpl`` forward (prefill, graph decode, eager decode) in the oldest and newest
+supported release's environment, without our hook."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import zipfile
+from pathlib import Path
 
 import pytest
 
-from pyruntime.npu_twin import mla_ops
-from tests.wheels import TORCH_NPU_WHEEL, cached_wheel
+from pyruntime.npu_twin import STATE_ENV, mla_ops
+from tests.wheels import TORCH_NPU_WHEEL, cached_wheel, vllm_env
 
 pytestmark = pytest.mark.usefixtures("run_twin")
 
@@ -441,3 +447,49 @@ def test_mla_ops_on_the_twin(script, run_twin):
     assert found and "<script>" not in found, found.get("<script>", found)
     bad = {rule: outcome for rule, outcome in found.items() if outcome != "ok"}
     assert not bad, bad
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("release", ["0.23.0.post1", "0.30.0rc2"])
+def test_vllm_ascends_own_mla_layer_on_the_twin(release, tmp_path):
+    """vLLM-Ascend's ``AscendMLAImpl`` (``tools/vllm_ascend_mla_paths.py``) without our hook:
+    its weight loading casts ``kv_b_proj`` to ND; its prefill writes both caches through
+    ``npu_kv_rmsnorm_rope_cache``, ropes the query and runs FIA v1 TND with rope; its decode
+    graph captures the same cache write, rope, FIA v2 ``.out`` BNSD_NBSD with rope and
+    ``npu_transpose_batchmatmul``, and each replay re-issues only the FIA through its own
+    ``update_graph_params``, once a step; an eager decode step calls FIA v2 itself. Every
+    output matches float64 non-absorbed DeepSeek MLA, closer than the answer without the rope
+    part."""
+    env = vllm_env(release)
+    child = {k: v for k, v in os.environ.items()
+             if k not in ("AICPU_TILING", "AICPU_TILING_ENGINE", "PYTHONHOME",
+                          "TRITON_INTERPRET", "TASK_QUEUE_ENABLE")}
+    child["PYTHONPATH"] = os.pathsep.join([str(REPO), str(env / "vllm-ascend")])
+    child[STATE_ENV] = str(tmp_path)
+    proc = subprocess.run([str(env / "venv" / "bin" / "python"),
+                           str(REPO / "tools" / "vllm_ascend_mla_paths.py")],
+                          capture_output=True, text=True, env=child, cwd=REPO, timeout=300,
+                          check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    report = json.loads(lines[-1])
+    assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
+    fia_v1 = "npu_fused_infer_attention_score TND rope=True"
+    fia_v2_out = "npu_fused_infer_attention_score_v2.out BNSD_NBSD rope=True"
+    rope, cache, up_proj = ("npu_interleave_rope", "npu_kv_rmsnorm_rope_cache",
+                            "npu_transpose_batchmatmul")
+    assert report["ops"] == {
+        "load": ["npu_format_cast"],
+        "prefill": [fia_v1, rope, cache],
+        "capture": [fia_v2_out, rope, cache, up_proj],
+        "replayed_decode": [fia_v2_out],  # the update's re-issue; the rest is the replay
+        "eager_decode": ["npu_fused_infer_attention_score_v2 BNSD_NBSD rope=True", rope, cache,
+                         up_proj]}
+    assert report["graph_steps"] == 3 and report["updates_per_step"] == 1
+    errors = [report[f"{phase}_max_rel_err"] for phase in ("prefill", "graph_decode",
+                                                            "eager_decode")]
+    assert max(errors) < 2e-2 < report["rope_distance"], report
+    # the decode steps' cache writes (request A's third block is never reached)
+    assert report["cache_blocks_written"] == [1, 3, 7]
