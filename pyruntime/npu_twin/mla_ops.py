@@ -63,8 +63,10 @@ def _fail(op: str, message: str) -> RuntimeError:
 
 
 def _on_device(op: str, *tensors) -> None:
+    # by device type, not by tensor class (the twin's tensor layer is being ported to plain
+    # PrivateUse1 tensors; both say ``device.type == "npu"``)
     for t in tensors:
-        if isinstance(t, torch.Tensor) and not isinstance(t, twin.NpuTensor):
+        if isinstance(t, torch.Tensor) and t.device.type != "npu":
             raise twin.HostPointerError(f"{op}: every tensor must be on the NPU")
 
 
@@ -267,7 +269,7 @@ def format_cast(input, acl_format, *, customize_dtype=None, input_dtype=None):
     format asked for (op-plugin ``FormatCastKernelNpu.cpp``: "if the format is the same,
     return the input"). vLLM-Ascend's MLA calls it so on ``kv_b_proj``'s weight; any other
     format (NZ: 29) raises `NotInTwinError`."""
-    if not isinstance(input, twin.NpuTensor):
+    if not isinstance(input, torch.Tensor) or input.device.type != "npu":
         raise TypeError("npu_format_cast expects an npu tensor")
     if customize_dtype is not None or input_dtype is not None:
         raise NotInTwinError("npu_format_cast: customize_dtype / input_dtype are not modelled "

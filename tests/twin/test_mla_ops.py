@@ -193,6 +193,7 @@ def format_cast():
     w = torch.randn(8, 4, generator=gen).bfloat16().to(dev)
     assert torch_npu.npu_format_cast(w, 2) is w
     expect(NotInTwinError, "acl_format 29", lambda: torch_npu.npu_format_cast(w, 29))
+    expect(TypeError, "npu tensor", lambda: torch_npu.npu_format_cast(w.cpu(), 2))
 
 
 check("format_cast_to_nd_is_identity", format_cast)
