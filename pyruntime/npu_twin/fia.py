@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from . import device as twin
+from . import mla_ops
 from .npu_module import NotInTwinError
 
 #: torch_npu 2.10.0.post4, ``_op_plugin_docs.py`` (the prototypes, verbatim but for the name)
@@ -342,7 +343,10 @@ def _check_on_device(op: str, query, key, value, options: dict) -> None:
 def _reference(query, key, value, options: dict, sink: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """FIA's result: ``[T, num_heads, D]`` output and ``[T, num_heads, 1]`` lse (BNSD:
-    `_reference_c8`). ``sink``: FIA v2's learnable_sink in float32 (`_attention`)."""
+    `_reference_c8`; with query_rope, vLLM-Ascend's MLA prefill: `mla_ops.prefill_reference`).
+    ``sink``: FIA v2's learnable_sink in float32 (`_attention`)."""
+    if mla_ops.is_mla_call(options):
+        return mla_ops.prefill_reference(query, key, value, options, _DEFAULTS)
     _check_modelled(options)
     if options["input_layout"] == "BNSD":
         return _reference_c8(query, key, value, options)
@@ -450,13 +454,21 @@ def _precheck(op: str, query, key, value, options: dict) -> None:
     if op.startswith("npu_fused_infer_attention_score_v2"):
         _v2_checked(query, key, value, options)
         return
+    if mla_ops.is_mla_call(options):
+        mla_ops.prefill_checked(query, key, value, options, _DEFAULTS)
+        return
     _check_modelled(options)
     if options["input_layout"] == "BNSD":
         _c8_checked(query, key, value, options)
 
 
 def fia(query, key, value, **options):
-    attention_out = torch.empty_like(query)
+    if mla_ops.is_mla_call(options):
+        # TND with contiguous K/V: the output's D is value's (query_rope holds the rope part)
+        attention_out = torch.empty(query.shape[:-1] + value.shape[-1:], dtype=query.dtype,
+                                    device=query.device)
+    else:
+        attention_out = torch.empty_like(query)
     # (T, N, 1) for TND, (B, N, S, 1) for BNSD
     softmax_lse = torch.empty(query.shape[:-1] + (1,), dtype=torch.float32, device=query.device)
     _issue(query, key, value, options, attention_out, softmax_lse)
@@ -505,8 +517,12 @@ def _v2_checked(query, key, value, options: dict) -> dict:
     D 64 and pads a graph batch with requests of q 1 and kv 0 or 1. Every option the twin does
     not model (quantisation, rope, pse, dtypes, inner_precise's row-invalid bit) raises
     `NotInTwinError`, and so does ``return_softmax_lse`` with a sink (whether the lse counts
-    the sink is not documented)."""
+    the sink is not documented). A call with query_rope / key_rope (vLLM-Ascend's MLA
+    decode) is checked by `mla_ops.decode_checked` and returns None."""
     name = "npu_fused_infer_attention_score_v2"
+    if mla_ops.is_mla_call(options):
+        mla_ops.decode_checked(query, key, value, options, _V2_DEFAULTS)
+        return None
     for key_name, default in _V2_DEFAULTS.items():
         if key_name not in _V2_MODELLED and options.get(key_name, default) != default:
             raise NotInTwinError(f"{name}: {key_name} is not modelled by the NPU twin")
@@ -550,7 +566,10 @@ def _v2_checked(query, key, value, options: dict) -> dict:
 
 
 def _reference_v2(query, key, value, options: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """FIA v2's result (TND): `_reference` with the learnable sink in float32."""
+    """FIA v2's result (TND): `_reference` with the learnable sink in float32; MLA decode:
+    `mla_ops.decode_reference`."""
+    if mla_ops.is_mla_call(options):
+        return mla_ops.decode_reference(query, key, value, options, _V2_DEFAULTS)
     v1 = _v2_checked(query, key, value, options)
     sink = options["learnable_sink"]
     return _reference(query, key, value, v1, sink=None if sink is None else sink.float())
@@ -558,9 +577,18 @@ def _reference_v2(query, key, value, options: dict) -> tuple[torch.Tensor, torch
 
 def fia_v2(query, key, value, **options):
     """``torch_npu.npu_fused_infer_attention_score_v2`` (`V2_SCHEMA`): ``(attention_out
-    [T, Q_N, D] in the query's dtype, softmax_lse float32 [T, Q_N, 1])``."""
-    attention_out = torch.empty_like(query)
-    softmax_lse = torch.empty(query.shape[:-1] + (1,), dtype=torch.float32, device=query.device)
+    [T, Q_N, D] in the query's dtype, softmax_lse float32 [T, Q_N, 1])``; MLA decode
+    (query_rope): the output in the layout's order (`mla_ops.decode_out_shape`), the lse
+    ``[B, N, S, 1]`` with ``return_softmax_lse``, else empty (torch_npu's meta kernel)."""
+    if mla_ops.is_mla_call(options):
+        attention_out = torch.empty(mla_ops.decode_out_shape(query, options),
+                                    dtype=query.dtype, device=query.device)
+        lse_shape = query.shape[:-1] + (1,) if options.get("return_softmax_lse") else (0,)
+        softmax_lse = torch.empty(lse_shape, dtype=torch.float32, device=query.device)
+    else:
+        attention_out = torch.empty_like(query)
+        softmax_lse = torch.empty(query.shape[:-1] + (1,), dtype=torch.float32,
+                                  device=query.device)
     _issue(query, key, value, options, attention_out, softmax_lse, op=_V2,
            defaults=_V2_DEFAULTS, reference=_reference_v2)
     return attention_out, softmax_lse

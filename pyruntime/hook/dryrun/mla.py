@@ -17,8 +17,9 @@ positions, so the metadata is a namespace with the fields ``_forward_decode`` re
 ``actual_seq_lengths_q`` / ``attn_mask``), and the persistent device buffers are attached by
 the same function the patched ``build`` calls (`vllm_ascend_patches.device_lengths`). The
 queries (``ql_nope``, already absorbed, and ``q_pe``) and the cache pair are random, written
-outside the graph. Without the hook nothing is run: vLLM-Ascend's MLA path is FIA v2 with
-``query_rope``/``key_rope``, which the NPU twin does not model; the run reports the task
+outside the graph. Without the hook nothing is run here: vLLM-Ascend's MLA path is FIA v2
+with ``query_rope``/``key_rope``, which the twin did not model when this run was written (it
+does since issue 28; ``tools/vllm_ascend_mla_paths.py`` runs that path); the run reports the task
 updates the hooked run removed as the FIA tasks vLLM-Ascend would have registered (one per
 MLA layer per step: ``update_graph_params`` zips its layers with ``attn_params[num_tokens]``).
 """
@@ -57,7 +58,8 @@ def reference(q_nope, q_pe, kv_c, k_pe, table, q_lens, kv_lens, scale):
 class FiaV2Recorder:
     """Stands in for ``torch_npu.npu_fused_infer_attention_score_v2`` (and its workspace
     query): each call is one AI Core task on the current stream that writes zeros (no
-    numerics: the twin does not model FIA v2). In a mixed-graph run vLLM-Ascend's own capture
+    numerics: the run was written before the twin modelled FIA v2 with query_rope; the
+    hooked layers' checks never read it). In a mixed-graph run vLLM-Ascend's own capture
     and ``update_graph_params`` run their task-group and task-update protocol around its
     ``.out``, and the twin checks it; it records the query buffer each task-update call reads.
     Its eager call serves vLLM-Ascend's eager ``_forward_decode`` in the warm-up step before
