@@ -202,7 +202,16 @@ def bench_table(result: dict) -> list:
             style="dim",
         )
     )
+    # whose times these are, in every title: an emulated figure must not pass for a device's
+    note = BACKEND_NOTE.get(cfg.get("backend", "cpu"), cfg.get("backend", "cpu"))
+    for item in out:
+        if isinstance(item, Table) and item.title:
+            item.title = f"{item.title} [{note}]"
     return out
+
+
+#: ``config.backend`` -> the note every bench table title carries
+BACKEND_NOTE = {"cpu": "emulated, CPU backend", "npu": "NPU", "npu-twin": "emulated, NPU twin"}
 
 
 def tiling_bench_table(result: dict) -> list:
