@@ -193,7 +193,8 @@ class ClockAnchor:
 
     def to_perf(self, wall_us: float) -> float:
         """A profiler time (us, wall clock) on the perf_counter scale (seconds)."""
-        return self.perf_s + (wall_us * 1e3 - self.wall_ns) * 1e-9
+        # in us: epoch times near 1.7e15 us keep sub-ns steps in a float, 1.7e18 ns do not
+        return self.perf_s + (wall_us - self.wall_ns / 1000) * 1e-6
 
 
 def attribute(rows: Iterable[KernelRow], windows: Sequence[StepWindow], anchor: ClockAnchor,
