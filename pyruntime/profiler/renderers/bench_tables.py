@@ -206,7 +206,7 @@ def bench_table(result: dict) -> list:
     note = BACKEND_NOTE.get(cfg.get("backend", "cpu"), cfg.get("backend", "cpu"))
     for item in out:
         if isinstance(item, Table) and item.title:
-            item.title = f"{item.title} [{note}]"
+            item.title = f"{item.title} ({note})"
     return out
 
 
