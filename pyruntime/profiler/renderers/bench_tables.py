@@ -188,7 +188,8 @@ def bench_table(result: dict) -> list:
         if "pre_replay_us" in head:
             text += (f"; {head['pre_replay_us']:.1f} us (pre-replay), "
                      f"{head['host_ratio_pre_replay']:.1f}x")
-        out.append(Text(text, style="bold"))
+        backend = result["config"].get("backend", "cpu")
+        out.append(Text(f"{text} ({BACKEND_NOTE.get(backend, backend)})", style="bold"))
     cfg = result["config"]
     out.append(Text(model_shape(cfg["geometry"]), style="bold"))
     out.append(
