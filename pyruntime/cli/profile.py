@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 
-
 from ..measurement.abrun import DTYPES, MODES, Geometry, Point, run_point
 from ..measurement.sources import SOURCES, SourceError
 from ..profiler.ascend_files import AscendProfileError

@@ -52,7 +52,7 @@ import types
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from . import device as twin
 from .npu_module import NotInTwinError
@@ -143,7 +143,7 @@ def tensorboard_trace_handler(dir_name: str | None = None, worker_name: str | No
     return handler_fn
 
 
-class profile:  # noqa: N801 - torch_npu's name
+class profile:  # torch_npu's name
     """``torch_npu.profiler.profile``: records the twin's device tasks between ``start()``
     and ``stop()``; ``on_trace_ready`` runs at ``stop()``."""
 
@@ -196,11 +196,11 @@ class profile:  # noqa: N801 - torch_npu's name
         """Without a schedule a step changes nothing (torch_npu: the default schedule
         records every step)."""
 
-    def __enter__(self) -> profile:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

@@ -31,6 +31,7 @@ our `DeviceTask` records, per step, on the host's ``perf_counter`` clock.
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +118,7 @@ def _number(path: Path, line: int, field: str, text: str) -> float:
     except ValueError:
         raise AscendProfileError(f"{path} line {line}: {field} is not a number: "
                                  f"{text!r:.40}") from None
-    if value != value or value < 0:
+    if math.isnan(value) or value < 0:
         raise AscendProfileError(f"{path} line {line}: {field} must be >= 0, got {text!r}")
     return value
 

@@ -259,12 +259,14 @@ def device_lanes(ctx: Context, geometry, variant: str, warmup: int) -> dict | st
                  "layers": LANES_LAYERS, "batch": LANES_BATCH, "steps": LANES_STEPS,
                  "profiler": info, "modes": {}}
     for run in runs:
-        per_step: dict[str, float] = {}
+        counts: dict[str, int] = {}
         for task in run.device_tasks:
             group = task_group(task)
             group = "attention" if group.startswith("attention layer") else group
-            per_step[group] = per_step.get(group, 0) + 1 / LANES_STEPS
-        out["modes"][run.mode] = {"tasks_per_step": per_step,
+            counts[group] = counts.get(group, 0) + 1
+        steps = len({t.step for t in run.device_tasks}) or 1
+        out["modes"][run.mode] = {"tasks_per_step": {g: round(n / steps, 3)
+                                                     for g, n in counts.items()},
                                   "device_us": device_step_stats(run)}
     return out
 

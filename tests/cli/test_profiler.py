@@ -182,10 +182,10 @@ def test_every_bench_and_profile_title_says_whose_times_they_are():
     note that rich would read as markup is caught)."""
     from rich.table import Table
 
+    from pyruntime.profiler.renderers import render_text
     from pyruntime.profiler.renderers.bench_tables import bench_table
     from pyruntime.profiler.renderers.profile_tables import profile_tables
     from pyruntime.profiler.report import profile_report
-    from pyruntime.profiler.renderers import render_text
 
     from .test_golden import bench_result
 

@@ -152,7 +152,7 @@ for bad in (lambda: p.profile(schedule=lambda step: None),
         print("refused")
 """
     out = subprocess.run([sys.executable, "-c", script], env=_twin_env(tmp_path), cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["refused", "refused"]
     from pyruntime.profiler.ascend_files import read_output
@@ -168,7 +168,8 @@ for bad in (lambda: p.profile(schedule=lambda step: None),
 
 def _cli(tmp_path: Path, *argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pyruntime.cli", *argv], env=_twin_env(tmp_path),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 def _check_trace(trace: dict) -> dict[int, dict]:
