@@ -203,3 +203,20 @@ def test_every_bench_and_profile_title_says_whose_times_they_are():
                 title = " ".join(line.strip() for line in
                                  lines[:next(i for i, x in enumerate(lines) if x[:1] == "┏")])
                 assert title.endswith(f"{note})"), title
+
+
+def test_backend_npu_without_torch_npu_is_one_line_before_any_work(cli, tmp_path):
+    """issue 32: --backend npu on a machine without torch_npu says so in one line, exit 2,
+    and writes nothing; --load records nothing, so --backend with it is refused."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed here")
+    for argv in (("profile", "--quick", "--backend", "npu", "--trace", str(tmp_path / "t.json")),
+                 ("bench", "--backend", "npu", "--layers", "1", "--batch-sizes", "1",
+                  "--steps", "2", "--no-save")):
+        code, out, err = cli(*argv)
+        assert code == 2 and "needs torch_npu" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "t.json").exists()
+    code, _, err = cli("profile", "--load", str(tmp_path / "s.json"), "--backend", "cpu")
+    assert code == 2 and "--backend" in err
