@@ -56,6 +56,7 @@ from ..measurement.sources import SOURCES, SourceError
 from ..profiler import processors as proc
 from ..profiler.renderers.bench_tables import bench_table
 from . import _limits
+from ._backend import TIMES, add_backend_arg, backend_factory, is_emulated
 from ._common import (
     CliError,
     add_force_arg,
@@ -183,6 +184,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--no-save", action="store_true",
                    help="write no files (refused with -o or --png, which it would ignore)")
     add_force_arg(p)
+    add_backend_arg(p)
     g = p.add_argument_group("geometry")
     g.add_argument("--geometry", choices=GEOMETRIES, default="gqa",
                    help="gqa (the flags below) or deepseek-v3: L=61 MLA layers, one TP-8 rank "
@@ -368,7 +370,8 @@ def engine_work(graph_keys: int) -> dict[str, EngineWork]:
 
 
 def run_methods(point: Point, geom: Geometry, methods: list[str], engine: dict, *,
-                steps: int, warmup: int, seed: int, on_step=None) -> dict[str, list]:
+                steps: int, warmup: int, seed: int, on_step=None,
+                backend_factory=None) -> dict[str, list]:
     """Every mode and the floor of `point` under every method, side by side in one
     interleaved run; method -> its runs (``host_update`` first, the floor last)."""
     modes = (*BENCH_MODES, FLOOR_MODE)
@@ -377,7 +380,7 @@ def run_methods(point: Point, geom: Geometry, methods: list[str], engine: dict, 
                 "source": point.source, "geometry": geom.as_dict()}
     runs = run_interleaved(specs, point.batch, point.source, geom, workload, steps=steps,
                            warmup=warmup, seed=seed, engine=engine,
-                           on_step=on_step)  # fmt: skip
+                           backend_factory=backend_factory, on_step=on_step)  # fmt: skip
     out: dict[str, list] = {m: [] for m in methods}
     for spec, run in zip(specs, runs):
         run.mode = spec.mode
@@ -492,6 +495,7 @@ def run(args: argparse.Namespace) -> int:
     sweep = [Point(n, HEADLINE.batch, HEADLINE.source) for n in inv_layers
              if counting and Point(n, HEADLINE.batch, HEADLINE.source) not in points]
     flat_steps = max(steps, FLATNESS_MIN_STEPS)
+    factory = backend_factory(args.backend)  # npu-twin: activates the twin here
     started = time.time()
     results = []
     host_samples: dict = {}  # mode -> L -> host us of each measured step (headline b, source)
@@ -504,6 +508,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 by_method = run_methods(point, geom, methods, engine, steps=steps,
                                         warmup=warmup, seed=args.seed,
+                                        backend_factory=factory,
                                         on_step=lambda: bar.advance(task))  # fmt: skip
             except SourceError as exc:
                 raise CliError(str(exc)) from exc
@@ -529,6 +534,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 flat_runs = measure_flatness(geom, steps=flat_steps, warmup=warmup,
                                              seed=args.seed, method=methods[0], engine=engine,
+                                             backend_factory=factory,
                                              on_step=lambda: bar.advance(task))  # fmt: skip
             except (SourceError, ValueError) as exc:
                 raise CliError(f"flatness: {exc}") from exc
@@ -541,6 +547,7 @@ def run(args: argparse.Namespace) -> int:
                 counts = inv.measure(geom, layers=inv_layers, modes=BENCH_MODES,
                                      batch=HEADLINE.batch, source=HEADLINE.source,
                                      warmup=max(warmup, 1), seed=args.seed,
+                                     backend_factory=factory,
                                      on_point=lambda: bar.advance(task))
             except (SourceError, ValueError) as exc:
                 raise CliError(f"invariants: {exc}") from exc
@@ -556,7 +563,8 @@ def run(args: argparse.Namespace) -> int:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "elapsed_s": round(time.time() - started, 3),
         "environment": _environment(),
-        "config": {"backend": "cpu", "geometry": geom.as_dict(), "steps": steps,
+        "config": {"backend": args.backend, "times": TIMES[args.backend],
+                   "times_emulated": is_emulated(args.backend), "geometry": geom.as_dict(), "steps": steps,
                    "warmup": warmup, "seed": args.seed, "resamples": args.resamples,
                    "confidence": 0.95, "quick": args.quick, "modes": list(BENCH_MODES),
                    "placements": {m: VARIANTS[m][1] for m in BENCH_MODES if VARIANTS[m][1]}},

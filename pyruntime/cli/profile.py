@@ -2,23 +2,28 @@
 
 Per-step host breakdown (input copies, host tiling, task updates, replay launch,
 synchronize, other) and device-side task timings (AI-CPU tiling, each attention layer,
-combine) as tables with percentiles; ``--trace`` writes a Chrome trace (host and device
-lanes; open it in Perfetto); ``--save`` keeps the session so ``--load`` renders it again.
+combine; per step: device time, AI-CPU task time, attention time per layer and the idle gap
+between the tiling and the first attention kernel) as tables with percentiles; ``--trace``
+writes a Chrome trace (host and device lanes of both paths side by side; open it in
+Perfetto); ``--save`` keeps the session so ``--load`` renders it again. ``--backend``: cpu
+(the emulation), npu (an Ascend NPU: device lanes from torch_npu's profiler) or npu-twin
+(the NPU code path on the NPU twin, whose torch_npu profiler writes the same files; times
+emulated).
 """
 
 from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
 from ..measurement.abrun import DTYPES, MODES, Geometry, Point, run_point
 from ..measurement.sources import SOURCES, SourceError
-from ..profiler import processors as proc
+from ..profiler.ascend_files import AscendProfileError
 from ..profiler.data import Session, SessionError
 from ..profiler.renderers.chrome_trace import write_chrome_trace
 from ..profiler.renderers.profile_tables import profile_tables
+from ..profiler.report import profile_report
 from . import _limits
+from ._backend import BACKENDS, TIMES, backend_factory
 from ._common import (
     CliError,
     add_force_arg,
@@ -34,7 +39,7 @@ RUN_SIZES = (("--layers", "layers", 61, 8), ("--batch", "batch", 64, 8),
              ("--steps", "steps", 20, 4), ("--warmup", "warmup", 2, 1))
 #: flags that shape a recording, so --load (which records nothing) refuses them
 RECORD_FLAGS = ("--mode", "--layers", "--batch", "--source", "--steps", "--warmup", "--seed",
-                "--quick", "--head-dim", "--dtype")
+                "--quick", "--head-dim", "--dtype", "--backend")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -50,6 +55,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         p.add_argument(flag, type=int, default=None, dest=dest,
                        help=f"default {default}; --quick {quick}")
     p.add_argument("--source", choices=SOURCES, default=None, help="default trace")
+    p.add_argument("--backend", choices=BACKENDS, default=None,
+                   help="default cpu (the emulation); npu: an Ascend NPU, device lanes from "
+                        "torch_npu's profiler; npu-twin: the NPU code path on the NPU twin "
+                        "(times emulated)")
     p.add_argument("--seed", type=int, default=None, help="default 0")
     p.add_argument("--quick", action="store_true",
                    help="L=8, batch 8, 4 steps after 1 warm-up; cannot be combined with "
@@ -66,23 +75,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def process(session: Session) -> dict:
-    """The report of a session: per run host breakdown and device summary (pure)."""
-    runs = []
-    for r in session.runs:
-        runs.append({
-            "mode": r.mode, "workload": r.workload, "steps": len(r.steps),
-            "host": proc.host_breakdown(r),
-            "device": proc.collapse_layers(proc.device_summary(r)),
-            "counters_per_step": r.counters,
-        })  # fmt: skip
-    ratio = None
-    modes = {r.mode: r for r in session.runs}
-    if set(MODES) <= set(modes) and modes["device_tiling"].steps:
-        a = np.median([s.host_s for s in modes["host_update"].steps])
-        b = np.median([s.host_s for s in modes["device_tiling"].steps])
-        ratio = float(a / b) if b else None
-    return {"meta": session.meta, "runs": runs, "host_ratio": ratio}
+#: the report of a session (`pyruntime.profiler.report.profile_report`)
+process = profile_report
 
 
 def check_before_work(args: argparse.Namespace) -> None:
@@ -136,19 +130,27 @@ def record(args: argparse.Namespace) -> Session:
     geom = _geometry(args)
     point = Point(layers, batch, args.source or "trace")
     seed = 0 if args.seed is None else args.seed
+    backend = args.backend or "cpu"
+    factory = backend_factory(backend)
+    lanes: dict = {}
     with progress(not (args.json or args.no_progress)) as bar:
         task = bar.add_task(f"profile {point.name}", total=steps + warmup)
         try:
             runs = run_point(point, geom, steps=steps, warmup=warmup, seed=seed,
                              modes=modes, phases=True, device_tasks=True,
                              warm_host=False,  # one step per record: device tasks per step
+                             backend_factory=factory, lanes_info=lanes,
                              on_step=lambda: bar.advance(task))  # fmt: skip
-        except SourceError as exc:
+        except (SourceError, AscendProfileError) as exc:
             raise CliError(str(exc)) from exc
         except ValueError as exc:
             raise CliError(f"{point.name}: {exc}") from exc
-    return Session(runs, {"command": " ".join(getattr(args, "argv", ["aicpu-tiling", "profile"])),
-                          "point": point.name, "geometry": geom.as_dict()})  # fmt: skip
+    meta = {"command": " ".join(getattr(args, "argv", ["aicpu-tiling", "profile"])),
+            "point": point.name, "geometry": geom.as_dict(), "backend": backend,
+            "times": TIMES[backend],
+            "device_lanes": lanes or {"source": "the backend's own task records"
+                                      if backend == "cpu" else "none"}}
+    return Session(runs, meta)
 
 
 def run(args: argparse.Namespace) -> int:

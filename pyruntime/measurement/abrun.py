@@ -207,6 +207,7 @@ def run_point(
     warm_host: bool = True,
     method: str = "old",
     engine: dict[str, EngineWork] | None = None,
+    lanes_info: dict | None = None,
 ) -> list[Run]:
     """Measure ``steps`` interleaved steps of each mode (after ``warmup`` unmeasured ones).
 
@@ -219,7 +220,7 @@ def run_point(
         on_step: called after each step (both modes), for progress.
         warm_host: measure each step warm, as `run_interleaved` describes (the one
             definition of host time per step that ``bench`` and ``selfcheck`` report).
-        method, engine: see `run_interleaved`.
+        method, engine, lanes_info: see `run_interleaved`.
 
     Returns:
         One :class:`Run` per mode, in ``modes`` order, counters averaged per step run.
@@ -230,7 +231,7 @@ def run_point(
                            warmup=warmup, seed=seed, clock=clock, phases=phases,
                            device_tasks=device_tasks, backend_factory=backend_factory,
                            on_step=on_step, warm_host=warm_host, method=method,
-                           engine=engine)  # fmt: skip
+                           engine=engine, lanes_info=lanes_info)  # fmt: skip
 
 
 def run_interleaved(
@@ -251,6 +252,7 @@ def run_interleaved(
     warm_host: bool = True,
     method: str = "old",
     engine: dict[str, EngineWork] | None = None,
+    lanes_info: dict | None = None,
 ) -> list[Run]:
     """Step every spec's attention on the same batches, interleaved (the order flips every
     step), each on a backend of its own.
@@ -281,6 +283,13 @@ def run_interleaved(
     ``step_s`` is then the measured step's wall time, host part and device work.
     ``HostStep.blocked_s`` records, per step, how long the host was blocked inside the
     measured host part.
+
+    With ``device_tasks``, a backend that keeps task records (the CPU backend's
+    ``timings``) gives each step's tasks; on one that does not (the NPU backend, on a device
+    or the twin) the measured steps run under torch_npu's profiler
+    (`pyruntime.measurement.device_lanes.TorchNpuLanes`) and its kernel_details.csv gives
+    them, each task in the step whose host window (start to end, device work waited for)
+    holds its start; what was read goes into ``lanes_info`` when given.
     """
     from .. import backends
 
@@ -299,6 +308,11 @@ def run_interleaved(
     runs = {s.key: Run(s.key, dict(workload)) for s in specs}
     bes = {s.key: factory() for s in specs}
     runs_per_step = 2 if warm_host else 1  # steps run per measured step (counters)
+    lanes = None
+    if device_tasks and any(_records(be) is None for be in bes.values()):
+        from .device_lanes import TorchNpuLanes
+
+        lanes = TorchNpuLanes()
     try:
         for s in specs:
             if symmetric_of[s.key] and s.mode not in ("host_update", FLOOR_MODE) \
@@ -321,6 +335,8 @@ def run_interleaved(
                     if device_tasks and rec is not None:
                         rec.max_records = 1 << 20
                         rec.records = []
+                if lanes is not None:
+                    lanes.start()
             first = next(src) if warm_host else None
             step = next(src)
             order = keys if i % 2 == 0 else list(reversed(keys))
@@ -362,16 +378,30 @@ def run_interleaved(
                     HostStep(t0, (t1 - t_start) / per_pair, host_s, booked, list(recorder.spans),
                              blocked_s)
                 )  # fmt: skip
+                if lanes is not None:
+                    lanes.window(k, i - warmup, t_start, t1)
                 rec = _records(be)
                 if device_tasks and rec is not None and rec.records:
                     runs[k].device_tasks += device_tasks_of_step(i - warmup, rec.records)
                     rec.records = []
             if on_step:
                 on_step()
+        if lanes is not None:
+            by_key, info = lanes.stop()
+            lanes = None
+            for k in keys:
+                runs[k].device_tasks += by_key.get(k, [])
+            if lanes_info is not None:
+                lanes_info.update(info)
         for k in keys:
             snap = bes[k].counters.snapshot()
             runs[k].counters = {c: v / max(steps * runs_per_step, 1) for c, v in snap.items()}
     finally:
+        if lanes is not None:  # a step failed while the profiler recorded: stop it
+            try:
+                lanes.stop()
+            except Exception:  # noqa: BLE001, S110 - the step's error is the one to report
+                pass
         for k in keys:
             close = getattr(bes[k], "close", None)
             if close:

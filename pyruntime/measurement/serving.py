@@ -126,6 +126,7 @@ class ServingStep:
         import torch
 
         self.epochs = [self.backend.alloc((1,), torch.int32) for _ in range(copies)]
+        self.scratch = self.backend.alloc((1,), torch.int32)  # the device ops' (NPU body)
         self._host_epoch = np.zeros(1, np.int32)
         self._lengths: np.ndarray | None = None
 
@@ -151,7 +152,7 @@ class ServingStep:
             if i < blocking:
                 stream.synchronize()
         for _ in range(self.engine.device_ops):
-            be.launch(_NO_OP_TASK, {}, num_cores=1, stream=stream)
+            be.launch(_NO_OP_TASK, {"scratch": self.scratch}, num_cores=1, stream=stream)
         for _ in range(self.extra_launches):
             self.path._launch_tiling()
 
@@ -192,7 +193,14 @@ def _no_op(core: int, **args: Any) -> None:
     """The floor graph's one task: no work."""
 
 
-_NO_OP_TASK = Kernel("floor_no_op", AICORE, _no_op)
+def _zero_scratch(scratch: Any) -> None:
+    """The floor's task on the NPU backend: a graph holds at least one task, and the NPU
+    backend launches a kernel's torch op, so the nearest thing to no work is zeroing one
+    element of a scratch buffer (one small kernel, captured and replayed like any other)."""
+    scratch.zero_()
+
+
+_NO_OP_TASK = Kernel("floor_no_op", AICORE, _no_op, npu_op=_zero_scratch)
 
 
 class FloorStep:
@@ -220,9 +228,11 @@ class FloorStep:
         self.block_table = backend.alloc((max_batch, max_blocks_per_req), torch.int32)
         self._image = np.zeros(2 * max_batch + 3, np.int32)
         self._first_kv = max_batch + 3
+        self.scratch = backend.alloc((1,), torch.int32)  # what the NPU body writes
         self.graph = backend.graph()
         with backend.capture(self.graph, self.stream):
-            backend.launch(_NO_OP_TASK, {}, num_cores=1, stream=self.stream)
+            backend.launch(_NO_OP_TASK, {"scratch": self.scratch}, num_cores=1,
+                           stream=self.stream)
         self.last_step_host_seconds = self.last_step_blocked_seconds = float("nan")
 
     def step(self, block_table: np.ndarray, cu_seqlens_q: np.ndarray, seqlens_kv: np.ndarray,

@@ -70,6 +70,7 @@ import dataclasses
 import itertools
 import os
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable
@@ -161,6 +162,21 @@ class Work:
     #: the device memory the work writes (inner tensors): what fault ``stale-aicpu-read``
     #: keeps the previous contents of when an AI Core task writes it
     writes: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRecord:
+    """One device task that ran while the twin's profiler recorded: ``kind`` and ``label`` of
+    its `Work`, the stream it ran on and its start and end in ns on the host's wall clock
+    (``time.time_ns``, the clock torch_npu's profiler converts device times to)."""
+
+    kind: str
+    label: str
+    stream: str
+    stream_id: int
+    device: int
+    start_ns: int
+    end_ns: int
 
 
 class StreamState:
@@ -269,6 +285,9 @@ class Device:
         self.generator = torch.Generator()
         #: fault stale-aicpu-read: storage -> its bytes before the last AI Core write
         self.before_aicore_write: dict[int, torch.Tensor] = {}
+        #: while the twin's ``torch_npu.profiler`` records (`pyruntime.npu_twin.profiler`):
+        #: one `TaskRecord` per device task that ran, in run order; None otherwise
+        self.task_records: list[TaskRecord] | None = None
 
     # ---- context, loss ---------------------------------------------------------------------
     @property
@@ -425,7 +444,19 @@ class Device:
             return work.event.flag
         return True
 
-    def _execute(self, work: Work) -> None:
+    def _execute(self, work: Work, stream: StreamState | None = None) -> None:
+        records = self.task_records
+        if records is None or work.run is None:
+            return self._run_work(work)
+        start = time.time_ns()  # CANN's profiler reports task times on the host's wall clock
+        try:
+            self._run_work(work)
+        finally:
+            records.append(TaskRecord(work.kind, work.label, stream.name if stream else "",
+                                      stream.id if stream else -1, stream.device if stream else 0,
+                                      start, time.time_ns()))
+
+    def _run_work(self, work: Work) -> None:
         kind, event = work.kind, work.event
         if kind == "record":
             event.done = max(event.done, work.token)
@@ -490,7 +521,7 @@ class Device:
                     if work.kind == "replay":  # the graph's tasks take its place, in order
                         stream.queue.extendleft(reversed(self._replayed(work.event)))
                         continue
-                    self._execute(work)
+                    self._execute(work, stream)
                     if done():
                         return
             if not progressed:

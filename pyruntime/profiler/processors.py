@@ -181,3 +181,41 @@ def collapse_layers(summary: dict[str, dict[str, float]], keep: int = 3) -> dict
             continue
         out[k] = v
     return out
+
+
+#: the per-step device figures of `device_step_stats`, in the order they are shown
+DEVICE_STEP_FIGURES = ("device_step", "aicpu_task", "attention_layer", "idle_tiling_to_attention")
+
+
+def device_step_stats(run: Run, *, scale: float = 1e6) -> dict[str, dict[str, float]]:
+    """Per-step device figures of a run (us): percentiles, mean and count of each.
+
+    * ``device_step``: the step's device time, first task start to last task end.
+    * ``aicpu_task``: the AI-CPU tiling task's time, per step that ran one.
+    * ``attention_layer``: each attention kernel's time (every layer of every step).
+    * ``idle_tiling_to_attention``: from the end of the step's last AI-CPU task to the start
+      of the first attention kernel after it: the device waiting between the tiling and
+      the attention (per step with both; never below zero).
+
+    Figures with no samples (no AI-CPU task on host_update) are left out.
+    """
+    by_step: dict[int, list[DeviceTask]] = {}
+    for t in run.device_tasks:
+        by_step.setdefault(t.step, []).append(t)
+    samples: dict[str, list[float]] = {k: [] for k in DEVICE_STEP_FIGURES}
+    for tasks in by_step.values():
+        tasks = sorted(tasks, key=lambda t: t.start)
+        samples["device_step"].append((max(t.end for t in tasks) - tasks[0].start) * scale)
+        aicpu = [t for t in tasks if t.kind == "aicpu"]
+        attention = [t for t in tasks if t.name.startswith("attention layer")]
+        if aicpu:
+            samples["aicpu_task"].append(sum(t.seconds for t in aicpu) * scale)
+        samples["attention_layer"] += [t.seconds * scale for t in attention]
+        if aicpu and attention:
+            tiling_end = max(t.end for t in aicpu)
+            after = [t.start for t in attention if t.start >= aicpu[0].start]
+            if after:
+                samples["idle_tiling_to_attention"].append(
+                    max(0.0, min(after) - tiling_end) * scale)
+    return {k: {**percentiles(v), "mean": float(np.mean(v)), "count": len(v)}
+            for k, v in samples.items() if v}

@@ -213,7 +213,7 @@ def host_time(ctx: Context) -> CheckResult:
                          "every L; host_update's growing by a whole amount per layer; no task "
                          "update or host tiling and at most one AI-CPU launch per step on the "
                          "device path. Times and the flatness figure are reported, not judged"),
-            "device_lanes": "not measured (the torch_npu profiler is not wired in)"}
+            "device_lanes": device_lanes(ctx, geometry, variant, warmup)}
     calls = counts[variant][str(INVARIANT_CHECK_LAYERS[-1])]
     text = (f"per host step at L={INVARIANT_CHECK_LAYERS}: device tiling ({ctx.placement}) "
             f"{calls['python_calls']} Python + {calls['c_calls']} C calls at every L, "
@@ -226,6 +226,49 @@ def host_time(ctx: Context) -> CheckResult:
         return failed(name, f"the per-step invariants do not hold: {'; '.join(problems)}. "
                             f"{text}", **data)
     return passed(name, text, **data)
+
+
+#: the device lanes' run: L, batch and measured steps (small: on the twin each step runs the
+#: reference attention of every layer)
+LANES_LAYERS, LANES_BATCH, LANES_STEPS = INVARIANT_CHECK_LAYERS[-1], 8, 3
+
+
+def device_lanes(ctx: Context, geometry, variant: str, warmup: int) -> dict | str:
+    """What torch_npu's profiler saw of host_update and the device path (npu, npu-twin):
+    per mode and step, the AI-CPU tiling tasks, attention kernels and combines it recorded,
+    with the per-step device figures (`pyruntime.profiler.processors.device_step_stats`,
+    us). Reported, not judged; on the twin the times are emulated and only the counts mean
+    anything. A string saying why on cpu or when the profile could not be read."""
+    if ctx.backend != "npu":
+        return ("not measured on the cpu backend (its emulated lanes: aicpu-tiling profile "
+                "--trace); on npu and npu-twin from torch_npu's profiler")
+    from pyruntime.measurement.abrun import Point, run_point
+    from pyruntime.profiler.ascend_files import AscendProfileError
+    from pyruntime.profiler.processors import device_step_stats, task_group
+
+    info: dict = {}
+    try:
+        runs = run_point(Point(LANES_LAYERS, LANES_BATCH, "trace"), geometry,
+                         steps=LANES_STEPS, warmup=max(warmup, 1),
+                         modes=("host_update", variant), device_tasks=True, warm_host=False,
+                         backend_factory=ctx.make_backend, lanes_info=info)
+    except AscendProfileError as exc:
+        return f"not measured: torch_npu's profiler output could not be read: {exc}"
+    out: dict = {"times": "emulated (NPU twin): only the counts mean anything" if ctx.twin
+                 else "measured on the device by torch_npu's profiler",
+                 "layers": LANES_LAYERS, "batch": LANES_BATCH, "steps": LANES_STEPS,
+                 "profiler": info, "modes": {}}
+    for run in runs:
+        counts: dict[str, int] = {}
+        for task in run.device_tasks:
+            group = task_group(task)
+            group = "attention" if group.startswith("attention layer") else group
+            counts[group] = counts.get(group, 0) + 1
+        steps = len({t.step for t in run.device_tasks}) or 1
+        out["modes"][run.mode] = {"tasks_per_step": {g: round(n / steps, 3)
+                                                     for g, n in counts.items()},
+                                  "device_us": device_step_stats(run)}
+    return out
 
 
 def _close(be) -> None:

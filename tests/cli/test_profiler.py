@@ -148,7 +148,8 @@ def test_chrome_trace_has_host_and_device_lanes(tmp_path):
     trace = json.loads(path.read_text())
     events = trace["traceEvents"]
     names = {(e["pid"], e["args"]["name"]) for e in events if e["ph"] == "M"}
-    assert (1, "host_update: L3-b4-trace") in names and (2, "device_tiling: L3-b4-trace") in names
+    assert (1, "host_update: L3-b4-trace (emulated, CPU backend)") in names
+    assert (2, "device_tiling: L3-b4-trace (emulated, CPU backend)") in names
     threads = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     assert threads == {"host", "device: stream-0"}
     slices = [e for e in events if e["ph"] == "X"]
@@ -174,3 +175,48 @@ def test_device_tasks_numbered_by_layer_in_start_order():
     assert {proc.task_group(t) for t in tasks} == {"aicpu tiling", "attention layer 0",
                                                    "combine", "attention layer 1"}  # fmt: skip
     assert all(t.step == 7 for t in tasks)
+
+
+def test_every_bench_and_profile_title_says_whose_times_they_are():
+    """issue 32: a CPU-backend or twin figure says so in every table title (rendered, so a
+    note that rich would read as markup is caught)."""
+    from rich.table import Table
+
+    from pyruntime.profiler.renderers import render_text
+    from pyruntime.profiler.renderers.bench_tables import bench_table
+    from pyruntime.profiler.renderers.profile_tables import profile_tables
+    from pyruntime.profiler.report import profile_report
+
+    from .test_golden import bench_result
+
+    for backend, note in (("cpu", "emulated, CPU backend"), ("npu-twin", "emulated, NPU twin")):
+        result = bench_result()
+        result["config"]["backend"] = backend
+        session = synthetic_session()
+        session.meta["backend"] = backend
+        for items in (bench_table(result), profile_tables(profile_report(session))):
+            tables = [t for t in items if isinstance(t, Table)]
+            assert tables
+            for table in tables:
+                lines = render_text([table], width=400).splitlines()
+                # the title, wrapped to the table's width: every line above its top border
+                title = " ".join(line.strip() for line in
+                                 lines[:next(i for i, x in enumerate(lines) if x[:1] == "┏")])
+                assert title.endswith(f"{note})"), title
+
+
+def test_backend_npu_without_torch_npu_is_one_line_before_any_work(cli, tmp_path):
+    """issue 32: --backend npu on a machine without torch_npu says so in one line, exit 2,
+    and writes nothing; --load records nothing, so --backend with it is refused."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed here")
+    for argv in (("profile", "--quick", "--backend", "npu", "--trace", str(tmp_path / "t.json")),
+                 ("bench", "--backend", "npu", "--layers", "1", "--batch-sizes", "1",
+                  "--steps", "2", "--no-save")):
+        code, out, err = cli(*argv)
+        assert code == 2 and "needs torch_npu" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "t.json").exists()
+    code, _, err = cli("profile", "--load", str(tmp_path / "s.json"), "--backend", "cpu")
+    assert code == 2 and "--backend" in err

@@ -50,6 +50,15 @@ def test_the_whole_npu_path_passes_on_the_twin(tmp_path):
     assert report.get("placement_saved") in (None, False)
     env = report["environment"]
     assert "TASK_QUEUE_ENABLE" in env and env["device"]["soc"].startswith("Ascend910B")
+    # issue 32: host_time's device lanes come from the twin's torch_npu profiler, marked
+    # emulated: per step, one AI-CPU task, an attention kernel and a combine per layer on
+    # the device path, an attention kernel (FIA) per layer on host_update
+    lanes = checks["host_time"]["device_lanes"]
+    assert "emulated" in lanes["times"] and lanes["profiler"]["rows_outside_steps"] == 0
+    layers = lanes["layers"]
+    assert lanes["modes"]["device_tiling"]["tasks_per_step"] == {
+        "aicpu tiling": 1, "attention": layers, "combine": layers}
+    assert lanes["modes"]["host_update"]["tasks_per_step"] == {"attention": layers}
 
 
 def test_no_aicpu_replay_chooses_pre_replay(tmp_path):

@@ -188,7 +188,8 @@ def bench_table(result: dict) -> list:
         if "pre_replay_us" in head:
             text += (f"; {head['pre_replay_us']:.1f} us (pre-replay), "
                      f"{head['host_ratio_pre_replay']:.1f}x")
-        out.append(Text(text, style="bold"))
+        backend = result["config"].get("backend", "cpu")
+        out.append(Text(f"{text} ({BACKEND_NOTE.get(backend, backend)})", style="bold"))
     cfg = result["config"]
     out.append(Text(model_shape(cfg["geometry"]), style="bold"))
     out.append(
@@ -202,7 +203,16 @@ def bench_table(result: dict) -> list:
             style="dim",
         )
     )
+    # whose times these are, in every title: an emulated figure must not pass for a device's
+    note = BACKEND_NOTE.get(cfg.get("backend", "cpu"), cfg.get("backend", "cpu"))
+    for item in out:
+        if isinstance(item, Table) and item.title:
+            item.title = f"{item.title} ({note})"
     return out
+
+
+#: ``config.backend`` -> the note every bench table title carries
+BACKEND_NOTE = {"cpu": "emulated, CPU backend", "npu": "NPU", "npu-twin": "emulated, NPU twin"}
 
 
 def tiling_bench_table(result: dict) -> list:

@@ -30,8 +30,13 @@ def chrome_trace(session: Session) -> dict[str, Any]:
         return round((t - t0) * 1e6, 3)
 
     events: list[dict[str, Any]] = []
+    backend = session.meta.get("backend", "cpu")
+    # whose times these are, in every process name (an emulated lane must not pass for a
+    # device's): the CPU backend and the NPU twin run the device's tasks on the host
+    note = {"cpu": " (emulated, CPU backend)", "npu-twin": " (emulated, NPU twin)"}.get(
+        backend, "")
     for pid, run in enumerate(session.runs, start=1):
-        label = f"{run.mode}: {run.workload.get('name', '')}".rstrip(": ")
+        label = f"{run.mode}: {run.workload.get('name', '')}".rstrip(": ") + note
         events.append(
             {
                 "ph": "M",
@@ -103,7 +108,8 @@ def chrome_trace(session: Session) -> dict[str, Any]:
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
-        "otherData": {"generator": "aicpu-tiling profile", **session.meta.get("trace", {})},
+        "otherData": {"generator": "aicpu-tiling profile", "backend": backend,
+                      "times": session.meta.get("times", ""), **session.meta.get("trace", {})},
     }
 
 

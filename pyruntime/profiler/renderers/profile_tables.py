@@ -16,7 +16,13 @@ _PHASE_LABEL = {
     "other": "other",
     "host": "host (runtime's own)",
     "total": "step, end to end",
+    "device_step": "device time per step",
+    "aicpu_task": "AI-CPU tiling task",
+    "attention_layer": "attention, per layer",
+    "idle_tiling_to_attention": "idle: tiling -> first attention",
 }
+#: the note every title carries: whose times these are (``--backend``)
+TITLE_NOTE = {"cpu": "emulated, CPU backend", "npu": "NPU", "npu-twin": "emulated, NPU twin"}
 
 
 def _f(x: float) -> str:
@@ -38,21 +44,34 @@ def _stats_table(title: str, first: str, rows: dict[str, dict], with_count: bool
     return table
 
 
-def host_table(mode: str, breakdown: dict[str, dict]) -> Table:
+def _note(backend: str) -> str:
+    return TITLE_NOTE.get(backend, backend)
+
+
+def host_table(mode: str, breakdown: dict[str, dict], backend: str = "cpu") -> Table:
     """Per-phase host time per step (us) for one run."""
     order = [*HOST_PHASES, "host", "total"]
     rows = {k: breakdown[k] for k in order if k in breakdown}
-    return _stats_table(f"{mode}: host time per step (us)", "phase", rows, False)
+    return _stats_table(f"{mode}: host time per step (us; {_note(backend)})", "phase", rows,
+                        False)
 
 
-def device_table(mode: str, summary: dict[str, dict]) -> Table:
+def device_table(mode: str, summary: dict[str, dict], backend: str = "cpu") -> Table:
     """Per-task-group device time (us) for one run."""
-    return _stats_table(f"{mode}: device task time (us)", "task", summary, True)
+    return _stats_table(f"{mode}: device task time (us; {_note(backend)})", "task", summary,
+                        True)
+
+
+def device_step_table(mode: str, stats: dict[str, dict], backend: str = "cpu") -> Table:
+    """Per-step device figures (us) for one run (`processors.device_step_stats`)."""
+    return _stats_table(f"{mode}: device per step (us; {_note(backend)})", "figure", stats,
+                        True)
 
 
 def profile_tables(report: dict) -> list:
     """Every table of a processed profile report (see ``cli.profile.process``)."""
     out: list = []
+    backend = report.get("backend", "cpu")
     for run in report["runs"]:
         out.append(
             Text(
@@ -60,16 +79,19 @@ def profile_tables(report: dict) -> list:
                 style="bold",
             )
         )
-        out.append(host_table(run["mode"], run["host"]))
+        out.append(host_table(run["mode"], run["host"], backend))
         if run["device"]:
-            out.append(device_table(run["mode"], run["device"]))
+            out.append(device_table(run["mode"], run["device"], backend))
+        if run.get("device_per_step"):
+            out.append(device_step_table(run["mode"], run["device_per_step"], backend))
         if run.get("counters_per_step"):
             counts = ", ".join(f"{k} {v:g}" for k, v in run["counters_per_step"].items())
             out.append(Text(f"per step: {counts}", style="dim"))
     if report.get("host_ratio") is not None:
         out.append(
             Text(
-                f"host time per step, host_update / device_tiling: {report['host_ratio']:.1f}x",
+                f"host time per step, host_update / device_tiling: {report['host_ratio']:.1f}x"
+                f" ({_note(backend)})",
                 style="bold",
             )
         )
