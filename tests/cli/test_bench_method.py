@@ -228,3 +228,18 @@ def test_the_tiling_tasks_arguments_are_built_once_per_bucket():
         attn.close()
     finally:
         be.close()
+
+
+def test_engine_work_with_host_copies_is_refused_not_left_out():
+    """The engine copies nothing per step (item 4), so the bench's stand-in for per-key epoch
+    copies was removed (it ran on no path); an engine that copies again is refused."""
+    be = backends.get("cpu")
+    try:
+        attn = make_attention(be, "device_tiling", GEOM, 1, 4, 8)
+        for copies, blocking in ((8, 8), (1, 0)):
+            with pytest.raises(ValueError, match="copies from the host per step"):
+                ServingStep(attn, "device_tiling", EngineWork(8, copies, blocking, 0))
+        assert ServingStep(attn, "device_tiling", EngineWork(8, 0, 0, 0)).extra_launches == 0
+        attn.close()
+    finally:
+        be.close()
