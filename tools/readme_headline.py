@@ -4,7 +4,9 @@
 
 rewrites the block between ``<!-- headline:begin -->`` and ``<!-- headline:end -->`` in
 README.md (``--print`` only prints it). The JSON must come from the default grid (it has
-the L=61, batch 64, trace point and the flatness run).
+the L=61, batch 64, trace point and the flatness run) under the symmetric method (the
+default): the block shows the ratio measured here, labelled as such, and the NPU projection
+table of ``aicpu-tiling bench projection``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+from pyruntime.cli import projection
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
@@ -23,22 +28,39 @@ class HeadlineError(ValueError):
 
 
 def render(result: dict) -> str:
-    """The markdown block for one bench result (schema version 3 or 4: version 4 added the
-    invariants, and kept every field read here)."""
+    """The markdown block for one bench result: the figures measured here under the
+    symmetric method, labelled as such (host time per step, host_update over each device
+    mode, each device mode over its floor, the flatness figure), then the NPU projection
+    table of ``aicpu-tiling bench projection`` from the same JSON.
+
+    Raises:
+        HeadlineError: not a version-4 JSON of the default grid (the L=61, batch 64, trace
+            point and the flatness run), or its headline was not measured with the symmetric
+            method (the old method's figures are history, docs/benchmarks.md).
+    """
     head, flat = result.get("headline"), result.get("host_flatness")
-    if result.get("version") not in (3, 4) or head is None or flat is None:
-        raise HeadlineError("needs a version-3 or -4 bench JSON of the default grid (the "
-                            "L=61, batch 64, trace point and the flatness run)")
+    if result.get("version") != 4 or head is None or flat is None:
+        raise HeadlineError("needs a version-4 bench JSON of the default grid (the L=61, "
+                            "batch 64, trace point and the flatness run)")
+    if head.get("method") != "symmetric":
+        raise HeadlineError(f"the headline was measured with the {head.get('method', 'old')!r} "
+                            "method; the README shows the symmetric one (bench's default)")
+    floor = head.get("by_method", {}).get("symmetric", {}).get("floor_ratio") or {}
     modes = flat["modes"]
-    rows = [("host_update", head["host_update_us"], None, None),
+    rows = [("host_update", head["host_update_us"], None, None, None),
             ("device tiling, `graph`", head["device_tiling_us"], head["host_ratio"],
-             modes["device_tiling"]["ratio"]),
+             floor.get("device_tiling"), modes["device_tiling"]["ratio"]),
             ("device tiling, `pre-replay`", head["pre_replay_us"],
-             head["host_ratio_pre_replay"], modes["pre_replay"]["ratio"])]
-    lines = ["| L = 61, batch 64 | host us per step | host_update / this | "
-             "flatness: L = 61 / L = 1 (target <= 1.3) |", "|---|---:|---:|---:|"]
-    for name, us, ratio, flatness in rows:
+             head["host_ratio_pre_replay"], floor.get("pre_replay"), modes["pre_replay"]["ratio"])]
+    keys = (result.get("method") or {}).get("graph_keys")
+    label = ("Measured here, on the CPU backend (not an NPU), symmetric method"
+             f"{f', K = {keys} graph keys' if keys else ''}:")
+    header = ("| L = 61, batch 64 | host us per step | host_update / this (measured here) | "
+              "this / its floor | flatness: L = 61 / L = 1 |")
+    lines = [label, "", header, "|---|---:|---:|---:|---:|"]
+    for name, us, ratio, over_floor, flatness in rows:
         lines.append(f"| {name} | {us:,.1f} | {f'{ratio:.0f}x' if ratio else '-'} | "
+                     + (f"{over_floor:.2f}" if over_floor else "-") + " | "
                      + (f"{flatness['value']:.2f} ({flatness['ci'][0]:.2f}-"
                         f"{flatness['ci'][1]:.2f})" if flatness else "-") + " |")
     env = result["environment"]
@@ -46,6 +68,11 @@ def render(result: dict) -> str:
     lines.append(f"`{result['command']}`, {result['created'][:10]}, {env['cpus']} CPUs, "
                  f"torch {env.get('torch', '?')}; medians of {result['config']['steps']} "
                  f"steps (flatness: {flat['steps']}), 95% bootstrap intervals.")
+    intro = ("Projected on an NPU from the same JSON (`aicpu-tiling bench projection --from` "
+             "it): a range over the replay host cost R and the layer count L, not a "
+             "measurement:")
+    lines += ["", intro, "", "```text", projection.render(projection.projection(result)),
+              "```"]
     return "\n".join(lines)
 
 

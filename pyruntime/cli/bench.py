@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import replace
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +44,7 @@ from ..measurement.abrun import (
     measure_flatness,
     run_interleaved,
 )
+from ..measurement.invariants import INVARIANT_LAYERS
 from ..measurement.serving import (
     DEFAULT_GRAPH_KEYS,
     DEFAULT_METHOD,
@@ -51,7 +52,6 @@ from ..measurement.serving import (
     METHODS,
     EngineWork,
 )
-from ..measurement.invariants import INVARIANT_LAYERS
 from ..measurement.sources import SOURCES, SourceError
 from ..profiler import processors as proc
 from ..profiler.renderers.bench_tables import bench_table
@@ -120,7 +120,9 @@ QUICK_SETS = ("--layers", "--batch-sizes", "--sources", "--steps", "--warmup")
 INVARIANT_MAX_LAYERS = 128
 #: the invariants' definition, as the JSON states it
 INVARIANTS_DEFINITION = (
-    "per mode and layer count, one warm host step after warm-up: Python calls, C calls and "
+    "per mode and layer count, one warm host step after warm-up (under the symmetric method "
+    "the whole measured serving step: input copies, the pre-replay synchronize and, in the "
+    "device modes, the hook engine's per-step work): Python calls, C calls and "
     "cffi lib calls of the host thread (sys.setprofile; a host wait or a call into Python's "
     "standard library counts as one) and the backend counters of that step. Device modes: "
     "identical at every L. host_update (positive control): grows by the same whole amount "
@@ -430,15 +432,17 @@ def flatness_summary(runs: dict, *, steps: int, warmup: int, seed: int,
             "modes": modes}  # fmt: skip
 
 
-def invariants_summary(counts: dict, *, warmup: int) -> dict:
-    """`inv.judge`'s verdict on the invariants table, with what it was judged on and
-    host_update's per-layer amount (the positive control)."""
+def invariants_summary(counts: dict, *, warmup: int, method: str = "old") -> dict:
+    """`inv.judge`'s verdict on the invariants table, with what it was judged on (the
+    method of the counted step among them) and host_update's per-layer amount (the positive
+    control)."""
     layers = sorted({int(n) for rows in counts.values() for n in rows})
     problems = inv.judge(counts)
     per_layer = (inv.per_layer_amount(counts[inv.PER_LAYER_MODE])
                  if inv.PER_LAYER_MODE in counts else None)
     return {"definition": INVARIANTS_DEFINITION, "layers": layers, "batch": HEADLINE.batch,
-            "source": HEADLINE.source, "warmup": warmup, "holds": not problems,
+            "source": HEADLINE.source, "warmup": warmup, "method": method,
+            "holds": not problems,
             "problems": problems, "per_layer": {inv.PER_LAYER_MODE: per_layer}}
 
 
@@ -548,10 +552,11 @@ def run(args: argparse.Namespace) -> int:
                                      batch=HEADLINE.batch, source=HEADLINE.source,
                                      warmup=max(warmup, 1), seed=args.seed,
                                      backend_factory=factory,
+                                     method=methods[0], engine=engine,
                                      on_point=lambda: bar.advance(task))
             except (SourceError, ValueError) as exc:
                 raise CliError(f"invariants: {exc}") from exc
-            check = invariants_summary(counts, warmup=max(warmup, 1))
+            check = invariants_summary(counts, warmup=max(warmup, 1), method=methods[0])
             fit = {"batch": HEADLINE.batch, "source": HEADLINE.source,
                    **inv.host_time_fit({m: {n: v for n, v in by_l.items() if n in inv_layers}
                                         for m, by_l in host_samples.items()},

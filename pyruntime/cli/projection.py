@@ -35,6 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--from", dest="source", type=Path, default=None, metavar="BENCH_JSON",
                    help="an aicpu-tiling bench JSON (default: the real figure alone)")
+    p.add_argument("--selfcheck", type=Path, default=None, metavar="SELFCHECK_JSON",
+                   help="an aicpu-tiling selfcheck JSON: adds the rows projected with the "
+                        "replay host cost and the per-layer update cost it measured (an NPU's "
+                        "once selfcheck --backend npu ran on one; marked emulated otherwise)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(run=run)
     return p
@@ -71,8 +75,32 @@ def _measured(result: dict | None) -> dict:
     return out
 
 
-def projection(result: dict | None) -> dict:
-    """The table as data: assumptions, measured figures and one row per (mode, R, L)."""
+def from_selfcheck(report: dict) -> dict:
+    """What a selfcheck report measured for the projection: ``replay_host_us`` (the
+    aicpu_replay probe's host cost of one replay of a one-task graph), ``update_per_layer_us``
+    (host_time's host_update cost per layer over the device path), the backend they ran on
+    and whether it emulates the device (``emulated``).
+
+    Raises:
+        CliError: the report lacks either figure (an older selfcheck, or the checks skipped).
+    """
+    checks = {c.get("name"): c for c in report.get("checks", [])}
+    replay = (checks.get("aicpu_replay") or {}).get("replay_host")
+    update = (checks.get("host_time") or {}).get("update_per_layer")
+    if not replay or replay.get("replay_host_us") is None or not update:
+        raise CliError("the selfcheck JSON has no replay host cost (aicpu_replay) or no "
+                       "per-layer update cost (host_time): run aicpu-tiling selfcheck with "
+                       "both checks")
+    return {"replay_host_us": replay["replay_host_us"],
+            "update_per_layer_us": update["update_per_layer_us"],
+            "backend": replay["backend"], "emulated": bool(replay["emulated"]
+                                                          or update["emulated"])}
+
+
+def projection(result: dict | None, selfcheck: dict | None = None) -> dict:
+    """The table as data: assumptions, measured figures and one row per (mode, R, L); with
+    `selfcheck` (`from_selfcheck`), also one row per (mode, L) at the R and per-layer cost
+    it measured (``selfcheck_rows``)."""
     measured = _measured(result)
     extras = measured["extra_us"] or {"device_tiling": 0.0, "pre_replay": 0.0}
     rows = []
@@ -84,10 +112,21 @@ def projection(result: dict | None) -> dict:
                 rows.append({"mode": mode, "replay_us": replay, "layers": layers,
                              "extra_us": extra, "saving_us": host_update - ours,
                              "ratio": host_update / ours})
+    selfcheck_rows = []
+    if selfcheck is not None:
+        replay, per_layer = selfcheck["replay_host_us"], selfcheck["update_per_layer_us"]
+        for mode, extra in extras.items():
+            for layers in LAYERS:
+                host_update, ours = replay + layers * per_layer, replay + extra
+                selfcheck_rows.append({"mode": mode, "replay_us": replay, "layers": layers,
+                                       "per_layer_us": per_layer, "extra_us": extra,
+                                       "saving_us": host_update - ours,
+                                       "ratio": host_update / ours})
     return {"real": {"updates_us": REAL_UPDATES_US, "layers": REAL_LAYERS,
                      "replay_us": REAL_REPLAY_US, "per_layer_us": REAL_PER_LAYER_US,
                      "source": REAL_SOURCE},
-            "measured": measured, "rows": rows}
+            "measured": measured, "rows": rows, "selfcheck": selfcheck,
+            "selfcheck_rows": selfcheck_rows}
 
 
 def render(table: dict) -> str:
@@ -119,6 +158,20 @@ def render(table: dict) -> str:
     for r in table["rows"]:
         lines.append(f"{r['mode']:<14}{r['replay_us']:>8.0f}{r['layers']:>5}"
                      f"{r['extra_us']:>9.1f}{r['saving_us']:>13.0f}{r['ratio']:>7.1f}x")
+    check = table.get("selfcheck")
+    if check is not None:
+        kind = ("emulated: not an NPU figure" if check["emulated"]
+                else "measured on the device")
+        lines.append(f"with selfcheck's figures ({check['backend']}, {kind}): R = "
+                     f"{check['replay_host_us']:.1f} us per replay, u = "
+                     f"{check['update_per_layer_us']:.1f} us per layer; host_update step = "
+                     "R + L x u, ours = R + E")
+        lines.append(f"{'mode':<14}{'R (us)':>8}{'L':>5}{'u (us)':>9}{'E (us)':>9}"
+                     f"{'saving (us)':>13}{'ratio':>8}")
+        for r in table["selfcheck_rows"]:
+            lines.append(f"{r['mode']:<14}{r['replay_us']:>8.1f}{r['layers']:>5}"
+                         f"{r['per_layer_us']:>9.1f}{r['extra_us']:>9.1f}"
+                         f"{r['saving_us']:>13.0f}{r['ratio']:>7.1f}x")
     return "\n".join(lines)
 
 
@@ -131,7 +184,16 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--from {args.source}: {exc}") from exc
         if result.get("schema") != "aicpu-tiling/bench":
             raise CliError(f"--from {args.source}: not an aicpu-tiling bench JSON")
-    table = projection(result)
+    selfcheck = None
+    if args.selfcheck is not None:
+        try:
+            report = json.loads(args.selfcheck.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CliError(f"--selfcheck {args.selfcheck}: {exc}") from exc
+        if report.get("schema") != "aicpu-tiling/selfcheck":
+            raise CliError(f"--selfcheck {args.selfcheck}: not an aicpu-tiling selfcheck JSON")
+        selfcheck = from_selfcheck(report)
+    table = projection(result, selfcheck)
     if args.json:
         emit_json(table)
     else:

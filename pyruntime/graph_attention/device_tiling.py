@@ -53,12 +53,19 @@ class DeviceTilingPath:
         self.aicpu_stream = backend.stream("aicpu")
         self.graph = backend.graph()
         self._last_epoch: int | None = None
+        self._tiling_args_of_bucket: dict | None = None
 
     def _tiling_args(self) -> dict:
-        b = self.buffers
-        return {"cu_seqlens_q": b.cu_seqlens_q, "seqlens_kv": b.seqlens_kv, "batch": b.batch,
+        """The tiling task's arguments: the bucket's static buffers and constants, the same
+        every step, so built once (`Backend.launch` copies what it keeps; the pre-replay
+        placement launches once per step, and rebuilding them was host work per step)."""
+        if self._tiling_args_of_bucket is None:
+            b = self.buffers
+            self._tiling_args_of_bucket = {
+                "cu_seqlens_q": b.cu_seqlens_q, "seqlens_kv": b.seqlens_kv, "batch": b.batch,
                 "step_epoch": b.step_epoch, "tiling_out": b.tiling,
                 "params": kernels.params_list(b.params), "causal": self.causal}
+        return self._tiling_args_of_bucket
 
     def _launch_tiling(self, fork=None, join=None) -> None:
         """Fork to the AI-CPU stream, launch the tiling task there, join back (new events

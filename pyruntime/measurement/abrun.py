@@ -313,6 +313,7 @@ def run_interleaved(
         from .device_lanes import TorchNpuLanes
 
         lanes = TorchNpuLanes()
+    leads: dict[str, FloorLead] = {}  # the floor's previous step (symmetric), `FloorLead`
     try:
         for s in specs:
             if symmetric_of[s.key] and s.mode not in ("host_update", FLOOR_MODE) \
@@ -326,6 +327,13 @@ def run_interleaved(
         }  # fmt: skip
         serving = {s.key: make_before_replay(s.method, attns[s.key], s.mode,
                                              (engine or {}).get(s.mode)) for s in specs}
+        # the floor's unmeasured previous step: a device mode's, on the floor's own backend
+        for s in specs:
+            if s.mode == FLOOR_MODE and symmetric_of[s.key]:
+                lead = _floor_lead(bes[s.key], s, geom, batch, src.max_tokens(), seed,
+                                   engine or {})
+                if lead is not None:
+                    leads[s.key] = lead
         recorders = {k: PhaseRecorder(clock) for k in keys}
         for i in range(warmup + steps):
             if i == warmup:
@@ -347,7 +355,9 @@ def run_interleaved(
                 recorder.reset()
                 t_start = clock.now()
                 if symmetric:
-                    if first is not None:  # the previous step, run on the device first
+                    if first is not None and k in leads:
+                        leads[k].step(table, first)
+                    elif first is not None:  # the previous step, run on the device first
                         if before is not None:
                             before.stage(first.cu_seqlens_q, first.seqlens_kv)
                         attn.step(table, first.cu_seqlens_q, first.seqlens_kv, wait=False,
@@ -395,18 +405,76 @@ def run_interleaved(
                 lanes_info.update(info)
         for k in keys:
             snap = bes[k].counters.snapshot()
-            runs[k].counters = {c: v / max(steps * runs_per_step, 1) for c, v in snap.items()}
+            ran = steps * (1 if k in leads else runs_per_step)  # a lead's steps are not counted
+            runs[k].counters = {c: v / max(ran, 1) for c, v in snap.items()}
     finally:
         if lanes is not None:  # a step failed while the profiler recorded: stop it
             try:
                 lanes.stop()
             except Exception:  # noqa: BLE001, S110 - the step's error is the one to report
                 pass
+        for lead in leads.values():
+            lead.close()
         for k in keys:
             close = getattr(bes[k], "close", None)
             if close:
                 close()
     return [runs[k] for k in keys]
+
+
+#: the device mode whose step the floor's measured step follows (`FloorLead`)
+FLOOR_LEAD_MODE = "device_tiling"
+
+
+class FloorLead:
+    """The unmeasured step before the floor's measured step under the symmetric method: a
+    device mode's whole step (host part with its serving work, then its device phase, waited
+    for), on the floor's backend, its counters left out of the floor's.
+
+    Why: every measured step must start from the same host state. A device mode's measured
+    step follows its own previous step's device phase: on the CPU backend, milliseconds in
+    which the host thread sleeps and the emulated device's threads run on the host's cores.
+    After that, the same host calls cost 2-4x what they cost after the floor's own previous
+    step, whose device phase is a no-op (measured 2026-12-03: the floor's first input copy
+    10 us after a floor step, 39 us after a graph step at L = 4, 45 us after a 10 ms sleep;
+    `warm_up_host` does not undo it, since it warms numpy and torch, not the step's own code
+    and data). Without the lead the floor was measured warm against cold device modes.
+
+    Args:
+        attn: a captured `StaticAttention` of `FLOOR_LEAD_MODE` on the floor's backend.
+        before: its serving work (`pyruntime.measurement.serving.ServingStep`), or None.
+    """
+
+    def __init__(self, attn: Any, before: Any) -> None:
+        self.attn, self.before = attn, before
+
+    def step(self, table: np.ndarray, lengths: Any) -> None:
+        """One whole step on `lengths` (a `ContinuousBatch` step), waited for; the
+        backend's counters are put back as they were."""
+        counters = self.attn.backend.counters
+        saved = counters.snapshot()
+        if self.before is not None:
+            self.before.stage(lengths.cu_seqlens_q, lengths.seqlens_kv)
+        self.attn.step(table, lengths.cu_seqlens_q, lengths.seqlens_kv, wait=False,
+                       before_replay=self.before)
+        self.attn.wait()
+        self.attn.check()
+        for name, value in saved.items():
+            setattr(counters, name, value)
+
+    def close(self) -> None:
+        self.attn.close()
+
+
+def _floor_lead(backend: Any, spec: RunSpec, geom: Geometry, batch: int, max_tokens: int,
+                seed: int, engine: dict[str, EngineWork]) -> FloorLead | None:
+    """The floor's `FloorLead` at the spec's layer count (None without the lead mode's
+    engine work, which the symmetric method needs for it)."""
+    if FLOOR_LEAD_MODE not in engine:
+        return None
+    attn = make_attention(backend, FLOOR_LEAD_MODE, geom, spec.layers, batch, max_tokens, seed)
+    return FloorLead(attn, make_before_replay("symmetric", attn, FLOOR_LEAD_MODE,
+                                              engine[FLOOR_LEAD_MODE]))
 
 
 #: the host-time flatness figure: the device path's host CPU time per step at

@@ -31,6 +31,7 @@ from typing import Any
 
 from .. import tiling
 from .abrun import Geometry, block_table, make_attention
+from .serving import EngineWork, ServingStep, make_before_replay
 from .sources import ContinuousBatch
 
 #: the layer counts the bench counts at (``bench --invariant-layers``)
@@ -108,18 +109,26 @@ class CallCounter:
                 "lib_calls": self.lib_calls}
 
 
-def count_step(attn: Any, table: Any, cu_seqlens_q: Any, seqlens_kv: Any) -> dict[str, int]:
+def count_step(attn: Any, table: Any, cu_seqlens_q: Any, seqlens_kv: Any,
+               before_replay: ServingStep | None = None) -> dict[str, int]:
     """Count one step of `attn` (warm: call after warm-up steps): its host part under
     `CallCounter`, with the device held (`Backend.hold_device`), then the wait outside.
+
+    With `before_replay` (the symmetric method's serving work, `ServingStep`) the counted
+    step is the whole measured serving step, as the bench times it: the input copies,
+    vLLM-Ascend's pre-replay synchronize and the hook engine's per-step work; its host
+    staging runs before the count, as it runs before the bench's timed part.
 
     Returns:
         ``python_calls``, ``c_calls``, ``lib_calls`` and every backend counter of the step.
     """
     be = attn.backend
+    if before_replay is not None:
+        before_replay.stage(cu_seqlens_q, seqlens_kv)
     with be.hold_device():
         be.counters.reset()
         with CallCounter() as calls:
-            attn.step(table, cu_seqlens_q, seqlens_kv, wait=False)
+            attn.step(table, cu_seqlens_q, seqlens_kv, wait=False, before_replay=before_replay)
         counters = be.counters.snapshot()
         attn.wait()
     attn.check()
@@ -131,16 +140,30 @@ def measure(geom: Geometry, *, layers: Iterable[int] = INVARIANT_LAYERS,
             source: str = "trace", warmup: int = 2, seed: int = 0,
             backend_factory: Callable[[], Any] | None = None,
             on_point: Callable[[], None] | None = None,
+            method: str = "old", engine: Mapping[str, EngineWork] | None = None,
             ) -> dict[str, dict[str, dict[str, int]]]:
     """The invariants table: ``{mode: {str(L): row}}``, each row `count_step` of the step
     after `warmup` steps on a fresh captured attention (same batches for every mode and L:
     the source is re-seeded each time).
 
+    Args:
+        method: ``"old"`` counts `StaticAttention.step` alone; ``"symmetric"`` counts the
+            whole serving step the bench measures under that method (`ServingStep`: every
+            mode's input copies and pre-replay synchronize, the device modes' hook engine
+            work from `engine`), warm-up steps included.
+        engine: the hook engine's per-step work per device mode (needed with symmetric).
+
     Raises:
-        SourceError, ValueError, BackendError: as `run_point` does.
+        SourceError, ValueError, BackendError: as `run_point` does; ValueError for a
+            symmetric count of a device mode without its engine work.
     """
     from .. import backends
 
+    if method == "symmetric":
+        missing = [m for m in modes if m in DEVICE_MODES and m not in (engine or {})]
+        if missing:
+            raise ValueError(f"method 'symmetric' needs the hook engine's work of {missing} "
+                             "(engine)")
     factory = backend_factory or (lambda: backends.get("cpu"))
     out: dict[str, dict[str, dict[str, int]]] = {}
     modes, layers = list(modes), list(layers)
@@ -157,11 +180,14 @@ def measure(geom: Geometry, *, layers: Iterable[int] = INVARIANT_LAYERS,
             src = ContinuousBatch(source, batch, seed=seed, max_kv=geom.max_kv)
             table = block_table(batch, geom)
             attn = make_attention(be, mode, geom, n, batch, src.max_tokens(), seed)
+            before = make_before_replay(method, attn, mode, (engine or {}).get(mode))
             for _ in range(warmup):
                 step = next(src)
-                attn.step(table, step.cu_seqlens_q, step.seqlens_kv)
+                if before is not None:
+                    before.stage(step.cu_seqlens_q, step.seqlens_kv)
+                attn.step(table, step.cu_seqlens_q, step.seqlens_kv, before_replay=before)
             step = next(src)
-            row = count_step(attn, table, step.cu_seqlens_q, step.seqlens_kv)
+            row = count_step(attn, table, step.cu_seqlens_q, step.seqlens_kv, before)
         finally:
             if attn is not None:
                 attn.close()

@@ -77,8 +77,9 @@ class EngineWork:
 
     Attributes:
         graph_keys: K.
-        h2d_copies: host-to-device copies per step (into K distinct int32 ``[1]`` buffers).
-        blocking_copies: those that block (each synchronises the stream), the first ones.
+        h2d_copies: host-to-device copies per step (0 since the device-advanced shared
+            epoch; `ServingStep` refuses any other count).
+        blocking_copies: those that block (each synchronises the stream); 0 likewise.
         tiling_launches: AI-CPU tiling launches per step; the pre-replay path's own launch is
             one of them, so the bench adds ``tiling_launches - 1`` (``pre-replay``) or
             ``tiling_launches`` (``graph``).
@@ -107,7 +108,11 @@ class ServingStep:
 
     Raises:
         ValueError: an engine that launches fewer tiling tasks than the path itself does,
-            or engine work given to host_update.
+            engine work given to host_update, or an engine that copies from the host per
+            step: `NpuTilingEngine` has made none since the device-advanced shared epoch
+            (issue 30, item 4), so the stand-in for such copies (one staged int32 copy per
+            key, a synchronize after each blocking one) ran on no path and was removed; an
+            engine that copies again must be refused here rather than measured without them.
     """
 
     def __init__(self, attn: Any, mode: str, engine: EngineWork | None) -> None:
@@ -120,14 +125,15 @@ class ServingStep:
         if engine is not None and engine.tiling_launches < own:
             raise ValueError(f"the engine launches {engine.tiling_launches} tiling task(s) per "
                              f"step, the {path.placement} path itself {own}")
+        if engine is not None and (engine.h2d_copies or engine.blocking_copies):
+            raise ValueError(f"the engine copies from the host per step ({engine.h2d_copies} "
+                             f"copies, {engine.blocking_copies} blocking): the bench has no "
+                             "stand-in for that since the engine stopped doing it")
         self.engine = engine
         self.extra_launches = 0 if engine is None else engine.tiling_launches - own
-        copies = 0 if engine is None else engine.h2d_copies
         import torch
 
-        self.epochs = [self.backend.alloc((1,), torch.int32) for _ in range(copies)]
         self.scratch = self.backend.alloc((1,), torch.int32)  # the device ops' (NPU body)
-        self._host_epoch = np.zeros(1, np.int32)
         self._lengths: np.ndarray | None = None
 
     def stage(self, cu_seqlens_q: np.ndarray, seqlens_kv: np.ndarray) -> None:
@@ -145,12 +151,6 @@ class ServingStep:
             be.copy_h2d(self.buffers.lengths, self._lengths, stream=stream)
             return
         stream.synchronize()  # vLLM-Ascend's pre-replay synchronize
-        self._host_epoch[0] += 1  # NpuTilingEngine.before_replay: the host epoch
-        blocking = self.engine.blocking_copies
-        for i, epoch in enumerate(self.epochs):
-            be.copy_h2d(epoch, self._host_epoch, stream=stream)
-            if i < blocking:
-                stream.synchronize()
         for _ in range(self.engine.device_ops):
             be.launch(_NO_OP_TASK, {"scratch": self.scratch}, num_cores=1, stream=stream)
         for _ in range(self.extra_launches):

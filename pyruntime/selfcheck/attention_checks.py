@@ -159,6 +159,8 @@ def host_time(ctx: Context) -> CheckResult:
     )
     from pyruntime.measurement.sources import SourceError
 
+    from .device_checks import measured_on
+
     variant = "device_tiling" if ctx.placement == "graph" else "pre_replay"
     low, high = FLATNESS_LAYERS
     steps, warmup = (12, 1) if ctx.quick else (20, 2)
@@ -203,6 +205,11 @@ def host_time(ctx: Context) -> CheckResult:
                          variant: {"host_us": b61, "step_us": s61[1],
                                    "counters_per_step": by_mode[variant].counters}},
             "ratio_host_update_over_device": a61 / b61,
+            # host_update's update cost per layer on this backend, for the NPU projection
+            # (bench projection --selfcheck): what it costs over the device path at L=high,
+            # both paths' steps otherwise the same (copies, synchronize, replay)
+            "update_per_layer": {"update_per_layer_us": (a61 - b61) / high,
+                                 "layers": high, **measured_on(ctx)},
             "flatness": {"definition": FLATNESS_DEFINITION, "target": FLATNESS_TARGET,
                          f"host_us_L{low}": b_low, f"host_us_L{high}": b_high,
                          "value": flatness, "judged": False},
@@ -221,7 +228,8 @@ def host_time(ctx: Context) -> CheckResult:
             f"{per_layer['c_calls']:g} C calls per layer; reported: host us/step L={high} "
             f"host_update {a61:.0f}, device tiling {b61:.1f} ({a61 / b61:.1f}x less); step us "
             f"{s61[0]:.0f} vs {s61[1]:.0f}; flatness L{high}/L{low} = {b_high:.1f}/{b_low:.1f} "
-            f"us = {flatness:.2f}")
+            f"us = {flatness:.2f}; update cost per layer {(a61 - b61) / high:.1f} us "
+            f"({ctx.report_backend}{', emulated' if data['update_per_layer']['emulated'] else ''})")
     if problems:
         return failed(name, f"the per-step invariants do not hold: {'; '.join(problems)}. "
                             f"{text}", **data)

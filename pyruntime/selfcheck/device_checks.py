@@ -3,6 +3,9 @@ AI-CPU task re-runs at graph replay (which decides the placement)."""
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import numpy as np
 import torch
 
@@ -155,10 +158,17 @@ def _aarch64_build(params, cases, mismatches: list) -> dict:
     return {"checked": True, "instructions": counts}
 
 
-def replay_probe(backend, replays: int = PROBE_REPLAYS) -> int:
+def replay_probe(backend, replays: int = PROBE_REPLAYS,
+                 replay_seconds: list[float] | None = None) -> int:
     """Capture the tiling task alone, replay it `replays` times with a new step epoch in
     device memory each time, and count the replays whose tiling header echoes that epoch:
-    only the AI-CPU task writes it, so the count is how often the captured task ran."""
+    only the AI-CPU task writes it, so the count is how often the captured task ran.
+
+    `replay_seconds`, when given, receives the host CPU seconds (``time.thread_time``) of
+    each ``graph.replay`` call but the first: the host cost of one replay of a one-task
+    graph on this backend, the R of ``aicpu-tiling bench projection`` (on the CPU backend
+    and the NPU twin an emulation's cost, not a device's).
+    """
     params = probe_params(backend.default_num_cores)
     task = TilingTask(backend, params)
     graph = backend.graph()
@@ -169,7 +179,10 @@ def replay_probe(backend, replays: int = PROBE_REPLAYS) -> int:
     ran = 0
     for epoch in range(1, replays + 1):
         task.stage(cu, kv, epoch=epoch)
+        start = time.thread_time()
         graph.replay(task.stream)
+        if replay_seconds is not None and epoch > 1:  # the first may load what it runs
+            replay_seconds.append(time.thread_time() - start)
         header = task.read().view(np.int32)
         ran += int(header[tiling.HDR_EPOCH]) == epoch
     return ran
@@ -190,19 +203,23 @@ def aicpu_replay(ctx: Context) -> CheckResult:
         return skipped(name, "our kernels are not available (see the kernels check)")
     runs = {}
     options = [{"replay_aicpu": True}, {"replay_aicpu": False}] if ctx.backend == "cpu" else [{}]
+    replay_seconds: list[float] = []
     try:
         for opts in options:
             be = ctx.make_backend(**opts)
             try:
-                runs[str(opts.get("replay_aicpu", "device"))] = replay_probe(be)
+                runs[str(opts.get("replay_aicpu", "device"))] = replay_probe(
+                    be, replay_seconds=replay_seconds if not replay_seconds else None)
             finally:
                 _close(be)
     except BackendError as exc:
         return failed(name, f"the replay probe could not run: {exc}")
     n = PROBE_REPLAYS
+    replay_host = replay_host_cost(ctx, replay_seconds)
     if ctx.backend == "cpu":
         found = {k: _verdict(v, n) for k, v in runs.items()}
-        data = {"replays": n, "ran": runs, "placement_found": found}
+        data = {"replays": n, "ran": runs, "placement_found": found,
+                "replay_host": replay_host}
         if found != {"True": "graph", "False": "pre-replay"}:
             return failed(name, f"the probe misread the emulation: replay_aicpu=True -> "
                                 f"{found['True']}, False -> {found['False']}", **data)
@@ -210,17 +227,39 @@ def aicpu_replay(ctx: Context) -> CheckResult:
         return passed(name, f"the task's epoch counter saw {runs['True']}/{n} replays with "
                             f"replay_aicpu=True (-> graph) and {runs['False']}/{n} with False "
                             "(-> pre-replay): detection works; this backend re-runs them, so "
-                            "placement graph", **data)
+                            f"placement graph; {_replay_text(replay_host)}", **data)
     ran = runs["device"]
     placement = _verdict(ran, n)
-    data = {"replays": n, "ran": {"device": ran}}
+    data = {"replays": n, "ran": {"device": ran}, "replay_host": replay_host}
     if placement is None:
         return failed(name, f"the captured AI-CPU task ran at {ran} of {n} replays: neither "
                             "always nor never; no placement can be trusted", **data)
     ctx.placement = placement
     how = "re-runs it at every replay" if placement == "graph" else "does not re-run it"
     return passed(name, f"the captured AI-CPU task echoed the step epoch at {ran}/{n} replays: "
-                        f"graph replay {how}, so placement {placement}", **data)
+                        f"graph replay {how}, so placement {placement}; "
+                        f"{_replay_text(replay_host)}", **data)
+
+
+def measured_on(ctx: Context) -> dict:
+    """Where a host cost was measured: ``backend`` as reported (``cpu``, ``npu``,
+    ``npu-twin``) and ``emulated``: True unless it ran on an NPU (the CPU backend and the NPU
+    twin emulate the device on the host, so their costs are not a device's)."""
+    return {"backend": ctx.report_backend, "emulated": ctx.twin or ctx.backend != "npu"}
+
+
+def replay_host_cost(ctx: Context, seconds: list[float]) -> dict:
+    """The replay probe's host cost of one ``graph.replay`` of a one-task graph: median
+    microseconds over the replays measured, where it was measured (`measured_on`)."""
+    median = statistics.median(seconds) * 1e6 if seconds else None
+    return {"replay_host_us": median, "replays_timed": len(seconds), **measured_on(ctx)}
+
+
+def _replay_text(cost: dict) -> str:
+    us = cost["replay_host_us"]
+    where = f"{cost['backend']}, emulated" if cost["emulated"] else cost["backend"]
+    return (f"replay host cost {us:.1f} us ({where})" if us is not None
+            else "replay host cost not measured")
 
 
 def _close(be) -> None:

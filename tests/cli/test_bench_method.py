@@ -192,3 +192,54 @@ def test_an_unknown_method_is_a_usage_error(cli):
     assert code == 2 and "unknown method fast" in err
 
 
+
+
+def test_the_floors_measured_step_follows_a_device_modes_step(monkeypatch):
+    """Same host state (issue 30, item 3): under the symmetric method the floor's measured
+    step follows a whole device_tiling step on the floor's backend (`FloorLead`), as each
+    device mode's follows its own, and the floor's counters stay the floor's."""
+    from pyruntime.measurement import abrun
+
+    events = []
+    real_lead, real_floor = abrun.FloorLead.step, serving.FloorStep.step
+    monkeypatch.setattr(abrun.FloorLead, "step",
+                        lambda self, *a: (events.append("lead"), real_lead(self, *a)))
+    monkeypatch.setattr(serving.FloorStep, "step",
+                        lambda self, *a, **k: (events.append("floor"),
+                                               real_floor(self, *a, **k)))
+    engine = {"device_tiling": _work("graph", 2)}
+    runs = run_interleaved([RunSpec("d", "device_tiling", 2), RunSpec("f", "floor", 2)], 4,
+                           "uniform", GEOM, {}, steps=3, warmup=1, method="symmetric",
+                           engine=engine)
+    assert events == ["lead", "floor"] * 4  # one lead before every floor step, warm-up too
+    floor = runs[1].counters
+    assert (floor["replays"], floor["copies_h2d"], floor["launches_aicpu"],
+            floor["launches_aicore"], floor["task_updates"]) == (1.0, 2.0, 0.0, 0.0, 0.0)
+
+
+def test_the_tiling_tasks_arguments_are_built_once_per_bucket():
+    """The pre-replay path launches its tiling task every step with the same static
+    arguments: built once, not per step (host work the floor does not have)."""
+    be = backends.get("cpu")
+    try:
+        attn = make_attention(be, "pre_replay", GEOM, 1, 4, 8)
+        path = attn._live()[1]
+        assert path._tiling_args() is path._tiling_args()
+        attn.close()
+    finally:
+        be.close()
+
+
+def test_engine_work_with_host_copies_is_refused_not_left_out():
+    """The engine copies nothing per step (item 4), so the bench's stand-in for per-key epoch
+    copies was removed (it ran on no path); an engine that copies again is refused."""
+    be = backends.get("cpu")
+    try:
+        attn = make_attention(be, "device_tiling", GEOM, 1, 4, 8)
+        for copies, blocking in ((8, 8), (1, 0)):
+            with pytest.raises(ValueError, match="copies from the host per step"):
+                ServingStep(attn, "device_tiling", EngineWork(8, copies, blocking, 0))
+        assert ServingStep(attn, "device_tiling", EngineWork(8, 0, 0, 0)).extra_launches == 0
+        attn.close()
+    finally:
+        be.close()

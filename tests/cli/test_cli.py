@@ -284,7 +284,12 @@ def test_bench_invariants_and_the_host_time_fit(cli):
     assert all(set(rows) == {"1", "3"} for rows in counts.values())
     assert counts["device_tiling"]["1"] == counts["device_tiling"]["3"]
     assert counts["pre_replay"]["3"]["launches_aicpu"] == 1
+    # the whole measured serving step (symmetric, the default): vLLM-Ascend's synchronize,
+    # and under pre-replay the hook engine's epoch advance
+    assert counts["device_tiling"]["1"]["synchronizes"] == 1
+    assert counts["pre_replay"]["1"]["launches_aicore"] == 1
     check = data["invariants_check"]
+    assert check["method"] == "symmetric"
     assert check["holds"] and check["problems"] == [] and check["layers"] == [1, 3]
     assert check["per_layer"]["host_update"]["task_updates"] == 1
     fit = data["host_time_vs_layers"]

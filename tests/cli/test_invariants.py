@@ -106,6 +106,68 @@ def test_one_added_device_operation_per_layer_is_flagged(monkeypatch):
     assert "'event_records': 2" in problem  # L=3 against L=1
 
 
+def _engine() -> dict:
+    from pyruntime.hook.engine_step import engine_step_work
+    from pyruntime.measurement.serving import EngineWork
+
+    out = {}
+    for mode, placement in (("device_tiling", "graph"), ("pre_replay", "pre-replay")):
+        c = engine_step_work(placement, 4)
+        out[mode] = EngineWork(4, c.h2d_copies, c.blocking_copies, c.tiling_launches,
+                               c.device_ops)
+    return out
+
+
+def _measure_serving(modes=("host_update", "device_tiling", "pre_replay")) -> dict:
+    return inv.measure(GEOMETRY, layers=LAYERS, modes=modes, batch=8, warmup=1,
+                       method="symmetric", engine=_engine())
+
+
+def test_symmetric_rows_count_the_whole_serving_step(table):
+    """Under the symmetric method the rows are the bench's whole measured serving step: every
+    mode's input copies and vLLM-Ascend's pre-replay synchronize, and the hook engine's
+    per-step work in the device modes (under pre-replay its epoch advance: one AI Core op)."""
+    served = _measure_serving()
+    assert inv.judge(served) == []
+    for mode in inv.DEVICE_MODES:
+        low, high = (served[mode][str(n)] for n in LAYERS)
+        assert low == high
+        assert low["synchronizes"] == 1 and low["copies_h2d"] == 2
+        assert low["copies_h2d_blocking"] == 0  # the engine adds no blocking copy
+        assert low["python_calls"] > table[mode]["1"]["python_calls"]
+    assert served["pre_replay"]["1"]["launches_aicore"] == 1  # the shared epoch's add_
+    assert served["device_tiling"]["1"]["launches_aicore"] == 0
+    hu = served["host_update"]["1"]
+    assert (hu["copies_h2d"], hu["synchronizes"]) == (2, 1)  # lengths copied too, as theirs
+    per_layer = inv.per_layer_amount(served["host_update"])
+    assert per_layer == inv.per_layer_amount(table["host_update"])  # the same per-layer work
+
+
+def test_per_layer_work_in_the_serving_step_is_flagged(monkeypatch):
+    """The count covers the serving step: one engine operation per layer there (one no-op
+    AI Core launch per layer) breaks the device modes' invariant."""
+    from pyruntime.measurement import serving
+
+    call = serving.ServingStep.__call__
+
+    def with_work_per_layer(self):
+        for _ in self.buffers.queries:
+            self.backend.launch(serving._NO_OP_TASK, {}, num_cores=1, stream=self.path.stream)
+        return call(self)
+
+    monkeypatch.setattr(serving.ServingStep, "__call__", with_work_per_layer)
+    found = _measure_serving(modes=("device_tiling",))
+    (problem,) = inv.judge(found)
+    assert problem.startswith("device_tiling: host work per step grows")
+    assert "'launches_aicore': 2" in problem  # L=3 against L=1
+
+
+def test_symmetric_counting_needs_the_engine_work():
+    with pytest.raises(ValueError, match="engine"):
+        inv.measure(GEOMETRY, layers=(1,), modes=("device_tiling",), batch=8,
+                    method="symmetric")
+
+
 def _rows(per_layer: dict, base: dict, layers=(1, 8, 16)) -> dict:
     return {str(n): {k: base[k] + (n - 1) * per_layer[k] for k in base} for n in layers}
 

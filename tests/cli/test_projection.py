@@ -55,3 +55,37 @@ def test_a_file_that_is_not_a_bench_json_is_one_line_error(cli, tmp_path):
     path.write_text("{}")
     code, _, err = cli("bench", "projection", "--from", str(path))
     assert code == 2 and "not an aicpu-tiling bench JSON" in err
+
+
+def _selfcheck(backend: str, emulated: bool) -> dict:
+    where = {"backend": backend, "emulated": emulated}
+    return {"schema": "aicpu-tiling/selfcheck", "checks": [
+        {"name": "aicpu_replay", "replay_host": {"replay_host_us": 50.0, "replays_timed": 7,
+                                                 **where}},
+        {"name": "host_time", "update_per_layer": {"update_per_layer_us": 150.0, "layers": 61,
+                                                   **where}}]}
+
+
+def test_a_selfchecks_replay_and_update_costs_fill_their_own_rows():
+    """What selfcheck --backend npu measures on the device it runs on (item 5) makes rows of
+    its own: host_update = R + L u, ours = R + E."""
+    check = projection.from_selfcheck(_selfcheck("npu", False))
+    table = projection.projection(_bench(44.0, 30.0, 20.0), check)
+    row = next(r for r in table["selfcheck_rows"] if (r["mode"], r["layers"]) ==
+               ("pre_replay", 61))
+    assert row["saving_us"] == 61 * 150.0 - 20.0
+    assert abs(row["ratio"] - (50 + 61 * 150) / (50 + 20)) < 1e-12
+    assert len(table["selfcheck_rows"]) == 2 * len(projection.LAYERS)
+    assert "(npu, measured on the device)" in projection.render(table)
+
+
+def test_an_emulated_selfcheck_is_marked_and_a_partial_one_refused(cli, tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(_selfcheck("npu-twin", True)))
+    code, out, _ = cli("bench", "projection", "--selfcheck", str(path))
+    assert code == 0 and "(npu-twin, emulated: not an NPU figure)" in out
+    partial = _selfcheck("npu", False)
+    partial["checks"] = partial["checks"][:1]
+    path.write_text(json.dumps(partial))
+    code, _, err = cli("bench", "projection", "--selfcheck", str(path))
+    assert code == 2 and "per-layer update cost" in err

@@ -45,6 +45,11 @@ def test_cpu_selfcheck_passes_with_the_schema(cpu_report, capsys):
     replay = by_name["aicpu_replay"]
     assert replay["placement_found"] == {"True": "graph", "False": "pre-replay"}
     assert replay["ran"]["True"] == replay["replays"] and replay["ran"]["False"] <= 1
+    # the replay host cost and the per-layer update cost, for the NPU projection: measured on
+    # the backend that ran, marked emulated unless it is an NPU
+    cost = replay["replay_host"]
+    assert (cost["backend"], cost["emulated"], cost["replays_timed"]) == ("cpu", True, 7)
+    assert cost["replay_host_us"] > 0 and "replay host cost" in replay["detail"]
     # host_time is judged by the per-step invariants: the device path's calls at L = 1 and 4
     # are the same, host_update's grow per layer (its task update and host tiling, its three
     # lib calls); times and the flatness figure are reported, not judged
@@ -55,6 +60,9 @@ def test_cpu_selfcheck_passes_with_the_schema(cpu_report, capsys):
     per_layer = host["host_update_per_layer"]
     assert (per_layer["task_updates"], per_layer["lib_calls"]) == (1, 3)
     assert host["ratio_host_update_over_device"] > 0
+    update = host["update_per_layer"]
+    assert (update["backend"], update["emulated"], update["layers"]) == ("cpu", True, 61)
+    assert update["update_per_layer_us"] > 0 and "(cpu, emulated)" in host["detail"]
     flatness = host["flatness"]
     assert flatness["judged"] is False
     assert flatness["value"] == pytest.approx(flatness["host_us_L61"] / flatness["host_us_L1"])

@@ -182,7 +182,9 @@ def test_the_hook_adds_no_blocking_copy_and_no_synchronize_per_step(captured, pl
     (the replay through ACLGraphWrapper, the hook's before_replay inside it, vLLM-Ascend's
     update after it) are counted by the twin (torch_npu's copy_between_host_and_device
     rule). The hook adds none, whatever the number of graphs: before issue 30 its
-    before_replay made one blocking epoch copy per captured graph per step."""
+    before_replay made one blocking epoch copy per captured graph per step. The bench's
+    device mode of the same placement and key count makes the same host waits per measured
+    step (its per-step invariants row): the tie between the bench and the twin."""
     env = _env(RELEASES[1])
     python, tree = env / "venv" / "bin" / "python", env / "vllm-ascend"
     proc = subprocess.run([str(python), "-m", "pyruntime.cli", "hook-dryrun", "--json",
@@ -202,6 +204,30 @@ def test_the_hook_adds_no_blocking_copy_and_no_synchronize_per_step(captured, pl
     # what both runs keep: vLLM-Ascend's own synchronize before each replay
     assert before["synchronizes"] >= 1
     assert report["ok"] and proc.returncode == 0
+    # the bench's device mode of this placement, with the engine's work for as many keys,
+    # waits per measured step exactly as the twin counted vLLM-Ascend's classes with the hook
+    bench = _bench_serving_row(placement, captured)
+    assert {k: bench[k] for k in ("copies_h2d_blocking", "synchronizes")} == {
+        k: after[k] for k in ("copies_h2d_blocking", "synchronizes")}, (bench, after)
+    assert after["copies_d2h"] == 0  # the bench's step reads nothing back either
+
+
+def _bench_serving_row(placement: str, graph_keys: int) -> dict:
+    """The bench's per-step invariants row (one layer) of the device mode of `placement` under
+    the symmetric method: its whole measured serving step with the hook engine's work for
+    `graph_keys` keys (`pyruntime.measurement.invariants`, on the CPU backend)."""
+    from pyruntime.hook.engine_step import engine_step_work
+    from pyruntime.measurement import invariants as inv
+    from pyruntime.measurement.abrun import Geometry
+    from pyruntime.measurement.serving import EngineWork
+
+    mode = "device_tiling" if placement == "graph" else "pre_replay"
+    c = engine_step_work(placement, graph_keys)
+    work = EngineWork(graph_keys, c.h2d_copies, c.blocking_copies, c.tiling_launches,
+                      c.device_ops)
+    rows = inv.measure(Geometry(max_kv=256), layers=(1,), modes=(mode,), batch=8, warmup=1,
+                       method="symmetric", engine={mode: work})
+    return rows[mode]["1"]
 
 
 #: per real-config set: each layer's window, the soft cap of every layer, each layer's sinks

@@ -59,6 +59,17 @@ def test_the_whole_npu_path_passes_on_the_twin(tmp_path):
     assert lanes["modes"]["device_tiling"]["tasks_per_step"] == {
         "aicpu tiling": 1, "attention": layers, "combine": layers}
     assert lanes["modes"]["host_update"]["tasks_per_step"] == {"attention": layers}
+    # the projection's inputs, measured on the backend it ran on, and marked emulated here
+    replay = checks["aicpu_replay"]["replay_host"]
+    assert (replay["backend"], replay["emulated"]) == ("npu-twin", True)
+    assert replay["replay_host_us"] > 0 and replay["replays_timed"] == 7
+    update = checks["host_time"]["update_per_layer"]
+    assert (update["backend"], update["emulated"], update["layers"]) == ("npu-twin", True, 61)
+    assert "npu-twin, emulated" in checks["host_time"]["detail"]
+    proc = subprocess.run([sys.executable, "-m", "pyruntime.cli", "bench", "projection",
+                           "--selfcheck", str(tmp_path / "r.json")], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert proc.returncode == 0 and "(npu-twin, emulated: not an NPU figure)" in proc.stdout
 
 
 def test_no_aicpu_replay_chooses_pre_replay(tmp_path):
