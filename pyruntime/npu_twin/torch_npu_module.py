@@ -10,7 +10,7 @@ import sys
 import types
 
 from . import device as twin
-from . import fia, hccl, npu_module
+from . import fia, hccl, model_ops, npu_module
 from .npu_module import placeholder
 
 VERSION = "2.10.0.post4+npu-twin"
@@ -87,6 +87,7 @@ def build() -> types.ModuleType:
     module.npu_fused_infer_attention_score_v2 = _FiaPacket(fia.register_v2())
     module._npu_fused_infer_attention_score_v2_get_max_workspace = fia.get_max_workspace_v2
     module.npu_transpose_batchmatmul = transpose_batchmatmul
+    model_ops.install(module)  # a dense decoder's forward: norms, swiglu, rope, KV writes
     return module
 
 
