@@ -6,13 +6,17 @@ capture and replay like any AI Core task (each script runs on a fresh twin)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 import zipfile
+from pathlib import Path
 
 import pytest
 
-from pyruntime.npu_twin import model_ops
-from tests.wheels import TORCH_NPU_WHEEL, cached_wheel
+from pyruntime.npu_twin import STATE_ENV, model_ops
+from tests.wheels import TORCH_NPU_WHEEL, cached_wheel, vllm_env
 
 
 @pytest.fixture(scope="module")
@@ -505,3 +509,49 @@ def test_model_ops_on_the_twin(script, run_twin):
     assert found and "<script>" not in found, found.get("<script>", found)
     bad = {rule: outcome for rule, outcome in found.items() if outcome != "ok"}
     assert not bad, bad
+
+
+REPO = Path(__file__).resolve().parents[2]
+#: the torch_npu op each vLLM-Ascend entry runs, per release (without Triton in the
+#: environments, and without vllm_ascend_C: 0.30's norm with a residual is a _C_ascend op)
+EXPECTED_OPS = {
+    "0.23.0.post1": {"rms_norm": ["npu_rms_norm"], "qk_rms_norm": ["npu_rms_norm"],
+                     "add_rms_norm": ["npu_add_rms_norm"], "silu_and_mul": ["npu_swiglu"],
+                     "rope_full": ["_npu_rotary_embedding"],
+                     "rope_partial": ["_npu_rotary_embedding"],
+                     "reshape_and_cache": ["_npu_reshape_and_cache"],
+                     "prefill_attention": ["npu_fused_infer_attention_score"]},
+    "0.30.0rc2": {"rms_norm": ["npu_rms_norm"], "qk_rms_norm": ["npu_rms_norm"],
+                  "silu_and_mul": ["npu_swiglu"], "rope_full": ["npu_mrope"],
+                  "rope_partial": ["npu_mrope"],
+                  "reshape_and_cache": ["npu_scatter_pa_kv_cache"],
+                  "prefill_attention": ["npu_fused_infer_attention_score"]},
+}
+
+
+@pytest.mark.parametrize("release", sorted(EXPECTED_OPS))
+def test_vllm_ascends_own_dense_entries_on_the_twin(release, tmp_path):
+    """vLLM-Ascend's own norm, activation, rope, KV write (0.30: into the block-strided views
+    its model runner makes) and prefill attention run on the twin without our hook, each
+    through the torch_npu op that release calls, within bf16 rounding of float32/float64
+    formulas (``tools/vllm_ascend_dense_ops.py``)."""
+    env = vllm_env(release)
+    child = {k: v for k, v in os.environ.items()
+             if k not in ("AICPU_TILING", "AICPU_TILING_ENGINE", "PYTHONHOME",
+                          "TRITON_INTERPRET", "TASK_QUEUE_ENABLE")}
+    child["PYTHONPATH"] = os.pathsep.join([str(REPO), str(env / "vllm-ascend")])
+    child[STATE_ENV] = str(tmp_path)
+    proc = subprocess.run([str(env / "venv" / "bin" / "python"),
+                           str(REPO / "tools" / "vllm_ascend_dense_ops.py")],
+                          capture_output=True, text=True, env=child, cwd=REPO, timeout=300,
+                          check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    report = json.loads(lines[-1])
+    assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
+    entries = report["entries"]
+    assert {name: entry.get("ops", entry.get("error")) for name, entry in entries.items()} \
+        == EXPECTED_OPS[release]
+    assert report["has_triton"] is False and report["device_adaptor"] == "BaseDeviceAdaptor"
+    errors = {name: entry["max_rel_err"] for name, entry in entries.items()}
+    assert max(errors.values()) < 1e-2, errors
