@@ -103,10 +103,12 @@ def _on_device(op: str, **tensors: torch.Tensor | None) -> int:
     return found.pop()
 
 
-def _issue(op: str, index: int, run: Callable[[], None], writes: tuple) -> None:
-    """Queue `run` as an AI Core task on the current stream of device `index`."""
+def _issue(op: str, index: int, run: Callable[[], None], writes: tuple,
+           kind: str = "aicore") -> None:
+    """Queue `run` as an AI Core task (`kind` ``aicore``, a torch_npu op; ``op``, an aten op)
+    on the current stream of device `index`."""
     dev = twin.device()
-    dev.enqueue(twin.Work("aicore", op, run, writes=tuple(twin.inner(w) for w in writes)),
+    dev.enqueue(twin.Work(kind, op, run, writes=tuple(twin.inner(w) for w in writes)),
                 dev.current_stream(index))
 
 
@@ -554,6 +556,32 @@ OPS: dict[str, tuple[str, Callable, Callable]] = {
     "_npu_matmul_add_fp32": ("atb", npu_matmul_add_fp32_atb, _fake_in_place),
 }
 
+# ---- arange: the rope cache a model builds on the device ------------------------------------
+def arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """``aten::arange`` (its three functional overloads) on the NPU: vLLM builds each rotary
+    layer's ``cos_sin_cache`` with ``torch.arange`` while the model is created under ``with
+    torch.device("npu")`` (the engine probe's step 15). torch's composite kernel allocates an
+    empty tensor and resizes it in ``arange.start_out``, which the wrapper twin does not model
+    (it sizes device memory when it allocates); here the size and values come from the host
+    scalars, as torch_npu's ``arange`` kernel computes its output size on the host, and the
+    values are written by one AI Core task on the current stream (frozen scalars at capture,
+    re-written at every replay)."""
+    values = torch.arange(start, end, step, dtype=dtype) if end is not None \
+        else torch.arange(start, dtype=dtype)
+    out = torch.empty(values.shape, dtype=values.dtype, device=device or "npu")
+    target = twin.inner(out)
+    _issue("aten::arange", out.device.index or 0, lambda: target.copy_(values), (out,),
+           kind="op")
+    return out
+
+
+def _arange_end(end, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return arange(end, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory)
+
+
+#: aten overload -> PrivateUse1 kernel
+ARANGE_OVERLOADS = {"arange": _arange_end, "arange.start": arange, "arange.start_step": arange}
+
 _libraries: dict[str, torch.library.Library] = {}
 
 
@@ -568,6 +596,13 @@ def register() -> None:
         lib.define((NPU_SCHEMAS if namespace == "npu" else ATB_SCHEMAS)[name])
         lib.impl(name, impl, "PrivateUse1")
         torch.library.register_fake(f"{namespace}::{name}", fake, lib=lib)
+    # aten's arange, unless a tensor layer registers its own (the plain layer's fallback)
+    aten = torch.library.Library("aten", "IMPL")
+    for overload, kernel in ARANGE_OVERLOADS.items():
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{overload}",
+                                                               "PrivateUse1"):
+            aten.impl(overload, kernel, "PrivateUse1")
+    libraries["aten"] = aten
     _libraries.update(libraries)
 
 

@@ -275,6 +275,18 @@ def prefill_window_sinks():
     close(out, want, 1e-5)
 
 
+def arange_on_device():
+    # vLLM's rotary layers build their cos_sin_cache with torch.arange under torch.device("npu")
+    eq(torch.arange(10, device=dev).cpu().tolist(), list(range(10)))
+    eq(torch.arange(1, 2, 0.25, device=dev).cpu().tolist(), [1.0, 1.25, 1.5, 1.75])
+    eq(torch.arange(3, 7, dtype=torch.int32, device="npu:1").device, torch.device("npu", 1))
+    with torch.device(dev):
+        inv = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float) / 8))
+    eq(inv.device.type, "npu")
+    close(inv, 1.0 / (10000 ** (torch.tensor([0.0, 2.0, 4.0, 6.0]) / 8)), 1e-6)
+
+
+check("arange_on_device", arange_on_device)
 check("rms_norm_float32", lambda: rms_norm(torch.float32, 1e-5))
 check("rms_norm_bfloat16", lambda: rms_norm(torch.bfloat16, 1e-2))
 check("add_rms_norm_float32", lambda: add_rms_norm(torch.float32, 1e-5))
@@ -499,6 +511,17 @@ def run():
 
 
 check("captured_and_replayed_on_new_inputs", run)
+
+
+def arange_captured():
+    with capture() as (graph, stream):
+        ramp = torch.arange(2, 6, device=dev)
+    eq([w.label for w in graph.state.nodes if w.kind == "op"][-1], "aten::arange")
+    graph.replay()
+    eq(ramp.cpu().tolist(), [2, 3, 4, 5])
+
+
+check("arange_captured_and_replayed", arange_captured)
 '''
 
 
