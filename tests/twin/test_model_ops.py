@@ -301,6 +301,19 @@ check("rotary_atb_gptj", lambda: rotary_atb(False))
 check("scatter_pa_kv_cache_into_strided_pages", scatter_strided)
 check("reshape_and_cache_atb", reshape_and_cache_atb)
 check("matmul_add_fp32", matmul_add)
+def prefill_window():
+    # a sliding-window layer's prefill (FIA v1, TND contiguous, sparse 4: W + 1 keys)
+    hq, d, ends, window = 4, 32, [5, 9], 2
+    q, k, v = rand(9, hq, d), rand(9, HKV, d), rand(9, HKV, d)
+    out, _ = torch_npu.npu_fused_infer_attention_score(
+        query=q.to(dev), key=k.to(dev), value=v.to(dev), atten_mask=MASK.to(dev),
+        input_layout="TND", block_size=128, actual_seq_lengths=ends, actual_seq_lengths_kv=ends,
+        num_key_value_heads=HKV, num_heads=hq, scale=d ** -0.5, pre_tokens=window,
+        next_tokens=0, sparse_mode=4)
+    close(out, attention(q, k, v, ends, ends, d ** -0.5, window=window), 1e-5)
+
+
+check("fia_prefill_window_contiguous", prefill_window)
 check("fia_prefill_contiguous_float32", lambda: prefill(torch.float32, 1e-5))
 check("fia_prefill_contiguous_bfloat16", lambda: prefill(torch.bfloat16, 2e-2))
 check("fia_v2_prefill_window_sinks", prefill_window_sinks)
@@ -459,6 +472,36 @@ def fakes():
 
 
 check("fake_kernels_follow_the_wheels_meta", fakes)
+
+
+def dynamo_traces_a_layer():
+    """Dynamo (fullgraph) over a layer's ops, through their fake kernels (meta inputs: the
+    wrapper tensor layer itself is not traceable)."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    def layer(x, g, gu, pos, cache, kc, slots, c):
+        y, _ = torch.ops.npu.npu_rms_norm(x, g)
+        q, k = torch.ops.npu.npu_mrope(pos, y, y, cache, 64, mrope_section=[0, 0, 0])
+        torch.ops.npu.npu_scatter_pa_kv_cache(k.view(-1, 2, 64), k.view(-1, 2, 64), kc, kc,
+                                              slots, cache_mode="Norm")
+        torch.ops.atb._npu_matmul_add_fp32(x.half(), x.half(), c)
+        return torch.ops.npu.npu_swiglu(gu) + q.sum()
+
+    m = lambda *shape, **kw: torch.empty(*shape, device="meta", **kw)  # noqa: E731
+    out = torch.compile(layer, backend=backend, fullgraph=True)(
+        m(4, 128), m(128), m(4, 256), m(4, dtype=torch.int64), m(16, 64), m(3, 8, 2, 64),
+        m(4, dtype=torch.int32), m(128, 128))
+    eq((tuple(out.shape), out.device.type), ((4, 128), "meta"))
+    ops = [name for name in seen if name.startswith(("npu.", "atb."))]
+    eq(ops, ["npu.npu_rms_norm", "npu.npu_mrope", "npu.npu_scatter_pa_kv_cache",
+             "atb._npu_matmul_add_fp32", "npu.npu_swiglu"])
+
+
+check("dynamo_traces_a_layer_fullgraph", dynamo_traces_a_layer)
 check("torch_npu_names_are_the_ops", lambda: eq(
     [getattr(torch_npu, n) is getattr(getattr(torch.ops, ns), n)
      for n, (ns, _, _) in model_ops.OPS.items()], [True] * len(model_ops.OPS)))
