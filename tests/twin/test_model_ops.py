@@ -287,6 +287,14 @@ def arange_on_device():
 
 
 check("arange_on_device", arange_on_device)
+def under_inference_mode():
+    # vLLM's execute_model runs the forward under torch.inference_mode
+    with torch.inference_mode():
+        rms_norm(torch.bfloat16, 1e-2)
+        scatter_strided()
+        prefill(torch.bfloat16, 2e-2)
+
+
 check("rms_norm_float32", lambda: rms_norm(torch.float32, 1e-5))
 check("rms_norm_bfloat16", lambda: rms_norm(torch.bfloat16, 1e-2))
 check("add_rms_norm_float32", lambda: add_rms_norm(torch.float32, 1e-5))
@@ -317,6 +325,7 @@ check("fia_prefill_window_contiguous", prefill_window)
 check("fia_prefill_contiguous_float32", lambda: prefill(torch.float32, 1e-5))
 check("fia_prefill_contiguous_bfloat16", lambda: prefill(torch.bfloat16, 2e-2))
 check("fia_v2_prefill_window_sinks", prefill_window_sinks)
+check("under_inference_mode", under_inference_mode)
 '''
 
 RULES = COMMON + '''
