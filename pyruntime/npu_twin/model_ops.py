@@ -606,10 +606,44 @@ def register() -> None:
     _libraries.update(libraries)
 
 
-def install(module: types.ModuleType) -> None:
+def register_atb_extensions() -> None:
+    """``torch_npu.op_plugin.atb._atb_ops._register_atb_extensions`` (vLLM-Ascend's
+    ``NPUWorker.__init__`` calls it; ``worker/worker.py`` imports it at module top): torch_npu
+    loads ``libop_plugin_atb.so`` and sets the ATB ops on ``torch_npu`` from ``torch.ops.atb``
+    (``_patch_atb_ops``), once (``lru_cache``). On the twin the ops are registered when it
+    activates, so this registers nothing new; it sets the same names again."""
+    import sys
+
+    register()
+    module = sys.modules.get("torch_npu")
+    for name, (namespace, _, _) in OPS.items():
+        if namespace == "atb" and module is not None:
+            setattr(module, name, getattr(torch.ops.atb, name))
+
+
+def install(module: types.ModuleType,
+            package: Callable[[str], types.ModuleType] | None = None) -> None:
     """Register the ops and set them on the torch_npu stand-in `module` as torch_npu has them:
     ``torch_npu.npu_*`` the ``torch.ops.npu`` packets, ``torch_npu._npu_*`` (ATB) the
-    ``torch.ops.atb`` packets (``_atb_ops.py``'s ``_patch_atb_ops``)."""
+    ``torch.ops.atb`` packets (``_atb_ops.py``'s ``_patch_atb_ops``).
+
+    With `package` (the stand-in's placeholder-module factory), also the package
+    ``torch_npu.op_plugin.atb._atb_ops`` with `register_atb_extensions` (every other name of
+    it a placeholder), set on `module` and in ``sys.modules`` so that ``from
+    torch_npu.op_plugin.atb._atb_ops import _register_atb_extensions`` imports."""
+    import sys
+
     register()
     for name, (namespace, _, _) in OPS.items():
         setattr(module, name, getattr(getattr(torch.ops, namespace), name))
+    if package is None:
+        return
+    chain = [package(f"{module.__name__}.op_plugin"),
+             package(f"{module.__name__}.op_plugin.atb"),
+             package(f"{module.__name__}.op_plugin.atb._atb_ops")]
+    chain[-1]._register_atb_extensions = register_atb_extensions
+    parent = module
+    for child in chain:
+        setattr(parent, child.__name__.rsplit(".", 1)[1], child)
+        sys.modules[child.__name__] = child
+        parent = child

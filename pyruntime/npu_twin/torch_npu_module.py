@@ -87,7 +87,7 @@ def build() -> types.ModuleType:
     module.npu_fused_infer_attention_score_v2 = _FiaPacket(fia.register_v2())
     module._npu_fused_infer_attention_score_v2_get_max_workspace = fia.get_max_workspace_v2
     module.npu_transpose_batchmatmul = transpose_batchmatmul
-    model_ops.install(module)  # a dense decoder's forward: norms, swiglu, rope, KV writes
+    model_ops.install(module, _module)  # a dense decoder's forward: norms, swiglu, rope, KV
     return module
 
 

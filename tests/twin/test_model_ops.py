@@ -483,6 +483,20 @@ def fakes():
 check("fake_kernels_follow_the_wheels_meta", fakes)
 
 
+def atb_extensions():
+    # vLLM-Ascend's worker/worker.py imports it at module top; NPUWorker.__init__ calls it
+    from torch_npu.op_plugin.atb._atb_ops import _register_atb_extensions
+
+    eq(_register_atb_extensions(), None)
+    eq(torch_npu._npu_reshape_and_cache, torch.ops.atb._npu_reshape_and_cache)
+    from torch_npu.op_plugin.atb import _atb_ops
+
+    expect(NotInTwinError, "_npu_paged_attention_mla", lambda: _atb_ops._npu_paged_attention_mla())
+
+
+check("atb_extensions_importable_and_registered", atb_extensions)
+
+
 def dynamo_traces_a_layer():
     """Dynamo (fullgraph) over a layer's ops, through their fake kernels (meta inputs: the
     wrapper tensor layer itself is not traceable)."""
