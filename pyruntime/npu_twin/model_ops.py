@@ -8,7 +8,7 @@ vLLM environment; docs/npu-twin.md has the table):
   the input/post-attention norms' first call and Qwen3's q/k norms on ``[T, heads, D]``), both.
 * ``npu_add_rms_norm`` (the same, with a residual, when ``enable_custom_op()`` is false: 0.23's
   path without ``vllm_ascend_C``; 0.30 imports ``vllm_ascend_C`` and calls ``_C_ascend
-  .npu_add_rms_norm_bias`` instead, which `pyruntime.npu_twin.vllm_ascend_c` models).
+  .npu_add_rms_norm_bias`` instead: an op of the ``vllm_ascend_C`` twin, not of torch_npu).
 * ``npu_swiglu`` (``ops/activation.py``, ``AscendSiluAndMul``), both.
 * rope (``ops/rotary_embedding.py``, ``rope_forward_oot``): with Triton it is vLLM-Ascend's own
   Triton kernel (no torch_npu op); without it 0.23 calls the ATB op ``_npu_rotary_embedding``
@@ -128,7 +128,9 @@ def _rstd_shape(x: torch.Tensor, gamma: torch.Tensor) -> list[int]:
 def _check_norm(op: str, gamma: torch.Tensor, **xs: torch.Tensor) -> None:
     """torch_npu 2.10.0.post4 ``_op_plugin_docs.py``, ``npu_rms_norm``: "self: ... 支持float16、
     bfloat16、float32，输入shape支持2-8维" and "gamma: 数据类型需要和self保持一致 ... 通常为self
-    的最后一维" (the meta kernel normalises over gamma's dims, the trailing dims of x)."""
+    的最后一维" (the meta kernel normalises over gamma's dims, the trailing dims of x). The
+    same entry's "gamma ... 输入shape支持2-8维" is not enforced: it contradicts "通常为self的最后
+    一维", and vLLM-Ascend passes a 1-D weight."""
     for name, x in xs.items():
         _dtype(op, name, x, _FLOATS)
         if not 2 <= x.dim() <= 8:
