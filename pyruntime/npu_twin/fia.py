@@ -192,9 +192,11 @@ def _check_modelled(options: dict) -> None:
         if options.get(name) is not None and not (bnsd and name in _C8_OPTIONS):
             raise NotInTwinError(f"npu_fused_infer_attention_score: {name} is not modelled by "
                                  "the NPU twin")
-    if options["input_layout"] not in ("TND", "BNSD") or options["block_table"] is None:
+    layout, paged = options["input_layout"], options["block_table"] is not None
+    if layout not in ("TND", "BNSD") or (layout == "BNSD" and not paged):
         raise NotInTwinError("the twin's FIA models input_layout='TND' with a paged KV cache "
-                             "(block_table), as vLLM-Ascend's decode path calls it, and "
+                             "(block_table), as vLLM-Ascend's decode path calls it, or with "
+                             "contiguous K/V (its prefill without a cache), and "
                              "input_layout='BNSD' with paged int8 NZ caches (its C8 decode) only")
 
 
@@ -387,9 +389,53 @@ def _reference(query, key, value, options: dict, sink: torch.Tensor | None = Non
     if cu[-1] > query.shape[0]:
         raise RuntimeError("npu_fused_infer_attention_score: actual_seq_lengths ends past the "
                            "query's T rows")
+    if options["block_table"] is None:
+        return _attention_contiguous(query, key, value, cu, kv, kv_heads, scale=options["scale"],
+                                     causal=mode == 3, band=band, sink=sink)
     return _attention(query, key.reshape(cache), value.reshape(cache),
                       options["block_table"].numpy(), cu, kv, scale=options["scale"],
                       causal=mode == 3, band=band, sink=sink)
+
+
+def _attention_contiguous(query, key, value, cu, kv_ends, kv_heads: int, *, scale: float,
+                          causal: bool, band, sink) -> tuple[torch.Tensor, torch.Tensor]:
+    """FIA in TND with contiguous K/V (vLLM-Ascend's prefill without a cache,
+    ``AscendAttentionState.PrefillNoCache``: ``block_table=None``, key and value ``[T_kv, KV_N,
+    D]``, ``actual_seq_lengths_kv`` the cumulative kv ends, sparse_mode 3): `_attention` over
+    the rows of each request, read as a cache of one-row blocks.
+
+    Rules, torch_npu 2.10.0.post4 ``_op_plugin_docs.py``, ``npu_fused_infer_attention_score``:
+    with TND, actual_seq_lengths and actual_seq_lengths_kv "必须传入", one entry per batch, each
+    "当前Batch与之前所有Batch的seqlen和, 因此后一个元素的值必须大于等于前一个元素的值, 且不能出现负
+    值" (RuntimeError); key and value must be 3-D ``[T_kv, KV_N, D]`` with the query's D and one
+    shape (the same entry's TND limits, "N ... Q_N、K_N、V_N相等", "Q_D、K_D等于192", "数据类型仅
+    支持BFLOAT16", and sparse 3's "actual_seq_lengths < actual_seq_lengths_kv", are not enforced,
+    as for the paged call: vLLM-Ascend calls this with GQA, D 128 and equal lengths; a V head
+    dim other than the query's raises `NotInTwinError`)."""
+    name = "npu_fused_infer_attention_score"
+    head_dim = query.shape[-1]
+    if key.dim() != 3 or key.shape[1] != kv_heads:
+        raise RuntimeError(f"{name}: TND key without a block_table must be [T_kv, KV_N="
+                           f"{kv_heads}, D], got {list(key.shape)}")
+    if tuple(value.shape) != tuple(key.shape) or key.shape[2] != head_dim:
+        raise NotInTwinError(f"{name}: key {list(key.shape)} and value {list(value.shape)} "
+                             f"with a query D of {head_dim} (different head dims) are not "
+                             "modelled by the NPU twin")
+    ends = np.concatenate([[0], kv_ends])
+    for label, lens in (("actual_seq_lengths", cu), ("actual_seq_lengths_kv", ends)):
+        if (np.diff(lens) < 0).any() or (lens < 0).any():
+            raise RuntimeError(f"{name}: {label} {lens[1:].tolist()} must be cumulative "
+                               "(non-decreasing, non-negative) with input_layout TND")
+    if ends[-1] > key.shape[0]:
+        raise RuntimeError(f"{name}: actual_seq_lengths_kv ends at {int(ends[-1])}, past the "
+                           f"key's {key.shape[0]} rows")
+    lengths = np.diff(ends)
+    table = np.zeros((len(lengths), max(1, int(lengths.max(initial=0)))), np.int64)
+    for r, (start, n) in enumerate(zip(ends[:-1], lengths)):
+        table[r, :n] = np.arange(start, start + n)
+    rows = (key.shape[0], 1, kv_heads, head_dim)
+    return _attention(query, key.reshape(rows), value.reshape(rows), table, cu, lengths,
+                      scale=scale, causal=causal, band=band, sink=sink)
 
 
 def _defaults(schema: str) -> dict:
