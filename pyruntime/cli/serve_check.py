@@ -99,10 +99,11 @@ def run(args: argparse.Namespace) -> int:
 
 def render(report: dict) -> str:
     """The report as text lines."""
-    lines = [f"vLLM {report['vllm']}, vLLM-Ascend {report['vllm_ascend']} on "
-             f"{report['backend']}: model {report['model']} ({report['dtype']}), TP "
-             f"{report['tp']}, placement {report['placement']}, compilation "
-             f"{report['compilation_mode']}, graphs {report['graph_sizes']}"]
+    head = (f"vLLM {report['vllm']}, vLLM-Ascend {report['vllm_ascend']} on "
+            f"{report['backend']}: model {report['model']} ({report['dtype']}), TP "
+            f"{report['tp']}, placement {report['placement']}, compilation "
+            f"{report['compilation_mode']}, graphs {report['graph_sizes']}")
+    lines = [head]
     for layer in report["layers"]:
         reason = f" ({layer['reason']})" if layer["reason"] else ""
         lines.append(f"  {layer['name']}: {layer['path']}{reason}")

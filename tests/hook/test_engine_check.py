@@ -45,8 +45,10 @@ with tempfile.TemporaryDirectory() as scratch:
         runs = [model.generate(ids, max_new_tokens=8, do_sample=False)[0, 5:].tolist()
                 for _ in range(2)]
         logits = model(ids).logits[0, -1]
-        out[name] = {"digests": digests, "runs": runs, "class": type(model).__name__,
-                     "layers": model.config.num_hidden_layers, "spread": (logits.max() - logits.min()).item(),
+        out[name] = {"digests": digests, "runs": runs,
+                     "class": type(model).__name__,
+                     "layers": model.config.num_hidden_layers,
+                     "spread": (logits.max() - logits.min()).item(),
                      "dtype": json.loads((Path(scratch) / name / "a" / "config.json")
                                          .read_text())["torch_dtype"]}
 print("TINY " + json.dumps(out))

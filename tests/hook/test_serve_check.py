@@ -124,14 +124,14 @@ def test_an_unknown_tiny_model_is_a_typed_error(tmp_path):
 
 
 def engine_run(hooked: bool, **fields) -> EngineRun:
-    base = dict(vllm="0.30.0", vllm_ascend="0.30.0rc2", backend="npu-twin", dtype="bfloat16",
-                tokens=[[1, 2, 3], [4, 5], [6]], decode_steps=4, updates=8 if not hooked else 0,
-                blocking_copies=12, synchronizes=0, tpot_ms=3.0,
-                hook_state="active" if hooked else None,
-                hook_engine="npu-graph" if hooked else None,
-                device_layers={"model.layers.0.self_attn.attn": "full_graph_fia",
-                               "model.layers.1.self_attn.attn": "full_graph_fia"}
-                if hooked else {})
+    base = {"vllm": "0.30.0", "vllm_ascend": "0.30.0rc2", "backend": "npu-twin",
+            "dtype": "bfloat16", "tokens": [[1, 2, 3], [4, 5], [6]], "decode_steps": 4,
+            "updates": 0 if hooked else 8, "blocking_copies": 12, "synchronizes": 0,
+            "tpot_ms": 3.0, "hook_state": "active" if hooked else None,
+            "hook_engine": "npu-graph" if hooked else None,
+            "device_layers": {"model.layers.0.self_attn.attn": "full_graph_fia",
+                              "model.layers.1.self_attn.attn": "full_graph_fia"}
+            if hooked else {}}
     base.update(fields)
     return EngineRun(hooked=hooked, **base)
 

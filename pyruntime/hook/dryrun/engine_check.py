@@ -94,7 +94,7 @@ class EngineRun:
 
 def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
                 hooked: bool) -> EngineRun:
-    import importlib.metadata as metadata
+    from importlib import metadata
 
     run = EngineRun(hooked=hooked)
     if placement is not None:
@@ -244,7 +244,8 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
                  expected_device_layers: list[str] | None = None) -> dict[str, Any]:
     """The serve-check report (`REPORT_FIELDS`) from the two runs and the judged divergence."""
     layers = [{"name": n, "path": "device", "reason": None} for n in sorted(with_.device_layers)]
-    layers += [{"name": n, "path": "host", "reason": r} for n, r in sorted(with_.host_layers.items())]
+    layers += [{"name": n, "path": "host", "reason": r}
+               for n, r in sorted(with_.host_layers.items())]
     steps_without, steps_with = max(1, without.decode_steps), max(1, with_.decode_steps)
     added: dict[str, float | None] = {"blocking_copies": None, "synchronizes": None}
     if without.blocking_copies is not None and with_.blocking_copies is not None:
@@ -255,8 +256,9 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
     identical = without.tokens == with_.tokens
     tokens_ok = identical or (divergence is not None and divergence.ok)
     device_layers = len(with_.device_layers)
-    moved_ok = device_layers >= 1 and (expected_device_layers is None
-                                       or sorted(expected_device_layers) == sorted(with_.device_layers))
+    moved_ok = device_layers >= 1 and (
+        expected_device_layers is None
+        or sorted(expected_device_layers) == sorted(with_.device_layers))
     no_added = all(v is None or v <= 0 for v in added.values())
     updates_with = with_.updates / steps_with
     updates_without = without.updates / steps_without
@@ -267,9 +269,11 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
     updates_ok = updates_with <= updates_without * host_share + 1e-9
     verdict = tokens_ok and moved_ok and no_added and updates_ok
     report = {
-        "schema": SCHEMA, "version": VERSION, "vllm": with_.vllm, "vllm_ascend": with_.vllm_ascend,
+        "schema": SCHEMA, "version": VERSION, "vllm": with_.vllm,
+        "vllm_ascend": with_.vllm_ascend,
         "backend": with_.backend, "model": model, "dtype": with_.dtype, "tp": tp, "lora": lora,
-        "placement": placement or (with_.hook_engine or "").removeprefix("npu-") or None, "compilation_mode": COMPILATION_MODE,
+        "placement": placement or (with_.hook_engine or "").removeprefix("npu-") or None,
+        "compilation_mode": COMPILATION_MODE,
         "graph_sizes": list(GRAPH_SIZES), "layers": layers, "device_layers": device_layers,
         "updates_per_step": {"without": updates_without, "with": updates_with},
         "added_per_step": added, "tokens_identical": identical,

@@ -152,6 +152,7 @@ def write(name: str, directory: str | Path, seed: int = SEED) -> Path:
     model = model.to(dtype)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
+    transformers.utils.logging.disable_progress_bar()  # serve-check's output stays its own
     model.save_pretrained(out, safe_serialization=True)
     # the config as written is the data above (transformers adds its defaults); keep the
     # dtype field vLLM reads on every release
