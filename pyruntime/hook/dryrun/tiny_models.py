@@ -6,9 +6,11 @@ Three shapes, each the real model's architecture with its smallest sizes (the na
 ``hook-dryrun --model`` where the models are the same):
 
 * ``qwen3``: ``Qwen3ForCausalLM``, a dense GQA decoder (q/k RMSNorm), 4 query heads, 2 KV
-  heads, head_dim 64 (Qwen3's own head_dim is 128; vLLM-Ascend's ``AscendAttentionBackend``
-  declares no head-size list, so vLLM's base class accepts any, and 64 is the probe's,
-  ``engine-on-twin-probe-2026-12``).
+  heads, head_dim 64 (Qwen3's own head_dim is 128). vLLM-Ascend's ``AscendAttentionBackend``
+  declares no head-size list, and vLLM's base class then accepts any head size
+  (``vllm/v1/attention/backend.py``: ``get_supported_head_sizes`` returns ``[]``,
+  ``supports_head_size`` is True for an empty list); 64 is the probe's
+  (``engine-on-twin-probe-2026-12``).
 * ``gpt-oss``: ``GptOssForCausalLM``: attention sinks on every layer, a sliding window on the
   even layers (transformers ``GptOssConfig.layer_types``; vLLM ``gpt_oss.py``:
   ``sliding_window if layer_idx % 2 == 0``), 4 experts, 2 per token (gpt-oss is MoE on every
@@ -16,7 +18,10 @@ Three shapes, each the real model's architecture with its smallest sizes (the na
   steps of a check pass it.
 * ``deepseek-v3``: ``DeepseekV3ForCausalLM``, MLA with DeepSeek-V3's latent geometry
   (``kv_lora_rank`` 512, ``qk_rope_head_dim`` 64, ``qk_nope_head_dim`` 128, ``v_head_dim``
-  128: the geometry of ``hook-dryrun --model mla``) at 16 heads (one TP-8 rank of its 128),
+  128: the geometry of ``hook-dryrun --model mla``), which is also the only one vLLM-Ascend's
+  decode kernel takes (``vllm_ascend/attention/mla_v1.py``: "FIA MLA requires rope D=64 ...
+  the kv_lora_rank=512 MLA kernel"); 16 heads, one TP-8 rank of its 128 as in the dry run
+  (``AscendMLAImpl`` pads any count to a power of two, ``num_heads_padded``), and
   ``first_k_dense_replace`` equal to the layer count, so every layer's MLP is dense (no MoE).
 
 The configs are data (`CONFIGS`, checked without transformers); `write` needs transformers
