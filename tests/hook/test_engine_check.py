@@ -78,9 +78,9 @@ def test_the_tiny_models_load_in_transformers_and_generate_deterministically(rel
         assert f["digests"][0] == f["digests"][1], f"{name}: the seed does not fix the weights"
         assert f["runs"][0] == f["runs"][1] and len(f["runs"][0]) == 8, name
         assert f["dtype"] == "bfloat16" and f["layers"] == 2
-        # INIT_STD spreads a random model's logits over units, not hundredths (transformers'
-        # own 0.02 would make every greedy step a near-tie)
-        assert f["spread"] > 2.0, (name, f["spread"])
+        # INIT_STD spreads a random model's logits over about 20 units (transformers'
+        # own 0.02: about 2, where greedy steps are near-ties far more often)
+        assert f["spread"] > 8.0, (name, f["spread"])
 
 
 def _selected(config, marker: str) -> bool:

@@ -66,9 +66,10 @@ def test_a_token_outside_the_reference_top_two_fails():
 
 
 def test_an_exact_tie_passes_and_is_judged_by_value_not_index():
-    # tokens 6 and 1 tie for best; a sort by index would drop one of them from the top two
-    ref = logits_with({6: 3.0, 1: 3.0, 4: 2.0})
-    d = judge.judge_request(0, [6], [1], lambda i: ref, "bfloat16")
+    # tokens 1, 4 and 6 tie for best: 6 and 4 are both among the top two by value, though a
+    # top two picked by position (a stable sort) would be {1, 4}
+    ref = logits_with({6: 3.0, 1: 3.0, 4: 3.0})
+    d = judge.judge_request(0, [6], [4], lambda i: ref, "bfloat16")
     assert d.margin == 0.0 and d.ok
 
 
