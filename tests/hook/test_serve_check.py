@@ -190,6 +190,38 @@ def test_the_requests_shrink_the_batch_through_the_graph_sizes():
     assert lengths == [8, 6, 4] and len(set(lengths)) == len(engine_check.PROMPTS)
 
 
+def test_the_host_waits_are_the_twins_counters(tmp_path):
+    """A blocking H2D copy, a D2H copy and a synchronize on the twin are counted as two
+    blocking copies and one synchronize (the twin in a fresh process: it cannot be undone)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from pyruntime.npu_twin import STATE_ENV
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), STATE_ENV: str(tmp_path)}
+    script = (
+        "from pyruntime import npu_twin\n"
+        "npu_twin.activate()\n"
+        "import json, torch\n"
+        "from pyruntime.npu_twin import device\n"
+        "from pyruntime.hook.dryrun.engine_check import host_waits\n"
+        "stats = device.device().stats\n"
+        "before = dict(stats)\n"
+        "x = torch.ones(4).to('npu')\n"
+        "x.cpu()\n"
+        "torch.npu.synchronize()\n"
+        "print('WAITS ' + json.dumps(host_waits(stats, before)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    waits = json.loads(proc.stdout.split("WAITS ")[-1])
+    assert waits == {"blocking_copies": 2, "synchronizes": 1}
+
+
 # -- the command line --------------------------------------------------------------------------
 
 

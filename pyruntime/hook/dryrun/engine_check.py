@@ -61,6 +61,16 @@ class EngineCheckError(RuntimeError):
     """The engine check cannot run here, or a run stopped (says where and why)."""
 
 
+def host_waits(stats: Any, before: dict | None = None) -> dict[str, int]:
+    """The twin device's host waits (`stats`: ``pyruntime.npu_twin.device.device().stats``)
+    since the snapshot `before` (``dict(stats)``; None: since the start): ``blocking_copies``
+    (`BLOCKING_COPIES`) and ``synchronizes`` (`SYNCHRONIZES`)."""
+    before = before or {}
+    since = {k: stats[k] - before.get(k, 0) for k in BLOCKING_COPIES + SYNCHRONIZES}
+    return {"blocking_copies": sum(since[k] for k in BLOCKING_COPIES),
+            "synchronizes": sum(since[k] for k in SYNCHRONIZES)}
+
+
 def max_tokens_of(max_tokens: int) -> list[int]:
     """Each request's ``max_tokens``: `max_tokens`, and two fewer each, at least 1, so the
     running batch shrinks from len(PROMPTS) to 1 through the capture sizes."""
@@ -151,8 +161,8 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
     run.decode_steps = max(1, counted["steps"] - 1)
     run.updates = counted["updates"]
     if stats is not None:
-        run.blocking_copies = sum(stats[k] - before[k] for k in BLOCKING_COPIES)
-        run.synchronizes = sum(stats[k] - before[k] for k in SYNCHRONIZES)
+        waits = host_waits(stats, before)
+        run.blocking_copies, run.synchronizes = waits["blocking_copies"], waits["synchronizes"]
     run.tpot_ms = 1000.0 * seconds / max(1, max(len(t) for t in run.tokens))
     if hooked:
         from pyruntime import hook
