@@ -222,6 +222,21 @@ def test_the_host_waits_are_the_twins_counters(tmp_path):
     assert waits == {"blocking_copies": 2, "synchronizes": 1}
 
 
+def test_a_run_that_stops_is_a_typed_error_naming_it(tmp_path):
+    """The child/parent plumbing where vLLM is missing (this environment, or any without
+    it): the unhooked child reports the import error, the parent raises `EngineCheckError`
+    with its type and message, and no hooked run starts."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: its engine would start")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(engine_check.EngineCheckError,
+                       match="the engine without the hook stopped: ModuleNotFoundError: "
+                             "No module named 'vllm'"):
+        engine_check.check(tmp_path, "empty")
+
+
 # -- the command line --------------------------------------------------------------------------
 
 
