@@ -2,7 +2,8 @@
 
 * The tiny models (`pyruntime.hook.dryrun.tiny_models`): written twice from the fixed seed
   they are byte-identical, HF transformers loads each in float32 and greedy generation
-  gives the same tokens twice; runs in each environment's transformers (no download).
+  gives the same tokens twice, and vLLM's ``ModelConfig`` reads each as the architecture
+  it is (MLA for DeepSeek-V3, the window for gpt-oss); in each environment (no download).
 * ``aicpu-tiling serve-check --tiny NAME --json`` end to end: vLLM's engine on vLLM-Ascend's
   platform on the NPU twin, without and with the hook. Behind the ``engine`` marker
   (``python -m pytest -m engine tests/hook/test_engine_check.py``): today's twin lacks model
@@ -30,6 +31,7 @@ TINY_MODELS_SCRIPT = r'''
 import hashlib, json, sys, tempfile
 from pathlib import Path
 import torch, transformers
+from vllm.config import ModelConfig
 from pyruntime.hook.dryrun import tiny_models
 
 out = {}
@@ -51,6 +53,13 @@ with tempfile.TemporaryDirectory() as scratch:
                      "spread": (logits.max() - logits.min()).item(),
                      "dtype": json.loads((Path(scratch) / name / "a" / "config.json")
                                          .read_text())["torch_dtype"]}
+        # vLLM's own reading of the config: the architecture it serves, MLA, the window
+        vllm_config = ModelConfig(model=str(Path(scratch) / name / "a"), dtype="bfloat16",
+                                  skip_tokenizer_init=True, max_model_len=256)
+        out[name]["vllm"] = {
+            "architectures": vllm_config.architectures, "use_mla": vllm_config.use_mla,
+            "head_size": vllm_config.get_head_size(),
+            "sliding_window": getattr(vllm_config.hf_text_config, "sliding_window", None)}
 print("TINY " + json.dumps(out))
 '''
 
@@ -81,6 +90,11 @@ def test_the_tiny_models_load_in_transformers_and_generate_deterministically(rel
         # INIT_STD spreads a random model's logits over about 20 units (transformers'
         # own 0.02: about 2, where greedy steps are near-ties far more often)
         assert f["spread"] > 8.0, (name, f["spread"])
+        assert f["vllm"]["architectures"] == [EXPECTED_CLASSES[name]]
+    # vLLM reads the shapes each model is for: MLA with the 512 + 64 latent, the window
+    assert [facts[n]["vllm"]["use_mla"] for n in EXPECTED_CLASSES] == [False, False, True]
+    assert [facts[n]["vllm"]["head_size"] for n in EXPECTED_CLASSES] == [64, 64, 576]
+    assert facts["gpt-oss"]["vllm"]["sliding_window"] == 16
 
 
 def _selected(config, marker: str) -> bool:
