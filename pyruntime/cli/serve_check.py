@@ -20,11 +20,11 @@ import json
 import tempfile
 from pathlib import Path
 
+from pyruntime.hook.dryrun.tiny_models import CONFIGS, LORA_MODELS
+
 from ._common import CliError
 from ._limits import Limit
 
-#: the tiny models ``--tiny`` writes (`pyruntime.hook.dryrun.tiny_models.CONFIGS`)
-TINY = ("qwen3", "gpt-oss", "deepseek-v3")
 MAX_TOKENS = Limit("generated tokens per request", 5, 128,
                    "the check's model length is 256 tokens, its prompts up to 6")
 TP = Limit("tensor-parallel ranks", 1, 8, "one node of NPUs")
@@ -40,11 +40,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", metavar="DIR", default=None,
                         help="a model directory (config.json and weights)")
-    source.add_argument("--tiny", choices=TINY, default=None,
+    source.add_argument("--tiny", choices=tuple(CONFIGS), default=None,
                         help="write this tiny random model (fixed seed, no download) and run it")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     p.add_argument("--lora", action="store_true",
-                   help="mix requests with and without a tiny random LoRA adapter")
+                   help="write a tiny random LoRA adapter and mix requests with and without "
+                        "it (--tiny qwen3)")
     p.add_argument("--placement", choices=("graph", "pre-replay"), default=None,
                    help="where the tiling task runs (default: the placement the hook would use)")
     p.add_argument("--max-tokens", type=int, default=8,
@@ -60,9 +61,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if args.tp != 1:
         raise CliError(f"--tp {args.tp}: only TP 1 runs yet (TP 2 needs the twin's two "
                        "devices and workers, issue 29 item 4)")
-    if args.lora:
-        raise CliError("--lora is not built yet (issue 29 item 3: a tiny adapter, requests "
-                       "with and without it)")
+    if args.lora and args.tiny not in LORA_MODELS:
+        raise CliError(f"--lora writes a tiny adapter for --tiny {' or '.join(LORA_MODELS)} only "
+                       "(its attention projections' names and shapes)")
     if args.model is not None and not (Path(args.model) / "config.json").is_file():
         raise CliError(f"--model {args.model}: no config.json there")
 
@@ -88,9 +89,11 @@ def run(args: argparse.Namespace) -> int:
             name = args.tiny
         else:
             model_dir, name = Path(args.model), str(args.model)
+        adapter = (tiny_models.write_lora(args.tiny, Path(scratch) / f"{args.tiny}-lora")
+                   if args.lora else None)
         try:
             report = engine_check.check(model_dir, name, max_tokens=args.max_tokens,
-                                        placement=args.placement, tp=args.tp, lora=args.lora)
+                                        placement=args.placement, tp=args.tp, lora=adapter)
         except engine_check.EngineCheckError as exc:
             raise CliError(str(exc)) from exc
     print(json.dumps(report, indent=1) if args.json else render(report))

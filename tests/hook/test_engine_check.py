@@ -3,7 +3,9 @@
 * The tiny models (`pyruntime.hook.dryrun.tiny_models`): written twice from the fixed seed
   they are byte-identical, HF transformers loads each in float32 and greedy generation
   gives the same tokens twice, and vLLM's ``ModelConfig`` reads each as the architecture
-  it is (MLA for DeepSeek-V3, the window for gpt-oss); in each environment (no download).
+  it is (MLA for DeepSeek-V3, the window for gpt-oss); the LoRA adapter of ``--lora`` is
+  read and accepted by vLLM's ``PEFTHelper`` (scaling alpha / r, the factor ``merge_lora``
+  folds into the reference) and changes the reference's tokens; in each environment.
 * ``aicpu-tiling serve-check --tiny NAME --json`` end to end: vLLM's engine on vLLM-Ascend's
   platform on the NPU twin, without and with the hook. Behind the ``engine`` marker
   (``python -m pytest -m engine tests/hook/test_engine_check.py``): today's twin lacks model
@@ -60,6 +62,23 @@ with tempfile.TemporaryDirectory() as scratch:
             "architectures": vllm_config.architectures, "use_mla": vllm_config.use_mla,
             "head_size": vllm_config.get_head_size(),
             "sliding_window": getattr(vllm_config.hf_text_config, "sliding_window", None)}
+    # the LoRA adapter of --lora: vLLM's PEFTHelper reads and accepts it, and folded into the
+    # fp32 reference it changes the tokens
+    from vllm.config.lora import LoRAConfig
+    from vllm.lora.peft_helper import PEFTHelper
+    adapter = tiny_models.write_lora("qwen3", Path(scratch) / "lora")
+    again = tiny_models.write_lora("qwen3", Path(scratch) / "lora-again")
+    helper = PEFTHelper.from_local_dir(str(adapter), max_position_embeddings=1024)
+    helper.validate_legal(LoRAConfig(max_lora_rank=tiny_models.LORA_RANK))
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(Path(scratch) / "qwen3" / "a"), dtype=torch.float32)
+    tiny_models.merge_lora(model, adapter)
+    ids = torch.tensor([[5, 17, 99, 300, 41]])
+    out["lora"] = {
+        "scaling": helper.vllm_lora_scaling_factor,
+        "same_bytes": (adapter / "adapter_model.safetensors").read_bytes()
+                      == (again / "adapter_model.safetensors").read_bytes(),
+        "run": model.generate(ids, max_new_tokens=8, do_sample=False)[0, 5:].tolist()}
 print("TINY " + json.dumps(out))
 '''
 
@@ -81,7 +100,11 @@ def test_the_tiny_models_load_in_transformers_and_generate_deterministically(rel
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     facts = json.loads(proc.stdout.split("TINY ")[-1])
+    lora = facts.pop("lora")
     assert set(facts) == set(EXPECTED_CLASSES)
+    # vLLM scales the adapter by alpha / r, as merge_lora folds it into the reference
+    assert lora["scaling"] == 2.0 and lora["same_bytes"]
+    assert lora["run"] != facts["qwen3"]["runs"][0] and len(lora["run"]) == 8
     for name, f in facts.items():
         assert f["class"] == EXPECTED_CLASSES[name]
         assert f["digests"][0] == f["digests"][1], f"{name}: the seed does not fix the weights"
@@ -109,20 +132,22 @@ DEVICE_LAYERS = {
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("release, tiny", [("0.30.0rc2", "qwen3"), ("0.23.0.post1", "qwen3")])
-def test_serve_check_on_the_twin(request, release, tiny):
+@pytest.mark.parametrize("release, tiny, flags", [
+    ("0.30.0rc2", "qwen3", ["--lora"]), ("0.23.0.post1", "qwen3", [])])
+def test_serve_check_on_the_twin(request, release, tiny, flags):
     if not _selected(request.config, "engine"):
         pytest.skip("the engine runs need -m engine (today's twin stops them at a missing "
                     "model op: docs/hook-in-vllm-ascend.md, 'The engine check')")
     env_dir = vllm_env(release)
     python, tree = env_dir / "venv" / "bin" / "python", env_dir / "vllm-ascend"
     proc = subprocess.run([str(python), "-m", "pyruntime.cli", "serve-check", "--tiny", tiny,
-                           "--json"], env=_env_vars(tree), cwd=REPO, capture_output=True,
-                          text=True, timeout=1800, check=False)
+                           "--json", *flags], env=_env_vars(tree), cwd=REPO,
+                          capture_output=True, text=True, timeout=1800, check=False)
     start = proc.stdout.find("{")
     assert start >= 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout[start:])
     assert report["schema"] == "aicpu-tiling/serve-check" and report["backend"] == "npu-twin"
+    assert report["lora"] == ("--lora" in flags)
     assert [layer["name"] for layer in report["layers"] if layer["path"] == "device"] == \
         DEVICE_LAYERS[tiny]
     assert report["updates_per_step"]["with"] == 0 and report["updates_per_step"]["without"] > 0

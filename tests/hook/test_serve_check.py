@@ -247,7 +247,9 @@ def test_a_run_that_stops_is_a_typed_error_naming_it(tmp_path):
     (["serve-check", "--tiny", "qwen3", "--max-tokens", "4"], "--max-tokens 4"),
     (["serve-check", "--tiny", "qwen3", "--max-tokens", "129"], "--max-tokens 129"),
     (["serve-check", "--tiny", "qwen3", "--tp", "2"], "only TP 1 runs yet"),
-    (["serve-check", "--tiny", "qwen3", "--lora"], "--lora is not built yet"),
+    (["serve-check", "--tiny", "gpt-oss", "--lora"],
+     "--lora writes a tiny adapter for --tiny qwen3 only"),
+    (["serve-check", "--model", "/nonexistent", "--lora"], "--lora writes a tiny adapter"),
     (["serve-check", "--model", "/nonexistent"], "no config.json there"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(argv, message, capsys):

@@ -45,6 +45,9 @@ RESULT_PREFIX = "ENGINE-RUN "
 GRAPH_SIZES = (1, 2, 4)
 #: prompt token ids of the requests (ids of the tiny models' vocabulary)
 PROMPTS = ((5, 17, 99, 300, 41), (7, 250, 3, 88), (120, 64, 9, 401, 33, 12))
+#: with ``--lora``, the requests that use the adapter (the others the base model), so a batch
+#: of one size runs with and without LoRA as the requests finish
+LORA_REQUESTS = (1,)
 #: the compilation mode the check runs: NONE (0). vLLM's default VLLM_COMPILE stops in Dynamo
 #: on the twin's tensors (docs/hook-in-vllm-ascend.md, "The engine check")
 COMPILATION_MODE = "NONE"
@@ -103,7 +106,7 @@ class EngineRun:
 
 
 def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
-                hooked: bool) -> EngineRun:
+                hooked: bool, lora: str | None = None) -> EngineRun:
     from importlib import metadata
 
     run = EngineRun(hooked=hooked)
@@ -126,6 +129,8 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
         model=model, skip_tokenizer_init=True, dtype=run.dtype, seed=0, tensor_parallel_size=tp,
         max_model_len=256, max_num_seqs=max(GRAPH_SIZES), block_size=128,
         kv_cache_memory_bytes=64 << 20,
+        **({"enable_lora": True, "max_lora_rank": _lora_rank(lora), "max_loras": 1}
+           if lora else {}),
         compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
                             "cudagraph_capture_sizes": list(GRAPH_SIZES)})
     counted = {"updates": 0, "steps": 0}
@@ -154,7 +159,13 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
                                   detokenize=False) for n in max_tokens_of(max_tokens)]
     prompts = [{"prompt_token_ids": list(p)} for p in PROMPTS]
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    lora_requests = None
+    if lora:
+        from vllm.lora.request import LoRARequest
+
+        adapter = LoRARequest("tiny", 1, lora)
+        lora_requests = [adapter if r in LORA_REQUESTS else None for r in range(len(prompts))]
+    outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=lora_requests)
     seconds = time.perf_counter() - start
     run.tokens = [list(o.outputs[0].token_ids) for o in outputs]
     # the first step is the prefill; every later engine step decodes one token per request
@@ -185,9 +196,11 @@ def child_main(argv: list[str] | None = None) -> int:
     p.add_argument("--placement", default=None)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--hooked", action="store_true")
+    p.add_argument("--lora", default=None, help="a LoRA adapter directory")
     args = p.parse_args(argv)
     try:
-        run = _engine_run(args.model, args.max_tokens, args.placement, args.tp, args.hooked)
+        run = _engine_run(args.model, args.max_tokens, args.placement, args.tp, args.hooked,
+                          args.lora)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which says where
         import traceback
 
@@ -218,7 +231,7 @@ def child_env(hooked: bool) -> dict[str, str]:
 
 
 def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hooked: bool,
-              timeout: float = 1800) -> EngineRun:
+              lora: Path | None = None, timeout: float = 1800) -> EngineRun:
     """One engine run in a fresh process of this interpreter; raises `EngineCheckError` when
     the child printed no result."""
     cmd = [sys.executable, "-m", "pyruntime.hook.dryrun.engine_check", "--child", "--model",
@@ -227,6 +240,8 @@ def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hook
         cmd += ["--placement", placement]
     if hooked:
         cmd.append("--hooked")
+    if lora is not None:
+        cmd += ["--lora", str(lora)]
     proc = subprocess.run(cmd, env=child_env(hooked), capture_output=True, text=True,
                           timeout=timeout, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
@@ -237,13 +252,23 @@ def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hook
     return EngineRun(**json.loads(lines[-1][len(RESULT_PREFIX):]))
 
 
-def reference_logits(model: Path, prompt: list[int], generated: list[int], index: int) -> list:
+def _lora_rank(adapter: str | Path) -> int:
+    return int(json.loads((Path(adapter) / "adapter_config.json").read_text())["r"])
+
+
+def reference_logits(model: Path, prompt: list[int], generated: list[int], index: int,
+                     lora: Path | None = None) -> list:
     """The fp32 HF transformers logits (``[vocab]``) for generated token `index` of a request:
-    the model on the CPU in float32 fed the prompt and ``generated[:index]``."""
+    the model on the CPU in float32 (with the LoRA adapter at `lora` folded in, for a request
+    that used it) fed the prompt and ``generated[:index]``."""
     import torch
     import transformers
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    if lora is not None:
+        from .tiny_models import merge_lora
+
+        merge_lora(hf, lora)
     ids = torch.tensor([list(prompt) + list(generated[:index])])
     with torch.no_grad():
         return hf(ids).logits[0, -1].tolist()
@@ -298,31 +323,30 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
 
 
 def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | None = None,
-          tp: int = 1, lora: bool = False,
+          tp: int = 1, lora: Path | None = None,
           expected_device_layers: list[str] | None = None) -> dict[str, Any]:
-    """Run the engine without and with the hook on `model_dir` (reported as `model`), judge the
+    """Run the engine without and with the hook on `model_dir` (reported as `model`), with the
+    LoRA adapter directory `lora` on the requests of `LORA_REQUESTS` when given; judge the
     tokens, return the report (`build_report`). Raises `EngineCheckError` when a run stops
     (its first error: exception, message and where)."""
-    if lora:
-        raise EngineCheckError("--lora is not built yet (issue 29, item 3: a tiny adapter and "
-                               "requests with and without it)")
-    without = run_child(model_dir, max_tokens, placement, tp, hooked=False)
+    without = run_child(model_dir, max_tokens, placement, tp, hooked=False, lora=lora)
     if without.error:
         raise EngineCheckError(f"the engine without the hook stopped: {without.error}")
-    with_ = run_child(model_dir, max_tokens, placement, tp, hooked=True)
+    with_ = run_child(model_dir, max_tokens, placement, tp, hooked=True, lora=lora)
     if with_.error:
         raise EngineCheckError(f"the engine with the hook stopped: {with_.error}")
     if with_.hook_state != "active":
         raise EngineCheckError(f"the hook was not active in the hooked run ({with_.hook_state})")
     divergence = None
     for r, (a, b) in enumerate(zip(without.tokens, with_.tokens)):
+        adapter = lora if lora is not None and r in LORA_REQUESTS else None
         found = judging.judge_request(
-            r, a, b, lambda i, r=r, a=a: reference_logits(model_dir, list(PROMPTS[r]), a, i),
-            with_.dtype)
+            r, a, b, lambda i, r=r, a=a, adapter=adapter: reference_logits(
+                model_dir, list(PROMPTS[r]), a, i, adapter), with_.dtype)
         if found is not None:
             divergence = found
             break
-    return build_report(model, tp, lora, placement, without, with_, divergence,
+    return build_report(model, tp, lora is not None, placement, without, with_, divergence,
                         expected_device_layers)
 
 

@@ -166,3 +166,76 @@ def write(name: str, directory: str | Path, seed: int = SEED) -> Path:
     written["torch_dtype"] = DTYPE
     config_path.write_text(json.dumps(written, indent=2, sort_keys=True))
     return out
+
+
+#: the tiny LoRA adapter (``serve-check --lora``): rank, alpha, and the projections it adapts
+#: (vLLM's ``PEFTHelper`` reads ``r``, ``lora_alpha``, ``target_modules`` from
+#: ``adapter_config.json``; ``LoRAModel.from_local_checkpoint`` reads
+#: ``adapter_model.safetensors``, names ``base_model.model.<module>.lora_A/lora_B.weight``)
+LORA_RANK = 8
+LORA_ALPHA = 16
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+#: the models whose attention projections have the names above (``self_attn.q_proj``, ...)
+LORA_MODELS = ("qwen3",)
+
+
+def lora_shapes(name: str) -> dict[str, tuple[int, int]]:
+    """Each adapted module of tiny model `name` (a key of `LORA_MODELS`) -> its weight's
+    ``(out_features, in_features)``, as transformers names the module."""
+    if name not in LORA_MODELS:
+        raise TinyModelError(f"--lora: a tiny adapter is written for {', '.join(LORA_MODELS)} "
+                             f"only, not {name!r}")
+    c = CONFIGS[name]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    outs = {"q_proj": (q, c["hidden_size"]), "k_proj": (kv, c["hidden_size"]),
+            "v_proj": (kv, c["hidden_size"]), "o_proj": (c["hidden_size"], q)}
+    return {f"model.layers.{i}.self_attn.{m}": outs[m]
+            for i in range(c["num_hidden_layers"]) for m in LORA_TARGETS}
+
+
+def write_lora(name: str, directory: str | Path, seed: int = SEED + 1) -> Path:
+    """Write a random LoRA adapter for tiny model `name` into `directory`: PEFT's
+    ``adapter_config.json`` and ``adapter_model.safetensors`` (A and B drawn N(0, INIT_STD) in
+    float32 from ``torch.manual_seed(seed)``; B is not zero, so the adapter changes the
+    tokens). Returns the directory."""
+    import torch
+    from safetensors.torch import save_file
+
+    shapes = lora_shapes(name)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for module, (out_features, in_features) in shapes.items():
+        prefix = f"base_model.model.{module}"
+        tensors[f"{prefix}.lora_A.weight"] = torch.randn(
+            LORA_RANK, in_features, generator=generator) * INIT_STD
+        tensors[f"{prefix}.lora_B.weight"] = torch.randn(
+            out_features, LORA_RANK, generator=generator) * INIT_STD
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": LORA_RANK, "lora_alpha": LORA_ALPHA,
+              "target_modules": list(LORA_TARGETS), "bias": "none", "lora_dropout": 0.0,
+              "task_type": "CAUSAL_LM", "base_model_name_or_path": None}
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    return out
+
+
+def merge_lora(model: Any, adapter: str | Path) -> Any:
+    """Fold the adapter at `adapter` into a transformers `model` in place (W += alpha / r * B
+    A, PEFT's LoRA scaling): the fp32 reference of the requests that use it. Returns it."""
+    import torch
+    from safetensors.torch import load_file
+
+    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    tensors = load_file(str(Path(adapter) / "adapter_model.safetensors"))
+    modules = dict(model.named_modules())
+    with torch.no_grad():
+        for key, a in tensors.items():
+            if not key.endswith(".lora_A.weight"):
+                continue
+            module = key[len("base_model.model."):-len(".lora_A.weight")]
+            b = tensors[key.replace("lora_A", "lora_B")]
+            weight = modules[module].weight
+            weight += (scale * (b.double() @ a.double())).to(weight.dtype)
+    return model
