@@ -222,12 +222,29 @@ def test_the_host_waits_are_the_twins_counters(tmp_path):
     assert waits == {"blocking_copies": 2, "synchronizes": 1}
 
 
-def test_a_run_that_stops_is_a_typed_error_naming_it(tmp_path):
-    """The child/parent plumbing where vLLM is missing (this environment, or any without
-    it): the unhooked child reports the import error, the parent raises `EngineCheckError`
-    with its type and message, and no hooked run starts."""
+def test_without_an_npu_or_the_twins_pth_it_says_how_to_install_it(tmp_path, monkeypatch):
     import importlib.util
 
+    from pyruntime.npu_twin import pth
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed: an NPU run needs no twin")
+    monkeypatch.setattr(pth, "installed", lambda site_dir=None: False)
+    monkeypatch.setattr(engine_check, "run_child",
+                        lambda *a, **k: pytest.fail("a child started without the twin"))
+    with pytest.raises(engine_check.EngineCheckError,
+                       match="run python -m pyruntime.npu_twin.pth install"):
+        engine_check.check(tmp_path, "empty")
+
+
+def test_a_run_that_stops_is_a_typed_error_naming_it(tmp_path, monkeypatch):
+    """The child/parent plumbing where vLLM is missing (this environment, or any without
+    it): the unhooked child reports the import error, the parent raises `EngineCheckError`
+    with its type and message, and no hooked run starts. (The twin's ``.pth`` check is left
+    out: the child stops at ``import vllm`` either way.)"""
+    import importlib.util
+
+    monkeypatch.setattr(engine_check, "check_twin_autostart", lambda: None)
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here: its engine would start")
     (tmp_path / "config.json").write_text("{}")

@@ -215,6 +215,23 @@ def child_main(argv: list[str] | None = None) -> int:
 # -- the parent: both runs, the reference, the report -----------------------------------------
 
 
+def check_twin_autostart() -> None:
+    """Where there is no NPU (torch_npu not installed) the children need the twin active from
+    their first line, in every process vLLM starts: the twin's ``.pth`` in this interpreter's
+    site-packages or user site. Raises `EngineCheckError` naming the command that installs it."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        return
+    from pyruntime.npu_twin import pth
+
+    if not (pth.installed() or pth.installed(pth.user_site_packages())):
+        raise EngineCheckError(
+            f"no NPU here (torch_npu is not installed) and the NPU twin's {pth.PTH_FILENAME} "
+            f"is not in {pth.site_packages()}: run python -m pyruntime.npu_twin.pth install "
+            "(tools/vllm_env.sh does it for its environments)")
+
+
 def child_env(hooked: bool) -> dict[str, str]:
     """The environment of a child: the twin on (unless torch_npu is installed: an NPU), the hook
     on only for the hooked run, vLLM's engine core in process (its counters are the child's)."""
@@ -329,6 +346,7 @@ def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | Non
     LoRA adapter directory `lora` on the requests of `LORA_REQUESTS` when given; judge the
     tokens, return the report (`build_report`). Raises `EngineCheckError` when a run stops
     (its first error: exception, message and where)."""
+    check_twin_autostart()
     without = run_child(model_dir, max_tokens, placement, tp, hooked=False, lora=lora)
     if without.error:
         raise EngineCheckError(f"the engine without the hook stopped: {without.error}")
