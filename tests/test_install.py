@@ -37,8 +37,10 @@ PACKAGE = REPO / "pyruntime"
 #: import name -> distribution name, where they differ
 DISTRIBUTIONS = {"elftools": "pyelftools", "_cffi_backend": "cffi", "vllm_ascend": "vllm-ascend"}
 #: imported only where the NPU machine or vLLM(-Ascend) provides them: never declared, since
-#: a requirement on torch_npu, vllm or vllm-ascend would let pip replace the NPU machine's torch
-PROVIDED_BY_HOST = {"torch_npu", "vllm", "vllm-ascend"}
+#: a requirement on torch_npu, vllm or vllm-ascend would let pip replace the NPU machine's torch;
+#: transformers and safetensors are vLLM's own requirements, imported only by serve-check's
+#: engine check (pyruntime/hook/dryrun/tiny_models.py, engine_check.py), which runs where vLLM is
+PROVIDED_BY_HOST = {"torch_npu", "vllm", "vllm-ascend", "transformers", "safetensors"}
 #: modules that import an optional extra at module level (the rest import with the required
 #: dependencies alone); module -> the extra's distribution
 OPTIONAL_MODULES = {"pyruntime.kernels.triton_attention": "triton",

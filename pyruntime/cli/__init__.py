@@ -11,6 +11,7 @@ Subcommands (one module each):
 * ``selfcheck``: kernels, AI-CPU replay (the tiling placement), attention correctness and
   host time on this machine, with a verdict.
 * ``hook-dryrun``: the vLLM-Ascend hook inside the installed vLLM-Ascend's own classes.
+* ``serve-check``: vLLM's whole engine on the installed vLLM-Ascend without and with the hook.
 
 ``main(argv)`` returns the exit code: 0 success, 1 a check failed, 2 a user error (one
 line on stderr, never a traceback), 130 interrupted (Ctrl-C: one line, at any moment).
@@ -44,6 +45,7 @@ def build_parser() -> ArgumentParser:
         profile,
         projection,
         selfcheck,
+        serve_check,
         tiling_bench,
     )
 
@@ -62,6 +64,7 @@ def build_parser() -> ArgumentParser:
     inspect.add_parser(sub)
     selfcheck.add_parser(sub)
     hook_dryrun.add_parser(sub)
+    serve_check.add_parser(sub)
     return parser
 
 

@@ -398,7 +398,7 @@ REPO = Path(__file__).resolve().parents[2]
 FAST_ARGVS = [[*name.split()[1:], "--help"] for name, _ in _parsers()] + [
     ["--version"], ["frobnicate"], ["bench", "--layers", "x"], ["bench", "--layers", "100000"],
     ["bench", "--quick", "-o", "/missing/dir/x.json"], ["profile", "--quick", "--batch", "-1"],
-    ["selfcheck", "--checks", "nope"],
+    ["selfcheck", "--checks", "nope"], ["serve-check", "--tiny", "qwen3", "--max-tokens", "0"],
 ]
 
 

@@ -10,8 +10,12 @@ part of it: nothing in the hook imports this package.
 * `kv_caches`: the GQA layers' KV caches, allocated as the release's model runner allocates
   them (on 0.30 the full-attention and C8 layers' K and V pages side by side).
 
-Beside the dry run, a later issue adds the engine check and ``serve-check`` here (their own
-modules, e.g. ``engine_check`` and ``serve_check``).
+Beside the dry run, the engine check of ``aicpu-tiling serve-check`` (vLLM's whole engine,
+without and with the hook), each imported where it is used:
+
+* `engine_check`: the two engine runs (a child process each), the counters, the report.
+* `judge`: the tokens of the two runs against an fp32 reference, with a dtype tolerance.
+* `tiny_models`: the tiny random models (and LoRA adapter) the check writes itself.
 
 The names below are the driver's and the models' (no vLLM or torch import until a run).
 """

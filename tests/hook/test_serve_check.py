@@ -1,0 +1,296 @@
+"""``aicpu-tiling serve-check``'s parts that need no vLLM (issue 29, items 1 and 3): the token
+judge on synthetic logits, the tolerance, the tiny models' configs, the report's exact
+schema and verdict from synthetic runs, and the command line's errors. The engine runs
+themselves are in tests/hook/test_engine_check.py (behind the ``engine`` marker)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pyruntime.cli import main
+from pyruntime.hook.dryrun import engine_check, judge, tiny_models
+from pyruntime.hook.dryrun.engine_check import EngineRun
+
+VOCAB = 8
+
+
+def logits_with(values: dict[int, float]) -> list[float]:
+    """Logits over VOCAB tokens: -5 everywhere except `values`."""
+    out = [-5.0] * VOCAB
+    for token, value in values.items():
+        out[token] = value
+    return out
+
+
+def never_called(i: int):
+    raise AssertionError("the reference must not be computed for identical tokens")
+
+
+# -- the judge -------------------------------------------------------------------------------
+
+
+def test_identical_tokens_need_no_reference():
+    assert judge.judge_request(0, [3, 1, 4], [3, 1, 4], never_called, "bfloat16") is None
+
+
+def test_a_near_tie_within_the_tolerance_passes():
+    # the probe's case: 7.7695 against 7.7372 (margin 0.032); bf16 tolerance 4 * 2^-7 * 7.77
+    ref = logits_with({5: 7.7695, 2: 7.7372})
+    d = judge.judge_request(1, [0, 5, 5], [0, 2, 7], lambda i: ref, "bfloat16")
+    assert (d.request, d.token, d.without, d.with_) == (1, 1, 5, 2)
+    assert d.margin == pytest.approx(0.0323)
+    assert d.tolerance == pytest.approx(4 * 2 ** -7 * 7.7695)
+    assert d.ok
+
+
+def test_a_margin_past_the_tolerance_fails():
+    ref = logits_with({5: 8.0, 2: 7.0})  # margin 1.0 > 4 * 2^-7 * 8 = 0.25
+    d = judge.judge_request(0, [5], [2], lambda i: ref, "bfloat16")
+    assert d.margin == pytest.approx(1.0) and d.tolerance == pytest.approx(0.25)
+    assert not d.ok
+
+
+def test_the_same_margin_fails_in_float32():
+    ref = logits_with({5: 7.7695, 2: 7.7372})
+    d = judge.judge_request(0, [5], [2], lambda i: ref, "float32")
+    assert d.tolerance == pytest.approx(4 * 2 ** -23 * 7.7695) and not d.ok
+
+
+def test_a_token_outside_the_reference_top_two_fails():
+    # 2 is third: even with a tiny margin to the best, the hooked token is not a near-tie
+    ref = logits_with({5: 7.77, 6: 7.76, 2: 7.75})
+    d = judge.judge_request(0, [5], [2], lambda i: ref, "bfloat16")
+    assert d.margin is None and not d.ok
+
+
+def test_an_exact_tie_passes_and_is_judged_by_value_not_index():
+    # tokens 1, 4 and 6 tie for best: 6 and 4 are both among the top two by value, though a
+    # top two picked by position (a stable sort) would be {1, 4}
+    ref = logits_with({6: 3.0, 1: 3.0, 4: 3.0})
+    d = judge.judge_request(0, [6], [4], lambda i: ref, "bfloat16")
+    assert d.margin == 0.0 and d.ok
+
+
+def test_the_reference_is_asked_for_the_first_divergence_only():
+    asked = []
+
+    def ref(i):
+        asked.append(i)
+        return logits_with({1: 2.0, 2: 2.0})
+
+    judge.judge_request(0, [0, 0, 1, 9], [0, 0, 2, 8], ref, "bfloat16")
+    assert asked == [2]
+
+
+def test_runs_of_different_lengths_fail():
+    d = judge.judge_request(0, [1, 2, 3], [1, 2], never_called, "bfloat16")
+    assert d.token == 2 and not d.ok
+
+
+def test_the_tolerance_grows_with_the_logits_and_needs_a_known_dtype():
+    assert judge.tolerance("bfloat16", -10.0) == pytest.approx(2 * judge.tolerance("bfloat16", 5))
+    with pytest.raises(KeyError):
+        judge.tolerance("int8", 1.0)
+
+
+# -- the tiny models' configs ------------------------------------------------------------------
+
+
+def test_the_tiny_models_are_the_architectures_named():
+    assert set(tiny_models.CONFIGS) == {"qwen3", "gpt-oss", "deepseek-v3"}
+    qwen3, oss, ds = (tiny_models.CONFIGS[n] for n in ("qwen3", "gpt-oss", "deepseek-v3"))
+    assert qwen3["architectures"] == ["Qwen3ForCausalLM"]
+    assert qwen3["num_attention_heads"] > qwen3["num_key_value_heads"]  # GQA
+    assert oss["architectures"] == ["GptOssForCausalLM"]
+    # vLLM gpt_oss.py: a window on the even layers
+    assert oss["layer_types"] == ["sliding_attention", "full_attention"]
+    assert ds["architectures"] == ["DeepseekV3ForCausalLM"]
+    # no MoE layer: every layer index is below first_k_dense_replace
+    assert ds["first_k_dense_replace"] == ds["num_hidden_layers"]
+    # hook-dryrun --model mla's latent geometry
+    assert (ds["kv_lora_rank"], ds["qk_rope_head_dim"], ds["v_head_dim"]) == (512, 64, 128)
+    for name, config in tiny_models.CONFIGS.items():
+        assert len(tiny_models.ATTENTION_LAYERS[name]) == config["num_hidden_layers"]
+
+
+def test_an_unknown_tiny_model_is_a_typed_error(tmp_path):
+    with pytest.raises(tiny_models.TinyModelError, match="unknown tiny model 'llama'"):
+        tiny_models.write("llama", tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def engine_run(hooked: bool, **fields) -> EngineRun:
+    base = {"vllm": "0.30.0", "vllm_ascend": "0.30.0rc2", "backend": "npu-twin",
+            "dtype": "bfloat16", "tokens": [[1, 2, 3], [4, 5], [6]], "decode_steps": 4,
+            "updates": 0 if hooked else 8, "blocking_copies": 12, "synchronizes": 0,
+            "tpot_ms": 3.0, "hook_state": "active" if hooked else None,
+            "hook_engine": "npu-graph" if hooked else None,
+            "device_layers": {"model.layers.0.self_attn.attn": "full_graph_fia",
+                              "model.layers.1.self_attn.attn": "full_graph_fia"}
+            if hooked else {}}
+    base.update(fields)
+    return EngineRun(hooked=hooked, **base)
+
+
+def test_the_report_has_exactly_the_issues_schema_and_passes():
+    report = engine_check.build_report("qwen3", 1, False, None, engine_run(False),
+                                       engine_run(True), None)
+    assert list(report) == [
+        "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
+        "placement", "compilation_mode", "graph_sizes", "layers", "device_layers",
+        "updates_per_step", "added_per_step", "tokens_identical", "divergence", "tpot_ms",
+        "verdict"]
+    assert report["schema"] == "aicpu-tiling/serve-check" and report["version"] == 1
+    assert report["placement"] == "graph"  # the hook's own, from its engine's name
+    assert [layer["path"] for layer in report["layers"]] == ["device", "device"]
+    assert set(report["layers"][0]) == {"name", "path", "reason"}
+    assert report["updates_per_step"] == {"without": 2.0, "with": 0.0}
+    assert report["added_per_step"] == {"blocking_copies": 0.0, "synchronizes": 0.0}
+    assert set(report["tpot_ms"]) == {"without", "with"}
+    assert report["verdict"] == "pass"
+    json.dumps(report)
+
+
+@pytest.mark.parametrize("with_fields, divergence", [
+    ({"device_layers": {}}, None),                        # nothing moved
+    ({"updates": 4}, None),                               # our layers still updated
+    ({"blocking_copies": 16}, None),                      # one blocking copy added per step
+    ({"tokens": [[1, 2, 3], [4, 9], [6]]},                # tokens differ, not a near-tie
+     judge.Divergence(1, 1, 5, 9, None, 0.1, False)),
+])
+def test_the_verdict_fails(with_fields, divergence):
+    report = engine_check.build_report("qwen3", 1, False, None, engine_run(False),
+                                       engine_run(True, **with_fields), divergence)
+    assert report["verdict"] == "fail"
+
+
+def test_a_judged_near_tie_passes_and_is_reported():
+    d = judge.Divergence(1, 1, 5, 9, 0.03, 0.24, True)
+    report = engine_check.build_report("qwen3", 1, False, None, engine_run(False),
+                                       engine_run(True, tokens=[[1, 2, 3], [4, 9], [6]]), d)
+    assert report["tokens_identical"] is False
+    assert report["divergence"] == {"request": 1, "token": 1, "margin": 0.03, "tolerance": 0.24}
+    assert report["verdict"] == "pass"
+
+
+def test_a_device_layer_list_other_than_the_expected_one_fails():
+    report = engine_check.build_report("qwen3", 1, False, None, engine_run(False),
+                                       engine_run(True), None,
+                                       expected_device_layers=["model.layers.0.self_attn.attn"])
+    assert report["verdict"] == "fail"
+
+
+def test_the_requests_shrink_the_batch_through_the_graph_sizes():
+    lengths = engine_check.max_tokens_of(8)
+    assert lengths == [8, 6, 4] and len(set(lengths)) == len(engine_check.PROMPTS)
+
+
+def test_the_host_waits_are_the_twins_counters(tmp_path):
+    """A blocking H2D copy, a D2H copy and a synchronize on the twin are counted as two
+    blocking copies and one synchronize (the twin in a fresh process: it cannot be undone)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from pyruntime.npu_twin import STATE_ENV
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), STATE_ENV: str(tmp_path)}
+    script = (
+        "from pyruntime import npu_twin\n"
+        "npu_twin.activate()\n"
+        "import json, torch\n"
+        "from pyruntime.npu_twin import device\n"
+        "from pyruntime.hook.dryrun.engine_check import host_waits\n"
+        "stats = device.device().stats\n"
+        "before = dict(stats)\n"
+        "x = torch.ones(4).to('npu')\n"
+        "x.cpu()\n"
+        "torch.npu.synchronize()\n"
+        "print('WAITS ' + json.dumps(host_waits(stats, before)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    waits = json.loads(proc.stdout.split("WAITS ")[-1])
+    assert waits == {"blocking_copies": 2, "synchronizes": 1}
+
+
+def test_without_an_npu_or_the_twins_pth_it_says_how_to_install_it(tmp_path, monkeypatch):
+    import importlib.util
+
+    from pyruntime.npu_twin import pth
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed: an NPU run needs no twin")
+    monkeypatch.setattr(pth, "installed", lambda site_dir=None: False)
+    monkeypatch.setattr(engine_check, "run_child",
+                        lambda *a, **k: pytest.fail("a child started without the twin"))
+    with pytest.raises(engine_check.EngineCheckError,
+                       match="run python -m pyruntime.npu_twin.pth install"):
+        engine_check.check(tmp_path, "empty")
+
+
+def test_a_run_that_stops_is_a_typed_error_naming_it(tmp_path, monkeypatch):
+    """The child/parent plumbing where vLLM is missing (this environment, or any without
+    it): the unhooked child reports the import error, the parent raises `EngineCheckError`
+    with its type and message, and no hooked run starts. (The twin's ``.pth`` check is left
+    out: the child stops at ``import vllm`` either way.)"""
+    import importlib.util
+
+    monkeypatch.setattr(engine_check, "check_twin_autostart", lambda: None)
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: its engine would start")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(engine_check.EngineCheckError,
+                       match="the engine without the hook stopped: ModuleNotFoundError: "
+                             "No module named 'vllm'"):
+        engine_check.check(tmp_path, "empty")
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve-check"], "one of the arguments --model --tiny is required"),
+    (["serve-check", "--tiny", "qwen3", "--model", "x"], "not allowed with"),
+    (["serve-check", "--tiny", "llama"], "invalid choice"),
+    (["serve-check", "--tiny", "qwen3", "--max-tokens", "4"], "--max-tokens 4"),
+    (["serve-check", "--tiny", "qwen3", "--max-tokens", "129"], "--max-tokens 129"),
+    (["serve-check", "--tiny", "qwen3", "--tp", "2"], "only TP 1 runs yet"),
+    (["serve-check", "--tiny", "gpt-oss", "--lora"],
+     "--lora writes a tiny adapter for --tiny qwen3 only"),
+    (["serve-check", "--model", "/nonexistent", "--lora"], "--lora writes a tiny adapter"),
+    (["serve-check", "--model", "/nonexistent"], "no config.json there"),
+])
+def test_usage_errors_are_one_line_and_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_without_vllm_it_says_so(capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert main(["serve-check", "--tiny", "qwen3"]) == 2
+    assert "vLLM is not installed here" in capsys.readouterr().err
+
+
+def test_the_text_report_names_the_divergence():
+    from pyruntime.cli.serve_check import render
+
+    d = judge.Divergence(1, 6, 174, 12, 0.0323, 0.2428, True)
+    report = engine_check.build_report("qwen3", 1, False, None, engine_run(False),
+                                       engine_run(True, tokens=[[1, 2, 3], [4, 9], [6]]), d)
+    text = render(report)
+    assert "request 1 differs from token 6: reference margin 0.0323 (tolerance 0.2428)" in text
+    assert text.endswith("verdict: pass")
