@@ -397,6 +397,12 @@ def _new_process_group_hccl(dist_backend_opts: Any, pg_options: Any) -> ProcessG
                             dist_backend_opts.group_size, pg_options)
 
 
+def is_hccl_available() -> bool:
+    """torch_npu's ``torch.distributed.is_hccl_available``: whether ``hccl`` is a registered
+    backend (``distributed/distributed_c10d.py``)."""
+    return "hccl" in dist.Backend.backend_list
+
+
 def c10d_module(make_module: Callable[[str], types.ModuleType]) -> types.ModuleType:
     """``torch_npu._C._distributed_c10d``: `ProcessGroupHCCL`; other names raise
     `NotInTwinError` when called (`make_module`: torch_npu_module's module factory, passed in
@@ -412,3 +418,8 @@ def install() -> None:
     if dist.is_available() and dist.is_gloo_available():
         dist.Backend.register_backend("hccl", _new_process_group_hccl, extended_api=True,
                                       devices=["npu"])
+        # torch_npu 2.10.0.post4 ``_init/patches/distributed_patches.py`` sets
+        # ``torch.distributed.is_hccl_available`` to ``distributed/distributed_c10d.py``'s
+        # ``is_hccl_available``: ``"hccl" in Backend.backend_list`` (vLLM-Ascend 0.23's
+        # netloader imports the name from ``torch.distributed`` at plugin load)
+        dist.is_hccl_available = is_hccl_available

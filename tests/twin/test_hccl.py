@@ -234,6 +234,8 @@ import torch, torch.distributed as dist
 import torch_npu
 from torch_npu._C._distributed_c10d import ProcessGroupHCCL
 out = {}
+from torch.distributed import is_hccl_available  # vLLM-Ascend 0.23's netloader imports it so
+out["is_hccl_available"] = is_hccl_available()
 opts = ProcessGroupHCCL.Options()
 out["defaults"] = [opts.backend, opts.is_high_priority_stream, opts.global_ranks_in_group,
                    opts.hccl_config, opts.group_id]
@@ -268,6 +270,7 @@ def test_the_backend_and_its_options_are_torch_npus(tmp_path):
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     got = json.loads(lines[-1][len("RESULT "):])
     assert got["defaults"] == ["hccl", False, [], {}, ""]
+    assert got["is_hccl_available"] is True  # torch_npu's patch of torch.distributed
     for name in ("is_high_priority_stream", "global_ranks_in_group", "hccl_config", "group_id"):
         assert got[name].startswith(f"ProcessGroupHCCL.Options.{name}: incompatible"), got
     # torch_npu's creator keeps the given Options and fills the group's id from torch
