@@ -10,7 +10,7 @@ import sys
 import types
 
 from . import device as twin
-from . import fia, hccl, mla_ops, npu_module, profiler
+from . import fia, hccl, mla_ops, moe_ops, npu_module, profiler
 from .npu_module import placeholder
 
 VERSION = "2.10.0.post4+npu-twin"
@@ -88,6 +88,7 @@ def build() -> types.ModuleType:
     module._npu_fused_infer_attention_score_v2_get_max_workspace = fia.get_max_workspace_v2
     module.npu_transpose_batchmatmul = transpose_batchmatmul
     mla_ops.install(module)
+    moe_ops.install(module)
     module.profiler = profiler.build()  # torch_npu.profiler: profile, its handler and config
     return module
 

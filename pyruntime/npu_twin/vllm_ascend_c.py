@@ -39,6 +39,7 @@ import types
 import torch
 
 from . import device as twin
+from . import moe_ops
 from .npu_module import NotInTwinError
 from .vllm_ascend_c_schemas import SCHEMAS
 
@@ -571,6 +572,8 @@ BODIES = {
     "sgmv_expand": (sgmv_expand, _sgmv_expand_meta),
     "npu_copy_and_expand_eagle_inputs": (npu_copy_and_expand_eagle_inputs,
                                          npu_copy_and_expand_eagle_inputs_meta),
+    # the MoE router of both releases (A2/A3 ``DeviceOperator.moe_gating_top_k``)
+    "moe_gating_top_k": (moe_ops.gating_top_k, moe_ops.gating_top_k_meta),
 }
 
 
