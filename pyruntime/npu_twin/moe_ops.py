@@ -6,7 +6,9 @@ shared experts):
 
 * ``torch_npu.npu_moe_init_routing_v2`` (`init_routing_v2`): the AllGather token dispatcher's
   permutation of the tokens into expert order (``TokenDispatcherWithAllGather.token_dispatch``
-  through ``DeviceOperator.npu_moe_init_routing``);
+  through ``DeviceOperator.npu_moe_init_routing``) in 0.30.0rc2; 0.23.0.post1's A2/A3
+  ``DeviceOperator`` calls vLLM-Ascend's own copy, ``_C_ascend.npu_moe_init_routing_custom``
+  (`init_routing_custom`, same arguments and outputs);
 * ``torch_npu.npu_grouped_matmul`` (`grouped_matmul`): the experts' gate-up and down
   projections, one weight tensor ``[E, K, N]``, groups along M, float32 bias
   (0.30.0rc2 ``ops/fused_moe/routed_experts.py`` ``apply_gmm1``/``apply_gmm2``;
@@ -105,7 +107,8 @@ def _expert_range(op: str, active_expert_range, expert_num: int) -> tuple[int, i
     return start, end
 
 
-def check_init_routing_v2(x, expert_idx, options: dict) -> tuple[int, int]:
+def check_init_routing_v2(x, expert_idx, options: dict, op: str = "npu_moe_init_routing_v2"
+                          ) -> tuple[int, int]:
     """torch_npu 2.10.0.post4 ``_op_plugin_docs.py``, ``npu_moe_init_routing_v2``; returns the
     active expert range.
 
@@ -118,7 +121,6 @@ def check_init_routing_v2(x, expert_idx, options: dict) -> tuple[int, int]:
     rows active (``active_num`` -1, 0 or at least NUM_ROWS * K), no scale: what vLLM-Ascend's
     AllGather dispatcher passes. The rest raises `NotInTwinError`.
     """
-    op = "npu_moe_init_routing_v2"
     if options.get("x_dtype") is not None:
         raise NotInTwinError(f"{op}: x_dtype is not modelled by the NPU twin")
     if options.get("scale") is not None or options.get("offset") is not None:
@@ -198,30 +200,10 @@ def init_routing_v2_reference(x: torch.Tensor, expert_idx: torch.Tensor, expert_
     return expanded, row_idx, counts
 
 
-def init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1,
-                    expert_capacity=-1, expert_num=-1, drop_pad_mode=0,
-                    expert_tokens_num_type=0, expert_tokens_num_flag=False, quant_mode=-1,
-                    active_expert_range=(), row_idx_type=0, x_dtype=None):
-    """``torch_npu.npu_moe_init_routing_v2`` (`INIT_ROUTING_V2_SCHEMA`): ``x [NUM_ROWS, H]``
-    float16/bfloat16/float32, ``expert_idx [NUM_ROWS, K]`` int32. Returns ``(expanded_x
-    [NUM_ROWS*K, H] x's dtype, expanded_row_idx [NUM_ROWS*K] int32, expert_token_count
-    [expert_end - expert_start] int64, expanded_scale [NUM_ROWS*K] float32)``
-    (`init_routing_v2_reference`; expanded_scale is undefined without ``scale``, as the doc
-    says: zeros here).
-
-    Raises:
-        RuntimeError: what the doc forbids (`check_init_routing_v2`), at the call; an expert id
-            outside ``[0, expert_num)`` when the task runs ("专家id不能超过专家数").
-        NotInTwinError: quantisation, key-value counts, scatter indices, the Active scenario.
-    """
-    op = "npu_moe_init_routing_v2"
-    options = dict(scale=scale, offset=offset, active_num=active_num, expert_num=expert_num,
-                   drop_pad_mode=drop_pad_mode, expert_tokens_num_type=expert_tokens_num_type,
-                   expert_tokens_num_flag=expert_tokens_num_flag, quant_mode=quant_mode,
-                   active_expert_range=active_expert_range, row_idx_type=row_idx_type,
-                   x_dtype=x_dtype)
-    _on_device(op, x, expert_idx, scale, offset)
-    start, end = check_init_routing_v2(x, expert_idx, options)
+def _init_routing(op: str, x, expert_idx, options: dict):
+    _on_device(op, x, expert_idx, options.get("scale"), options.get("offset"))
+    start, end = check_init_routing_v2(x, expert_idx, options, op)
+    expert_num = int(options["expert_num"])
     rows = expert_idx.numel()
     expanded = torch.empty((rows, x.shape[1]), dtype=x.dtype, device=x.device)
     row_idx = torch.empty((rows,), dtype=torch.int32, device=x.device)
@@ -231,15 +213,66 @@ def init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1,
                                                         counts, expanded_scale))
 
     def run() -> None:
-        if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= int(expert_num)):
+        if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= expert_num):
             raise RuntimeError(f"{op}: expert_idx holds ids outside [0, expert_num "
-                               f"{int(expert_num)}): [{int(ei.min())}, {int(ei.max())}]")
+                               f"{expert_num}): [{int(ei.min())}, {int(ei.max())}]")
         got = init_routing_v2_reference(xi, ei, (start, end))
         for out, value in zip((exi, ri, ci), got):
             out.copy_(value)
         si.zero_()
     _enqueue(op, run, x, writes=(exi, ri, ci, si))
     return expanded, row_idx, counts, expanded_scale
+
+
+def init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1,
+                    expert_capacity=-1, expert_num=-1, drop_pad_mode=0,
+                    expert_tokens_num_type=0, expert_tokens_num_flag=False, quant_mode=-1,
+                    active_expert_range=(), row_idx_type=0, x_dtype=None):
+    """``torch_npu.npu_moe_init_routing_v2`` (`INIT_ROUTING_V2_SCHEMA`; vLLM-Ascend
+    0.30.0rc2's AllGather dispatcher): ``x [NUM_ROWS, H]`` float16/bfloat16/float32,
+    ``expert_idx [NUM_ROWS, K]`` int32. Returns ``(expanded_x [NUM_ROWS*K, H] x's dtype,
+    expanded_row_idx [NUM_ROWS*K] int32, expert_token_count [expert_end - expert_start]
+    int64, expanded_scale [NUM_ROWS*K] float32)`` (`init_routing_v2_reference`;
+    expanded_scale is undefined without ``scale``, as the doc says: zeros here).
+
+    Raises:
+        RuntimeError: what the doc forbids (`check_init_routing_v2`), at the call; an expert id
+            outside ``[0, expert_num)`` when the task runs ("专家id不能超过专家数").
+        NotInTwinError: quantisation, key-value counts, scatter indices, the Active scenario.
+    """
+    return _init_routing("npu_moe_init_routing_v2", x, expert_idx, dict(
+        scale=scale, offset=offset, active_num=active_num, expert_num=expert_num,
+        drop_pad_mode=drop_pad_mode, expert_tokens_num_type=expert_tokens_num_type,
+        expert_tokens_num_flag=expert_tokens_num_flag, quant_mode=quant_mode,
+        active_expert_range=active_expert_range, row_idx_type=row_idx_type, x_dtype=x_dtype))
+
+
+def init_routing_custom(x, expert_idx, *, scale=None, offset=None, active_num=-1,
+                        expert_capacity=-1, expert_num=-1, drop_pad_mode=0,
+                        expert_tokens_num_type=0, expert_tokens_num_flag=False, quant_mode=0,
+                        active_expert_range=(), row_idx_type=0):
+    """``torch.ops._C_ascend.npu_moe_init_routing_custom`` (schema from the release's
+    ``csrc/torch_binding.cpp``): vLLM-Ascend 0.23.0.post1's AllGather dispatcher calls this
+    one on A2/A3 (``BaseDeviceAdaptor.npu_moe_init_routing``) with the arguments 0.30.0rc2
+    passes to ``npu_moe_init_routing_v2``. Its adapter
+    (``csrc/moe/moe_init_routing_custom/moe_init_routing_custom_torch_adpt.h``) takes the same
+    arguments and makes the same outputs (``[bs*k, h]`` dropless, int32 ``[bs*k]`` row
+    indices, int64 ``[end - start]`` counts, float32 ``[bs*k]`` scales; an empty range is
+    ``[0, expert_num]``); the twin holds it to `init_routing_v2`'s rules and formula."""
+    return _init_routing("_C_ascend::npu_moe_init_routing_custom", x, expert_idx, dict(
+        scale=scale, offset=offset, active_num=active_num, expert_num=expert_num,
+        drop_pad_mode=drop_pad_mode, expert_tokens_num_type=expert_tokens_num_type,
+        expert_tokens_num_flag=expert_tokens_num_flag, quant_mode=quant_mode,
+        active_expert_range=active_expert_range, row_idx_type=row_idx_type))
+
+
+def init_routing_custom_meta(x, expert_idx, *, scale=None, offset=None, active_num=-1,
+                             expert_capacity=-1, expert_num=-1, drop_pad_mode=0,
+                             expert_tokens_num_type=0, expert_tokens_num_flag=False,
+                             quant_mode=0, active_expert_range=(), row_idx_type=0):
+    """The adapter's dropless shapes (`init_routing_custom`)."""
+    return _init_routing_v2_fake(x, expert_idx, active_expert_range=active_expert_range,
+                                 expert_num=expert_num)
 
 
 def _init_routing_v2_fake(x, expert_idx, *, scale=None, offset=None, active_num=-1,

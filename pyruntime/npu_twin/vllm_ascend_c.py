@@ -574,6 +574,9 @@ BODIES = {
                                          npu_copy_and_expand_eagle_inputs_meta),
     # the MoE router of both releases (A2/A3 ``DeviceOperator.moe_gating_top_k``)
     "moe_gating_top_k": (moe_ops.gating_top_k, moe_ops.gating_top_k_meta),
+    # 0.23.0.post1's AllGather dispatcher (A2/A3 ``DeviceOperator.npu_moe_init_routing``)
+    "npu_moe_init_routing_custom": (moe_ops.init_routing_custom,
+                                    moe_ops.init_routing_custom_meta),
 }
 
 

@@ -35,12 +35,17 @@ def test_moe_op_schemas_are_the_wheels(schema, registered_schemas):
 
 
 @pytest.mark.parametrize("release", ["0.23.0.post1", "0.30.0rc2"])
-def test_gating_top_k_has_a_body_in_both_releases(release):
-    # the router's schema is the release's own (tests/twin/test_vllm_ascend_c.py checks
-    # SCHEMAS against csrc/torch_binding.cpp); the twin gives it a body there
+def test_the_c_ascend_moe_ops_have_bodies(release):
+    # the schemas are the release's own (tests/twin/test_vllm_ascend_c.py checks SCHEMAS
+    # against csrc/torch_binding.cpp); the twin gives the router (both releases) and
+    # 0.23.0.post1's init routing a body
     from pyruntime.npu_twin import vllm_ascend_c
     assert "moe_gating_top_k" in vllm_ascend_c_schemas.SCHEMAS[release]
     assert vllm_ascend_c.BODIES["moe_gating_top_k"][0] is moe_ops.gating_top_k
+    if release == "0.23.0.post1":
+        assert "npu_moe_init_routing_custom" in vllm_ascend_c_schemas.SCHEMAS[release]
+        assert vllm_ascend_c.BODIES["npu_moe_init_routing_custom"][0] is \
+            moe_ops.init_routing_custom
 
 
 COMMON = '''
@@ -368,8 +373,12 @@ check("gating_3d_refused", lambda: expect(RuntimeError, "should be 2D", lambda: 
 # npu_swiglu's silu * up done here in plain torch: a dense op of model_ops), against a float64
 # MoE by loops
 CHAIN = COMMON + '''
+RELEASE = "{release}"
 from pyruntime.npu_twin import vllm_ascend_c
-vllm_ascend_c.register("0.23.0.post1")
+vllm_ascend_c.register(RELEASE)
+# the dispatcher's routing op: 0.30.0rc2 torch_npu's, 0.23.0.post1 its own (A2/A3 DeviceOperator)
+init_routing = (torch_npu.npu_moe_init_routing_v2 if RELEASE == "0.30.0rc2"
+                else torch.ops._C_ascend.npu_moe_init_routing_custom)
 
 T, H, I = 6, 16, 8
 
@@ -391,7 +400,7 @@ def layer(x, logits, w13, b13, w2, b2, act, router):
     weights, ids, _ = torch.ops._C_ascend.moe_gating_top_k(logits, out_flag=False, eps=1e-20,
                                                            **router)
     ids = ids.to(torch.int32)
-    sorted_x, row_idx, counts, _ = torch_npu.npu_moe_init_routing_v2(
+    sorted_x, row_idx, counts, _ = init_routing(
         x, ids, scale=None, active_num=T * K, expert_num=E, expert_tokens_num_type=1,
         expert_tokens_num_flag=True, active_expert_range=[0, E], quant_mode=-1)
     counts = counts.to(torch.int64)
@@ -502,9 +511,11 @@ check("fake_kernels_trace_under_dynamo", traced)
 '''
 
 
-@pytest.mark.parametrize("script", [ROUTING, GMM, UNPERMUTE, GATING, CHAIN, FAKE],
+@pytest.mark.parametrize("script", [ROUTING, GMM, UNPERMUTE, GATING,
+                                    CHAIN.replace("{release}", "0.30.0rc2"),
+                                    CHAIN.replace("{release}", "0.23.0.post1"), FAKE],
                          ids=["init-routing", "grouped-matmul", "unpermute", "gating",
-                              "chain", "fake"])
+                              "chain-0.30.0rc2", "chain-0.23.0.post1", "fake"])
 def test_moe_ops_on_the_twin(script, run_twin):
     found = run_twin.rules(run_twin(script, timeout=240))
     assert found and "<script>" not in found, found.get("<script>", found)
