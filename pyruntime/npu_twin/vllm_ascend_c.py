@@ -578,6 +578,9 @@ BODIES = {
     "npu_moe_init_routing_custom": (moe_ops.init_routing_custom,
                                     moe_ops.init_routing_custom_meta),
 }
+#: ops of `BODIES` only some releases define (0.30.0rc2's ``csrc/torch_binding.cpp`` no longer
+#: has ``npu_moe_init_routing_custom``: its dispatcher calls torch_npu's v2): op -> releases
+RELEASE_ONLY_BODIES = {"npu_moe_init_routing_custom": ("0.23.0.post1",)}
 
 
 # ---- registration and the import -------------------------------------------------------------
