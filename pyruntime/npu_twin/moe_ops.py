@@ -44,6 +44,8 @@ used. The schemas are the registration strings in torch_npu 2.10.0.post4's
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from . import device as twin
@@ -240,11 +242,12 @@ def init_routing_v2(x, expert_idx, *, scale=None, offset=None, active_num=-1,
             outside ``[0, expert_num)`` when the task runs ("专家id不能超过专家数").
         NotInTwinError: quantisation, key-value counts, scatter indices, the Active scenario.
     """
-    return _init_routing("npu_moe_init_routing_v2", x, expert_idx, dict(
-        scale=scale, offset=offset, active_num=active_num, expert_num=expert_num,
-        drop_pad_mode=drop_pad_mode, expert_tokens_num_type=expert_tokens_num_type,
-        expert_tokens_num_flag=expert_tokens_num_flag, quant_mode=quant_mode,
-        active_expert_range=active_expert_range, row_idx_type=row_idx_type, x_dtype=x_dtype))
+    return _init_routing("npu_moe_init_routing_v2", x, expert_idx, {
+        "scale": scale, "offset": offset, "active_num": active_num, "expert_num": expert_num,
+        "drop_pad_mode": drop_pad_mode, "expert_tokens_num_type": expert_tokens_num_type,
+        "expert_tokens_num_flag": expert_tokens_num_flag, "quant_mode": quant_mode,
+        "active_expert_range": active_expert_range, "row_idx_type": row_idx_type,
+        "x_dtype": x_dtype})
 
 
 def init_routing_custom(x, expert_idx, *, scale=None, offset=None, active_num=-1,
@@ -259,11 +262,11 @@ def init_routing_custom(x, expert_idx, *, scale=None, offset=None, active_num=-1
     arguments and makes the same outputs (``[bs*k, h]`` dropless, int32 ``[bs*k]`` row
     indices, int64 ``[end - start]`` counts, float32 ``[bs*k]`` scales; an empty range is
     ``[0, expert_num]``); the twin holds it to `init_routing_v2`'s rules and formula."""
-    return _init_routing("_C_ascend::npu_moe_init_routing_custom", x, expert_idx, dict(
-        scale=scale, offset=offset, active_num=active_num, expert_num=expert_num,
-        drop_pad_mode=drop_pad_mode, expert_tokens_num_type=expert_tokens_num_type,
-        expert_tokens_num_flag=expert_tokens_num_flag, quant_mode=quant_mode,
-        active_expert_range=active_expert_range, row_idx_type=row_idx_type))
+    return _init_routing("_C_ascend::npu_moe_init_routing_custom", x, expert_idx, {
+        "scale": scale, "offset": offset, "active_num": active_num, "expert_num": expert_num,
+        "drop_pad_mode": drop_pad_mode, "expert_tokens_num_type": expert_tokens_num_type,
+        "expert_tokens_num_flag": expert_tokens_num_flag, "quant_mode": quant_mode,
+        "active_expert_range": active_expert_range, "row_idx_type": row_idx_type})
 
 
 def init_routing_custom_meta(x, expert_idx, *, scale=None, offset=None, active_num=-1,
@@ -386,7 +389,7 @@ def group_ends(group_list: torch.Tensor, list_type: int, rows: int, op: str) -> 
             ends.append(total)
     else:
         ends = values
-        if any(v < 0 for v in ends) or any(b < a for a, b in zip(ends, ends[1:])):
+        if any(v < 0 for v in ends) or any(b < a for a, b in itertools.pairwise(ends)):
             raise RuntimeError(f"{op}: a cumsum group_list must be non-negative and "
                                f"non-decreasing, got {ends}")
     if ends and ends[-1] > rows:
@@ -425,14 +428,15 @@ def grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_s
         NotInTwinError: quantised, multi-tensor, activation and other group forms.
     """
     op = "npu_grouped_matmul"
-    options = dict(scale=scale, offset=offset, antiquant_scale=antiquant_scale,
-                   antiquant_offset=antiquant_offset, per_token_scale=per_token_scale,
-                   activation_input=activation_input,
-                   activation_quant_scale=activation_quant_scale,
-                   activation_quant_offset=activation_quant_offset, split_item=split_item,
-                   group_type=group_type, group_list_type=group_list_type, act_type=act_type,
-                   output_dtype=output_dtype, x_dtype=x_dtype, weight_dtype=weight_dtype,
-                   scale_dtype=scale_dtype, per_token_scale_dtype=per_token_scale_dtype)
+    options = {"scale": scale, "offset": offset, "antiquant_scale": antiquant_scale,
+               "antiquant_offset": antiquant_offset, "per_token_scale": per_token_scale,
+               "activation_input": activation_input,
+               "activation_quant_scale": activation_quant_scale,
+               "activation_quant_offset": activation_quant_offset, "split_item": split_item,
+               "group_type": group_type, "group_list_type": group_list_type,
+               "act_type": act_type, "output_dtype": output_dtype, "x_dtype": x_dtype,
+               "weight_dtype": weight_dtype, "scale_dtype": scale_dtype,
+               "per_token_scale_dtype": per_token_scale_dtype}
     _on_device(op, *x, *weight, *(bias or ()), group_list)
     check_grouped_matmul(x, weight, bias, group_list, options)
     x0, w0 = x[0], weight[0]
