@@ -514,6 +514,41 @@ def traced():
 
 
 check("fake_kernels_trace_under_dynamo", traced)
+
+from pyruntime.npu_twin import vllm_ascend_c  # noqa: E402
+vllm_ascend_c.register("0.23.0.post1")
+custom = []
+
+
+def custom_backend(gm, example_inputs):
+    custom.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"
+                   and str(n.target).startswith("_C_ascend.")])
+    return gm.forward
+
+
+def router(logits, bias, x):
+    y, ids, out = torch.ops._C_ascend.moe_gating_top_k(logits, 3, 2, 4, 1, 1, 1, False, 2.5,
+                                                       1e-20, bias_opt=bias)
+    routed = torch.ops._C_ascend.npu_moe_init_routing_custom(
+        x, ids, active_num=18, expert_num=8, expert_tokens_num_type=1,
+        expert_tokens_num_flag=True, active_expert_range=[0, 8], quant_mode=-1)
+    return (y, ids, out) + tuple(routed)
+
+
+def traced_c_ascend():
+    with FakeTensorMode():
+        args = (torch.empty(6, 8, dtype=torch.bfloat16), torch.empty(8, dtype=torch.bfloat16),
+                torch.empty(6, 16, dtype=torch.bfloat16))
+        out = torch.compile(router, backend=custom_backend, fullgraph=True)(*args)
+    eq([(tuple(t.shape), t.dtype) for t in out],
+       [((6, 3), torch.bfloat16), ((6, 3), torch.int32), ((6, 8), torch.float32),
+        ((18, 16), torch.bfloat16), ((18,), torch.int32), ((8,), torch.int64),
+        ((18,), torch.float32)])
+    eq(custom, [["_C_ascend.moe_gating_top_k",
+                 "_C_ascend.npu_moe_init_routing_custom"]])
+
+
+check("c_ascend_meta_kernels_trace_under_dynamo", traced_c_ascend)
 '''
 
 
