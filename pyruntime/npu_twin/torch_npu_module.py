@@ -10,7 +10,7 @@ import sys
 import types
 
 from . import device as twin
-from . import fia, hccl, mla_ops, model_ops, npu_module, profiler
+from . import fia, hccl, mla_ops, model_ops, moe_ops, npu_module, profiler
 from .npu_module import placeholder
 
 VERSION = "2.10.0.post4+npu-twin"
@@ -89,6 +89,7 @@ def build() -> types.ModuleType:
     module.npu_transpose_batchmatmul = transpose_batchmatmul
     mla_ops.install(module)
     model_ops.install(module, _module)  # a dense decoder's forward: norms, swiglu, rope, KV
+    moe_ops.install(module)  # the fused-MoE path at TP 1: routing, grouped matmul, unpermute
     module.profiler = profiler.build()  # torch_npu.profiler: profile, its handler and config
     return module
 

@@ -39,6 +39,7 @@ import types
 import torch
 
 from . import device as twin
+from . import moe_ops
 from .npu_module import NotInTwinError
 from .vllm_ascend_c_schemas import SCHEMAS
 
@@ -571,7 +572,15 @@ BODIES = {
     "sgmv_expand": (sgmv_expand, _sgmv_expand_meta),
     "npu_copy_and_expand_eagle_inputs": (npu_copy_and_expand_eagle_inputs,
                                          npu_copy_and_expand_eagle_inputs_meta),
+    # the MoE router of both releases (A2/A3 ``DeviceOperator.moe_gating_top_k``)
+    "moe_gating_top_k": (moe_ops.gating_top_k, moe_ops.gating_top_k_meta),
+    # 0.23.0.post1's AllGather dispatcher (A2/A3 ``DeviceOperator.npu_moe_init_routing``)
+    "npu_moe_init_routing_custom": (moe_ops.init_routing_custom,
+                                    moe_ops.init_routing_custom_meta),
 }
+#: ops of `BODIES` only some releases define (0.30.0rc2's ``csrc/torch_binding.cpp`` no longer
+#: has ``npu_moe_init_routing_custom``: its dispatcher calls torch_npu's v2): op -> releases
+RELEASE_ONLY_BODIES = {"npu_moe_init_routing_custom": ("0.23.0.post1",)}
 
 
 # ---- registration and the import -------------------------------------------------------------
