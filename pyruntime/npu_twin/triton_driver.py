@@ -140,12 +140,11 @@ def _fp32_to_bf16(values):
     """float32 -> bf16 bit patterns, rounded to nearest even (NaN stays a quiet NaN)."""
     import numpy as np
 
-    values = np.ascontiguousarray(values, dtype=np.float32)
+    values = np.array(values, dtype=np.float32)  # a contiguous copy that keeps a 0-d shape
     bits = values.view(np.uint32)
     rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(values)
-    rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype(np.uint16)
-    return rounded
+    quiet_nan = ((bits >> 16) | 0x0040).astype(np.uint16)
+    return np.asarray(np.where(np.isnan(values), quiet_nan, rounded), dtype=np.uint16)
 
 
 @contextlib.contextmanager
@@ -158,11 +157,14 @@ def bf16_arithmetic():
     came out as garbage and NaN), and ``.to(tl.bfloat16)`` truncates. Here every bf16 binary
     and unary op computes on the exact float32 values and rounds the result to bf16 to
     nearest even (a correctly rounded bf16 op, as torch's bf16 ops on the CPU), comparisons
-    compare values, and casts to and from bf16 go through float32 with the same rounding.
+    compare values, casts to and from bf16 go through float32 with the same rounding, and
+    ``tl.sum`` / ``tl.max`` / ``tl.min`` (and the arg- forms) of bf16 reduce the float32
+    values (a sum accumulates in float32 and rounds once).
     Restored on exit; callers hold the interpreter lock (the patch is process-wide)."""
     import numpy as np
     import triton.language as tl
-    from triton.runtime.interpreter import TensorHandle, _get_np_dtype, interpreter_builder
+    from triton.runtime.interpreter import (ReduceOps, TensorHandle, _get_np_dtype,
+                                            interpreter_builder)
 
     builder_cls = type(interpreter_builder)
 
@@ -190,14 +192,40 @@ def bf16_arithmetic():
             return TensorHandle(_fp32_to_bf16(src.data.astype(np.float32)), target)
         return builder_cls.cast_impl(interpreter_builder, src, dst_type)
 
+    original_sum, original_min_max = ReduceOps.sum, ReduceOps.min_max
+
+    def reduce_sum(self, input):
+        if input.dtype != tl.bfloat16:
+            return original_sum(self, input)
+        total = np.sum(_bf16_to_fp32(input.handle.data), axis=self.axis, keepdims=self.keep_dims)
+        return self.to_tensor(_fp32_to_bf16(total), input.dtype)
+
+    def min_max(self, input, val_reduce_op, idx_reduce_op=None):
+        x = input[0] if isinstance(input, tuple) else input
+        if x.dtype != tl.bfloat16:
+            return original_min_max(self, input, val_reduce_op, idx_reduce_op)
+        values = _bf16_to_fp32(x.handle.data)
+        found = []
+        if val_reduce_op:
+            found.append(self.to_tensor(_fp32_to_bf16(val_reduce_op(
+                values, axis=self.axis, keepdims=self.keep_dims)), x.dtype))
+        if idx_reduce_op:
+            found.append(self.to_tensor(idx_reduce_op(
+                values, axis=self.axis, keepdims=self.keep_dims), tl.int32))
+        if not found:
+            raise ValueError("val_reduce_op and idx_reduce_op are both None")
+        return tuple(found) if len(found) == 2 else found[0]
+
     interpreter_builder.binary_op = binary_op
     interpreter_builder.unary_op = unary_op
     interpreter_builder.cast_impl = cast_impl
+    ReduceOps.sum, ReduceOps.min_max = reduce_sum, min_max
     try:
         yield
     finally:
         del interpreter_builder.binary_op, interpreter_builder.unary_op
         del interpreter_builder.cast_impl
+        ReduceOps.sum, ReduceOps.min_max = original_sum, original_min_max
 
 
 def _launch(jit_fn, args: tuple, kwargs: dict, grid: Any) -> None:

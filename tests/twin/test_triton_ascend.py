@@ -89,12 +89,16 @@ def bf16_is_arithmetic_on_values():
     outs = [torch.empty(40, dtype=torch.bfloat16, device="npu") for _ in range(2)]
     lt = torch.empty(40, dtype=torch.int8, device="npu")
     cast = torch.empty(40, dtype=torch.bfloat16, device="npu")
-    bf16_math[(1,)](a.npu(), b.npu(), c.npu(), x.npu(), outs[0], outs[1], lt, cast, N=40)
+    red = torch.empty(3, dtype=torch.bfloat16, device="npu")
+    bf16_math[(1,)](a.npu(), b.npu(), c.npu(), x.npu(), outs[0], outs[1], lt, cast, red, N=40)
     # torch's bf16 ops on the CPU round each result to nearest even
     eq(outs[0].cpu().view(torch.int16).tolist(), (a * b - c).view(torch.int16).tolist())
     eq(outs[1].cpu().tolist(), (-a).tolist())
     eq(lt.cpu().tolist(), (a < b).to(torch.int8).tolist())
     eq(cast.cpu().view(torch.int16).tolist(), x.to(torch.bfloat16).view(torch.int16).tolist())
+    # a bf16 sum accumulates in fp32 and rounds once; min and max compare values
+    eq(red.cpu().tolist(), [a.float().sum().to(torch.bfloat16).item(), a.min().item(),
+                            a.max().item()])
 check("bf16_arithmetic_rounds_like_torch", bf16_is_arithmetic_on_values)
 
 import triton.language.extra.cann.extension as extension

@@ -63,9 +63,10 @@ def misuse(x_ptr, y_ptr, CASE: tl.constexpr):
 
 
 @triton.jit
-def bf16_math(a_ptr, b_ptr, c_ptr, x_ptr, out_ptr, neg_ptr, lt_ptr, cast_ptr, N: tl.constexpr):
+def bf16_math(a_ptr, b_ptr, c_ptr, x_ptr, out_ptr, neg_ptr, lt_ptr, cast_ptr, red_ptr,
+              N: tl.constexpr):
     """bf16 arithmetic as vLLM-Ascend's RoPE kernels do it: out = a * b - c, neg = -a,
-    lt = a < b (int8), cast = x (fp32) rounded to bf16."""
+    lt = a < b (int8), cast = x (fp32) rounded to bf16, red = [sum(a), min(a), max(a)]."""
     i = tl.arange(0, N)
     a = tl.load(a_ptr + i)
     b = tl.load(b_ptr + i)
@@ -74,3 +75,6 @@ def bf16_math(a_ptr, b_ptr, c_ptr, x_ptr, out_ptr, neg_ptr, lt_ptr, cast_ptr, N:
     tl.store(neg_ptr + i, -a)
     tl.store(lt_ptr + i, (a < b).to(tl.int8))
     tl.store(cast_ptr + i, tl.load(x_ptr + i).to(tl.bfloat16))
+    tl.store(red_ptr, tl.sum(a, axis=0))
+    tl.store(red_ptr + 1, tl.min(a, axis=0))
+    tl.store(red_ptr + 2, tl.max(a, axis=0))
