@@ -88,8 +88,8 @@ def ascend_shape_rules():
     ``validate_block_shape`` has upstream's power-of-two check commented out, its
     ``semantic.arange`` applies it only in SIMT mode); every other check of both stays.
     Restored on exit; callers hold the interpreter lock (the patch is process-wide)."""
-    import triton.language.core as core
     from triton._utils import TRITON_MAX_TENSOR_NUMEL
+    from triton.language import core
     from triton.runtime.interpreter import interpreter_semantic
 
     def validate_block_shape(shape):
@@ -163,8 +163,12 @@ def bf16_arithmetic():
     Restored on exit; callers hold the interpreter lock (the patch is process-wide)."""
     import numpy as np
     import triton.language as tl
-    from triton.runtime.interpreter import (ReduceOps, TensorHandle, _get_np_dtype,
-                                            interpreter_builder)
+    from triton.runtime.interpreter import (
+        ReduceOps,
+        TensorHandle,
+        _get_np_dtype,
+        interpreter_builder,
+    )
 
     builder_cls = type(interpreter_builder)
 
@@ -267,7 +271,7 @@ class TwinNPUUtils:
     compiled helper module: the queries vLLM-Ascend makes; loading a binary is not in the
     twin."""
 
-    @functools.lru_cache()  # noqa: B019 - as the real one: one answer per argument, for good
+    @functools.lru_cache  # noqa: B019 - as the real one: one answer per argument, for good
     def get_device_properties(self, device: Any) -> dict[str, int]:
         """``{"max_shared_mem": 1, "num_aicore": n, "num_vectorcore": 2 * n}``: n AI Cores
         (``rtGetAiCoreCount``), each with two vector cores; ``device`` (an int, a

@@ -273,7 +273,7 @@ class _LibdeviceModule(types.ModuleType):
 def install() -> None:
     """Make ``import triton.language.extra.cann.extension`` (and ``tl.extra.cann``) resolve
     to the twin's modules. Idempotent."""
-    import triton.language.extra as extra
+    from triton.language import extra
 
     if "triton.language.extra.cann" in sys.modules:
         if getattr(sys.modules["triton.language.extra.cann"], "_twin", False):

@@ -49,7 +49,6 @@ def slot_mapping() -> dict:
     ``BlockTable.compute_slot_mapping`` launches it (``worker/block_table.py``, no DCP)."""
     from vllm.utils.math_utils import cdiv
     from vllm.v1.attention.backends.utils import PAD_SLOT_ID
-
     from vllm_ascend.ops.triton.compute_slot_mapping import (
         _compute_slot_mapping_kernel,
         _next_power_of_2,
