@@ -78,7 +78,7 @@ def _interpreted(fn, grid, args, kwargs) -> None:
 
 
 class ShapeRuleError(ValueError):
-    """An ``tl.arange`` that Triton-Ascend refuses too (not constexpr, past int32, empty)."""
+    """A ``tl.arange`` Triton-Ascend refuses too (bounds not constexpr, past int32, empty)."""
 
 
 @contextlib.contextmanager
