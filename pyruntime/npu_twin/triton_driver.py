@@ -46,16 +46,16 @@ def _launch(jit_fn, args: tuple, kwargs: dict, grid: Any) -> None:
     dev.check_alive()
     tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
     for t in tensors:
-        if not isinstance(t, twin.NpuTensor):
+        if not twin.is_npu_tensor(t):
             raise twin.HostPointerError(
                 f"triton kernel {jit_fn.__name__}: argument on {t.device} (shape "
                 f"{tuple(t.shape)}): Triton-Ascend passes its data_ptr() to the AI Core "
                 "unchecked, a host address (AI Core exception on hardware)")
-        if t._index != dev.current_device():
+        if twin.index_of(t) != dev.current_device():
             # the launcher takes driver.active.get_current_device()'s current stream and
             # context; another device's address is not mapped there
             raise twin.TwinError(
-                f"triton kernel {jit_fn.__name__}: argument on npu:{t._index} launched on "
+                f"triton kernel {jit_fn.__name__}: argument on npu:{twin.index_of(t)} launched on "
                 f"npu:{dev.current_device()}, the current device (Triton-Ascend launches in "
                 "the current device's context with the argument's data_ptr() unchecked)")
     inner_args = tuple(twin.inner(a) for a in args)
@@ -84,7 +84,7 @@ def install() -> None:
     compiled_run = JITFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):
-        if any(isinstance(v, twin.NpuTensor) for v in (*args, *kwargs.values())):
+        if any(twin.is_npu_tensor(v) for v in (*args, *kwargs.values())):
             if warmup:
                 return None
             _launch(self, args, kwargs, grid)
