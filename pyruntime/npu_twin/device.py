@@ -1151,6 +1151,12 @@ def _queue_op(dev: Device, func, args, kwargs):
         for meta, ret in zip(metas, func._schema.returns):
             if ret.alias_info and alias_set in ret.alias_info.before_set and \
                     isinstance(meta, torch.Tensor) and meta.shape != meta_arg.shape:
+                if _plain_host_alias is not None:
+                    # torch's out= contract (at::native::resize_output) resizes the output
+                    # when the op is called; a plain tensor can be resized (its storage grows
+                    # at once, its contents are written when the op runs)
+                    target.resize_(meta.shape)
+                    continue
                 raise TwinError(f"{func} resizes its out= argument from {tuple(meta_arg.shape)} "
                                 f"to {tuple(meta.shape)}: not modelled by the NPU twin (allocate "
                                 "the output at its size)")
