@@ -142,7 +142,7 @@ class _Options(_C10D.Backend.Options):
 def _check_single(tensor: Any) -> torch.Tensor:
     """``check_npu_single_tensor`` (ProcessGroupHCCL.cpp)."""
     if not twin.is_npu_tensor(tensor):
-        raise RuntimeError("Tensors must be NPU and dense")  # noqa: TRY004 (TORCH_CHECK)
+        raise RuntimeError("Tensors must be NPU and dense")
     if not tensor.is_contiguous():
         raise RuntimeError("Tensors must be contiguous")
     return tensor

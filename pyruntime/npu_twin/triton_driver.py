@@ -55,8 +55,8 @@ def _launch(jit_fn, args: tuple, kwargs: dict, grid: Any) -> None:
             # the launcher takes driver.active.get_current_device()'s current stream and
             # context; another device's address is not mapped there
             raise twin.TwinError(
-                f"triton kernel {jit_fn.__name__}: argument on npu:{twin.index_of(t)} launched on "
-                f"npu:{dev.current_device()}, the current device (Triton-Ascend launches in "
+                f"triton kernel {jit_fn.__name__}: argument on npu:{twin.index_of(t)} launched "
+                f"on npu:{dev.current_device()}, the current device (Triton-Ascend launches in "
                 "the current device's context with the argument's data_ptr() unchecked)")
     inner_args = tuple(twin.inner(a) for a in args)
     inner_kwargs = {k: twin.inner(v) for k, v in kwargs.items()}

@@ -11,7 +11,6 @@ mirrors (torch, torch_npu 2.10.0.post4, CANN's runtime; sources in the docstring
 from __future__ import annotations
 
 import dataclasses
-
 import os
 
 import pytest

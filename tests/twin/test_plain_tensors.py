@@ -121,6 +121,23 @@ PROBE = textwrap.dedent('''
                          torch.equal(traced.cpu(), fn(a, b)), torch.equal(eager.cpu(), fn(a, b))]
 
     @section
+    def compiled_in_capture():  # Dynamo's code issues plain ops: the capture records them
+        def fn(p):
+            return torch.relu(p * 2 + 1) - 8
+
+        compiled = torch.compile(fn, backend="eager", fullgraph=True)
+        x = torch.ones(4, device="npu")
+        warm = compiled(x).cpu().tolist()  # traced outside the capture
+        graph, stream = torch.npu.NPUGraph(), torch.npu.Stream()
+        with torch.npu.stream(stream):
+            graph.capture_begin()
+            y = compiled(x)
+            graph.capture_end()
+        x.fill_(3.0)
+        graph.replay()
+        out["compiled_in_capture"] = [warm, y.cpu().tolist()]
+
+    @section
     def devices():
         one = torch.ones(3, device="npu:1")
         out["device1"] = [str(one.device), str((one * 2).device), torch.npu.current_device(),
@@ -230,6 +247,12 @@ def test_dynamo_traces_npu_tensors_in_one_graph(probe):
     frames, ops, device, counted_equal, eager_equal = part(probe, "dynamo")
     assert (frames, device, counted_equal, eager_equal) == (1, "npu:0", True, True)
     assert ops >= 4  # matmul, add, relu, sum, long: all in the graph
+
+
+def test_a_compiled_function_runs_its_ops_through_the_twin_capture_and_replay(probe):
+    """torch.compile(backend="eager", fullgraph=True) on npu tensors, then captured: the
+    replay re-runs the compiled function's ops on the new input (relu(3 * 2 + 1) - 8)."""
+    assert part(probe, "compiled_in_capture") == [[-5.0] * 4, [-1.0] * 4]
 
 
 def test_two_devices_and_a_per_thread_device_guard(probe):
