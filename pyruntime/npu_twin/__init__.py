@@ -116,7 +116,7 @@ def activate(fault: str | None = None) -> None:
         from . import plain_tensors
 
         plain_tensors.activate(backend_module=npu_module)
-        device.install_device(plain_tensors.make_device(fault=fault, state_dir=state))
+        device.install_device(plain_tensors.PlainDevice(fault=fault, state_dir=state))
         plain_tensors.route_custom_ops(device.device())
     else:
         device.install_device(device.Device(fault=fault, state_dir=state))

@@ -1,26 +1,26 @@
-"""Plain npu tensors: the twin's next tensor layer, opt-in, without the twin's rules yet.
+"""Plain npu tensors: the twin's tensor layer without a wrapper subclass (opt-in).
 
-Today's twin (`pyruntime.npu_twin.device`) makes ``device="npu"`` with torch's Python
-PrivateUse1 backend and a wrapper subclass (``NpuTensor``). Dynamo cannot trace that wrapper,
-and vLLM's ``nn.Parameter`` subclasses and ``param.data = ...`` break on it (issue 28, the
-engine probe). Here a twin tensor is an ordinary ``torch.Tensor`` on the PrivateUse1 device
-renamed ``npu``:
+The default twin tensor (`pyruntime.npu_twin.device.NpuTensor`) is a wrapper subclass. Dynamo
+cannot trace it, and vLLM's ``nn.Parameter`` subclasses and ``param.data = ...`` break on it
+(issue 28, the engine probe). Here a twin tensor is an ordinary ``torch.Tensor`` on the
+PrivateUse1 device renamed ``npu``, and its ops reach the same rules (device.py):
 
-* ``csrc/plain_device.cpp``, a small C++ extension: an allocator over host memory with live
-  per-device accounting (allocated / reserved / peak), a device guard (the device count from
-  ``AICPU_TILING_TWIN_DEVICES``, default 2; the current device per thread), torch 2.13's
-  PrivateUse1 hooks, and the kernels every tensor needs (empty, empty_strided, as_strided,
-  view, _reshape_alias, resize_, set_, copies between cpu and npu, item);
-* one boxed Python fallback for every other aten op (`_fallback`): it runs the op on CPU
-  tensors over the same bytes and hands back npu tensors. It is the single dispatch point
-  where the twin's rules (queued execution per stream, capture records, replay, sync rules,
-  host-pointer refusal, faults) are to plug in; none of them is ported yet, so every op here
-  runs at once, synchronously.
+* ``csrc/plain_device.cpp``, a small C++ extension: an allocator over host memory that
+  accounts per device as `pyruntime.npu_twin.memory` does (blocks, cache, peaks, device size,
+  out of memory), a device guard (the device count from ``AICPU_TILING_TWIN_DEVICES``,
+  default 2; the current device per thread), torch 2.13's PrivateUse1 hooks, and the kernels
+  that only make or reshape tensors (empty, empty_strided, as_strided, view, _reshape_alias,
+  resize_, set_);
+* one boxed Python fallback for every other aten op (`_fallback`): copies and ``.item()`` go
+  to device.py's sync rules, views are made at once, every other op is queued on its
+  device's current stream or recorded by the capture on it (`device._queue_op`);
+* `PlainDevice`: device.py's `Device` with the current device and memory in the extension;
+* `route_custom_ops`: our custom ops' missing-kernel and reference-body rules.
 
-Use: ``AICPU_TILING_TWIN_TENSORS=plain`` makes `pyruntime.npu_twin.activate` install this
-layer instead of the wrapper twin (and nothing else of the twin), or call `activate` here.
-Activation is once per process, and excludes the wrapper twin in the same process (both
-rename torch's PrivateUse1 backend).
+Use: ``AICPU_TILING_TWIN_TENSORS=plain`` makes `pyruntime.npu_twin.activate` install the twin
+with this layer instead of the wrapper (the rest of the twin is the same). Activation is once
+per process, and excludes the wrapper twin in the same process (both rename torch's
+PrivateUse1 backend).
 
 The extension is compiled at first use (g++, ``-Wall -Wextra -Werror``, torch's headers as
 ``-isystem``) into ``$XDG_CACHE_HOME/aicpu-tiling/twin-ext/<key>/`` (default ``~/.cache``),
@@ -44,6 +44,9 @@ from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+
+from . import device as twin
+from .memory import total_from_env
 
 TENSORS_ENV = "AICPU_TILING_TWIN_TENSORS"
 DEVICES_ENV = "AICPU_TILING_TWIN_DEVICES"
@@ -158,8 +161,6 @@ def activate(backend_module: types.ModuleType) -> None:
         raise PlainTensorsUnavailableError(
             f"torch's PrivateUse1 backend is already named {name!r} in this process (the "
             "wrapper twin or torch_npu): the plain npu tensor layer needs a fresh process")
-    from . import device as twin
-
     twin.device_count_from_env()  # a bad AICPU_TILING_TWIN_DEVICES fails here, in Python
     library = build_extension()
     torch.utils.rename_privateuse1_backend("npu")
@@ -225,34 +226,31 @@ class PlainMemory:
         return collections.OrderedDict(sorted(flat.items()))
 
 
-def make_device(*, fault: str | None, state_dir: Path):
+class PlainDevice(twin.Device):
     """The twin's `device.Device` for plain tensors: the same rules, with the current device
     in the extension's thread-local (the device guard torch's kernels use) and memory in its
-    allocator."""
-    from . import device as twin
-    from .memory import total_from_env
+    allocator (`PlainMemory`)."""
 
-    class PlainDevice(twin.Device):
-        def current_device(self) -> int:
-            return torch.ops.aicpu_twin.current_device()
+    def __init__(self, *, fault: str | None, state_dir: Path) -> None:
+        super().__init__(fault=fault, state_dir=state_dir,
+                         count=torch.ops.aicpu_twin.device_count())
+        self.memory = PlainMemory(total_from_env())
 
-        def set_current_device(self, index: int) -> None:
-            self.check_alive()
-            self.checked(index)
-            torch.ops.aicpu_twin.set_device(index)
-            self.contexts.add(index)
+    def current_device(self) -> int:
+        return torch.ops.aicpu_twin.current_device()
 
-        @property
-        def context(self) -> bool:
-            # torch_npu creates the context at the first allocation (lazy set-device), and
-            # plain tensors are allocated by the extension, not through Python
-            index = self.current_device()
-            return index in self.contexts or memory_stats(index)["allocations"] > 0
+    def set_current_device(self, index: int) -> None:
+        self.check_alive()
+        self.checked(index)
+        torch.ops.aicpu_twin.set_device(index)
+        self.contexts.add(index)
 
-    dev = PlainDevice(fault=fault, state_dir=state_dir,
-                      count=torch.ops.aicpu_twin.device_count())
-    dev.memory = PlainMemory(total_from_env())
-    return dev
+    @property
+    def context(self) -> bool:
+        # torch_npu creates the context at the first allocation (lazy set-device), and plain
+        # tensors are allocated by the extension, not through Python
+        index = self.current_device()
+        return index in self.contexts or memory_stats(index)["allocations"] > 0
 
 
 # ---- the one dispatch point -----------------------------------------------------------------
@@ -273,8 +271,6 @@ def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
     Raises:
         device.TwinError: a custom op without an npu kernel; the rules' own errors.
     """
-    from . import device as twin
-
     if op.namespace != "aten":
         raise twin.TwinError(f"{op.name()} has no NPU (PrivateUse1) kernel: the extension "
                              "that registers it is not loaded")
@@ -305,8 +301,6 @@ def _is_view(op: torch._ops.OpOverload) -> bool:
 
 def _view(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
     """A view op: run on the host aliases, then the same view of the npu base."""
-    from . import device as twin
-
     schema = op._schema
     twin._device_of(op, args, kwargs)  # the same-device rule
     host_args = pytree.tree_map(twin.inner, list(args))
@@ -367,8 +361,6 @@ def route_custom_ops(dev) -> None:
 
     from pyruntime.kernels import custom_ops
 
-    from . import device as twin
-
     custom_ops.ops()
     for qualname, opdef in list(OPDEFS.items()):
         if not qualname.startswith(f"{custom_ops.NAMESPACE}::"):
@@ -382,8 +374,6 @@ def route_custom_ops(dev) -> None:
 
 
 def _reference_kernel(dev, overload):
-    from . import device as twin
-
     def kernel(*args, **kwargs):
         dev.check_alive()
         return twin._queue_reference_body(dev, overload, args, kwargs)
@@ -391,8 +381,6 @@ def _reference_kernel(dev, overload):
 
 
 def _missing_kernel(qualname: str):
-    from . import device as twin
-
     def kernel(*args, **kwargs):
         raise twin.TwinError(f"{qualname} has no NPU (PrivateUse1) kernel: the extension "
                              "that registers it is not loaded (torch.ops.load_library of "
