@@ -93,7 +93,7 @@ def activate(fault: str | None = None) -> None:
     if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None:
         raise TwinUnavailableError("a real torch_npu is importable here: the NPU twin would "
                                    "shadow it; use --backend npu on an NPU machine")
-    tensors = os.environ.get(TENSORS_ENV, "wrapper")
+    tensors = os.environ.get(TENSORS_ENV) or "wrapper"  # unset or empty: the default
     if tensors not in ("wrapper", "plain"):
         raise ValueError(f"{TENSORS_ENV}={tensors!r}: choose wrapper (the default) or plain")
     import torch
