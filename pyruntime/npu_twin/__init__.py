@@ -45,8 +45,8 @@ FAULTS: dict[str, str] = {
                 "that version (review 2 item 6)",
 }
 STATE_ENV = "AICPU_TILING_TWIN_STATE"
-#: ``wrapper`` (default: today's twin, `device.NpuTensor`) or ``plain``: the plain-tensor layer
-#: of `pyruntime.npu_twin.plain_tensors` alone (opt-in; none of the twin's rules yet)
+#: the tensor layer: ``wrapper`` (default: `device.NpuTensor`, a wrapper subclass) or ``plain``
+#: (`pyruntime.npu_twin.plain_tensors`: plain torch.Tensors on PrivateUse1, the same rules)
 TENSORS_ENV = "AICPU_TILING_TWIN_TENSORS"
 #: ``triton`` (default: our AI Core ops run their Triton bodies, interpreted) or
 #: ``reference`` (they run their CPU body, the C reference attention, as an AI Core task)
@@ -78,9 +78,9 @@ def activate(fault: str | None = None) -> None:
         TwinUnavailableError: a real torch_npu is importable (the twin would shadow it), or
             the AI-CPU binary cannot be built (no ziglang, or not a source checkout).
 
-    With ``AICPU_TILING_TWIN_TENSORS=plain`` this installs only the plain npu tensor layer
-    (`pyruntime.npu_twin.plain_tensors`): no torch_npu module, streams, graphs, kernels or
-    faults yet, so ``fault`` must be None.
+    ``AICPU_TILING_TWIN_TENSORS=plain`` makes twin tensors plain ``torch.Tensor`` objects on
+    PrivateUse1 (`pyruntime.npu_twin.plain_tensors`) instead of `device.NpuTensor` wrappers;
+    the rules, faults and everything else are the same.
     """
     global _active, _activated
     if fault is not None and fault not in FAULTS:
@@ -93,17 +93,9 @@ def activate(fault: str | None = None) -> None:
     if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None:
         raise TwinUnavailableError("a real torch_npu is importable here: the NPU twin would "
                                    "shadow it; use --backend npu on an NPU machine")
-    tensors = os.environ.get(TENSORS_ENV, "wrapper")
+    tensors = os.environ.get(TENSORS_ENV) or "wrapper"  # unset or empty: the default
     if tensors not in ("wrapper", "plain"):
         raise ValueError(f"{TENSORS_ENV}={tensors!r}: choose wrapper (the default) or plain")
-    if tensors == "plain":
-        if fault is not None:
-            raise ValueError(f"{TENSORS_ENV}=plain carries no twin faults yet, not {fault!r}")
-        from . import plain_tensors
-
-        plain_tensors.activate()
-        _active, _activated = fault, True
-        return
     import torch
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
@@ -118,17 +110,28 @@ def activate(fault: str | None = None) -> None:
     with processes.children_without_the_twin():  # its compiler runs are Python processes
         kernel_dir, ext = prepare_kernels(state, missing_binary=fault == "kernel-missing")
 
-    device.install_device(device.Device(fault=fault, state_dir=state))
+    if tensors == "plain":
+        # plain torch.Tensors on PrivateUse1 (a C++ allocator, guard and hooks) whose ops
+        # reach the same rules through one boxed fallback (pyruntime.npu_twin.plain_tensors)
+        from . import plain_tensors
+
+        plain_tensors.activate(backend_module=npu_module)
+        device.install_device(plain_tensors.PlainDevice(fault=fault, state_dir=state))
+        plain_tensors.route_custom_ops(device.device())
+    else:
+        device.install_device(device.Device(fault=fault, state_dir=state))
     processes.install()  # what a fork child keeps (pyruntime.npu_twin.processes)
     device.install_pinned_memory()
     # device work runs on the host thread; torch's intra-op pool on a small shared machine
     # makes each small op spin (15 ms instead of 25 us per logsumexp here on 2 loaded cores)
     torch.set_num_threads(1)
-    _setup_privateuseone_for_python_backend(rename="npu", backend_module=npu_module)
+    if tensors == "wrapper":
+        _setup_privateuseone_for_python_backend(rename="npu", backend_module=npu_module)
     npu_module.install_accelerator()
-    global _factories
-    _factories = torch.library.Library("aten", "IMPL")
-    device.register_factories(_factories)
+    if tensors == "wrapper":
+        global _factories
+        _factories = torch.library.Library("aten", "IMPL")
+        device.register_factories(_factories)
     torch_npu_module.install()
     vllm_ascend_c.install()  # import vllm_ascend.vllm_ascend_C: custom ops on, as on hardware
     if importlib.util.find_spec("triton") is not None:

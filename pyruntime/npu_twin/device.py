@@ -838,17 +838,55 @@ class NpuTensor(torch.Tensor):
         return _dispatch(func, args, kwargs or {})
 
 
+# ---- the two tensor layers --------------------------------------------------------------------
+# A twin tensor is either an `NpuTensor` (the wrapper layer, the default) or a plain
+# ``torch.Tensor`` on the PrivateUse1 device ``npu`` (`pyruntime.npu_twin.plain_tensors`). The
+# rules above and below see both through these functions: `is_npu_tensor`, `index_of`, `inner`
+# (the host memory a device task reads and writes) and `new_device_tensor`. The plain layer
+# sets `_plain_host_alias` when it activates.
+_plain_host_alias: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+def is_npu_tensor(value: Any) -> bool:
+    """Whether `value` is a twin device tensor, of either layer."""
+    if isinstance(value, NpuTensor):
+        return True
+    return _plain_host_alias is not None and isinstance(value, torch.Tensor) \
+        and value.device.type == "npu"
+
+
+def index_of(value: torch.Tensor) -> int:
+    """The device index of a twin tensor (`is_npu_tensor`)."""
+    return value._index if isinstance(value, NpuTensor) else value.device.index
+
+
 def inner(value: Any) -> Any:
-    return value._inner if isinstance(value, NpuTensor) else value
+    """The host tensor that is a twin tensor's device memory (same bytes, shape, strides and
+    storage offset); anything else as it is."""
+    if isinstance(value, NpuTensor):
+        return value._inner
+    if _plain_host_alias is not None and isinstance(value, torch.Tensor) \
+            and value.device.type == "npu":
+        return _plain_host_alias(value)
+    return value
+
+
+def new_device_tensor(shape, stride, dtype: torch.dtype, index: int) -> torch.Tensor:
+    """A fresh twin tensor on ``npu:index`` (garbage until a task writes it), of the active
+    layer; its memory is accounted on that device."""
+    if _plain_host_alias is not None:
+        return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype,
+                                   device=torch.device("npu", index))
+    return NpuTensor(device_memory(shape, stride, dtype), index)
 
 
 def _is_host_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and not isinstance(value, NpuTensor) \
+    return isinstance(value, torch.Tensor) and not is_npu_tensor(value) \
         and value.device.type == "cpu" and value.dim() > 0
 
 
 def _meta(value: Any) -> Any:
-    if isinstance(value, NpuTensor):
+    if is_npu_tensor(value):
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
     if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0:
         return value  # a host scalar tensor: allowed, frozen like a scalar
@@ -864,8 +902,8 @@ _ALLOCATING_OPS = (_aten.empty_like.default, _aten.new_empty.default,
 def _device_of(func, args, kwargs) -> int:
     """The device an op runs on: its npu tensors' (torch's same-device rule), else the
     current one."""
-    found = sorted({t._index for t in pytree.tree_leaves((args, kwargs))
-                    if isinstance(t, NpuTensor)})
+    found = sorted({index_of(t) for t in pytree.tree_leaves((args, kwargs))
+                    if is_npu_tensor(t)})
     if len(found) > 1:
         raise RuntimeError(f"{func}: Expected all tensors to be on the same device, but found "
                            f"at least two devices, npu:{found[0]} and npu:{found[1]}!")
@@ -966,7 +1004,7 @@ def _queue_reference_body(dev: Device, func, args, kwargs) -> None:
             raise HostPointerError(f"{func}: a host tensor handed to an AI Core kernel")
     inner_args, inner_kwargs = pytree.tree_map(inner, args), pytree.tree_map(inner, kwargs)
     writes = tuple(inner(t) for t in _written_arguments(func, args, kwargs).values()
-                   if isinstance(t, NpuTensor))
+                   if is_npu_tensor(t))
 
     def run() -> None:
         from pyruntime.kernels.kernel import AttentionKernelError
@@ -982,13 +1020,13 @@ def _queue_reference_body(dev: Device, func, args, kwargs) -> None:
                 dev.current_stream(_device_of(func, args, kwargs)))
 
 
-def _device_to_host(src: NpuTensor, kwargs) -> torch.Tensor:
+def _device_to_host(src: torch.Tensor, kwargs) -> torch.Tensor:
     dev = device()
     dev.refuse_in_capture("a device-to-host copy (.cpu(), .item(), .tolist(), .numpy())")
-    dev.synchronize_stream(dev.current_stream(src._index), "a device-to-host copy",
+    dev.synchronize_stream(dev.current_stream(index_of(src)), "a device-to-host copy",
                            counted_as="copies_d2h")
     kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
-    return _aten._to_copy.default(src._inner, **kwargs)
+    return _aten._to_copy.default(inner(src), **kwargs)
 
 
 #: data pointers of the host storages made by ``pin_memory()`` (page-locked on torch_npu)
@@ -1074,19 +1112,19 @@ def _copy(dst: Any, src: Any, non_blocking: bool):
         # nothing synchronises, no host memory is read (Ascend/pytorch
         # torch_npu/csrc/aten/ops/op_api/CopyKernelOpApi.cpp, NPUNativeOpApiFunctions::copy_)
         return dst
-    if not isinstance(dst, NpuTensor):  # device to host into an existing host tensor
+    if not is_npu_tensor(dst):  # device to host into an existing host tensor
         dst.copy_(_device_to_host(src, {}))
         return dst
-    if isinstance(src, NpuTensor):
-        if src._index != dst._index:
-            raise TwinError(f"a copy from npu:{src._index} to npu:{dst._index}: copies between "
-                            "devices are not modelled by the NPU twin")
+    if is_npu_tensor(src):
+        if index_of(src) != index_of(dst):
+            raise TwinError(f"a copy from npu:{index_of(src)} to npu:{index_of(dst)}: copies "
+                            "between devices are not modelled by the NPU twin")
         return _queue_op(dev, _aten.copy_.default, (dst, src, non_blocking), {})
     if not isinstance(src, torch.Tensor):
         raise TypeError(f"copy_ from {type(src).__name__}")
     dev.refuse_in_capture("a host-to-device copy (it would freeze a host address in the "
                           "graph)")
-    target, stream = dst._inner, dev.current_stream(dst._index)
+    target, stream = inner(dst), dev.current_stream(index_of(dst))
     if not non_blocking:
         source = src.detach()
         dev.enqueue(Work("copy", "H2D copy", lambda: target.copy_(source), writes=(target,)),
@@ -1136,14 +1174,20 @@ def _queue_op(dev: Device, func, args, kwargs):
         if target is not None or not isinstance(meta, torch.Tensor):
             results.append(target if target is not None else meta)
             continue
-        buf = device_memory(meta.shape, meta.stride(), meta.dtype)
-        fresh.append((position, buf))
-        results.append(NpuTensor(buf, index))
+        out = new_device_tensor(meta.shape, meta.stride(), meta.dtype, index)
+        fresh.append((position, inner(out)))
+        results.append(out)
     for alias_set, target in aliased.items():
         meta_arg = _meta(target)
         for meta, ret in zip(metas, func._schema.returns):
             if ret.alias_info and alias_set in ret.alias_info.before_set and \
                     isinstance(meta, torch.Tensor) and meta.shape != meta_arg.shape:
+                if _plain_host_alias is not None:
+                    # torch's out= contract (at::native::resize_output) resizes the output
+                    # when the op is called; a plain tensor can be resized (its storage grows
+                    # at once, its contents are written when the op runs)
+                    target.resize_(meta.shape)
+                    continue
                 raise TwinError(f"{func} resizes its out= argument from {tuple(meta_arg.shape)} "
                                 f"to {tuple(meta.shape)}: not modelled by the NPU twin (allocate "
                                 "the output at its size)")
@@ -1153,7 +1197,7 @@ def _queue_op(dev: Device, func, args, kwargs):
     generator = _generator_argument(func)
     if generator is not None and inner_kwargs.get(generator) is None:
         inner_kwargs[generator] = dev.generator  # the device's, as torch_npu's random ops
-    writes = tuple(t._inner for t in aliased.values() if isinstance(t, NpuTensor)) + \
+    writes = tuple(inner(t) for t in aliased.values() if is_npu_tensor(t)) + \
         tuple(buf for _, buf in fresh)
 
     def run() -> None:
@@ -1179,14 +1223,14 @@ def _generator_argument(func) -> str | None:
 
 
 def _issued(value: Any) -> Any:
-    if isinstance(value, NpuTensor):
-        return value._inner
+    if is_npu_tensor(value):
+        return inner(value)
     if isinstance(value, torch.Tensor):  # a 0-dim host tensor (others are refused)
         return value.detach().clone()
     return value
 
 
-def _written_arguments(func, args, kwargs) -> dict[str, NpuTensor]:
+def _written_arguments(func, args, kwargs) -> dict[str, torch.Tensor]:
     """Alias set -> the argument an op writes (``Tensor(a!) self``, ``out``)."""
     found = {}
     for i, arg in enumerate(func._schema.arguments):

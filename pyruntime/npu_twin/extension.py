@@ -385,6 +385,10 @@ def register() -> None:
     fragment = torch.library.Library("aicpu_tiling", "FRAGMENT")
     fragment.define("npu_load_tiling_kernel(str op_info_json, int? device=None) -> ()")
     fragment.impl("npu_load_tiling_kernel", load_binary, "CompositeExplicitAutograd")
-    fragment.impl("plan_tiling", plan_tiling_npu, "PrivateUse1")
-    fragment.impl("plan_tilings", plan_tilings_npu, "PrivateUse1")
+    # through the custom op's own kernel table (torch.library.custom_op), which the plain
+    # tensor layer's stand-in for a missing kernel also uses (plain_tensors.route_custom_ops)
+    from torch._library.custom_ops import OPDEFS
+
+    OPDEFS["aicpu_tiling::plan_tiling"].register_kernel("privateuseone")(plan_tiling_npu)
+    OPDEFS["aicpu_tiling::plan_tilings"].register_kernel("privateuseone")(plan_tilings_npu)
     _library = fragment

@@ -338,7 +338,7 @@ def _reference_c8(query, key, value, options: dict) -> tuple[torch.Tensor, torch
 
 def _check_on_device(op: str, query, key, value, options: dict) -> None:
     for t in (query, key, value, *options.values()):
-        if isinstance(t, torch.Tensor) and not isinstance(t, twin.NpuTensor):
+        if isinstance(t, torch.Tensor) and not twin.is_npu_tensor(t):
             raise twin.HostPointerError(f"{op}: every tensor must be on the NPU")
 
 
@@ -492,7 +492,7 @@ def _issue(query, key, value, options, attention_out, softmax_lse, *,
         if lse_i.numel() == lse.numel():
             lse_i.copy_(lse.reshape(lse_i.shape))
     # a torch_npu op runs on the current stream of its tensors' device (a device guard)
-    dev.enqueue(twin.Work("aicore", op, run), dev.current_stream(query._index))
+    dev.enqueue(twin.Work("aicore", op, run), dev.current_stream(twin.index_of(query)))
 
 
 def _precheck(op: str, query, key, value, options: dict) -> None:

@@ -139,16 +139,16 @@ class _Options(_C10D.Backend.Options):
         self._fields[name] = value
 
 
-def _check_single(tensor: Any) -> twin.NpuTensor:
+def _check_single(tensor: Any) -> torch.Tensor:
     """``check_npu_single_tensor`` (ProcessGroupHCCL.cpp)."""
-    if not isinstance(tensor, twin.NpuTensor):
-        raise RuntimeError("Tensors must be NPU and dense")  # noqa: TRY004 (TORCH_CHECK)
+    if not twin.is_npu_tensor(tensor):
+        raise RuntimeError("Tensors must be NPU and dense")
     if not tensor.is_contiguous():
         raise RuntimeError("Tensors must be contiguous")
     return tensor
 
 
-def _check_list(tensors: Any) -> twin.NpuTensor:
+def _check_list(tensors: Any) -> torch.Tensor:
     """``check_npu_tensors_different_devices``: exactly one tensor per process."""
     if not isinstance(tensors, (list, tuple)) or not tensors:
         raise RuntimeError("Tensor list must be nonempty")
@@ -228,14 +228,14 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         return self
 
     # ---- queueing ----------------------------------------------------------------------------
-    def _queue(self, label: str, tensors: list[twin.NpuTensor], body) -> Any:
+    def _queue(self, label: str, tensors: list[torch.Tensor], body) -> Any:
         """Queue `body` (a gloo call on host memory) as one device task on the current stream
         of the tensors' device; the group is bound to the device of its first collective."""
         dev = twin.device()
         dev.check_alive()
-        index = tensors[0]._index
+        index = twin.index_of(tensors[0])
         for other in tensors[1:]:
-            if other._index != index:
+            if twin.index_of(other) != index:
                 raise RuntimeError("Tensors must be on same NPU device")
         if self.device_index is None:
             self.device_index = index
@@ -272,14 +272,14 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         tensor = _check_list(tensors)
         opts = opts if opts is not None else _C10D.AllreduceOptions()
         op = _reduce_op(opts, tensor, "allreduce")
-        host = tensor._inner
+        host = twin.inner(tensor)
         return self._queue("allreduce", [tensor], lambda: self._allreduce_host(host, op))
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         """``dist.broadcast``: `opts.rootRank`'s tensor into every rank's."""
         tensor = _check_list(tensors)
         opts = opts if opts is not None else _C10D.BroadcastOptions()
-        root, host = opts.rootRank, tensor._inner
+        root, host = opts.rootRank, twin.inner(tensor)
         if not 0 <= root < self.size():
             raise ValueError(f"broadcast: invalid root rank {root} for a group of {self.size()}")
 
@@ -297,7 +297,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         if out.dtype != inp.dtype or out.numel() != inp.numel() * self.size():
             raise ValueError("all_gather_into_tensor: output tensor size must be equal to "
                              "world_size times input tensor size, of the input's dtype")
-        out_host, in_host = out._inner, inp._inner
+        out_host, in_host = twin.inner(out), twin.inner(inp)
 
         def body() -> None:
             parts = list(out_host.view(-1).chunk(self.size()))
@@ -316,7 +316,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         if any(t.shape != inp.shape or t.dtype != inp.dtype for t in outs):
             raise ValueError("all_gather: every output tensor must have the input's shape and "
                              "dtype")
-        out_hosts, in_host = [t._inner for t in outs], inp._inner
+        out_hosts, in_host = [twin.inner(t) for t in outs], twin.inner(inp)
         return self._queue("allgather", [inp, *outs],
                            lambda: self._gloo.allgather([out_hosts], [in_host]).wait())
 
@@ -330,7 +330,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
                              "world_size times output tensor size, of the output's dtype")
         opts = opts if opts is not None else _C10D.ReduceScatterOptions()
         op = _reduce_op(opts, inp, "reduce_scatter")
-        out_host, in_host, rank = out._inner, inp._inner, self.rank()
+        out_host, in_host, rank = twin.inner(out), twin.inner(inp), self.rank()
 
         def body() -> None:
             reduced = in_host.reshape(-1).clone()
@@ -352,7 +352,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
                              "dtype")
         opts = opts if opts is not None else _C10D.ReduceScatterOptions()
         op = _reduce_op(opts, out, "reduce_scatter")
-        out_host, in_hosts, rank = out._inner, [t._inner for t in ins], self.rank()
+        out_host, in_hosts, rank = twin.inner(out), [twin.inner(t) for t in ins], self.rank()
 
         def body() -> None:
             reduced = torch.stack(in_hosts)

@@ -1,26 +1,26 @@
-"""Plain npu tensors: the twin's next tensor layer, opt-in, without the twin's rules yet.
+"""Plain npu tensors: the twin's tensor layer without a wrapper subclass (opt-in).
 
-Today's twin (`pyruntime.npu_twin.device`) makes ``device="npu"`` with torch's Python
-PrivateUse1 backend and a wrapper subclass (``NpuTensor``). Dynamo cannot trace that wrapper,
-and vLLM's ``nn.Parameter`` subclasses and ``param.data = ...`` break on it (issue 28, the
-engine probe). Here a twin tensor is an ordinary ``torch.Tensor`` on the PrivateUse1 device
-renamed ``npu``:
+The default twin tensor (`pyruntime.npu_twin.device.NpuTensor`) is a wrapper subclass. Dynamo
+cannot trace it, and vLLM's ``nn.Parameter`` subclasses and ``param.data = ...`` break on it
+(issue 28, the engine probe). Here a twin tensor is an ordinary ``torch.Tensor`` on the
+PrivateUse1 device renamed ``npu``, and its ops reach the same rules (device.py):
 
-* ``csrc/plain_device.cpp``, a small C++ extension: an allocator over host memory with live
-  per-device accounting (allocated / reserved / peak), a device guard (the device count from
-  ``AICPU_TILING_TWIN_DEVICES``, default 2; the current device per thread), torch 2.13's
-  PrivateUse1 hooks, and the kernels every tensor needs (empty, empty_strided, as_strided,
-  view, _reshape_alias, resize_, set_, copies between cpu and npu, item);
-* one boxed Python fallback for every other aten op (`_fallback`): it runs the op on CPU
-  tensors over the same bytes and hands back npu tensors. It is the single dispatch point
-  where the twin's rules (queued execution per stream, capture records, replay, sync rules,
-  host-pointer refusal, faults) are to plug in; none of them is ported yet, so every op here
-  runs at once, synchronously.
+* ``csrc/plain_device.cpp``, a small C++ extension: an allocator over host memory that
+  accounts per device as `pyruntime.npu_twin.memory` does (blocks, cache, peaks, device size,
+  out of memory), a device guard (the device count from ``AICPU_TILING_TWIN_DEVICES``,
+  default 2; the current device per thread), torch 2.13's PrivateUse1 hooks, and the kernels
+  that only make or reshape tensors (empty, empty_strided, as_strided, view, _reshape_alias,
+  resize_, set_);
+* one boxed Python fallback for every other aten op (`_fallback`): copies and ``.item()`` go
+  to device.py's sync rules, views are made at once, every other op is queued on its
+  device's current stream or recorded by the capture on it (`device._queue_op`);
+* `PlainDevice`: device.py's `Device` with the current device and memory in the extension;
+* `route_custom_ops`: our custom ops' missing-kernel and reference-body rules.
 
-Use: ``AICPU_TILING_TWIN_TENSORS=plain`` makes `pyruntime.npu_twin.activate` install this
-layer instead of the wrapper twin (and nothing else of the twin), or call `activate` here.
-Activation is once per process, and excludes the wrapper twin in the same process (both
-rename torch's PrivateUse1 backend).
+Use: ``AICPU_TILING_TWIN_TENSORS=plain`` makes `pyruntime.npu_twin.activate` install the twin
+with this layer instead of the wrapper (the rest of the twin is the same). Activation is once
+per process, and excludes the wrapper twin in the same process (both rename torch's
+PrivateUse1 backend).
 
 The extension is compiled at first use (g++, ``-Wall -Wextra -Werror``, torch's headers as
 ``-isystem``) into ``$XDG_CACHE_HOME/aicpu-tiling/twin-ext/<key>/`` (default ``~/.cache``),
@@ -30,6 +30,7 @@ lock on that folder makes parallel test workers build it once.
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import hashlib
 import os
@@ -44,13 +45,18 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from . import device as twin
+from .memory import total_from_env
+
 TENSORS_ENV = "AICPU_TILING_TWIN_TENSORS"
 DEVICES_ENV = "AICPU_TILING_TWIN_DEVICES"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "plain_device.cpp"
 LIBRARY_NAME = "aicpu_twin_plain.so"
 CFLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror")
-#: the order of ``torch.ops.aicpu_twin.memory_stats``
-STAT_NAMES = ("allocated", "reserved", "peak_allocated", "peak_reserved", "live_blocks")
+#: the order of ``torch.ops.aicpu_twin.memory_stats`` (the model of `memory.DeviceMemory`)
+STAT_NAMES = ("allocated", "reserved", "peak_allocated", "peak_reserved", "live_blocks",
+              "peak_blocks", "allocations", "frees", "allocated_total", "freed_total",
+              "num_ooms", "total")
 
 _active = False
 _fallback_library: Any = None
@@ -136,8 +142,12 @@ def is_active() -> bool:
     return _active
 
 
-def activate() -> None:
-    """Make ``device="npu"`` plain PrivateUse1 tensors in this process (idempotent).
+def activate(backend_module: types.ModuleType) -> None:
+    """Make ``device="npu"`` plain PrivateUse1 tensors in this process (idempotent): build and
+    load the extension, rename PrivateUse1 ``npu`` with `backend_module` as ``torch.npu``, and
+    send every aten op without a kernel of its own through `_fallback` to the twin's rules
+    (`pyruntime.npu_twin.device`). `pyruntime.npu_twin.activate` calls it, then installs
+    a `PlainDevice` and the rest of the twin as for the wrapper layer.
 
     Raises:
         PlainTensorsUnavailableError: torch's PrivateUse1 backend already has another name
@@ -151,202 +161,176 @@ def activate() -> None:
         raise PlainTensorsUnavailableError(
             f"torch's PrivateUse1 backend is already named {name!r} in this process (the "
             "wrapper twin or torch_npu): the plain npu tensor layer needs a fresh process")
+    twin.device_count_from_env()  # a bad AICPU_TILING_TWIN_DEVICES fails here, in Python
     library = build_extension()
     torch.utils.rename_privateuse1_backend("npu")
     torch.ops.load_library(str(library))
-    torch._register_device_module("npu", _device_module())
+    torch._register_device_module("npu", backend_module)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
+    twin._plain_host_alias = torch.ops.aicpu_twin.host_alias
     _fallback_library = torch.library.Library("_", "IMPL")
     _fallback_library.fallback(_fallback, "PrivateUse1")
     _active = True
 
 
-# ---- torch.npu (the device part only) ------------------------------------------------------
-def memory_stats(device: int | str | torch.device | None = None) -> dict[str, int]:
-    """Live accounting of one device's allocator: bytes ``allocated`` (asked for),
-    ``reserved`` (in 512-byte blocks), their peaks since the last reset, and ``live_blocks``."""
-    values = torch.ops.aicpu_twin.memory_stats(_index(device))
-    return dict(zip(STAT_NAMES, values))
+# ---- the device: device.Device with the current device and memory in C++ -------------------
+def memory_stats(index: int) -> dict[str, int]:
+    """The C++ allocator's accounting of device `index` (`STAT_NAMES`)."""
+    return dict(zip(STAT_NAMES, torch.ops.aicpu_twin.memory_stats(index)))
 
 
-def _index(device: int | str | torch.device | None) -> int:
-    if device is None:
+class PlainMemory:
+    """`pyruntime.npu_twin.memory.DeviceMemory`'s interface over the C++ allocator's
+    accounting (the same model, kept per device in ``csrc/plain_device.cpp``) of the calling
+    thread's current device."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        for index in range(torch.ops.aicpu_twin.device_count()):
+            torch.ops.aicpu_twin.set_memory_total(index, total)
+
+    @staticmethod
+    def _now() -> dict[str, int]:
+        return memory_stats(torch.ops.aicpu_twin.current_device())
+
+    allocated = property(lambda self: self._now()["allocated"])
+    reserved = property(lambda self: self._now()["reserved"])
+    peak_allocated = property(lambda self: self._now()["peak_allocated"])
+    peak_reserved = property(lambda self: self._now()["peak_reserved"])
+
+    def empty_cache(self) -> None:
+        torch.ops.aicpu_twin.empty_cache(torch.ops.aicpu_twin.current_device())
+
+    def reset_peak(self) -> None:
+        torch.ops.aicpu_twin.reset_peak_memory_stats(torch.ops.aicpu_twin.current_device())
+
+    def free_bytes(self) -> int:
+        return self.total - self.reserved
+
+    def stats(self) -> collections.OrderedDict:
+        """``torch.npu.memory_stats()``: the keys of `DeviceMemory.stats`."""
+        now = self._now()
+        flat = {
+            "allocated_bytes.all.current": now["allocated"],
+            "allocated_bytes.all.peak": now["peak_allocated"],
+            "allocated_bytes.all.allocated": now["allocated_total"],
+            "allocated_bytes.all.freed": now["freed_total"],
+            "active_bytes.all.current": now["allocated"],
+            "active_bytes.all.peak": now["peak_allocated"],
+            "reserved_bytes.all.current": now["reserved"],
+            "reserved_bytes.all.peak": now["peak_reserved"],
+            "num_alloc_retries": 0,
+            "num_ooms": now["num_ooms"],
+        }
+        return collections.OrderedDict(sorted(flat.items()))
+
+
+class PlainDevice(twin.Device):
+    """The twin's `device.Device` for plain tensors: the same rules, with the current device
+    in the extension's thread-local (the device guard torch's kernels use) and memory in its
+    allocator (`PlainMemory`)."""
+
+    def __init__(self, *, fault: str | None, state_dir: Path) -> None:
+        super().__init__(fault=fault, state_dir=state_dir,
+                         count=torch.ops.aicpu_twin.device_count())
+        self.memory = PlainMemory(total_from_env())
+
+    def current_device(self) -> int:
         return torch.ops.aicpu_twin.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    if device.type != "npu":
-        raise ValueError(f"expected an npu device, got {device}")
-    return torch.ops.aicpu_twin.current_device() if device.index is None else device.index
 
+    def set_current_device(self, index: int) -> None:
+        self.check_alive()
+        self.checked(index)
+        torch.ops.aicpu_twin.set_device(index)
+        self.contexts.add(index)
 
-class _DeviceContext:
-    """``torch.npu.device(k)``: the current device is k inside the block."""
-
-    def __init__(self, device: int | str | torch.device | None) -> None:
-        self.index = None if device is None else _index(device)
-        self.previous = -1
-
-    def __enter__(self):
-        self.previous = torch.ops.aicpu_twin.current_device()
-        if self.index is not None:
-            torch.ops.aicpu_twin.set_device(self.index)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        torch.ops.aicpu_twin.set_device(self.previous)
-
-
-def _device_module() -> types.ModuleType:
-    """The ``torch.npu`` of the plain layer: devices and memory only. Every other name raises
-    `NotInTwinError` when called, never an object that accepts anything."""
-    from .npu_module import placeholder
-
-    module = types.ModuleType("torch.npu", "The NPU twin's plain tensor layer (devices, memory)")
-    functions = {
-        "is_available": lambda: True,
-        "_is_in_bad_fork": lambda: False,
-        # torch calls it before a device's first use; the host-backed device needs no setup
-        "_lazy_init": lambda: None,
-        "device_count": lambda: torch.ops.aicpu_twin.device_count(),
-        "current_device": lambda: torch.ops.aicpu_twin.current_device(),
-        "set_device": lambda device: torch.ops.aicpu_twin.set_device(_index(device)),
-        "device": _DeviceContext,
-        "memory_stats": memory_stats,
-        "memory_allocated": lambda device=None: memory_stats(device)["allocated"],
-        "memory_reserved": lambda device=None: memory_stats(device)["reserved"],
-        "max_memory_allocated": lambda device=None: memory_stats(device)["peak_allocated"],
-        "max_memory_reserved": lambda device=None: memory_stats(device)["peak_reserved"],
-        "reset_peak_memory_stats":
-            lambda device=None: torch.ops.aicpu_twin.reset_peak_memory_stats(_index(device)),
-    }
-    for name, function in functions.items():
-        setattr(module, name, function)
-
-    def missing(name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return placeholder(f"torch.npu.{name}")
-
-    module.__getattr__ = missing  # type: ignore[method-assign]
-    return module
+    @property
+    def context(self) -> bool:
+        # torch_npu creates the context at the first allocation (lazy set-device), and plain
+        # tensors are allocated by the extension, not through Python
+        index = self.current_device()
+        return index in self.contexts or memory_stats(index)["allocations"] > 0
 
 
 # ---- the one dispatch point -----------------------------------------------------------------
-#: ops that take CPU index tensors with npu data, as torch's CUDA indexing does
-_HOST_INDEX_OPS = frozenset({"aten::index", "aten::index_put", "aten::index_put_",
-                             "aten::_index_put_impl_"})
+_aten = torch.ops.aten
 
 
 def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
-    """Every aten op without an npu kernel of its own: run on the host, over the same bytes.
+    """Every aten op without an npu kernel of its own, with the twin's rules
+    (`pyruntime.npu_twin.device`, the same code as for the wrapper layer):
 
-    Tensors on npu are replaced by CPU aliases (`aicpu_twin::host_alias`), so in-place ops
-    write device memory directly; ``out=`` arguments get a fresh host result that is copied
-    into them (resizing them as torch's out= contract allows); views come back as npu views of
-    their base; new results are copied into fresh npu memory on the inputs' device.
+    * copies (``_copy_from``, which ``copy_``, ``.to()`` and ``.cpu()`` reach) and ``.item()``
+      follow the sync rules (`device._copy`, `device._device_to_host`);
+    * view ops make npu views at once (metadata only, no device work);
+    * every other op is queued on the current stream of its tensors' device, or recorded by
+      the capture on it (`device._queue_op`): outputs are allocated now and written when the
+      stream runs it, on the host memory behind the tensors (`device.inner`).
 
     Raises:
-        RuntimeError: tensors of two npu devices, or a CPU tensor that is not a 0-dim scalar
-            among npu tensors (torch's "Expected all tensors to be on the same device").
+        device.TwinError: a custom op without an npu kernel; the rules' own errors.
     """
-    schema = op._schema
-    flat = pytree.tree_leaves((args, kwargs))
-    device = _common_device(op, flat, kwargs)
-    outs: dict[int, torch.Tensor] = {}  # argument position -> npu out tensor
-    host_args, host_kwargs = [], {}
-    for position, argument in enumerate(schema.arguments):
-        if argument.kwarg_only:
-            if argument.name not in kwargs:
-                continue
-            value = kwargs[argument.name]
-        elif position < len(args):
-            value = args[position]
-        else:
-            continue
-        writes = argument.alias_info is not None and argument.alias_info.is_write
-        if writes and argument.kwarg_only and isinstance(value, torch.Tensor) \
-                and value.device.type == "npu":
-            outs[position] = value
-            host = torch.empty(0, dtype=value.dtype)
-        else:
-            host = pytree.tree_map(_to_host, value)
-        if argument.kwarg_only:
-            host_kwargs[argument.name] = host
-        else:
-            host_args.append(host)
-    result = op(*host_args, **host_kwargs)
+    if op.namespace != "aten":
+        raise twin.TwinError(f"{op.name()} has no NPU (PrivateUse1) kernel: the extension "
+                             "that registers it is not loaded")
+    if op is _aten._copy_from.default:
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        return twin._copy(args[1], args[0], bool(non_blocking))
+    if op is _aten._copy_from_and_resize.default:
+        src, dst = args
+        if dst.shape != src.shape:
+            dst.resize_(src.shape)
+        return twin._copy(dst, src, False)
+    if op is _aten._local_scalar_dense.default:
+        return twin._device_to_host(args[0], {}).item()
+    if op is _aten.set_.source_Tensor:  # metadata: share the source's storage
+        self, source = args
+        return self.set_(source.untyped_storage(), source.storage_offset(), source.shape,
+                         source.stride())
+    if _is_view(op):
+        return _view(op, args, kwargs)
+    return twin._queue_op(twin.device(), op, args, kwargs)
 
+
+def _is_view(op: torch._ops.OpOverload) -> bool:
+    """The op returns an alias of an argument without writing it (a view)."""
+    return op.is_view or any(
+        r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
+
+
+def _view(op: torch._ops.OpOverload, args: tuple, kwargs: dict):
+    """A view op: run on the host aliases, then the same view of the npu base."""
+    schema = op._schema
+    twin._device_of(op, args, kwargs)  # the same-device rule
+    host_args = pytree.tree_map(twin.inner, list(args))
+    host_kwargs = pytree.tree_map(twin.inner, kwargs)
+    result = op(*host_args, **host_kwargs)
     by_alias = {}  # alias set -> (npu argument, its host alias)
     for position, argument in enumerate(schema.arguments):
         if argument.alias_info is None:
             continue
-        value = kwargs.get(argument.name) if argument.kwarg_only else \
-            (args[position] if position < len(args) else None)
-        host = host_kwargs.get(argument.name) if argument.kwarg_only else \
-            (host_args[position] if position < len(host_args) else None)
+        if argument.kwarg_only:
+            value, host = kwargs.get(argument.name), host_kwargs.get(argument.name)
+        elif position < len(args):
+            value, host = args[position], host_args[position]
+        else:
+            continue
         for alias_set in argument.alias_info.before_set:
-            by_alias[alias_set] = (position, value, host)
-
+            by_alias[alias_set] = (value, host)
     single = len(schema.returns) == 1
     results = (result,) if single else tuple(result)
     back = []
     for returned, value in zip(schema.returns, results):
         alias = returned.alias_info
-        if alias is not None and alias.before_set and next(iter(alias.before_set)) in by_alias:
-            position, original, host = by_alias[next(iter(alias.before_set))]
-            if position in outs:
-                back.append(_fill_out(outs[position], value))
-            elif alias.is_write:
-                back.append(original)
-            else:
-                back.append(_view_of(original, host, value))
+        if alias is None or not alias.before_set or next(iter(alias.before_set)) not in by_alias:
+            raise twin.TwinError(f"{op}: a view op whose result aliases no argument")
+        original, host = by_alias[next(iter(alias.before_set))]
+        if isinstance(value, (list, tuple)):
+            back.append(type(value)(_view_of(original, host, item) for item in value))
         else:
-            back.append(pytree.tree_map(lambda item: _to_device(item, device), value))
+            back.append(_view_of(original, host, value))
     return back[0] if single else tuple(back)
-
-
-def _common_device(op, flat: list, kwargs: dict) -> torch.device:
-    npu = {x.device for x in flat if isinstance(x, torch.Tensor) and x.device.type == "npu"}
-    host = [x for x in flat if isinstance(x, torch.Tensor) and x.device.type == "cpu"
-            and x.dim() > 0]
-    if len(npu) > 1 or (npu and host and op._schema.name not in _HOST_INDEX_OPS):
-        names = sorted(str(d) for d in npu)
-        first, second = names[:2] if len(names) > 1 else (names[0], "cpu")
-        raise RuntimeError("Expected all tensors to be on the same device, but found at "
-                           f"least two devices, {first} and {second}! ({op})")
-    if npu:
-        return next(iter(npu))
-    asked = kwargs.get("device")
-    if asked is not None and torch.device(asked).type == "npu":
-        asked = torch.device(asked)
-        if asked.index is not None:
-            return asked
-    return torch.device("npu", torch.ops.aicpu_twin.current_device())
-
-
-def _to_host(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.device.type == "npu":
-        return torch.ops.aicpu_twin.host_alias(value)
-    if isinstance(value, torch.device) and value.type == "npu":
-        return torch.device("cpu")
-    return value
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    if not isinstance(value, torch.Tensor):
-        return value
-    fresh = torch.empty_like(value, device=device)
-    fresh.copy_(value)
-    return fresh
-
-
-def _fill_out(out: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
-    if out.shape != host.shape:
-        out.resize_(host.shape)
-    out.copy_(host)
-    return out
 
 
 def _view_of(base: torch.Tensor, host_base: torch.Tensor, host_view: torch.Tensor):
@@ -357,3 +341,48 @@ def _view_of(base: torch.Tensor, host_base: torch.Tensor, host_view: torch.Tenso
     view = base if host_view.dtype == base.dtype else base.view(host_view.dtype)
     return view.as_strided(host_view.shape, host_view.stride(), host_view.storage_offset())
 
+
+
+# ---- custom ops ----------------------------------------------------------------------------
+def route_custom_ops(dev) -> None:
+    """Our custom ops (``torch.ops.aicpu_tiling``) on plain tensors, with the twin's rules:
+
+    * an op without an npu kernel would run its CPU body (the ``CompositeExplicitAutograd``
+      kernel `torch.library.custom_op` registers) on device memory, silently; the twin
+      refuses it (`device.TwinError`), as the wrapper layer's dispatch does, until the
+      extension's kernel replaces the refusal (`extension.register`);
+    * under ``AICPU_TILING_TWIN_AICORE=reference`` the AI Core ops queue their CPU reference
+      body as the AI Core task (`device.REFERENCE_BODIES`).
+
+    Both go through the op's own kernel table (``CustomOpDef.register_kernel``), so a later
+    registration of the real npu kernel replaces the refusal without a second registration.
+    """
+    from torch._library.custom_ops import OPDEFS
+
+    from pyruntime.kernels import custom_ops
+
+    custom_ops.ops()
+    for qualname, opdef in list(OPDEFS.items()):
+        if not qualname.startswith(f"{custom_ops.NAMESPACE}::"):
+            continue
+        overload = getattr(getattr(torch.ops, custom_ops.NAMESPACE),
+                           qualname.split("::")[1]).default
+        if dev.aicore_body == "reference" and str(overload) in twin.REFERENCE_BODIES:
+            opdef.register_kernel("privateuseone")(_reference_kernel(dev, overload))
+        elif "privateuseone" not in opdef._backend_fns:
+            opdef.register_kernel("privateuseone")(_missing_kernel(qualname))
+
+
+def _reference_kernel(dev, overload):
+    def kernel(*args, **kwargs):
+        dev.check_alive()
+        return twin._queue_reference_body(dev, overload, args, kwargs)
+    return kernel
+
+
+def _missing_kernel(qualname: str):
+    def kernel(*args, **kwargs):
+        raise twin.TwinError(f"{qualname} has no NPU (PrivateUse1) kernel: the extension "
+                             "that registers it is not loaded (torch.ops.load_library of "
+                             "libaicpu_tiling_npu.so)")
+    return kernel

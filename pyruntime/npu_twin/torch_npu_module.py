@@ -75,7 +75,7 @@ def build() -> types.ModuleType:
         not own it (vLLM-Ascend keeps captured outputs and workspaces so). The twin's alias
         keeps the memory alive, which is more forgiving than the real one: using it after the
         owner is freed goes unflagged here."""
-        if not isinstance(tensor, twin.NpuTensor):
+        if not twin.is_npu_tensor(tensor):
             raise TypeError("_weak_ref_tensor expects an npu tensor")
         return tensor.detach()
 
@@ -108,7 +108,7 @@ def transpose_batchmatmul(input, weight, *, bias=None, scale=None, perm_x1=None,
         raise NotImplementedError("npu_transpose_batchmatmul on the twin: bias, scale and "
                                   "batch_split_factor are not modelled")
     for name, t in (("input", input), ("weight", weight)):
-        if not isinstance(t, twin.NpuTensor) or t.dim() != 3:
+        if not twin.is_npu_tensor(t) or t.dim() != 3:
             raise TypeError(f"npu_transpose_batchmatmul: {name} must be a 3-d npu tensor")
     import torch
 

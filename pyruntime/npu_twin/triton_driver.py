@@ -237,17 +237,17 @@ def _launch(jit_fn, args: tuple, kwargs: dict, grid: Any) -> None:
     dev.check_alive()
     tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
     for t in tensors:
-        if not isinstance(t, twin.NpuTensor):
+        if not twin.is_npu_tensor(t):
             raise twin.HostPointerError(
                 f"triton kernel {jit_fn.__name__}: argument on {t.device} (shape "
                 f"{tuple(t.shape)}): Triton-Ascend passes its data_ptr() to the AI Core "
                 "unchecked, a host address (AI Core exception on hardware)")
-        if t._index != dev.current_device():
+        if twin.index_of(t) != dev.current_device():
             # the launcher takes driver.active.get_current_device()'s current stream and
             # context; another device's address is not mapped there
             raise twin.TwinError(
-                f"triton kernel {jit_fn.__name__}: argument on npu:{t._index} launched on "
-                f"npu:{dev.current_device()}, the current device (Triton-Ascend launches in "
+                f"triton kernel {jit_fn.__name__}: argument on npu:{twin.index_of(t)} launched "
+                f"on npu:{dev.current_device()}, the current device (Triton-Ascend launches in "
                 "the current device's context with the argument's data_ptr() unchecked)")
     inner_args = tuple(twin.inner(a) for a in args)
     inner_kwargs = {k: twin.inner(v) for k, v in kwargs.items()}

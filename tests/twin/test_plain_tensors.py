@@ -3,7 +3,10 @@ foundation): a twin tensor is an exact ``torch.Tensor`` on PrivateUse1 ``npu``.
 
 The layer is activated once per process, so the checks run in one fresh subprocess
 (`PROBE`, with ``AICPU_TILING_TWIN_TENSORS=plain`` through ``npu_twin.activate()``) that
-prints one JSON line; each test reads its part. The C++ extension is built at first use into
+prints one JSON line; each test reads its part. The twin's rules are device.py's for both
+layers: two groups of the rule tests run here on plain tensors; the whole rule suite runs on
+them with ``AICPU_TILING_TWIN_TENSORS=plain python -m pytest tests/twin/test_device_rules.py
+...`` (docs/npu-twin.md). The C++ extension is built at first use into
 the user's cache (about 15 s of CPU cold; `plain_tensors.build_extension`).
 """
 
@@ -118,6 +121,23 @@ PROBE = textwrap.dedent('''
                          torch.equal(traced.cpu(), fn(a, b)), torch.equal(eager.cpu(), fn(a, b))]
 
     @section
+    def compiled_in_capture():  # Dynamo's code issues plain ops: the capture records them
+        def fn(p):
+            return torch.relu(p * 2 + 1) - 8
+
+        compiled = torch.compile(fn, backend="eager", fullgraph=True)
+        x = torch.ones(4, device="npu")
+        warm = compiled(x).cpu().tolist()  # traced outside the capture
+        graph, stream = torch.npu.NPUGraph(), torch.npu.Stream()
+        with torch.npu.stream(stream):
+            graph.capture_begin()
+            y = compiled(x)
+            graph.capture_end()
+        x.fill_(3.0)
+        graph.replay()
+        out["compiled_in_capture"] = [warm, y.cpu().tolist()]
+
+    @section
     def devices():
         one = torch.ones(3, device="npu:1")
         out["device1"] = [str(one.device), str((one * 2).device), torch.npu.current_device(),
@@ -142,15 +162,42 @@ PROBE = textwrap.dedent('''
         torch.npu.set_device(0)
 
     @section
-    def memory():  # on device 1
-        torch.npu.reset_peak_memory_stats(1)
-        start = torch.npu.memory_stats(1)
-        block = torch.empty(1000, device="npu:1")
-        held = torch.npu.memory_stats(1)
-        del block
-        freed = torch.npu.memory_stats(1)
-        out["memory"] = {"start": start, "held": held, "freed": freed,
-                         "device0": torch.npu.memory_allocated(0)}
+    def memory():  # on device 1, through the C++ allocator's accounting
+        from pyruntime.npu_twin import plain_tensors
+        with torch.npu.device(1):
+            torch.npu.empty_cache()
+            torch.npu.reset_peak_memory_stats()
+            start = plain_tensors.memory_stats(1)
+            block = torch.empty(1000, device="npu:1")
+            held = plain_tensors.memory_stats(1)
+            del block
+            freed = plain_tensors.memory_stats(1)
+            torch.npu.empty_cache()
+            emptied = plain_tensors.memory_stats(1)
+            flat = torch.npu.memory_stats()
+        out["memory"] = {"start": start, "held": held, "freed": freed, "emptied": emptied,
+                         "device0": plain_tensors.memory_stats(0)["allocated"],
+                         "flat_allocated": flat["allocated_bytes.all.current"]}
+
+    @section
+    def rules():  # the twin's rules on plain tensors (device.py's, as for the wrapper)
+        from pyruntime.npu_twin import device as twin
+        a = torch.zeros(3, device="npu")
+        torch.npu.synchronize()
+        a.add_(1)  # queued on the current stream: device memory unchanged until a sync
+        queued = twin.inner(a).tolist()
+        torch.npu.synchronize()
+        graph, stream = torch.npu.NPUGraph(), torch.npu.Stream()
+        with torch.npu.stream(stream):
+            graph.capture_begin()
+            a.mul_(2)  # recorded, not run
+            refused = error(lambda: a.cpu())
+            graph.capture_end()
+        captured = a.cpu().tolist()
+        graph.replay()
+        graph.replay()
+        out["rules"] = {"queued": queued, "synced": captured, "replayed": a.cpu().tolist(),
+                        "cpu_in_capture": refused, "plain": type(a) is torch.Tensor}
 
     print("TAG" + json.dumps(out))
 ''').replace('"TAG"', repr(TAG))
@@ -202,6 +249,12 @@ def test_dynamo_traces_npu_tensors_in_one_graph(probe):
     assert ops >= 4  # matmul, add, relu, sum, long: all in the graph
 
 
+def test_a_compiled_function_runs_its_ops_through_the_twin_capture_and_replay(probe):
+    """torch.compile(backend="eager", fullgraph=True) on npu tensors, then captured: the
+    replay re-runs the compiled function's ops on the new input (relu(3 * 2 + 1) - 8)."""
+    assert part(probe, "compiled_in_capture") == [[-5.0] * 4, [-1.0] * 4]
+
+
 def test_two_devices_and_a_per_thread_device_guard(probe):
     assert part(probe, "device1") == ["npu:1", "npu:1", 0, 2]
     assert part(probe, "guard") == [1, "npu:1", 0]
@@ -216,16 +269,43 @@ def test_two_devices_and_a_per_thread_device_guard(probe):
 
 
 def test_memory_accounting_follows_allocations(probe):
-    memory, names = part(probe, "memory"), plain_tensors.STAT_NAMES
-    start, held, freed = (dict(zip(names, memory[key].values())) for key in
-                          ("start", "held", "freed"))
-    assert held["allocated"] - start["allocated"] == 4000
-    assert held["reserved"] - start["reserved"] == 4096  # 512-byte blocks
+    """The model of `pyruntime.npu_twin.memory` (512-byte blocks, a cache that keeps freed
+    blocks reserved until empty_cache), per device, in the C++ allocator."""
+    memory = part(probe, "memory")
+    start, held, freed, emptied = (memory[key] for key in ("start", "held", "freed", "emptied"))
+    assert held["allocated"] - start["allocated"] == 4096  # 4000 bytes in a 512-byte block
+    assert held["reserved"] - start["reserved"] == 4096
     assert held["live_blocks"] - start["live_blocks"] == 1
-    assert held["peak_allocated"] >= held["allocated"]
-    assert freed["allocated"] == start["allocated"] and freed["reserved"] == start["reserved"]
-    assert freed["peak_allocated"] == held["allocated"]
+    assert held["peak_allocated"] == held["allocated"]
+    assert freed["allocated"] == start["allocated"] and freed["reserved"] == held["reserved"]
+    assert freed["freed_total"] - start["freed_total"] == 4096
+    assert emptied["reserved"] == emptied["allocated"] == start["allocated"]
+    assert memory["flat_allocated"] == emptied["allocated"]  # torch.npu.memory_stats()
     assert memory["device0"] > 0  # device 0's tensors are counted on device 0, not 1
+
+
+def test_the_twin_rules_hold_on_plain_tensors(probe):
+    assert part(probe, "rules") == {
+        "queued": [0.0] * 3, "synced": [1.0] * 3, "replayed": [4.0] * 3,
+        "cpu_in_capture": "CaptureViolation: a device-to-host copy (.cpu(), .item(), "
+                          ".tolist(), .numpy()) while a graph is capturing (capture mode "
+                          "global refuses it in every thread); do it before capture_begin or "
+                          "after capture_end",
+        "plain": True}
+
+
+@pytest.mark.parametrize("group", ["memory", "streams"])
+def test_rule_groups_of_the_wrapper_twin_pass_on_plain_tensors(run_twin, group):
+    """Two groups of tests/twin/test_device_rules.py (run the whole file with
+    ``AICPU_TILING_TWIN_TENSORS=plain`` for every group) in the default run."""
+    from tests.twin.test_device_rules import MODELLED_ON_PLAIN, RULES, SCRIPTS
+
+    spec = SCRIPTS[group]
+    found = run_twin.rules(run_twin(spec.script, fault=spec.fault,
+                                    env={**(spec.env or {}), "AICPU_TILING_TWIN_TENSORS": "plain"}))
+    want = {rule: "ok" for rule, mirrors in RULES[group].items()
+            if not isinstance(mirrors, tuple) or rule in MODELLED_ON_PLAIN}
+    assert {rule: found.get(rule, "not reported") for rule in want} == want, found.get("<script>")
 
 
 def test_device_count_comes_from_the_environment():
@@ -236,23 +316,26 @@ def test_device_count_comes_from_the_environment():
     assert three.stdout.split() == ["3", "npu:2"]
     bad = run_probe(source, AICPU_TILING_TWIN_DEVICES="0")
     assert bad.returncode != 0
-    assert "AICPU_TILING_TWIN_DEVICES must be a whole number from 1 to 16" in bad.stderr
+    assert "AICPU_TILING_TWIN_DEVICES must be a whole number from 1 to 64, got '0'" in bad.stderr
 
 
-def test_the_tensors_switch_refuses_unknown_values_and_faults():
+def test_the_tensors_switch_refuses_unknown_values_and_carries_faults():
     source = ("from pyruntime import npu_twin\n"
               "for fault in ('device-lost', None):\n"
               "    try:\n        npu_twin.activate(fault)\n"
               "    except ValueError as exc:\n        print('ValueError', exc)\n"
-              "from pyruntime.npu_twin import plain_tensors\n"
-              "print('plain', plain_tensors.is_active(), npu_twin.is_active())\n")
+              "from pyruntime.npu_twin import plain_tensors, device\n"
+              "print('plain', plain_tensors.is_active(), npu_twin.is_active(), "
+              "device.device().fault if npu_twin.is_active() else None)\n")
     bogus = run_probe(source, AICPU_TILING_TWIN_TENSORS="bogus")
     assert "AICPU_TILING_TWIN_TENSORS='bogus': choose wrapper (the default) or plain" \
         in bogus.stdout
-    fault = run_probe(source)  # plain: a fault is refused, the layer comes up without one
-    assert "carries no twin faults yet, not 'device-lost'" in fault.stdout, fault.stderr
-    assert fault.stdout.splitlines()[-1] == "plain True True"
-    assert "plain False False" in bogus.stdout
+    assert "plain False False None" in bogus.stdout
+    fault = run_probe(source)  # plain: the fault is the twin's, as on the wrapper layer
+    assert fault.returncode == 0, fault.stderr[-3000:]
+    assert "ValueError the NPU twin is active with fault 'device-lost' in this process; it " \
+        "cannot switch to None" in fault.stdout
+    assert fault.stdout.splitlines()[-1] == "plain True True device-lost"
 
 
 FAKE_COMPILER = """#!/bin/sh

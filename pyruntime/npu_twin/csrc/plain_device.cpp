@@ -3,19 +3,20 @@
 //
 // What lives here, and why in C++: the pieces torch only takes from C++.
 //   * an allocator over host memory (c10::SetAllocator for PrivateUse1) with live accounting
-//     per device: allocated, reserved, peak (torch.npu.memory_allocated & co. read it);
+//     per device, the model of memory.py (allocated, reserved with a cache, peaks, the device
+//     size and torch.OutOfMemoryError): torch.npu.memory_allocated & co. read it;
 //   * a device guard (C10_REGISTER_GUARD_IMPL): the device count (AICPU_TILING_TWIN_DEVICES,
 //     default 2) and the current device, per thread as aclrtSetDevice binds a device to the
 //     calling thread;
 //   * the PrivateUse1 hooks torch 2.13 asks for (is_available, device count, resize of
 //     untyped storages, ...);
-//   * the few aten kernels every tensor needs before any op runs: empty, empty_strided,
-//     as_strided, view, _reshape_alias, resize_, set_ on a storage, _copy_from(_and_resize),
-//     _local_scalar_dense;
-//   * `aicpu_twin::host_alias`: a CPU tensor over the same bytes as an npu tensor, which the
-//     Python boxed fallback (plain_tensors.py) uses to run every other aten op on the host.
-// Every other aten op reaches that one Python fallback: it is the single dispatch point where
-// the twin's rules (queued execution, capture records, ...) are to plug in.
+//   * the aten kernels that only make or reshape tensors (no device work): empty,
+//     empty_strided, as_strided, view, _reshape_alias, resize_, set_ on a storage;
+//   * `aicpu_twin::host_alias`: a CPU tensor over the same bytes as an npu tensor: what a
+//     device task reads and writes (device.inner).
+// Every other aten op, copies and .item() included, reaches the one Python boxed fallback
+// (plain_tensors.py), which hands it to the twin's rules in device.py: queued on a stream,
+// recorded by a capture, synchronised by a host read.
 //
 // Device memory is host memory here; fresh memory is filled with 0xA5 (device.POISON in
 // device.py): garbage until a kernel writes it, as on the device.
@@ -30,13 +31,16 @@
 #include <ATen/ops/view_native.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
-#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -44,14 +48,9 @@ namespace aicpu_twin {
 namespace {
 
 constexpr c10::DeviceType kNpu = c10::DeviceType::PrivateUse1;
-// torch's c10::DeviceIndex is int8_t; 16 is more than any test asks for
-constexpr int kMaxDevices = 16;
+// device.py's device_count_from_env() allows 1 to 64 (c10::DeviceIndex is int8_t)
+constexpr int kMaxDevices = 64;
 constexpr unsigned char kPoison = 0xA5;
-// Blocks are rounded up as torch_npu's caching allocator rounds them (Ascend/pytorch,
-// torch_npu/csrc/core/npu/NPUCachingAllocator.cpp: kMinBlockSize = 512, "all sizes are rounded
-// to at least 512 bytes"): `reserved` counts rounded blocks, `allocated` the bytes asked for.
-// There is no cache: a freed block goes back at once, so reserved falls with allocated.
-constexpr size_t kBlockRound = 512;
 
 int device_count_from_env() {
   const char* text = std::getenv("AICPU_TILING_TWIN_DEVICES");
@@ -62,7 +61,7 @@ int device_count_from_env() {
   const long value = std::strtol(text, &end, 10);
   TORCH_CHECK(*end == '\0' && value >= 1 && value <= kMaxDevices,
               "AICPU_TILING_TWIN_DEVICES must be a whole number from 1 to ", kMaxDevices,
-              " (the number of twin npu devices), not '", text, "'");
+              ", got '", text, "'");
   return static_cast<int>(value);
 }
 
@@ -82,35 +81,104 @@ void check_device(c10::DeviceIndex index) {
 thread_local c10::DeviceIndex current_device = 0;
 
 // ---- memory accounting -------------------------------------------------------------------
+// The model of pyruntime/npu_twin/memory.py (DeviceMemory), per device: torch_npu's caching
+// allocator as its callers see it. Every block is rounded up to 512 bytes (Ascend/pytorch,
+// torch_npu/csrc/core/npu/NPUCachingAllocator.cpp: kMinBlockSize = 512); `allocated` is what
+// live blocks hold; `reserved` grows to cover it and keeps freed blocks cached until
+// empty_cache() (no fragmentation is modelled); an allocation that would take `reserved` past
+// the device size first empties the cache, then raises torch.OutOfMemoryError with
+// torch_npu's text ("NPU out of memory. Tried to allocate", in libtorch_npu.so).
+constexpr size_t kBlockRound = 512;
+constexpr int64_t kDefaultTotal = int64_t{64} << 30;  // memory.DEFAULT_TOTAL
+
 struct DeviceStats {
-  std::atomic<int64_t> allocated{0};
-  std::atomic<int64_t> reserved{0};
-  std::atomic<int64_t> peak_allocated{0};
-  std::atomic<int64_t> peak_reserved{0};
-  std::atomic<int64_t> live_blocks{0};
+  std::mutex lock;
+  int64_t total = kDefaultTotal;
+  int64_t allocated = 0;
+  int64_t reserved = 0;
+  int64_t peak_allocated = 0;
+  int64_t peak_reserved = 0;
+  int64_t blocks = 0;
+  int64_t peak_blocks = 0;
+  int64_t allocations = 0;
+  int64_t frees = 0;
+  int64_t allocated_total = 0;
+  int64_t freed_total = 0;
+  int64_t num_ooms = 0;
 };
 
 std::array<DeviceStats, kMaxDevices> stats;
 
-void raise_peak(std::atomic<int64_t>& peak, int64_t value) {
-  int64_t seen = peak.load();
-  while (value > seen && !peak.compare_exchange_weak(seen, value)) {
+// torch's format_size, as memory.py's _size prints it
+std::string format_size(int64_t bytes) {
+  char text[64];
+  if (bytes < 1024) {
+    std::snprintf(text, sizeof text, "%lld bytes", static_cast<long long>(bytes));
+  } else if (bytes < (int64_t{1} << 20)) {
+    std::snprintf(text, sizeof text, "%.2f KiB", static_cast<double>(bytes) / 1024.0);
+  } else if (bytes < (int64_t{1} << 30)) {
+    std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / 1048576.0);
+  } else {
+    std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / 1073741824.0);
   }
+  return text;
+}
+
+// Accounts a block of `size` bytes on `device`, or raises torch.OutOfMemoryError.
+void account_allocation(c10::DeviceIndex device, int64_t size) {
+  DeviceStats& s = stats[static_cast<size_t>(device)];
+  int64_t free_bytes = 0;
+  int64_t already = 0;
+  int64_t reserved_now = 0;
+  int64_t total = 0;
+  {
+    std::lock_guard<std::mutex> hold(s.lock);
+    const int64_t allocated = s.allocated + size;
+    int64_t reserved = std::max(s.reserved, allocated);
+    if (reserved > s.total) {
+      reserved = allocated;  // the allocator frees its cache and retries
+    }
+    if (reserved <= s.total) {
+      s.allocated = allocated;
+      s.reserved = reserved;
+      s.peak_allocated = std::max(s.peak_allocated, allocated);
+      s.peak_reserved = std::max(s.peak_reserved, reserved);
+      s.blocks += 1;
+      s.peak_blocks = std::max(s.peak_blocks, s.blocks);
+      s.allocations += 1;
+      s.allocated_total += size;
+      return;
+    }
+    s.num_ooms += 1;
+    free_bytes = s.total - s.reserved;
+    already = s.allocated;
+    reserved_now = s.reserved;
+    total = s.total;
+  }
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "NPU out of memory. Tried to allocate ",
+                   format_size(size), " (NPU ", int(device), "; ", format_size(total),
+                   " total capacity; ", format_size(already), " already allocated; ",
+                   format_size(free_bytes), " free; ", format_size(reserved_now),
+                   " reserved in total by PyTorch) (npu-twin: device size from "
+                   "AICPU_TILING_TWIN_DEVICE_MEMORY)");
 }
 
 struct Block {
   void* memory;
-  int64_t bytes;
-  int64_t rounded;
+  int64_t size;
   c10::DeviceIndex device;
 };
 
 void free_block(void* context) {
   auto* block = static_cast<Block*>(context);
   DeviceStats& s = stats[static_cast<size_t>(block->device)];
-  s.allocated -= block->bytes;
-  s.reserved -= block->rounded;
-  s.live_blocks -= 1;
+  {
+    std::lock_guard<std::mutex> hold(s.lock);
+    s.allocated -= block->size;  // the block stays reserved (cached)
+    s.blocks -= 1;
+    s.frees += 1;
+    s.freed_total += block->size;
+  }
   std::free(block->memory);
   delete block;
 }
@@ -124,15 +192,11 @@ struct HostBackedAllocator final : c10::Allocator {
       return c10::DataPtr(nullptr, nullptr, &noop_delete, where);
     }
     const size_t rounded = (bytes + kBlockRound - 1) / kBlockRound * kBlockRound;
+    account_allocation(device, static_cast<int64_t>(rounded));
     void* memory = std::aligned_alloc(64, rounded);
     TORCH_CHECK(memory != nullptr, "npu twin: out of host memory allocating ", bytes, " bytes");
     std::memset(memory, kPoison, rounded);
-    auto* block = new Block{memory, static_cast<int64_t>(bytes), static_cast<int64_t>(rounded),
-                            device};
-    DeviceStats& s = stats[static_cast<size_t>(device)];
-    raise_peak(s.peak_allocated, s.allocated += block->bytes);
-    raise_peak(s.peak_reserved, s.reserved += block->rounded);
-    s.live_blocks += 1;
+    auto* block = new Block{memory, static_cast<int64_t>(rounded), device};
     return c10::DataPtr(memory, block, &free_block, where);
   }
 
@@ -282,14 +346,12 @@ at::Tensor host_alias(const at::Tensor& tensor) {
                      c10::Device(c10::kCPU));
   c10::Storage host(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(bytes),
                     /*allocator=*/nullptr, /*resizable=*/false);
+  // A normal tensor even under torch.inference_mode: the device thread (outside inference
+  // mode) writes device memory through it (device.device_memory does the same).
+  c10::InferenceMode normal(false);
   at::Tensor alias = at::empty({0}, tensor.options().device(c10::kCPU));
   alias.set_(host, tensor.storage_offset(), tensor.sizes(), tensor.strides());
   return alias;
-}
-
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
-  host_alias(dst).copy_(host_alias(self));
-  return dst;
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
@@ -307,11 +369,6 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   return self;
 }
 
-at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
-  resize_(dst, self.sizes(), std::nullopt);
-  return copy_from(self, dst, false);
-}
-
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset,
                         c10::IntArrayRef size, c10::IntArrayRef stride) {
   TORCH_CHECK(source.device() == self.device(), "set_: the storage is on ", source.device(),
@@ -327,22 +384,40 @@ at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
   return set_storage(self, std::move(source), 0, {items}, {1});
 }
 
-at::Scalar local_scalar_dense(const at::Tensor& self) {
-  return host_alias(self).item();
-}
-
+// The order of plain_tensors.STAT_NAMES.
 std::vector<int64_t> memory_stats(int64_t device) {
   check_device(static_cast<c10::DeviceIndex>(device));
-  const DeviceStats& s = stats[static_cast<size_t>(device)];
-  return {s.allocated.load(), s.reserved.load(), s.peak_allocated.load(),
-          s.peak_reserved.load(), s.live_blocks.load()};
+  DeviceStats& s = stats[static_cast<size_t>(device)];
+  std::lock_guard<std::mutex> hold(s.lock);
+  return {s.allocated,   s.reserved, s.peak_allocated,  s.peak_reserved, s.blocks,
+          s.peak_blocks, s.allocations, s.frees, s.allocated_total, s.freed_total,
+          s.num_ooms,    s.total};
 }
 
 void reset_peak_memory_stats(int64_t device) {
   check_device(static_cast<c10::DeviceIndex>(device));
   DeviceStats& s = stats[static_cast<size_t>(device)];
-  s.peak_allocated = s.allocated.load();
-  s.peak_reserved = s.reserved.load();
+  std::lock_guard<std::mutex> hold(s.lock);
+  s.peak_allocated = s.allocated;
+  s.peak_reserved = s.reserved;
+  s.peak_blocks = s.blocks;
+}
+
+// torch.npu.empty_cache(): the cached (reserved, not allocated) bytes go back.
+void empty_cache(int64_t device) {
+  check_device(static_cast<c10::DeviceIndex>(device));
+  DeviceStats& s = stats[static_cast<size_t>(device)];
+  std::lock_guard<std::mutex> hold(s.lock);
+  s.reserved = s.allocated;
+}
+
+// The device size (memory.total_from_env(), AICPU_TILING_TWIN_DEVICE_MEMORY), set by Python.
+void set_memory_total(int64_t device, int64_t total) {
+  check_device(static_cast<c10::DeviceIndex>(device));
+  TORCH_CHECK(total > 0, "set_memory_total: the device size must be positive, not ", total);
+  DeviceStats& s = stats[static_cast<size_t>(device)];
+  std::lock_guard<std::mutex> hold(s.lock);
+  s.total = total;
 }
 
 int64_t twin_device_count() {
@@ -379,15 +454,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("resize_", &resize_);
   m.impl("set_.source_Storage", &set_source_storage);
   m.impl("set_.source_Storage_storage_offset", &set_storage);
-  m.impl("_copy_from", &copy_from);
-  m.impl("_copy_from_and_resize", &copy_from_and_resize);
-  m.impl("_local_scalar_dense", &local_scalar_dense);
 }
 
 TORCH_LIBRARY(aicpu_twin, m) {
   m.def("host_alias(Tensor self) -> Tensor", &host_alias);
   m.def("memory_stats(int device) -> int[]", &memory_stats);
   m.def("reset_peak_memory_stats(int device) -> ()", &reset_peak_memory_stats);
+  m.def("empty_cache(int device) -> ()", &empty_cache);
+  m.def("set_memory_total(int device, int total) -> ()", &set_memory_total);
   m.def("device_count() -> int", &twin_device_count);
   m.def("current_device() -> int", &twin_current_device);
   m.def("set_device(int device) -> ()", &twin_set_device);
