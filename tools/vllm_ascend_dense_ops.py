@@ -6,31 +6,52 @@ Run it with a release's environment (``tools/vllm_env.sh RELEASE``)::
     PYTHONPATH=$PWD:$ENV/vllm-ascend $ENV/venv/bin/python tools/vllm_ascend_dense_ops.py
 
 with ``ENV=~/.cache/aicpu-tiling/vllm-envs/<release>``. It prints one JSON line: per entry the
-torch_npu ops the twin ran for it (the AI Core task labels) and the largest relative error.
+AI Core tasks the twin ran for it (their labels: a torch_npu op's name, ``_C_ascend::<op>`` for
+a ``vllm_ascend_C`` custom op, ``triton <kernel>`` for a Triton-Ascend kernel) and the largest
+relative error, for two paths:
+
+* ``entries``, the default path, the one an NPU with Triton-Ascend and ``vllm_ascend_C`` takes:
+  the twin registers Triton-Ascend's backend (vLLM sets ``HAS_TRITON`` itself) and installs
+  the ``vllm_ascend_C`` twin (custom ops on). The tool calls
+  ``vllm_ascend.ops.triton.triton_utils.init_device_properties_triton()`` as vLLM-Ascend's
+  worker does after choosing its device (``worker/worker.py`` ``NPUWorker._init_device``,
+  both releases), since the Triton kernels' grids read it;
+* ``fallback_entries``, the torch_npu path of a machine without Triton-Ascend and without
+  ``vllm_ascend_C``: the same entries with vLLM-Ascend's own switches off, its module-level
+  ``HAS_TRITON`` in ``ops/rotary_embedding.py`` (the one ``rope_forward_oot`` reads at call
+  time) and ``vllm_ascend.utils._CUSTOM_OP_ENABLED`` (what ``enable_custom_op()`` returns once
+  decided). Both are restored afterwards.
 
 The entries (``vllm_ascend/``): ``ops/layernorm.py`` ``AscendRMSNorm.forward_oot`` on a
-hidden state and on Qwen3's per-head q ``[T, heads, D]``, and with a residual where the release
-calls torch_npu for it (0.23 without ``vllm_ascend_C``; 0.30 imports ``vllm_ascend_C``, the
-``_C_ascend`` twin's business); ``ops/activation.py`` ``AscendSiluAndMul.forward_oot``;
-``ops/rotary_embedding.py`` ``rope_forward_oot`` (full and partial rotary; the environments
-have no Triton, so the torch_npu path); ``device/device_op.py``
-``DeviceOperator.reshape_and_cache`` (0.30: the block-strided K/V views of one allocation its
-model runner hands out; 0.23: contiguous caches); ``attention/attention_v1.py``
+hidden state, on Qwen3's per-head q ``[T, heads, D]``, and with a residual
+(``_C_ascend.npu_add_rms_norm_bias`` with custom ops on; 0.23 falls back to
+``torch_npu.npu_add_rms_norm``, 0.30 calls the custom op unconditionally);
+``ops/activation.py`` ``AscendSiluAndMul.forward_oot``; ``ops/rotary_embedding.py``
+``rope_forward_oot`` (full and partial rotary: Triton's ``rope_forward_triton`` with
+``HAS_TRITON``, else torch_npu); ``device/device_op.py`` ``DeviceOperator.reshape_and_cache``
+(0.30: the block-strided K/V views of one allocation its model runner hands out; 0.23:
+contiguous caches); ``attention/attention_v1.py``
 ``AscendAttentionBackendImpl.forward_fused_infer_attention`` in ``PrefillNoCache`` (FIA, TND,
-contiguous K/V, sparse_mode 3).
+contiguous K/V, sparse_mode 3). The model config is vLLM's own ``ModelConfig`` of the tiny
+Qwen3 (`pyruntime.hook.dryrun.tiny_models`) and the process groups are one rank's, made as
+the worker makes them (``tools/_vllm_setup.py``).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import traceback
 import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _vllm_setup  # tools/, beside this file
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 128, 4, 2, 64
 NUM_BLOCKS, BLOCK_SIZE = 6, 16
+#: the entries whose path depends on Triton or on vllm_ascend_C: the fallback pass reruns them
+SWITCHED = ("add_rms_norm", "rope_full", "rope_partial")
 
 
 def main() -> int:
@@ -49,57 +70,59 @@ def main() -> int:
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.triton_utils import HAS_TRITON
     from vllm_ascend.ascend_config import init_ascend_config
+    from vllm_ascend.ops.triton.triton_utils import init_device_properties_triton
 
-    from pyruntime.npu_twin import fia, model_ops
+    from pyruntime.npu_twin import device as twin_device
 
+    # every AI Core task the entry queues, by its label (torch_npu op, _C_ascend::op,
+    # "triton <kernel>"), seen where all of them go: the device's enqueue
     ran: list[str] = []
-    issue_op, issue_fia = model_ops._issue, fia._issue
+    npu = twin_device.device() if device_name == "npu-twin" else None
+    if npu is not None:
+        enqueue = npu.enqueue
 
-    def recorded_op(op, *args, **kwargs):
-        ran.append(op)
-        return issue_op(op, *args, **kwargs)
+        def recorded(work, stream=None):
+            if work.kind == "aicore":
+                ran.append(work.label)
+            return enqueue(work, stream)
 
-    def recorded_fia(*args, **kwargs):
-        ran.append(kwargs.get("op", "npu_fused_infer_attention_score"))
-        return issue_fia(*args, **kwargs)
-
-    model_ops._issue, fia._issue = recorded_op, recorded_fia
+        npu.enqueue = recorded
     dev, bf16 = torch.device("npu", 0), torch.bfloat16
+    torch.npu.set_device(dev)
+    # what NPUWorker._init_device does once the device is set: the Triton kernels size
+    # their grids from it (a no-op without Triton)
+    init_device_properties_triton()
     gen = torch.Generator().manual_seed(0)
     cfg = VllmConfig()
-    cfg.model_config = types.SimpleNamespace(
-        max_model_len=256, runner_type="generate", dtype=bf16, use_mla=False,
-        hf_text_config=None, is_hybrid=False, enforce_eager=True, quantization=None,
-        is_deepseek_mla=False,
-        hf_config=types.SimpleNamespace(model_type="qwen3", architectures=["Qwen3ForCausalLM"]))
+    cfg.model_config = _vllm_setup.model_config("qwen3", max_model_len=256, enforce_eager=True)
     ascend_config = init_ascend_config(cfg)
+    _vllm_setup.single_rank_groups(cfg)
     import vllm_ascend.utils as ascend_utils
 
     if hasattr(ascend_utils, "set_weight_prefetch_method"):
         # 0.23's norms and activation call its prefetch hooks: the model runner sets them
         # (worker/model_runner_v1.py, NPUModelRunner.__init__)
-        # (its is_moe_model reads the HF config's keys: a dense Qwen3's have no experts)
-        cfg.model_config.hf_text_config = types.SimpleNamespace(
-            to_dict=lambda: {"model_type": "qwen3", "hidden_size": HIDDEN})
         with set_current_vllm_config(cfg):
             ascend_utils.set_weight_prefetch_method(ascend_config.weight_prefetch_config)
-        cfg.model_config.hf_text_config = None
     report: dict = {"vllm_ascend": metadata.version("vllm-ascend"), "device": device_name,
-                    "has_triton": bool(HAS_TRITON), "entries": {}}
+                    "has_triton": bool(HAS_TRITON), "entries": {}, "fallback_entries": {}}
+    # vLLM's choice of model runner: V2 needs Triton (vllm/config/vllm.py use_v2_model_runner)
+    report["model_runner_v2"] = bool(cfg.use_v2_model_runner)
 
     def rel(got, want) -> float:
         got, want = got.detach().cpu().double(), want.double()
         return float((got - want).abs().max() / max(1.0, float(want.abs().max())))
 
-    def entry(name: str, run) -> None:
+    def entry(name: str, run, into: str = "entries") -> None:
         del ran[:]
         try:
             err = run()
             torch.npu.synchronize()
         except Exception as exc:  # noqa: BLE001 (reported: the caller's test decides)
-            report["entries"][name] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+            traceback.print_exc()  # where it failed, on stderr
+            report[into][name] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
             return
-        report["entries"][name] = {"ops": list(ran), "max_rel_err": err}
+        report[into][name] = {"ops": list(ran), "max_rel_err": err}
 
     def rand(*shape, dtype=bf16):
         return torch.randn(*shape, generator=gen).to(dtype)
@@ -223,15 +246,26 @@ def main() -> int:
                                        v[q0:q1].double().repeat_interleave(group, 1))
         return rel(out, want)
 
-    entry("rms_norm", rms_norm)
-    entry("qk_rms_norm", qk_norm)
-    if report["vllm_ascend"].startswith("0.23"):
-        entry("add_rms_norm", add_rms_norm)
-    entry("silu_and_mul", swiglu)
-    entry("rope_full", rope(HEAD_DIM))
-    entry("rope_partial", rope(HEAD_DIM // 2))
-    entry("reshape_and_cache", kv_write)
-    entry("prefill_attention", prefill)
+    entries = {"rms_norm": rms_norm, "qk_rms_norm": qk_norm, "add_rms_norm": add_rms_norm,
+               "silu_and_mul": swiglu, "rope_full": rope(HEAD_DIM),
+               "rope_partial": rope(HEAD_DIM // 2), "reshape_and_cache": kv_write,
+               "prefill_attention": prefill}
+    for name, run in entries.items():
+        entry(name, run)
+    # the torch_npu path: vLLM-Ascend's own switches off, as without Triton-Ascend and
+    # without vllm_ascend_C, then back
+    import vllm_ascend.ops.rotary_embedding as rotary
+
+    switches = [(rotary, "HAS_TRITON", False), (ascend_utils, "_CUSTOM_OP_ENABLED", False)]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in switches]
+    try:
+        for module, name, value in switches:
+            setattr(module, name, value)
+        for name in SWITCHED:
+            entry(name, entries[name], into="fallback_entries")
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
     print(json.dumps(report))
     return 0
 

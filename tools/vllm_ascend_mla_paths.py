@@ -23,7 +23,11 @@ FIA v2 ``BNSD_NBSD`` with rope for the decode (captured with ``.out`` and update
 stands in: the linear layers (a ``(x @ W.T, None)`` callable, as vLLM's ``LinearBase``
 returns), the metadata (a namespace with the fields the forward reads: vLLM-Ascend's builder
 needs the model's rotary embedding and runner), and the rotary tables (``cos``/``sin`` of the
-positions, each frequency at i and 32 + i, as ``get_cos_and_sin_mla`` hands them).
+positions, each frequency at i and 32 + i, as ``get_cos_and_sin_mla`` hands them). The model
+config is vLLM's own ``ModelConfig`` of a DeepSeek-V3 ``config.json`` at these sizes, and one
+rank's process groups are made as the worker makes them (``tools/_vllm_setup.py``): with
+Triton, vLLM picks its model runner V2, whose forward context in vLLM-Ascend 0.30 reads the TP
+group and whose choice reads config fields a namespace lacks.
 
 The float64 reference is DeepSeek's MLA without absorption: per token ``q = x Wq``, latent
 ``c = RMSNorm(x Wkv_a[:512])``, ``k_pe = RoPE(x Wkv_a[512:])`` (GPT-J interleaved pairs),
@@ -39,6 +43,7 @@ import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _vllm_setup  # tools/, beside this file
 
 HEADS, HIDDEN, LORA, ROPE, NOPE, VDIM = 4, 64, 512, 64, 128, 128
 BLOCK_SIZE, NUM_BLOCKS, MAX_BLOCKS = 16, 12, 3
@@ -103,21 +108,19 @@ def main() -> int:
 
     dev = torch.device("npu", 0)
     bf16 = torch.bfloat16
-    # the text config fields vLLM-Ascend reads (the dense layers of a tiny DeepSeek-V3:
-    # 0.23's weight prefetch asks whether the model has experts)
-    fields = {"model_type": "deepseek_v3", "hidden_size": HIDDEN, "num_attention_heads": HEADS,
-              "kv_lora_rank": LORA, "qk_rope_head_dim": ROPE, "qk_nope_head_dim": NOPE,
-              "v_head_dim": VDIM, "q_lora_rank": None, "num_hidden_layers": 1}
-    text_config = types.SimpleNamespace(**fields, to_dict=lambda: dict(fields))
+    # vLLM's own ModelConfig of the tiny DeepSeek-V3 at this layer's sizes (one layer, dense
+    # MLP, no q_lora_rank), and one rank's process groups, as the worker makes them
+    # (tools/_vllm_setup.py: 0.30's forward context for vLLM's model runner V2, which vLLM
+    # picks once Triton is there, reads the TP group)
     cfg = VllmConfig()
     cfg.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-    cfg.model_config = types.SimpleNamespace(
-        max_model_len=MAX_BLOCKS * BLOCK_SIZE, runner_type="generate", dtype=bf16,
-        use_mla=True, hf_text_config=text_config, is_hybrid=False, enforce_eager=False,
-        quantization=None, is_deepseek_mla=True,
-        hf_config=types.SimpleNamespace(model_type="deepseek_v3",
-                                        architectures=["DeepseekV3ForCausalLM"]))
+    cfg.model_config = _vllm_setup.model_config(
+        "deepseek-v3", max_model_len=MAX_BLOCKS * BLOCK_SIZE, enforce_eager=False,
+        hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+        kv_lora_rank=LORA, qk_rope_head_dim=ROPE, qk_nope_head_dim=NOPE, v_head_dim=VDIM,
+        q_lora_rank=None, num_hidden_layers=1, first_k_dense_replace=1)
     ascend_config = init_ascend_config(cfg)
+    _vllm_setup.single_rank_groups(cfg)
     import vllm_ascend.utils as ascend_utils
 
     if hasattr(ascend_utils, "set_weight_prefetch_method"):

@@ -601,20 +601,34 @@ def test_model_ops_on_the_twin(script, run_twin):
 
 
 REPO = Path(__file__).resolve().parents[2]
-#: the torch_npu op each vLLM-Ascend entry runs, per release (without Triton in the
-#: environments, and without vllm_ascend_C: 0.30's norm with a residual is a _C_ascend op)
+#: the AI Core tasks each vLLM-Ascend entry queues, per release, on the default path of an NPU
+#: with Triton-Ascend and vllm_ascend_C (the twin registers Triton-Ascend's backend, so vLLM
+#: sets HAS_TRITON, and installs the vllm_ascend_C twin, so custom ops are on): the norm with
+#: a residual is the _C_ascend op on both releases, the rope is vLLM-Ascend's Triton kernel
 EXPECTED_OPS = {
     "0.23.0.post1": {"rms_norm": ["npu_rms_norm"], "qk_rms_norm": ["npu_rms_norm"],
-                     "add_rms_norm": ["npu_add_rms_norm"], "silu_and_mul": ["npu_swiglu"],
-                     "rope_full": ["_npu_rotary_embedding"],
-                     "rope_partial": ["_npu_rotary_embedding"],
+                     "add_rms_norm": ["_C_ascend::npu_add_rms_norm_bias"],
+                     "silu_and_mul": ["npu_swiglu"],
+                     "rope_full": ["triton _triton_rope"],
+                     "rope_partial": ["triton _triton_rope"],
                      "reshape_and_cache": ["_npu_reshape_and_cache"],
                      "prefill_attention": ["npu_fused_infer_attention_score"]},
     "0.30.0rc2": {"rms_norm": ["npu_rms_norm"], "qk_rms_norm": ["npu_rms_norm"],
-                  "silu_and_mul": ["npu_swiglu"], "rope_full": ["npu_mrope"],
-                  "rope_partial": ["npu_mrope"],
+                  "add_rms_norm": ["_C_ascend::npu_add_rms_norm_bias"],
+                  "silu_and_mul": ["npu_swiglu"], "rope_full": ["triton _triton_rope"],
+                  "rope_partial": ["triton _triton_rope"],
                   "reshape_and_cache": ["npu_scatter_pa_kv_cache"],
                   "prefill_attention": ["npu_fused_infer_attention_score"]},
+}
+#: the same entries with vLLM-Ascend's HAS_TRITON and custom-op switches off (a machine
+#: without Triton-Ascend and vllm_ascend_C): the torch_npu ops; 0.30's norm with a residual
+#: calls the _C_ascend op unconditionally (ops/layernorm.py imports vllm_ascend_C for it)
+FALLBACK_OPS = {
+    "0.23.0.post1": {"add_rms_norm": ["npu_add_rms_norm"],
+                     "rope_full": ["_npu_rotary_embedding"],
+                     "rope_partial": ["_npu_rotary_embedding"]},
+    "0.30.0rc2": {"add_rms_norm": ["_C_ascend::npu_add_rms_norm_bias"],
+                  "rope_full": ["npu_mrope"], "rope_partial": ["npu_mrope"]},
 }
 
 
@@ -622,8 +636,9 @@ EXPECTED_OPS = {
 def test_vllm_ascends_own_dense_entries_on_the_twin(release, tmp_path):
     """vLLM-Ascend's own norm, activation, rope, KV write (0.30: into the block-strided views
     its model runner makes) and prefill attention run on the twin without our hook, each
-    through the torch_npu op that release calls, within bf16 rounding of float32/float64
-    formulas (``tools/vllm_ascend_dense_ops.py``)."""
+    through the task that release queues on an NPU with Triton-Ascend and vllm_ascend_C (the
+    default path), and the Triton / custom-op entries again on the torch_npu fallback path,
+    within bf16 rounding of float32/float64 formulas (``tools/vllm_ascend_dense_ops.py``)."""
     env = vllm_env(release)
     child = {k: v for k, v in os.environ.items()
              if k not in ("AICPU_TILING", "AICPU_TILING_ENGINE", "PYTHONHOME",
@@ -638,9 +653,14 @@ def test_vllm_ascends_own_dense_entries_on_the_twin(release, tmp_path):
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     report = json.loads(lines[-1])
     assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
-    entries = report["entries"]
-    assert {name: entry.get("ops", entry.get("error")) for name, entry in entries.items()} \
-        == EXPECTED_OPS[release]
-    assert report["has_triton"] is False and report["device_adaptor"] == "BaseDeviceAdaptor"
-    errors = {name: entry["max_rel_err"] for name, entry in entries.items()}
-    assert max(errors.values()) < 1e-2, errors
+    for key, expected in (("entries", EXPECTED_OPS), ("fallback_entries", FALLBACK_OPS)):
+        entries = report[key]
+        assert {name: entry.get("ops", entry.get("error")) for name, entry in entries.items()} \
+            == expected[release], key
+        errors = {name: entry["max_rel_err"] for name, entry in entries.items()}
+        assert max(errors.values()) < 1e-2, (key, errors)
+    # vLLM decided HAS_TRITON itself (the twin's Triton-Ascend driver is the one active one)
+    assert report["has_triton"] is True and report["device_adaptor"] == "BaseDeviceAdaptor"
+    # with Triton, vLLM picks its model runner V2 (VllmConfig.use_v2_model_runner, both
+    # releases); 0.30's forward context for it reads the TP group the tool made
+    assert report["model_runner_v2"] is True
