@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -53,6 +54,11 @@ def main() -> int:
     from pyruntime.hook.dryrun import check_real_vllm_ascend, start_device
 
     check_real_vllm_ascend()
+    # the V1 model runner's graph path (ACLGraphWrapper replay, update_full_graph_params), as
+    # the hook's dry run drives it: with Triton usable vLLM 0.30 would pick Model Runner V2
+    # (vllm/config/vllm.py `VllmConfig.use_v2_model_runner`), whose choice reads model-config
+    # fields this tool's stand-in config does not carry
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     device_name = start_device("graph")
     import numpy as np
     import torch
