@@ -289,6 +289,11 @@ class Runner:
 
         self.torch, self.mode = torch, CUDAGraphMode
         self.set_current_vllm_config = set_current_vllm_config
+        # these are the V1 model runner's classes and buffers; vLLM 0.30 picks Model Runner
+        # V2 by default wherever Triton is usable (vllm/config/vllm.py
+        # `VllmConfig.use_v2_model_runner`: HAS_TRITON and no unsupported feature), as on an
+        # NPU with Triton-Ascend and on the twin, whose Triton-Ascend backend is active
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         self.device = torch.device("npu", 0)
         s = self.shape
         cfg = VllmConfig()
