@@ -432,7 +432,8 @@ def _write_slots(op: str, key, value, key_cache, value_cache, slots,
                  skip_negative: bool = False) -> None:
     """``cache[slot // block_size, slot % block_size] = row`` through the caches' own strides
     (inner tensors). With `skip_negative` a negative slot writes nothing (vLLM's padding slot
-    -1: what ``npu_scatter_pa_kv_cache``'s kernel does, see there). A slot past ``blocks *
+    -1: what the kernels of ``npu_scatter_pa_kv_cache`` and ATB's ``_npu_reshape_and_cache``
+    do, see there). A slot past ``blocks *
     block_size - 1`` ("slot_mapping的值范围[0,num_blocks*block_size-1]"), or a negative one
     without `skip_negative`, is an out-of-bounds write on the device: raised here."""
     blocks, block_size = key_cache.shape[:2]
@@ -507,7 +508,12 @@ def npu_reshape_and_cache_atb(key, value, key_cache, value_cache, slot_indices) 
         if not _page_dense(t):
             raise _fail(op, f"{name} must be contiguous or block-strided with dense pages")
     tensors = [twin.inner(t) for t in (key, value, key_cache, value_cache, slot_indices)]
-    _issue(op, index, lambda: _write_slots(op, *tensors), (key_cache, value_cache))
+    # a negative slot is skipped, as by npu_scatter_pa_kv_cache: ATB's kernel
+    # (hicann/ascend-transformer-boost src/kernels/mixkernels/reshape_and_cache/op_kernel/
+    # reshape_and_cache_nd.cpp, ProcessKVEqual / ProcessKVUnequalIncrement: "if (slotValue < 0)
+    # continue;"); vLLM-Ascend 0.23's capture warm-up writes padded slots -1 through it
+    _issue(op, index, lambda: _write_slots(op, *tensors, skip_negative=True),
+           (key_cache, value_cache))
 
 
 # ---- ATB warm-up matmul ----------------------------------------------------------------------

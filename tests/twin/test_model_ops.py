@@ -425,6 +425,19 @@ def scatter_negative_slot_skipped():
 
 
 check("scatter_negative_slot_writes_nothing", scatter_negative_slot_skipped)
+
+
+def reshape_and_cache_negative_slot_skipped():
+    k_cache, v_cache = torch.zeros(4, 8, 2, 16, device=dev), torch.zeros(4, 8, 2, 16, device=dev)
+    torch_npu._npu_reshape_and_cache(key, value, k_cache, v_cache,
+                                     torch.tensor([5, -1, 30], dtype=torch.int32).to(dev))
+    want_k, want_v = torch.zeros(4, 8, 2, 16), torch.zeros(4, 8, 2, 16)
+    hk, hv = key.cpu(), value.cpu()
+    want_k[0, 5], want_v[0, 5], want_k[3, 6], want_v[3, 6] = hk[0], hv[0], hk[2], hv[2]
+    eq((torch.equal(k_cache.cpu(), want_k), torch.equal(v_cache.cpu(), want_v)), (True, True))
+
+
+check("reshape_and_cache_negative_slot_writes_nothing", reshape_and_cache_negative_slot_skipped)
 check("reshape_and_cache_int64_not_modelled", lambda: expect(
     NotInTwinError, "int64", lambda: torch_npu._npu_reshape_and_cache(
         key, value, kc, vc, slots.long())))
