@@ -251,7 +251,22 @@ def accelerator_memory_as_vllm_ascend_patches_it():
     del held
 
 
+def unique_consecutive_is_synchronous():
+    ids = torch.tensor([0, 0, 1, 1, 1, -1], dtype=torch.int32).to("npu")
+    settle()
+    syncs = twin.device().stats["synchronizes"]
+    with torch.inference_mode():                                       # vLLM's execute_model
+        values, counts = torch.unique_consecutive(ids * 1, return_counts=True)
+    eq((values.device.type, counts.device.type), ("npu", "npu"))
+    eq(twin.device().stats["synchronizes"], syncs + 1)                 # the host waited
+    eq((values.cpu().tolist(), counts.cpu().tolist()), ([0, 1, -1], [2, 3, 1]))
+    with capture():
+        expect(twin.CaptureViolation, "while a graph is capturing",
+               lambda: torch.unique_consecutive(ids))
+
+
 check("device_size_comes_from_the_environment", device_size_from_env)
+check("unique_consecutive_synchronizes_and_returns_npu_tensors", unique_consecutive_is_synchronous)
 check("allocated_reserved_peak_and_free_are_live", live_accounting)
 check("queued_op_outputs_are_accounted", op_outputs_are_accounted)
 check("allocation_past_the_device_size_raises_npu_oom", out_of_memory)
@@ -373,6 +388,9 @@ RULES: dict[str, dict[str, str]] = {
             "survive",
     },
     "surface": {
+        "unique_consecutive_synchronizes_and_returns_npu_tensors":
+            "torch_npu op-plugin UniqueConsecutiveKernelNpuOpApi.cpp: EXEC_NPU_CMD_SYNC, "
+            "outputs resized to the kernel's shapes; vLLM's LoRA compute_meta calls it",
         "device_size_comes_from_the_environment":
             "mem_get_info()[1] / total_memory: AICPU_TILING_TWIN_DEVICE_MEMORY",
         "allocated_reserved_peak_and_free_are_live":
