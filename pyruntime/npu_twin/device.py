@@ -872,6 +872,11 @@ def _device_of(func, args, kwargs) -> int:
     return found[0] if found else device().current_device()
 
 
+#: the libraries whose NPU kernels our extension (libaicpu_tiling_npu.so) registers: their
+#: composite bodies are CPU references that must not run on device memory
+_EXTENSION_NAMESPACES = frozenset({"aicpu_tiling"})
+
+
 def _dispatch(func, args, kwargs):
     dev = device()
     name = func._schema.name
@@ -880,6 +885,17 @@ def _dispatch(func, args, kwargs):
         dev.check_alive()
         if dev.aicore_body == "reference" and str(func) in REFERENCE_BODIES:
             return _queue_reference_body(dev, func, args, kwargs)
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "PrivateUse1") \
+                and func.namespace not in _EXTENSION_NAMESPACES \
+                and torch._C._dispatch_has_kernel_for_dispatch_key(
+                    func.name(), "CompositeExplicitAutograd"):
+            # another library's Python custom op (torch.library.custom_op without device
+            # types: its one kernel is CompositeExplicitAutograd, which torch's dispatcher
+            # computes into every backend's entry, PrivateUse1 included), e.g. vLLM-Ascend
+            # 0.30's _vllm_ascend_lora::lora_linear (lora/lora_ops.py): on an NPU its Python
+            # body runs on the npu tensors, and so here, its ops dispatched as any others
+            return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1),
+                                   *args, **kwargs)
         if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "PrivateUse1"):
             # torch would fall back to the op's composite (CPU) body, on device memory
             raise TwinError(f"{func.name()} has no NPU (PrivateUse1) kernel: the extension "

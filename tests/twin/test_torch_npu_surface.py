@@ -335,7 +335,22 @@ def parameter_subclass_keeps_its_class():
     eq((type(host) is WeightParameter, host.device.type), (True, "cpu"))
 
 
+@torch.library.custom_op("twin_rules::scaled_add", mutates_args={"y"})
+def scaled_add(y: torch.Tensor, x: torch.Tensor, scale: float) -> None:
+    # as vLLM-Ascend's _vllm_ascend_lora::lora_linear: no device types, a Python body
+    y.add_(x * scale)
+
+
+def python_custom_op_runs_its_body():
+    y, x = torch.zeros(3, device="npu"), torch.ones(3, device="npu")
+    ops_before = twin.device().stats["op"]
+    scaled_add(y, x, 2.0)
+    eq(twin.device().stats["op"] - ops_before, 2)             # mul, add_: queued on the device
+    eq(y.cpu().tolist(), [2.0, 2.0, 2.0])
+
+
 check("profiler_dynamic_profile_is_a_placeholder_module", profiler_dynamic_profile)
+check("python_custom_op_of_another_library_runs_its_body", python_custom_op_runs_its_body)
 check("torch_npu_inductor_imports_as_a_placeholder", inductor_module)
 check("acl_and_fla_npu_are_allow_listed_placeholders", acl_and_fla_npu)
 check("parameter_subclass_of_an_npu_tensor_keeps_its_class", parameter_subclass_keeps_its_class)
@@ -376,6 +391,10 @@ RULES: dict[str, dict[str, str]] = {
             "torch_npu 2.10.0.post4 torch_npu/profiler/dynamic_profile.py (init, step, start, "
             "set_state); vLLM-Ascend worker.py imports it, dp.step() only under "
             "msmonitor_use_daemon",
+        "python_custom_op_of_another_library_runs_its_body":
+            "torch.library.custom_op without device_types registers CompositeExplicitAutograd, "
+            "which the dispatcher uses for PrivateUse1: vLLM-Ascend 0.30 lora_ops.py "
+            "lora_linear runs its Python body on npu tensors",
         "torch_npu_inductor_imports_as_a_placeholder":
             "torch_npu/_inductor/__init__.py; vLLM-Ascend NPUWorker._init_device imports it "
             "when HAS_TRITON",
