@@ -131,13 +131,23 @@ DEVICE_LAYERS = {
 }
 
 
+#: 0.23.0.post1 sets its ACL graph parameters only under VLLM_COMPILE (model_runner_v1.py
+#: _use_aclgraph), so mode NONE stops in its own full_graph_fia at capture, without the hook;
+#: VLLM_COMPILE stops in Dynamo on the twin's wrapper tensors (docs/hook-in-vllm-ascend.md)
+NO_GRAPHS_IN_MODE_NONE = pytest.mark.xfail(
+    strict=True, reason="vLLM-Ascend 0.23.0.post1 captures FULL graphs only under VLLM_COMPILE, "
+                        "which needs the twin's plain tensors (issue 28 item 1)")
+
+
 @pytest.mark.engine
 @pytest.mark.parametrize("release, tiny, flags", [
-    ("0.30.0rc2", "qwen3", ["--lora"]), ("0.23.0.post1", "qwen3", [])])
+    ("0.30.0rc2", "qwen3", ["--placement", "graph"]),
+    pytest.param("0.23.0.post1", "qwen3", ["--placement", "graph"],
+                 marks=NO_GRAPHS_IN_MODE_NONE)])
 def test_serve_check_on_the_twin(request, release, tiny, flags):
     if not _selected(request.config, "engine"):
-        pytest.skip("the engine runs need -m engine (today's twin stops them at a missing "
-                    "model op: docs/hook-in-vllm-ascend.md, 'The engine check')")
+        pytest.skip("the engine runs need -m engine (two engine starts each: "
+                    "docs/hook-in-vllm-ascend.md, 'The engine check')")
     env_dir = vllm_env(release)
     python, tree = env_dir / "venv" / "bin" / "python", env_dir / "vllm-ascend"
     proc = subprocess.run([str(python), "-m", "pyruntime.cli", "serve-check", "--tiny", tiny,
