@@ -107,8 +107,16 @@ def activate(fault: str | None = None) -> None:
     import torch
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    from . import (device, extension, npu_module, parameters, placeholder_packages, processes,
-                   torch_npu_module, vllm_ascend_c)
+    from . import (
+        device,
+        extension,
+        npu_module,
+        parameters,
+        placeholder_packages,
+        processes,
+        torch_npu_module,
+        vllm_ascend_c,
+    )
 
     given = os.environ.get(STATE_ENV)
     state = Path(given or tempfile.mkdtemp(prefix="aicpu-tiling-twin-"))
