@@ -87,8 +87,12 @@ EXPECTED_CLASSES = {"qwen3": "Qwen3ForCausalLM", "gpt-oss": "GptOssForCausalLM",
 
 
 def _env_vars(tree: Path | None = None) -> dict:
+    # TRITON_INTERPRET=1 is tests/conftest.py's default for our own kernels; a user's engine
+    # has none, and with it upstream Triton's interpreter takes vLLM-Ascend's launches away
+    # from the twin's Triton-Ascend backend (it stops on the npu tensors in rope_forward_triton)
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AICPU_TILING", "VLLM_")) and k != "PYTHONHOME"}
+           if not k.startswith(("AICPU_TILING", "VLLM_"))
+           and k not in ("PYTHONHOME", "TRITON_INTERPRET")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([str(tree)] if tree else []))
     return env
 
