@@ -145,7 +145,7 @@ NO_GRAPHS_IN_MODE_NONE = pytest.mark.xfail(
 
 @pytest.mark.engine
 @pytest.mark.parametrize("release, tiny, flags", [
-    ("0.30.0rc2", "qwen3", ["--placement", "graph"]),
+    ("0.30.0rc2", "qwen3", ["--placement", "graph", "--lora"]),
     pytest.param("0.23.0.post1", "qwen3", ["--placement", "graph"],
                  marks=NO_GRAPHS_IN_MODE_NONE)])
 def test_serve_check_on_the_twin(request, release, tiny, flags):
