@@ -99,7 +99,16 @@ def activate(fault: str | None = None) -> None:
     import torch
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    from . import device, extension, npu_module, processes, torch_npu_module, vllm_ascend_c
+    from . import (
+        device,
+        extension,
+        npu_module,
+        parameters,
+        placeholder_packages,
+        processes,
+        torch_npu_module,
+        vllm_ascend_c,
+    )
 
     given = os.environ.get(STATE_ENV)
     state = Path(given or tempfile.mkdtemp(prefix="aicpu-tiling-twin-"))
@@ -122,6 +131,7 @@ def activate(fault: str | None = None) -> None:
         device.install_device(device.Device(fault=fault, state_dir=state))
     processes.install()  # what a fork child keeps (pyruntime.npu_twin.processes)
     device.install_pinned_memory()
+    parameters.install()  # nn.Parameter subclasses of npu tensors keep their class
     # device work runs on the host thread; torch's intra-op pool on a small shared machine
     # makes each small op spin (15 ms instead of 25 us per logsumexp here on 2 loaded cores)
     torch.set_num_threads(1)
@@ -133,6 +143,7 @@ def activate(fault: str | None = None) -> None:
         _factories = torch.library.Library("aten", "IMPL")
         device.register_factories(_factories)
     torch_npu_module.install()
+    placeholder_packages.install()  # acl, fla_npu: CANN's and Ascend's other Python packages
     vllm_ascend_c.install()  # import vllm_ascend.vllm_ascend_C: custom ops on, as on hardware
     if importlib.util.find_spec("triton") is not None:
         from . import triton_driver

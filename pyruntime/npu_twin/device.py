@@ -910,6 +910,11 @@ def _device_of(func, args, kwargs) -> int:
     return found[0] if found else device().current_device()
 
 
+#: the libraries whose NPU kernels our extension (libaicpu_tiling_npu.so) registers: their
+#: composite bodies are CPU references that must not run on device memory
+_EXTENSION_NAMESPACES = frozenset({"aicpu_tiling"})
+
+
 def _dispatch(func, args, kwargs):
     dev = device()
     name = func._schema.name
@@ -918,6 +923,17 @@ def _dispatch(func, args, kwargs):
         dev.check_alive()
         if dev.aicore_body == "reference" and str(func) in REFERENCE_BODIES:
             return _queue_reference_body(dev, func, args, kwargs)
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "PrivateUse1") \
+                and func.namespace not in _EXTENSION_NAMESPACES \
+                and torch._C._dispatch_has_kernel_for_dispatch_key(
+                    func.name(), "CompositeExplicitAutograd"):
+            # another library's Python custom op (torch.library.custom_op without device
+            # types: its one kernel is CompositeExplicitAutograd, which torch's dispatcher
+            # computes into every backend's entry, PrivateUse1 included), e.g. vLLM-Ascend
+            # 0.30's _vllm_ascend_lora::lora_linear (lora/lora_ops.py): on an NPU its Python
+            # body runs on the npu tensors, and so here, its ops dispatched as any others
+            return func.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1),
+                                   *args, **kwargs)
         if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "PrivateUse1"):
             # torch would fall back to the op's composite (CPU) body, on device memory
             raise TwinError(f"{func.name()} has no NPU (PrivateUse1) kernel: the extension "
@@ -959,6 +975,8 @@ def _dispatch(func, args, kwargs):
                      bool(kwargs.get("non_blocking", False)))
     if func in (_aten.is_pinned.default,):
         return False
+    if func in _SHAPE_FROM_VALUES_OPS:
+        return _run_shape_from_values(dev, func, args, kwargs)
     if func in _ALLOCATING_OPS:  # memory only: no device work, garbage until written
         index = _device_of(func, args, kwargs)
         dev.ensure_context(index)
@@ -1151,6 +1169,40 @@ def _copy(dst: Any, src: Any, non_blocking: bool):
         target.copy_(source)
     dev.enqueue(Work("copy", "H2D copy (non_blocking)", run_async, writes=(target,)), stream)
     return dst
+
+
+#: ops whose output shapes depend on their input values. torch_npu runs them synchronously:
+#: op-plugin ``op_plugin/ops/opapi/UniqueConsecutiveKernelNpuOpApi.cpp`` launches
+#: ``EXEC_NPU_CMD_SYNC(aclnnUniqueConsecutive, ...)`` (the stream synchronized before it
+#: returns) and resizes its outputs to the shapes the kernel reports (``aclGetViewShape``).
+#: vLLM's LoRA metadata calls it on device tensors (``vllm/lora/punica_wrapper/utils.py``
+#: ``compute_meta``)
+_SHAPE_FROM_VALUES_OPS = frozenset({_aten.unique_consecutive.default})
+
+
+def _run_shape_from_values(dev: Device, func, args, kwargs):
+    """Run `func` as torch_npu does (`_SHAPE_FROM_VALUES_OPS`): the current stream of its
+    device synchronized (a host wait, counted as a synchronize; refused while a graph
+    captures), the op on the device memory, its outputs new device memory of the shapes it
+    produced."""
+    for value in pytree.tree_leaves((args, kwargs)):
+        if _is_host_tensor(value):
+            raise HostPointerError(f"{func}: a host tensor of shape {tuple(value.shape)} among "
+                                   "npu tensors (Expected all tensors to be on the same device)")
+    index = _device_of(func, args, kwargs)
+    dev.ensure_context(index)
+    dev.synchronize_stream(dev.current_stream(index), f"{func} (a synchronous op: its output "
+                           "shape comes from the values)")
+    got = func(*pytree.tree_map(inner, args), **pytree.tree_map(inner, kwargs))
+
+    def to_device(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        buf = device_memory(t.shape, t.stride(), t.dtype)
+        buf.copy_(t)
+        return NpuTensor(buf, index)
+
+    return pytree.tree_map(to_device, got)
 
 
 def _queue_op(dev: Device, func, args, kwargs):

@@ -428,12 +428,19 @@ def _check_kv_write(op: str, key, value, key_cache, value_cache, slots, slot_nam
                     f"got {list(slots.shape)}")
 
 
-def _write_slots(op: str, key, value, key_cache, value_cache, slots) -> None:
+def _write_slots(op: str, key, value, key_cache, value_cache, slots,
+                 skip_negative: bool = False) -> None:
     """``cache[slot // block_size, slot % block_size] = row`` through the caches' own strides
-    (inner tensors); a slot outside ``[0, blocks * block_size - 1]`` ("slot_mapping的值范围
-    [0,num_blocks*block_size-1]") is an out-of-bounds write on the device: raised here."""
+    (inner tensors). With `skip_negative` a negative slot writes nothing (vLLM's padding slot
+    -1: what the kernels of ``npu_scatter_pa_kv_cache`` and ATB's ``_npu_reshape_and_cache``
+    do, see there). A slot past ``blocks *
+    block_size - 1`` ("slot_mapping的值范围[0,num_blocks*block_size-1]"), or a negative one
+    without `skip_negative`, is an out-of-bounds write on the device: raised here."""
     blocks, block_size = key_cache.shape[:2]
     slot = slots.long()
+    if skip_negative:
+        kept = slot >= 0
+        slot, key, value = slot[kept], key[kept], value[kept]
     if slot.numel() and (int(slot.min()) < 0 or int(slot.max()) >= blocks * block_size):
         raise _fail(op, f"slots range [{int(slot.min())}, {int(slot.max())}] is outside "
                     f"[0, {blocks * block_size - 1}] (an out-of-bounds write on the device)")
@@ -475,7 +482,13 @@ def npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, *,
             raise _fail(op, f"{name} must be contiguous or block-strided with dense pages, got "
                         f"stride {list(t.stride())} for {list(t.shape)}")
     tensors = [twin.inner(t) for t in (key, value, key_cache, value_cache, slot_mapping)]
-    _issue(op, index, lambda: _write_slots(op, *tensors), (key_cache, value_cache))
+    # a negative slot is skipped: CANN ops-transformer attention/scatter_pa_kv_cache/op_kernel/
+    # scatter_pa_kv_cache_normal_siso.h (Process, ProcessFullyLoad): "if (slotValue < 0)
+    # { continue; }" per token. vLLM pads slot_mapping with PAD_SLOT_ID -1, and vLLM-Ascend
+    # 0.30's reshape_and_cache (attention_v1.py) writes the padded tokens of the dummy batches
+    # it warms up and captures (num_actual_tokens is the padded count there)
+    _issue(op, index, lambda: _write_slots(op, *tensors, skip_negative=True),
+           (key_cache, value_cache))
 
 
 def npu_reshape_and_cache_atb(key, value, key_cache, value_cache, slot_indices) -> None:
@@ -495,7 +508,12 @@ def npu_reshape_and_cache_atb(key, value, key_cache, value_cache, slot_indices) 
         if not _page_dense(t):
             raise _fail(op, f"{name} must be contiguous or block-strided with dense pages")
     tensors = [twin.inner(t) for t in (key, value, key_cache, value_cache, slot_indices)]
-    _issue(op, index, lambda: _write_slots(op, *tensors), (key_cache, value_cache))
+    # a negative slot is skipped, as by npu_scatter_pa_kv_cache: ATB's kernel
+    # (hicann/ascend-transformer-boost src/kernels/mixkernels/reshape_and_cache/op_kernel/
+    # reshape_and_cache_nd.cpp, ProcessKVEqual / ProcessKVUnequalIncrement: "if (slotValue < 0)
+    # continue;"); vLLM-Ascend 0.23's capture warm-up writes padded slots -1 through it
+    _issue(op, index, lambda: _write_slots(op, *tensors, skip_negative=True),
+           (key_cache, value_cache))
 
 
 # ---- ATB warm-up matmul ----------------------------------------------------------------------

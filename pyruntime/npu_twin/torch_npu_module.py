@@ -91,6 +91,19 @@ def build() -> types.ModuleType:
     model_ops.install(module, _module)  # a dense decoder's forward: norms, swiglu, rope, KV
     moe_ops.install(module)  # the fused-MoE path at TP 1: routing, grouped matmul, unpermute
     module.profiler = profiler.build()  # torch_npu.profiler: profile, its handler and config
+    # torch_npu/profiler/dynamic_profile.py (init, step, start, set_state: msMonitor's dynamic
+    # profiling). vLLM-Ascend's worker/worker.py imports it at module top (0.23.0.post1 line 29,
+    # 0.30.0rc2 line 32) and calls dp.step() only under ascend_config.msmonitor_use_daemon
+    # (off by default): the module exists, each of its names raises NotInTwinError if called
+    module.profiler.dynamic_profile = _module("torch_npu.profiler.dynamic_profile")
+    # torch_npu/_inductor/__init__.py registers torch_npu's Inductor backend for "npu" (device
+    # op overrides, Triton scheduling, lowerings). vLLM-Ascend's NPUWorker._init_device
+    # imports it when HAS_TRITON (0.23.0.post1 worker.py:456, 0.30.0rc2 worker.py:445): with
+    # the twin's Triton-Ascend backend active it does. Inductor code generation for the twin's
+    # device is not modelled: the module exists and does nothing on import, and each of its
+    # names raises NotInTwinError if called; a torch.compile that reaches Inductor's npu
+    # backend fails there (the engine check runs compilation mode NONE)
+    module._inductor = _module("torch_npu._inductor")
     return module
 
 
@@ -125,6 +138,8 @@ def install() -> types.ModuleType:
     hccl.install()
     sys.modules["torch_npu.npu"] = npu_module
     sys.modules["torch_npu.profiler"] = module.profiler
+    sys.modules["torch_npu.profiler.dynamic_profile"] = module.profiler.dynamic_profile
+    sys.modules["torch_npu._inductor"] = module._inductor
     # ``torch.npu.memory`` is a module there (vLLM-Ascend imports names from it)
     sys.modules["torch_npu.npu.memory"] = npu_module.memory
     sys.modules["torch.npu.memory"] = npu_module.memory

@@ -159,7 +159,8 @@ def bf16_arithmetic():
     nearest even (a correctly rounded bf16 op, as torch's bf16 ops on the CPU), comparisons
     compare values, casts to and from bf16 go through float32 with the same rounding, and
     ``tl.sum`` / ``tl.max`` / ``tl.min`` (and the arg- forms) of bf16 reduce the float32
-    values (a sum accumulates in float32 and rounds once).
+    values (a sum accumulates in float32 and rounds once), and ``tl.dot`` of bf16 operands
+    multiplies their values, accumulating in the accumulator's type.
     Restored on exit; callers hold the interpreter lock (the patch is process-wide)."""
     import numpy as np
     import triton.language as tl
@@ -196,6 +197,23 @@ def bf16_arithmetic():
             return TensorHandle(_fp32_to_bf16(src.data.astype(np.float32)), target)
         return builder_cls.cast_impl(interpreter_builder, src, dst_type)
 
+    def create_dot(a, b, d, input_precision, max_num_imprecise_acc):
+        # bf16 operands as values: the cube unit multiplies bf16 exactly and accumulates in
+        # the accumulator's type (float32 for vLLM-Ascend's LoRA kernel,
+        # _lora_shrink_splitk_kernel); the stock interpreter multiplied the bit patterns
+        if tl.bfloat16 not in (a.dtype.scalar, b.dtype.scalar):
+            return builder_cls.create_dot(interpreter_builder, a, b, d, input_precision,
+                                          max_num_imprecise_acc)
+
+        def values(h):
+            return _bf16_to_fp32(h.data) if h.dtype.scalar == tl.bfloat16 \
+                else h.data.astype(np.float32)
+
+        out = np.matmul(values(a), values(b), dtype=np.float32) + values(d)
+        if d.dtype.scalar == tl.bfloat16:
+            return TensorHandle(_fp32_to_bf16(out), tl.bfloat16)
+        return TensorHandle(out.astype(d.data.dtype), d.dtype.scalar)
+
     original_sum, original_min_max = ReduceOps.sum, ReduceOps.min_max
 
     def reduce_sum(self, input):
@@ -223,12 +241,13 @@ def bf16_arithmetic():
     interpreter_builder.binary_op = binary_op
     interpreter_builder.unary_op = unary_op
     interpreter_builder.cast_impl = cast_impl
+    interpreter_builder.create_dot = create_dot
     ReduceOps.sum, ReduceOps.min_max = reduce_sum, min_max
     try:
         yield
     finally:
         del interpreter_builder.binary_op, interpreter_builder.unary_op
-        del interpreter_builder.cast_impl
+        del interpreter_builder.cast_impl, interpreter_builder.create_dot
         ReduceOps.sum, ReduceOps.min_max = original_sum, original_min_max
 
 

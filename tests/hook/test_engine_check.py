@@ -87,8 +87,12 @@ EXPECTED_CLASSES = {"qwen3": "Qwen3ForCausalLM", "gpt-oss": "GptOssForCausalLM",
 
 
 def _env_vars(tree: Path | None = None) -> dict:
+    # TRITON_INTERPRET=1 is tests/conftest.py's default for our own kernels; a user's engine
+    # has none, and with it upstream Triton's interpreter takes vLLM-Ascend's launches away
+    # from the twin's Triton-Ascend backend (it stops on the npu tensors in rope_forward_triton)
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AICPU_TILING", "VLLM_")) and k != "PYTHONHOME"}
+           if not k.startswith(("AICPU_TILING", "VLLM_"))
+           and k not in ("PYTHONHOME", "TRITON_INTERPRET")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([str(tree)] if tree else []))
     return env
 
@@ -131,13 +135,23 @@ DEVICE_LAYERS = {
 }
 
 
+#: 0.23.0.post1 sets its ACL graph parameters only under VLLM_COMPILE (model_runner_v1.py
+#: _use_aclgraph), so mode NONE stops in its own full_graph_fia at capture, without the hook;
+#: VLLM_COMPILE stops in Dynamo on the twin's wrapper tensors (docs/hook-in-vllm-ascend.md)
+NO_GRAPHS_IN_MODE_NONE = pytest.mark.xfail(
+    strict=True, reason="vLLM-Ascend 0.23.0.post1 captures FULL graphs only under VLLM_COMPILE, "
+                        "which needs the twin's plain tensors (issue 28 item 1)")
+
+
 @pytest.mark.engine
 @pytest.mark.parametrize("release, tiny, flags", [
-    ("0.30.0rc2", "qwen3", ["--lora"]), ("0.23.0.post1", "qwen3", [])])
+    ("0.30.0rc2", "qwen3", ["--placement", "graph", "--lora"]),
+    pytest.param("0.23.0.post1", "qwen3", ["--placement", "graph"],
+                 marks=NO_GRAPHS_IN_MODE_NONE)])
 def test_serve_check_on_the_twin(request, release, tiny, flags):
     if not _selected(request.config, "engine"):
-        pytest.skip("the engine runs need -m engine (today's twin stops them at a missing "
-                    "model op: docs/hook-in-vllm-ascend.md, 'The engine check')")
+        pytest.skip("the engine runs need -m engine (two engine starts each: "
+                    "docs/hook-in-vllm-ascend.md, 'The engine check')")
     env_dir = vllm_env(release)
     python, tree = env_dir / "venv" / "bin" / "python", env_dir / "vllm-ascend"
     proc = subprocess.run([str(python), "-m", "pyruntime.cli", "serve-check", "--tiny", tiny,

@@ -254,6 +254,29 @@ def test_a_run_that_stops_is_a_typed_error_naming_it(tmp_path, monkeypatch):
         engine_check.check(tmp_path, "empty")
 
 
+def test_a_skipped_hook_is_an_error_with_the_hooks_reason(tmp_path, monkeypatch):
+    """The hooked run with the hook off (no placement chosen on this machine) is not judged:
+    the error carries the hook's own reason, so the user knows what to run."""
+    reason = "no tiling placement has been chosen on this machine"
+    runs = {False: engine_run(False),
+            True: engine_run(True, hook_state="skipped", hook_reason=reason, device_layers={})}
+    monkeypatch.setattr(engine_check, "check_twin_autostart", lambda: None)
+    monkeypatch.setattr(engine_check, "run_child",
+                        lambda model, max_tokens, placement, tp, hooked, lora=None: runs[hooked])
+    with pytest.raises(engine_check.EngineCheckError,
+                       match=f"hook was not active in the hooked run \\(skipped: {reason}\\)"):
+        engine_check.check(tmp_path, "qwen3")
+
+
+def test_the_children_find_triton_as_vllm_does(monkeypatch):
+    """No CUDA_VISIBLE_DEVICES trick: with the twin's Triton-Ascend backend active vLLM sets
+    HAS_TRITON itself, as on an NPU; the user's own value passes through."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert "CUDA_VISIBLE_DEVICES" not in engine_check.child_env(hooked=True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert engine_check.child_env(hooked=False)["CUDA_VISIBLE_DEVICES"] == "3"
+
+
 # -- the command line --------------------------------------------------------------------------
 
 

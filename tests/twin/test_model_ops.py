@@ -410,9 +410,34 @@ check("scatter_transposed_cache_refused", lambda: expect(
 check("scatter_slot_past_cache_faults_at_sync", lambda: expect(
     ModelOpError, "outside [0, 31]", synced(lambda: scatter(
         slot_mapping=torch.tensor([1, 32, 3], dtype=torch.int32).to(dev)))))
-check("scatter_negative_slot_faults_at_sync", lambda: expect(
-    ModelOpError, "outside [0, 31]", synced(lambda: scatter(
-        slot_mapping=torch.tensor([-1, 2, 3], dtype=torch.int32).to(dev)))))
+
+
+def scatter_negative_slot_skipped():
+    # the kernel skips a negative slot (vLLM's padding -1) and writes the others
+    k_cache, v_cache = torch.zeros(4, 8, 2, 16, device=dev), torch.zeros(4, 8, 2, 16, device=dev)
+    scatter(key_cache=k_cache, value_cache=v_cache,
+            slot_mapping=torch.tensor([-1, 9, 3], dtype=torch.int32).to(dev))
+    got_k, got_v = k_cache.cpu(), v_cache.cpu()
+    want_k, want_v = torch.zeros(4, 8, 2, 16), torch.zeros(4, 8, 2, 16)
+    hk, hv = key.cpu(), value.cpu()
+    want_k[1, 1], want_v[1, 1], want_k[0, 3], want_v[0, 3] = hk[1], hv[1], hk[2], hv[2]
+    eq((torch.equal(got_k, want_k), torch.equal(got_v, want_v)), (True, True))
+
+
+check("scatter_negative_slot_writes_nothing", scatter_negative_slot_skipped)
+
+
+def reshape_and_cache_negative_slot_skipped():
+    k_cache, v_cache = torch.zeros(4, 8, 2, 16, device=dev), torch.zeros(4, 8, 2, 16, device=dev)
+    torch_npu._npu_reshape_and_cache(key, value, k_cache, v_cache,
+                                     torch.tensor([5, -1, 30], dtype=torch.int32).to(dev))
+    want_k, want_v = torch.zeros(4, 8, 2, 16), torch.zeros(4, 8, 2, 16)
+    hk, hv = key.cpu(), value.cpu()
+    want_k[0, 5], want_v[0, 5], want_k[3, 6], want_v[3, 6] = hk[0], hv[0], hk[2], hv[2]
+    eq((torch.equal(k_cache.cpu(), want_k), torch.equal(v_cache.cpu(), want_v)), (True, True))
+
+
+check("reshape_and_cache_negative_slot_writes_nothing", reshape_and_cache_negative_slot_skipped)
 check("reshape_and_cache_int64_not_modelled", lambda: expect(
     NotInTwinError, "int64", lambda: torch_npu._npu_reshape_and_cache(
         key, value, kc, vc, slots.long())))

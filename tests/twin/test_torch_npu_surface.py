@@ -251,7 +251,22 @@ def accelerator_memory_as_vllm_ascend_patches_it():
     del held
 
 
+def unique_consecutive_is_synchronous():
+    ids = torch.tensor([0, 0, 1, 1, 1, -1], dtype=torch.int32).to("npu")
+    settle()
+    syncs = twin.device().stats["synchronizes"]
+    with torch.inference_mode():                                       # vLLM's execute_model
+        values, counts = torch.unique_consecutive(ids * 1, return_counts=True)
+    eq((values.device.type, counts.device.type), ("npu", "npu"))
+    eq(twin.device().stats["synchronizes"], syncs + 1)                 # the host waited
+    eq((values.cpu().tolist(), counts.cpu().tolist()), ([0, 1, -1], [2, 3, 1]))
+    with capture():
+        expect(twin.CaptureViolation, "while a graph is capturing",
+               lambda: torch.unique_consecutive(ids))
+
+
 check("device_size_comes_from_the_environment", device_size_from_env)
+check("unique_consecutive_synchronizes_and_returns_npu_tensors", unique_consecutive_is_synchronous)
 check("allocated_reserved_peak_and_free_are_live", live_accounting)
 check("queued_op_outputs_are_accounted", op_outputs_are_accounted)
 check("allocation_past_the_device_size_raises_npu_oom", out_of_memory)
@@ -264,8 +279,86 @@ check("accelerator_memory_raises_then_follows_vllm_ascends_patch",
       accelerator_memory_as_vllm_ascend_patches_it)
 """
 
+MODULES = COMMON + """
+def profiler_dynamic_profile():
+    from torch_npu.profiler import dynamic_profile as dp     # vLLM-Ascend worker.py
+    expect(NotInTwinError, "torch_npu.profiler.dynamic_profile.step", dp.step)
+
+
+def inductor_module():
+    import torch_npu._inductor                                # NPUWorker._init_device
+    expect(NotInTwinError, "torch_npu._inductor.register_device_op_overrides_npu",
+           torch_npu._inductor.register_device_op_overrides_npu)
+
+
+def acl_and_fla_npu():
+    from acl.rt import memcpy                                 # device_allocator/camem.py
+    expect(NotInTwinError, "acl.rt.memcpy", lambda: memcpy(0, 0, 0, 0, 0))
+    from fla_npu.ops.ascendc import causal_conv1d_fn          # ops/gdn.py
+    expect(NotInTwinError, "fla_npu.ops.ascendc.causal_conv1d_fn", causal_conv1d_fn)
+    import importlib
+    expect(ModuleNotFoundError, "fla_npu.ops.triton",         # outside the allow-list
+           lambda: importlib.import_module("fla_npu.ops.triton"))
+    expect(ModuleNotFoundError, "acl_other", lambda: importlib.import_module("acl_other"))
+
+
+class WeightParameter(torch.nn.Parameter):
+    # vllm/model_executor/parameter.py BasevLLMParameter: __new__ through Parameter.__new__,
+    # the weight loader kept by __init__
+    def __new__(cls, data, **kwargs):
+        return super().__new__(cls, data=data, requires_grad=False)
+
+    def __init__(self, data, weight_loader):
+        self._weight_loader = weight_loader
+
+    @property
+    def weight_loader(self):
+        return self._weight_loader
+
+
+def parameter_subclass_keeps_its_class():
+    loader = object()
+    param = WeightParameter(data=torch.empty(2, 3, device="npu"), weight_loader=loader)
+    eq((isinstance(param, WeightParameter), isinstance(param, torch.nn.Parameter)), (True, True))
+    eq((param.weight_loader is loader, param.requires_grad, param.device.type),
+       (True, False, "npu"))
+    param.data.copy_(torch.arange(6.0).view(2, 3))            # default_weight_loader
+    eq(param.cpu().tolist(), [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]])
+    eq(type(param * 2) is twin.NpuTensor, True)               # ops give plain npu tensors
+    layer = torch.nn.Module()
+    layer.weight = param
+    eq([n for n, _ in layer.named_parameters()], ["weight"])
+    plain = torch.nn.Parameter(torch.ones(2, device="npu"))
+    eq((type(plain).__name__, plain.requires_grad, isinstance(plain, torch.nn.Parameter)),
+       ("Parameter", True, True))
+    host = WeightParameter(data=torch.ones(2), weight_loader=loader)   # torch's own path
+    eq((type(host) is WeightParameter, host.device.type), (True, "cpu"))
+
+
+@torch.library.custom_op("twin_rules::scaled_add", mutates_args={"y"})
+def scaled_add(y: torch.Tensor, x: torch.Tensor, scale: float) -> None:
+    # as vLLM-Ascend's _vllm_ascend_lora::lora_linear: no device types, a Python body
+    y.add_(x * scale)
+
+
+def python_custom_op_runs_its_body():
+    y, x = torch.zeros(3, device="npu"), torch.ones(3, device="npu")
+    ops_before = twin.device().stats["op"]
+    scaled_add(y, x, 2.0)
+    eq(twin.device().stats["op"] - ops_before, 2)             # mul, add_: queued on the device
+    eq(y.cpu().tolist(), [2.0, 2.0, 2.0])
+
+
+check("profiler_dynamic_profile_is_a_placeholder_module", profiler_dynamic_profile)
+check("python_custom_op_of_another_library_runs_its_body", python_custom_op_runs_its_body)
+check("torch_npu_inductor_imports_as_a_placeholder", inductor_module)
+check("acl_and_fla_npu_are_allow_listed_placeholders", acl_and_fla_npu)
+check("parameter_subclass_of_an_npu_tensor_keeps_its_class", parameter_subclass_keeps_its_class)
+"""
+
 GROUPS = {
     "bugs": (BUGS, {}),
+    "modules": (MODULES, {}),
     "surface": (SURFACE, {"AICPU_TILING_TWIN_DEVICE_MEMORY": "256MiB"}),
 }
 
@@ -293,7 +386,30 @@ RULES: dict[str, dict[str, str]] = {
             "torch InferenceMode: a view of a normal tensor is normal, of an inference "
             "tensor an inference tensor",
     },
+    "modules": {
+        "profiler_dynamic_profile_is_a_placeholder_module":
+            "torch_npu 2.10.0.post4 torch_npu/profiler/dynamic_profile.py (init, step, start, "
+            "set_state); vLLM-Ascend worker.py imports it, dp.step() only under "
+            "msmonitor_use_daemon",
+        "python_custom_op_of_another_library_runs_its_body":
+            "torch.library.custom_op without device_types registers CompositeExplicitAutograd, "
+            "which the dispatcher uses for PrivateUse1: vLLM-Ascend 0.30 lora_ops.py "
+            "lora_linear runs its Python body on npu tensors",
+        "torch_npu_inductor_imports_as_a_placeholder":
+            "torch_npu/_inductor/__init__.py; vLLM-Ascend NPUWorker._init_device imports it "
+            "when HAS_TRITON",
+        "acl_and_fla_npu_are_allow_listed_placeholders":
+            "pyACL (CANN) and fla_npu: vLLM-Ascend camem.py / ops/gdn.py import them at module "
+            "top; its tests/ut/conftest.py stands in for the same five modules",
+        "parameter_subclass_of_an_npu_tensor_keeps_its_class":
+            "torch/nn/parameter.py Parameter.__new__: a plain tensor (an npu tensor on an NPU) "
+            "takes _make_subclass(cls, ...), so vLLM's parameter classes and weight_loader "
+            "survive",
+    },
     "surface": {
+        "unique_consecutive_synchronizes_and_returns_npu_tensors":
+            "torch_npu op-plugin UniqueConsecutiveKernelNpuOpApi.cpp: EXEC_NPU_CMD_SYNC, "
+            "outputs resized to the kernel's shapes; vLLM's LoRA compute_meta calls it",
         "device_size_comes_from_the_environment":
             "mem_get_info()[1] / total_memory: AICPU_TILING_TWIN_DEVICE_MEMORY",
         "allocated_reserved_peak_and_free_are_live":
@@ -357,6 +473,13 @@ def test_twin_bug_fixed(outcomes, rule):
     empty non-blocking copy was a race, to("meta") was queued, inference-mode memory and
     views failed."""
     _check(outcomes, "bugs", rule)
+
+
+@pytest.mark.parametrize("rule", sorted(RULES["modules"]))
+def test_module_vllm_ascends_engine_imports(outcomes, rule):
+    """The modules vLLM-Ascend's worker imports on the engine's path, and vLLM's parameter
+    classes over npu tensors (docs/npu-twin.md)."""
+    _check(outcomes, "modules", rule)
 
 
 @pytest.mark.parametrize("rule", sorted(RULES["surface"]))

@@ -101,6 +101,16 @@ def bf16_is_arithmetic_on_values():
                             a.max().item()])
 check("bf16_arithmetic_rounds_like_torch", bf16_is_arithmetic_on_values)
 
+from triton_ascend_kernels import bf16_dot
+def bf16_dot_multiplies_values():
+    gen = torch.Generator().manual_seed(5)
+    x, a = (torch.randn(16, 16, generator=gen).to(torch.bfloat16) for _ in range(2))
+    out = torch.empty(16, 16, device="npu")
+    bf16_dot[(1,)](x.npu(), a.npu(), out, M=16, K=16, N=16)
+    # exact bf16 products summed in float32: only the summation order differs
+    torch.testing.assert_close(out.cpu(), x.float() @ a.float().T, atol=1e-5, rtol=1e-5)
+check("bf16_dot_multiplies_values_into_fp32", bf16_dot_multiplies_values)
+
 import triton.language.extra.cann.extension as extension
 import triton.language.extra.cann.libdevice as libdevice
 check("sort_is_not_in_twin", lambda: expect(NotInTwinError, "sort", extension.sort))
@@ -159,7 +169,7 @@ def test_the_twin_registers_triton_ascends_backend_and_driver(run_twin):
     proc = run_twin(DRIVER.replace("{here!r}", repr(str(HERE))), timeout=300)
     results = run_twin.rules(proc)
     failed = {rule: outcome for rule, outcome in results.items() if outcome != "ok"}
-    assert len(results) == 15 and not failed, failed or results
+    assert len(results) == 16 and not failed, failed or results
 
 
 def test_extension_ops_against_numpy_and_their_rules(run_twin):

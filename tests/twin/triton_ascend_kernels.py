@@ -78,3 +78,15 @@ def bf16_math(a_ptr, b_ptr, c_ptr, x_ptr, out_ptr, neg_ptr, lt_ptr, cast_ptr, re
     tl.store(red_ptr, tl.sum(a, axis=0))
     tl.store(red_ptr + 1, tl.min(a, axis=0))
     tl.store(red_ptr + 2, tl.max(a, axis=0))
+
+
+@triton.jit
+def bf16_dot(x_ptr, a_ptr, o_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr):
+    """``o = x @ a.T`` of bf16 tiles into a float32 accumulator, as vLLM-Ascend's LoRA shrink
+    kernel (``lora/lora_ops.py`` ``_lora_shrink_splitk_kernel``) does."""
+    m, k, n = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+    x = tl.load(x_ptr + m[:, None] * K + k[None, :])
+    a = tl.load(a_ptr + n[:, None] * K + k[None, :])
+    acc = tl.zeros((M, N), dtype=tl.float32)
+    acc += tl.dot(x, tl.trans(a))
+    tl.store(o_ptr + m[:, None] * N + n[None, :], acc)

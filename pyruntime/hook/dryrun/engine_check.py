@@ -99,6 +99,7 @@ class EngineRun:
     synchronizes: int | None = None
     tpot_ms: float = 0.0
     hook_state: str | None = None
+    hook_reason: str | None = None
     hook_engine: str | None = None
     device_layers: dict[str, str] = field(default_factory=dict)
     host_layers: dict[str, str] = field(default_factory=dict)
@@ -180,6 +181,7 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
 
         status = hook.status()
         run.hook_state, run.hook_engine = status.state, status.engine
+        run.hook_reason = status.reason
         run.device_layers = dict(status.device_entries)
         run.host_layers = dict(status.host_path_layers)
     return run
@@ -239,9 +241,7 @@ def child_env(hooked: bool) -> dict[str, str]:
     import importlib.util
 
     if importlib.util.find_spec("torch_npu") is None:
-        env[TWIN_ENV] = "1"
-        # vLLM's lenient Triton check (the probe, step 24): no CUDA devices to find
-        env.setdefault("CUDA_VISIBLE_DEVICES", "")
+        env[TWIN_ENV] = "1"  # the twin's Triton-Ascend backend is active: vLLM sets HAS_TRITON
     env[HOOK_ENV] = "1" if hooked else "0"
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
@@ -354,7 +354,8 @@ def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | Non
     if with_.error:
         raise EngineCheckError(f"the engine with the hook stopped: {with_.error}")
     if with_.hook_state != "active":
-        raise EngineCheckError(f"the hook was not active in the hooked run ({with_.hook_state})")
+        raise EngineCheckError(f"the hook was not active in the hooked run ({with_.hook_state}: "
+                               f"{with_.hook_reason})")
     divergence = None
     for r, (a, b) in enumerate(zip(without.tokens, with_.tokens)):
         adapter = lora if lora is not None and r in LORA_REQUESTS else None
