@@ -140,6 +140,8 @@ def _exists(call, npu_all, ops, zf):
         return name in npu_all
     if name in ops:
         return True
+    if f"torch_npu/{name}/__init__.py" in zf.namelist():  # a subpackage (torch_npu.profiler)
+        return True
     init = zf.read("torch_npu/__init__.py").decode()
     return re.search(rf"\b{name}\b", init) is not None
 
