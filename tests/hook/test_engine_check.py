@@ -192,10 +192,9 @@ def check_profile(report: dict, profile_dir: Path) -> None:
     process = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     lane = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
             if e["name"] == "thread_name"}
-    assert sorted(process.values()) == [f"with_hook: {report['model']} serve-check "
-                                        "(emulated, NPU twin)",
-                                        f"without_hook: {report['model']} serve-check "
-                                        "(emulated, NPU twin)"]
+    assert sorted(process.values()) == [
+        f"{mode}: {report['model']} serve-check (emulated, NPU twin)"
+        for mode in ("with_hook", "without_hook")]
     slices = Counter()
     for e in events:
         if e["ph"] == "X":

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pyruntime.cli import main
-from pyruntime.cli import serve_check
+from pyruntime.cli import main, serve_check
 from pyruntime.hook.dryrun import engine_check
 from pyruntime.hook.dryrun.engine_check import EngineRun, HostTimeline
 from pyruntime.profiler.ascend_files import ClockAnchor, StepWindow, attribute, read_output
