@@ -7,7 +7,9 @@ graphs, requests with different max_tokens so the batch shrinks through the capt
 the NPU twin where there is no NPU. It reports which layers took the device path, the graph
 task updates per step without and with the hook, the blocking copies and synchronizes the
 hook adds per step, whether the tokens are identical (or, at the first divergence, the fp32
-reference's margin and the tolerance), and the time per output token. Exit 0 only when the
+reference's margin and the tolerance), and the time per output token. With --profile DIR each
+run's generate call runs under torch_npu's profiler and DIR receives, per run and side by side,
+the Chrome trace and tables of profile --trace. Exit 0 only when the
 verdict is pass (at least one device-path layer, no task updates on them, nothing added, the
 tokens judged equal); 1 otherwise; 2 when it cannot run here (no vLLM or vLLM-Ascend, no
 transformers for the reference, a run that stopped).
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from pyruntime.hook.dryrun.tiny_models import CONFIGS, LORA_MODELS
 
-from ._common import CliError
+from ._common import FORCE_HELP, CliError
 from ._limits import Limit
 
 MAX_TOKENS = Limit("generated tokens per request", 5, 128,
@@ -50,6 +52,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="where the tiling task runs (default: the placement the hook would use)")
     p.add_argument("--max-tokens", type=int, default=8,
                    help="tokens the longest request generates (the others 2 and 4 fewer)")
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="run each generate call under torch_npu's profiler (the twin's on "
+                        "the twin) and write DIR/{without,with}/ and DIR/: trace.json, "
+                        "tables.txt, profile.json (and torch_npu's own output)")
+    p.add_argument("--force", action="store_true",
+                   help=FORCE_HELP + "; for --profile: a DIR that is not empty (serve-check's "
+                        "own files and folders in it are replaced, nothing else)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=run)
     return p
@@ -66,6 +75,42 @@ def _check_arguments(args: argparse.Namespace) -> None:
                        "(its attention projections' names and shapes)")
     if args.model is not None and not (Path(args.model) / "config.json").is_file():
         raise CliError(f"--model {args.model}: no config.json there")
+    if args.profile is not None:
+        check_profile_dir(Path(args.profile), force=args.force)
+
+
+#: what ``--profile DIR`` writes in DIR (`engine_check.write_profiles`): replaced with --force
+PROFILE_ENTRIES = ("without", "with", "trace.json", "tables.txt", "profile.json")
+
+
+def check_profile_dir(folder: Path, *, force: bool) -> None:
+    """Refuse, before any work, a ``--profile`` folder that cannot take the profile: its parent
+    missing, a file, or a folder that is not empty (without ``force``). Changes nothing
+    (`clear_profile_entries` does, once the run can start).
+
+    Raises:
+        CliError: one line naming --profile, the folder and what to do.
+    """
+    if not folder.parent.is_dir():
+        raise CliError(f"--profile {folder}: the folder {folder.parent} does not exist")
+    if folder.exists() and not folder.is_dir():
+        raise CliError(f"--profile {folder}: not a folder")
+    if folder.is_dir() and any(folder.iterdir()) and not force:
+        raise CliError(f"--profile {folder}: the folder is not empty (choose an empty or new "
+                       "one, or pass --force to replace serve-check's files there)")
+
+
+def clear_profile_entries(folder: Path) -> None:
+    """Remove what an earlier ``--profile`` wrote in `folder` (`PROFILE_ENTRIES`), so a stale
+    torch_npu output cannot be read as this run's; anything else in it is left alone."""
+    import shutil
+
+    for name in PROFILE_ENTRIES:
+        entry = folder / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        elif entry.exists() or entry.is_symlink():
+            entry.unlink()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
                            "environment)")
     from pyruntime.hook.dryrun import engine_check, tiny_models
 
+    if args.profile is not None:
+        clear_profile_entries(Path(args.profile))
+
     with tempfile.TemporaryDirectory(prefix="aicpu-tiling-serve-check-") as scratch:
         if args.tiny is not None:
             try:
@@ -92,8 +140,10 @@ def run(args: argparse.Namespace) -> int:
         adapter = (tiny_models.write_lora(args.tiny, Path(scratch) / f"{args.tiny}-lora")
                    if args.lora else None)
         try:
-            report = engine_check.check(model_dir, name, max_tokens=args.max_tokens,
-                                        placement=args.placement, tp=args.tp, lora=adapter)
+            report = engine_check.check(
+                model_dir, name, max_tokens=args.max_tokens, placement=args.placement,
+                tp=args.tp, lora=adapter,
+                profile_dir=Path(args.profile).resolve() if args.profile else None)
         except engine_check.EngineCheckError as exc:
             raise CliError(str(exc)) from exc
     print(json.dumps(report, indent=1) if args.json else render(report))
@@ -128,5 +178,9 @@ def render(report: dict) -> str:
                      f"{margin}")
     lines.append(f"time per output token: {tpot['without']:.1f} ms without, "
                  f"{tpot['with']:.1f} ms with the hook")
+    if report.get("profile"):
+        lines.append(f"profile: {report['profile']['dir']} "
+                     f"({len(report['profile']['files'])} files; trace.json side by side, "
+                     "without/ and with/ per run)")
     lines.append(f"verdict: {report['verdict']}")
     return "\n".join(lines)

@@ -6,10 +6,13 @@ Example::
     from pyruntime.profiler.report import profile_report, write_profile
     report = profile_report(session)            # pure: dict, JSON-ready
     tables = write_profile(session, trace="t.json")   # writes the trace; returns the tables
+    files = write_profile_folder(session, "out/")      # trace.json, tables.txt, profile.json
 """
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -58,3 +61,34 @@ def write_profile(session: Session, *, trace: str | Path | None = None) -> list:
     if trace is not None:
         write_chrome_trace(session, trace)
     return profile_tables(profile_report(session))
+
+
+#: what `write_profile_folder` writes in its folder
+TRACE_FILE, TABLES_FILE, REPORT_FILE = "trace.json", "tables.txt", "profile.json"
+
+
+def write_profile_folder(session: Session, folder: str | Path, *, width: int = 120,
+                         ) -> list[Path]:
+    """Write what ``aicpu-tiling profile --trace trace.json`` writes and prints for `session`
+    into `folder` (made when missing): ``trace.json`` (the Chrome trace), ``tables.txt`` (the
+    tables as text, `width` columns) and ``profile.json`` (`profile_report`).
+
+    Returns:
+        the three paths, in that order.
+
+    Raises:
+        OSError: a file cannot be written.
+    """
+    from rich.console import Console
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tables = write_profile(session, trace=folder / TRACE_FILE)
+    text = io.StringIO()
+    console = Console(file=text, width=width, highlight=False, soft_wrap=False,
+                      force_terminal=False, color_system=None)
+    for item in tables:
+        console.print(item)
+    (folder / TABLES_FILE).write_text(text.getvalue())
+    (folder / REPORT_FILE).write_text(json.dumps(profile_report(session), indent=1) + "\n")
+    return [folder / TRACE_FILE, folder / TABLES_FILE, folder / REPORT_FILE]

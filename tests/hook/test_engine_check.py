@@ -148,14 +148,17 @@ NO_GRAPHS_IN_MODE_NONE = pytest.mark.xfail(
     ("0.30.0rc2", "qwen3", ["--placement", "graph", "--lora"]),
     pytest.param("0.23.0.post1", "qwen3", ["--placement", "graph"],
                  marks=NO_GRAPHS_IN_MODE_NONE)])
-def test_serve_check_on_the_twin(request, release, tiny, flags):
+def test_serve_check_on_the_twin(request, tmp_path, release, tiny, flags):
     if not _selected(request.config, "engine"):
         pytest.skip("the engine runs need -m engine (two engine starts each: "
                     "docs/hook-in-vllm-ascend.md, 'The engine check')")
     env_dir = vllm_env(release)
     python, tree = env_dir / "venv" / "bin" / "python", env_dir / "vllm-ascend"
+    # every run is profiled too (issue 32 item 4): one engine run per release, not two
+    profile_dir = tmp_path / "profile"
     proc = subprocess.run([str(python), "-m", "pyruntime.cli", "serve-check", "--tiny", tiny,
-                           "--json", *flags], env=_env_vars(tree), cwd=REPO,
+                           "--json", "--profile", str(profile_dir), *flags],
+                          env=_env_vars(tree), cwd=REPO,
                           capture_output=True, text=True, timeout=1800, check=False)
     start = proc.stdout.find("{")
     assert start >= 0, proc.stderr[-3000:]
@@ -167,3 +170,51 @@ def test_serve_check_on_the_twin(request, release, tiny, flags):
     assert report["updates_per_step"]["with"] == 0 and report["updates_per_step"]["without"] > 0
     assert report["added_per_step"] == {"blocking_copies": 0, "synchronizes": 0}
     assert report["verdict"] == "pass" and proc.returncode == 0, report
+    check_profile(report, profile_dir)
+
+
+def check_profile(report: dict, profile_dir: Path) -> None:
+    """``--profile``: the folder holds both runs' torch_npu output (from the twin's profiler)
+    and, per run and side by side, the trace and tables; the lanes show the host path's task
+    updates against the device path's AI-CPU tiling task, with the same attention kernels."""
+    from collections import Counter
+
+    assert report["profile"]["dir"] == str(profile_dir)
+    files = report["profile"]["files"]
+    for folder in ("", "without/", "with/"):
+        assert {f"{folder}trace.json", f"{folder}tables.txt", f"{folder}profile.json"} \
+            <= set(files)
+    for run in ("without", "with"):
+        assert any(f.startswith(f"{run}/torch_npu/") and f.endswith(
+            "_ascend_pt/ASCEND_PROFILER_OUTPUT/kernel_details.csv") for f in files)
+    trace = json.loads((profile_dir / "trace.json").read_text())
+    events = trace["traceEvents"]
+    process = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    lane = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+            if e["name"] == "thread_name"}
+    assert sorted(process.values()) == [
+        f"{mode}: {report['model']} serve-check (emulated, NPU twin)"
+        for mode in ("with_hook", "without_hook")]
+    slices = Counter()
+    for e in events:
+        if e["ph"] == "X":
+            name = e["name"]
+            kind = ("update" if name == "task_updates" else "step" if name.startswith("step ")
+                    else "attention" if name.startswith("attention layer")
+                    else "tiling" if lane[(e["pid"], e["tid"])] == "device: AI_CPU"
+                    else "combine" if "combine" in name else "other")
+            slices[(process[e["pid"]].split(":")[0], kind)] += 1
+    # the same engine steps and attention kernels in both runs; task updates only without
+    # the hook; the AI-CPU tiling task and the combine only with it
+    assert slices[("without_hook", "step")] == slices[("with_hook", "step")] > 0
+    assert slices[("without_hook", "attention")] == slices[("with_hook", "attention")] > 0
+    assert slices[("without_hook", "update")] > 0 and slices[("with_hook", "update")] == 0
+    assert slices[("with_hook", "tiling")] > 0 and slices[("without_hook", "tiling")] == 0
+    assert slices[("with_hook", "combine")] > 0 and slices[("without_hook", "combine")] == 0
+    tables = json.loads((profile_dir / "profile.json").read_text())
+    assert tables["backend"] == "npu-twin" and tables["times_emulated"] is True
+    with_hook = next(r for r in tables["runs"] if r["mode"] == "with_hook")
+    assert {"device_step", "aicpu_task", "attention_layer", "idle_tiling_to_attention"} \
+        <= set(with_hook["device_per_step"])
+    for run in ("without", "with"):
+        assert tables["meta"]["device_lanes"][run]["rows_outside_steps"] == 0

@@ -144,7 +144,7 @@ def test_the_report_has_exactly_the_issues_schema_and_passes():
         "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
         "placement", "compilation_mode", "graph_sizes", "layers", "device_layers",
         "updates_per_step", "added_per_step", "tokens_identical", "divergence", "tpot_ms",
-        "verdict"]
+        "profile", "verdict"]
     assert report["schema"] == "aicpu-tiling/serve-check" and report["version"] == 1
     assert report["placement"] == "graph"  # the hook's own, from its engine's name
     assert [layer["path"] for layer in report["layers"]] == ["device", "device"]
@@ -152,6 +152,7 @@ def test_the_report_has_exactly_the_issues_schema_and_passes():
     assert report["updates_per_step"] == {"without": 2.0, "with": 0.0}
     assert report["added_per_step"] == {"blocking_copies": 0.0, "synchronizes": 0.0}
     assert set(report["tpot_ms"]) == {"without", "with"}
+    assert report["profile"] is None  # no --profile
     assert report["verdict"] == "pass"
     json.dumps(report)
 
@@ -262,7 +263,8 @@ def test_a_skipped_hook_is_an_error_with_the_hooks_reason(tmp_path, monkeypatch)
             True: engine_run(True, hook_state="skipped", hook_reason=reason, device_layers={})}
     monkeypatch.setattr(engine_check, "check_twin_autostart", lambda: None)
     monkeypatch.setattr(engine_check, "run_child",
-                        lambda model, max_tokens, placement, tp, hooked, lora=None: runs[hooked])
+                        lambda model, max_tokens, placement, tp, hooked, lora=None,
+                        profile_dir=None: runs[hooked])
     with pytest.raises(engine_check.EngineCheckError,
                        match=f"hook was not active in the hooked run \\(skipped: {reason}\\)"):
         engine_check.check(tmp_path, "qwen3")

@@ -14,6 +14,16 @@ the generate call, the hook's layer report, and the seconds per output token.
 The parent (`check`) writes a tiny model when asked (`pyruntime.hook.dryrun.tiny_models`),
 runs both children, computes the reference only at a divergence, and returns the report of
 issue 29's schema (`REPORT_FIELDS`).
+
+With a profile folder (``serve-check --profile DIR``, issue 32 item 4) each child runs its
+``generate`` call under torch_npu's profiler (`pyruntime.measurement.device_lanes.
+TorchNpuLanes`: CPU and NPU activities, ``tensorboard_trace_handler``; on the twin, the twin's
+``torch_npu.profiler``, which writes the same files from its task records), its output kept in
+``DIR/{without,with}/torch_npu/``; the child times each engine step and each graph task update
+on the host clock, and returns the run as a profile `Run` (`profiled_run`): one host step per
+engine step with its task updates as spans, the device tasks of torch_npu's
+kernel_details.csv attributed to the step they started in. The parent writes, per run and for
+both side by side, what ``aicpu-tiling profile --trace`` writes (`write_profiles`).
 """
 
 from __future__ import annotations
@@ -24,10 +34,12 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...profiler.data import DeviceTask, HostStep, Run, Session
+from ...profiler.report import write_profile_folder
 from . import judge as judging
 
 SCHEMA = "aicpu-tiling/serve-check"
@@ -37,7 +49,7 @@ REPORT_FIELDS = (
     "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
     "placement", "compilation_mode", "graph_sizes", "layers", "device_layers",
     "updates_per_step", "added_per_step", "tokens_identical", "divergence", "tpot_ms",
-    "verdict")
+    "profile", "verdict")
 #: the child's result line prefix
 RESULT_PREFIX = "ENGINE-RUN "
 #: the capture sizes (FULL_DECODE_ONLY graphs); the requests' max_tokens differ so the batch
@@ -58,6 +70,17 @@ TWIN_ENV = "AICPU_TILING_TWIN"
 #: either direction, explicit synchronizes
 BLOCKING_COPIES = ("copies_h2d_blocking", "copies_d2h")
 SYNCHRONIZES = ("synchronizes",)
+#: ``--profile DIR``: each run's folder under DIR, and the profile `Run`'s mode it is shown as
+PROFILE_RUNS = {False: ("without", "without_hook"), True: ("with", "with_hook")}
+#: the child's torch_npu profiler output, inside a run's folder
+TORCH_NPU_DIR = "torch_npu"
+#: what a profiled engine run's times are, as its JSON and trace state it
+PROFILE_TIMES = {
+    "npu": "measured on the Ascend device (device lanes from torch_npu's profiler); host lanes: "
+           "the engine steps and graph task updates on the host clock",
+    "npu-twin": "emulated: the NPU twin runs the device's tasks on the host; only counts are "
+                "judged, times are not device times",
+}
 
 
 class EngineCheckError(RuntimeError):
@@ -103,11 +126,43 @@ class EngineRun:
     hook_engine: str | None = None
     device_layers: dict[str, str] = field(default_factory=dict)
     host_layers: dict[str, str] = field(default_factory=dict)
+    #: with a profile folder: ``{"run": the profile Run as a dict, "lanes": what
+    #: TorchNpuLanes read}``
+    profile: dict[str, Any] | None = None
     error: str | None = None
 
 
+@dataclass
+class HostTimeline:
+    """The host side of a profiled ``generate`` call on the ``perf_counter`` clock: each
+    engine step's ``(start, end)`` and each graph task update's, ``graph_task_update_begin``
+    to ``graph_task_update_end``."""
+
+    steps: list[tuple[float, float]] = field(default_factory=list)
+    updates: list[tuple[float, float]] = field(default_factory=list)
+
+
+def profiled_run(mode: str, workload: dict[str, Any], host: HostTimeline,
+                 tasks: list[DeviceTask]) -> Run:
+    """The profile `Run` of one engine run: one `HostStep` per engine step (``host_s`` and
+    ``step_s`` both the step's host wall time: the engine's own host time is not separated
+    from its waits), its task updates as ``task_updates`` spans and phase (the rest
+    ``other``), the device `tasks` (attributed to steps by the caller), and the graph task
+    updates per step as a counter."""
+    steps = []
+    for start, end in host.steps:
+        spans = [("task_updates", a, b) for a, b in host.updates if start <= a < end]
+        updating = sum(b - a for _, a, b in spans)
+        steps.append(HostStep(start, end - start, end - start,
+                              {"task_updates": updating, "other": end - start - updating},
+                              spans))
+    counters = {"graph_task_updates": len(host.updates) / max(1, len(host.steps))}
+    return Run(mode, workload, steps, list(tasks), counters)
+
+
 def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
-                hooked: bool, lora: str | None = None) -> EngineRun:
+                hooked: bool, lora: str | None = None,
+                profile_dir: str | None = None) -> EngineRun:
     from importlib import metadata
 
     run = EngineRun(hooked=hooked)
@@ -136,18 +191,38 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
                             "cudagraph_capture_sizes": list(GRAPH_SIZES)})
     counted = {"updates": 0, "steps": 0}
     begin = torch.npu.graph_task_update_begin
+    # with a profile folder: the host clock of each step and task update (None: not timed)
+    host = HostTimeline() if profile_dir is not None else None
+    opened: list[float] = []
 
     def counted_begin(*args, **kwargs):
         counted["updates"] += 1
+        if host is not None:
+            opened.append(time.perf_counter())
         return begin(*args, **kwargs)
 
     torch.npu.graph_task_update_begin = counted_begin
+    if host is not None:
+        end_update = torch.npu.graph_task_update_end
+
+        def timed_end(*args, **kwargs):
+            out = end_update(*args, **kwargs)
+            if opened:
+                host.updates.append((opened.pop(), time.perf_counter()))
+            return out
+
+        torch.npu.graph_task_update_end = timed_end
     engine = llm.llm_engine
     step = engine.step
 
     def counted_step(*args, **kwargs):
         counted["steps"] += 1
-        return step(*args, **kwargs)
+        if host is None:
+            return step(*args, **kwargs)
+        start = time.perf_counter()
+        out = step(*args, **kwargs)
+        host.steps.append((start, time.perf_counter()))
+        return out
 
     engine.step = counted_step
     stats = None
@@ -159,13 +234,19 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
     params = [vllm.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
                                   detokenize=False) for n in max_tokens_of(max_tokens)]
     prompts = [{"prompt_token_ids": list(p)} for p in PROMPTS]
-    start = time.perf_counter()
     lora_requests = None
     if lora:
         from vllm.lora.request import LoRARequest
 
         adapter = LoRARequest("tiny", 1, lora)
         lora_requests = [adapter if r in LORA_REQUESTS else None for r in range(len(prompts))]
+    lanes = None
+    if profile_dir is not None:
+        from pyruntime.measurement.device_lanes import TorchNpuLanes
+
+        lanes = TorchNpuLanes(keep_dir=profile_dir)
+        lanes.start()
+    start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=lora_requests)
     seconds = time.perf_counter() - start
     run.tokens = [list(o.outputs[0].token_ids) for o in outputs]
@@ -176,6 +257,18 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
         waits = host_waits(stats, before)
         run.blocking_copies, run.synchronizes = waits["blocking_copies"], waits["synchronizes"]
     run.tpot_ms = 1000.0 * seconds / max(1, max(len(t) for t in run.tokens))
+    if lanes is not None and host is not None:
+        # after the counts: this wait is the profile's, not the engine's (the engine's steps
+        # already waited for their tokens)
+        torch.npu.synchronize()
+        mode = PROFILE_RUNS[hooked][1]
+        for i, (step_start, step_end) in enumerate(host.steps):
+            lanes.window(mode, i, step_start, step_end)
+        by_mode, info = lanes.stop()
+        workload = {"name": f"{Path(model).name} serve-check", "model": model,
+                    "max_tokens": max_tokens_of(max_tokens), "hooked": hooked}
+        run.profile = {"run": asdict(profiled_run(mode, workload, host, by_mode.get(mode, []))),
+                       "lanes": info}
     if hooked:
         from pyruntime import hook
 
@@ -199,10 +292,12 @@ def child_main(argv: list[str] | None = None) -> int:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--hooked", action="store_true")
     p.add_argument("--lora", default=None, help="a LoRA adapter directory")
+    p.add_argument("--profile", default=None,
+                   help="run generate under torch_npu's profiler, its output kept here")
     args = p.parse_args(argv)
     try:
         run = _engine_run(args.model, args.max_tokens, args.placement, args.tp, args.hooked,
-                          args.lora)
+                          args.lora, args.profile)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which says where
         import traceback
 
@@ -248,9 +343,11 @@ def child_env(hooked: bool) -> dict[str, str]:
 
 
 def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hooked: bool,
-              lora: Path | None = None, timeout: float = 1800) -> EngineRun:
-    """One engine run in a fresh process of this interpreter; raises `EngineCheckError` when
-    the child printed no result."""
+              lora: Path | None = None, timeout: float = 1800,
+              profile_dir: Path | None = None) -> EngineRun:
+    """One engine run in a fresh process of this interpreter (its ``generate`` under
+    torch_npu's profiler, output in `profile_dir`, when given); raises `EngineCheckError`
+    when the child printed no result."""
     cmd = [sys.executable, "-m", "pyruntime.hook.dryrun.engine_check", "--child", "--model",
            str(model), "--max-tokens", str(max_tokens), "--tp", str(tp)]
     if placement is not None:
@@ -259,6 +356,8 @@ def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hook
         cmd.append("--hooked")
     if lora is not None:
         cmd += ["--lora", str(lora)]
+    if profile_dir is not None:
+        cmd += ["--profile", str(profile_dir)]
     proc = subprocess.run(cmd, env=child_env(hooked), capture_output=True, text=True,
                           timeout=timeout, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
@@ -293,8 +392,10 @@ def reference_logits(model: Path, prompt: list[int], generated: list[int], index
 
 def build_report(model: str, tp: int, lora: bool, placement: str | None, without: EngineRun,
                  with_: EngineRun, divergence: judging.Divergence | None,
-                 expected_device_layers: list[str] | None = None) -> dict[str, Any]:
-    """The serve-check report (`REPORT_FIELDS`) from the two runs and the judged divergence."""
+                 expected_device_layers: list[str] | None = None,
+                 profile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The serve-check report (`REPORT_FIELDS`) from the two runs and the judged divergence;
+    ``profile``: `write_profiles`' ``{"dir", "files"}``, or None when not asked."""
     layers = [{"name": n, "path": "device", "reason": None} for n in sorted(with_.device_layers)]
     layers += [{"name": n, "path": "host", "reason": r}
                for n, r in sorted(with_.host_layers.items())]
@@ -333,24 +434,89 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
             "request": divergence.request, "token": divergence.token,
             "margin": divergence.margin, "tolerance": divergence.tolerance},
         "tpot_ms": {"without": without.tpot_ms, "with": with_.tpot_ms},
+        "profile": profile,
         "verdict": "pass" if verdict else "fail",
     }
     assert tuple(report) == REPORT_FIELDS
     return report
 
 
+def rebased(run: Run) -> Run:
+    """`run` with every time moved so its first host step starts at 0 (the two engine runs
+    ran one after the other in two processes; side by side they start together)."""
+    t0 = min([s.start for s in run.steps] + [t.start for t in run.device_tasks], default=0.0)
+    steps = [HostStep(s.start - t0, s.step_s, s.host_s, dict(s.phases),
+                      [(p, a - t0, b - t0) for p, a, b in s.spans], s.blocked_s)
+             for s in run.steps]
+    tasks = [DeviceTask(t.step, t.kind, t.name, t.lane, t.start - t0, t.end - t0)
+             for t in run.device_tasks]
+    return Run(run.mode, dict(run.workload), steps, tasks, dict(run.counters))
+
+
+def write_profiles(folder: Path, model: str, without: EngineRun,
+                   with_: EngineRun) -> dict[str, Any]:
+    """Write what ``aicpu-tiling profile --trace`` writes (`write_profile_folder`: trace.json,
+    tables.txt, profile.json) for each profiled run into ``folder/without`` and
+    ``folder/with``, and for both side by side (each rebased to start at 0) into `folder`.
+
+    Returns:
+        ``{"dir": folder, "files": every file under folder, relative, sorted}`` (torch_npu's
+        own output under ``{without,with}/torch_npu/`` included).
+
+    Raises:
+        EngineCheckError: a run came back without its profile, or a file cannot be written.
+    """
+    backend = with_.backend
+    runs, lanes = [], {}
+    for engine_run in (without, with_):
+        name = PROFILE_RUNS[engine_run.hooked][0]
+        if engine_run.profile is None:
+            raise EngineCheckError(f"the {'hooked' if engine_run.hooked else 'unhooked'} "
+                                   "engine run came back without its profile")
+        runs.append(Run.from_dict(engine_run.profile["run"]))
+        lanes[name] = engine_run.profile["lanes"]
+    meta = {"command": f"aicpu-tiling serve-check --profile ({model})", "model": model,
+            "backend": backend, "times": PROFILE_TIMES.get(backend, PROFILE_TIMES["npu-twin"]),
+            "device_lanes": lanes,
+            "trace": {"generator": "aicpu-tiling serve-check --profile"}}
+    try:
+        for run, engine_run in zip(runs, (without, with_)):
+            name = PROFILE_RUNS[engine_run.hooked][0]
+            write_profile_folder(Session([run], {**meta, "device_lanes": lanes[name]}),
+                                 folder / name)
+        write_profile_folder(Session([rebased(r) for r in runs],
+                                     {**meta, "side_by_side": "each run rebased to start at 0"}),
+                             folder)
+    except OSError as exc:
+        raise EngineCheckError(f"cannot write the profile in {folder}: "
+                               f"{exc.strerror or exc}") from exc
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    return {"dir": str(folder), "files": files}
+
+
 def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | None = None,
           tp: int = 1, lora: Path | None = None,
-          expected_device_layers: list[str] | None = None) -> dict[str, Any]:
+          expected_device_layers: list[str] | None = None,
+          profile_dir: Path | None = None) -> dict[str, Any]:
     """Run the engine without and with the hook on `model_dir` (reported as `model`), with the
     LoRA adapter directory `lora` on the requests of `LORA_REQUESTS` when given; judge the
-    tokens, return the report (`build_report`). Raises `EngineCheckError` when a run stops
-    (its first error: exception, message and where)."""
+    tokens, return the report (`build_report`). With `profile_dir`, each run's ``generate``
+    runs under torch_npu's profiler and `write_profiles` writes the traces and tables there.
+    Raises `EngineCheckError` when a run stops (its first error: exception, message and
+    where)."""
     check_twin_autostart()
-    without = run_child(model_dir, max_tokens, placement, tp, hooked=False, lora=lora)
+
+    def torch_npu_dir(hooked: bool) -> Path | None:
+        if profile_dir is None:
+            return None
+        return Path(profile_dir) / PROFILE_RUNS[hooked][0] / TORCH_NPU_DIR
+
+    without = run_child(model_dir, max_tokens, placement, tp, hooked=False, lora=lora,
+                        profile_dir=torch_npu_dir(False))
     if without.error:
         raise EngineCheckError(f"the engine without the hook stopped: {without.error}")
-    with_ = run_child(model_dir, max_tokens, placement, tp, hooked=True, lora=lora)
+    with_ = run_child(model_dir, max_tokens, placement, tp, hooked=True, lora=lora,
+                      profile_dir=torch_npu_dir(True))
     if with_.error:
         raise EngineCheckError(f"the engine with the hook stopped: {with_.error}")
     if with_.hook_state != "active":
@@ -365,8 +531,10 @@ def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | Non
         if found is not None:
             divergence = found
             break
+    profile = (write_profiles(Path(profile_dir), model, without, with_)
+               if profile_dir is not None else None)
     return build_report(model, tp, lora is not None, placement, without, with_, divergence,
-                        expected_device_layers)
+                        expected_device_layers, profile)
 
 
 if __name__ == "__main__":
