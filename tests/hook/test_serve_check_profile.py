@@ -19,6 +19,7 @@ from pyruntime.cli import main, serve_check
 from pyruntime.hook.dryrun import engine_check
 from pyruntime.hook.dryrun.engine_check import EngineRun, HostTimeline
 from pyruntime.profiler.ascend_files import ClockAnchor, StepWindow, attribute, read_output
+from tests.perfetto_json import import_problems
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ascend_profiler"
 #: the fixture's times are microseconds after T0 on the wall clock; perf_counter 100 s is T0
@@ -67,6 +68,7 @@ def test_the_profile_folder_holds_both_runs_and_the_side_by_side_trace(tmp_path)
             assert (tmp_path / folder / name).is_file()
 
     trace = json.loads((tmp_path / "trace.json").read_text())
+    assert import_problems(trace) == []  # Perfetto's JSON importer keeps every event
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
              if e["ph"] == "M" and e["name"] == "thread_name"}
     processes = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pyruntime.npu_twin import profiler as twin_profiler
+from tests.perfetto_json import import_problems
 from tests.wheels import TORCH_NPU_WHEEL, cached_wheel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,7 +221,9 @@ def test_profile_on_the_twin_has_both_paths_device_lanes_and_tables(tmp_path):
     assert {"p50", "p90", "p99", "mean", "count"} <= set(dt["device_per_step"]["aicpu_task"])
     assert lanes["op_statistic"]["aicpu_tiling_kernel (AI_CPU)"] == steps
 
-    processes = _check_trace(json.loads((tmp_path / "t.json").read_text()))
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert import_problems(trace) == []  # Perfetto's JSON importer keeps every event
+    processes = _check_trace(trace)
     by_mode = {p["name"].split(":")[0]: p for p in processes.values()}
     assert set(by_mode) == {"host_update", "device_tiling"}
     assert all("(emulated, NPU twin)" in p["name"] for p in processes.values())
