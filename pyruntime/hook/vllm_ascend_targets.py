@@ -173,9 +173,6 @@ IMPL_ATTRIBUTES = (
     "key_cache",
     "value_cache",
 )
-#: Read with ``getattr(..., False)`` because not every line has them (0.26 dropped
-#: ``enable_hamming_sparse``; the conformance test found this).
-OPTIONAL_IMPL_ATTRIBUTES = ("enable_hamming_sparse",)
 
 #: Fields of ``AscendMetadata`` the patch set reads (never its per-step ``query_start_loc``
 #: copy or its CPU ``seq_lens``: the lengths come from ``common_attn_metadata``).

@@ -748,11 +748,6 @@ def install_device(dev: Device) -> None:
     _device = dev
 
 
-def poisoned(inner: torch.Tensor) -> torch.Tensor:
-    inner.view(-1).view(torch.uint8).fill_(POISON) if inner.numel() else None
-    return inner
-
-
 def _storage_elements(shape, stride) -> int:
     if any(n == 0 for n in shape):
         return 0

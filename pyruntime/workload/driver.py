@@ -5,13 +5,12 @@ Example::
     attn = StaticAttention(backend, ..., mode="device_tiling", dtype=torch.float32)
     batcher = ContinuousBatcher(load_trace(limit=500), max_batch=8, ..., buckets=[2, 4, 8])
     stats = run_decode_loop(attn, batcher, steps=200)
-    stats.max_rel_err, stats.median_host_seconds
+    stats.max_rel_err, stats.host_seconds
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 import torch
 
@@ -39,10 +38,6 @@ class LoopStats:
     spec_steps: int = 0
     prefill_steps: int = 0
     zero_length_slots: int = 0
-
-    @property
-    def median_host_seconds(self) -> float:
-        return statistics.median(self.host_seconds)
 
 
 def randomize(attn, *, seed: int = 0) -> None:
