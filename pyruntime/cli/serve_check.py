@@ -58,9 +58,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def _check_arguments(args: argparse.Namespace) -> None:
     MAX_TOKENS.check("--max-tokens", args.max_tokens)
     TP.check("--tp", args.tp)
-    if args.tp != 1:
-        raise CliError(f"--tp {args.tp}: only TP 1 runs yet (TP 2 needs the twin's two "
-                       "devices and workers, issue 29 item 4)")
     if args.lora and args.tiny not in LORA_MODELS:
         raise CliError(f"--lora writes a tiny adapter for --tiny {' or '.join(LORA_MODELS)} only "
                        "(its attention projections' names and shapes)")

@@ -277,6 +277,9 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         def run() -> None:
             body()
             self.collectives_run += 1
+            # per process, eager and replayed alike (the queued count is stats["hccl"]): the
+            # engine check tells a replay's collectives from the ones issued by the host
+            dev.stats["collectives_run"] += 1
         dev.enqueue(twin.Work("hccl", f"HCCL {label}", run), dev.current_stream(index))
         return _done_work(list(tensors))
 

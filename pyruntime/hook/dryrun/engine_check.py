@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import engine_workers
 from . import judge as judging
+from .engine_workers import host_waits
 
 SCHEMA = "aicpu-tiling/serve-check"
 VERSION = 1
@@ -37,7 +39,7 @@ REPORT_FIELDS = (
     "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
     "placement", "compilation_mode", "graph_sizes", "layers", "device_layers",
     "updates_per_step", "added_per_step", "tokens_identical", "divergence", "tpot_ms",
-    "verdict")
+    "ranks", "verdict")
 #: the child's result line prefix
 RESULT_PREFIX = "ENGINE-RUN "
 #: the capture sizes (FULL_DECODE_ONLY graphs); the requests' max_tokens differ so the batch
@@ -54,24 +56,10 @@ COMPILATION_MODE = "NONE"
 #: what the hook's run needs to be called with the hook
 HOOK_ENV = "AICPU_TILING"
 TWIN_ENV = "AICPU_TILING_TWIN"
-#: the twin device's counters of host waits (`pyruntime.npu_twin.device`): blocking copies
-#: either direction, explicit synchronizes
-BLOCKING_COPIES = ("copies_h2d_blocking", "copies_d2h")
-SYNCHRONIZES = ("synchronizes",)
 
 
 class EngineCheckError(RuntimeError):
     """The engine check cannot run here, or a run stopped (says where and why)."""
-
-
-def host_waits(stats: Any, before: dict | None = None) -> dict[str, int]:
-    """The twin device's host waits (`stats`: ``pyruntime.npu_twin.device.device().stats``)
-    since the snapshot `before` (``dict(stats)``; None: since the start): ``blocking_copies``
-    (`BLOCKING_COPIES`) and ``synchronizes`` (`SYNCHRONIZES`)."""
-    before = before or {}
-    since = {k: stats[k] - before.get(k, 0) for k in BLOCKING_COPIES + SYNCHRONIZES}
-    return {"blocking_copies": sum(since[k] for k in BLOCKING_COPIES),
-            "synchronizes": sum(since[k] for k in SYNCHRONIZES)}
 
 
 def max_tokens_of(max_tokens: int) -> list[int]:
@@ -103,6 +91,9 @@ class EngineRun:
     hook_engine: str | None = None
     device_layers: dict[str, str] = field(default_factory=dict)
     host_layers: dict[str, str] = field(default_factory=dict)
+    #: one `engine_workers.counts` record per worker (rank order): what the fields above sum or
+    #: combine over the ranks
+    ranks: list[dict] = field(default_factory=list)
     error: str | None = None
 
 
@@ -117,7 +108,6 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
         from pyruntime.hook import vllm_plugin
 
         vllm_plugin.register()
-    import torch
     import vllm
 
     run.vllm, run.vllm_ascend = vllm.__version__, metadata.version("vllm-ascend")
@@ -134,14 +124,7 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
            if lora else {}),
         compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
                             "cudagraph_capture_sizes": list(GRAPH_SIZES)})
-    counted = {"updates": 0, "steps": 0}
-    begin = torch.npu.graph_task_update_begin
-
-    def counted_begin(*args, **kwargs):
-        counted["updates"] += 1
-        return begin(*args, **kwargs)
-
-    torch.npu.graph_task_update_begin = counted_begin
+    counted = {"steps": 0}
     engine = llm.llm_engine
     step = engine.step
 
@@ -150,8 +133,13 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
         return step(*args, **kwargs)
 
     engine.step = counted_step
+    # the graph task updates, host waits and collectives are counted where the model runs:
+    # in each worker (one process per rank at TP > 1, this process at TP 1), through vLLM's
+    # own collective_rpc; the engine's process adds its own host waits when no worker runs
+    # in it
+    workers_before = llm.collective_rpc(engine_workers.begin)
     stats = None
-    if run.backend == "npu-twin":
+    if run.backend == "npu-twin" and all(w["pid"] != os.getpid() for w in workers_before):
         from pyruntime.npu_twin import device as twin_device
 
         stats = twin_device.device().stats
@@ -171,20 +159,43 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
     run.tokens = [list(o.outputs[0].token_ids) for o in outputs]
     # the first step is the prefill; every later engine step decodes one token per request
     run.decode_steps = max(1, counted["steps"] - 1)
-    run.updates = counted["updates"]
-    if stats is not None:
-        waits = host_waits(stats, before)
-        run.blocking_copies, run.synchronizes = waits["blocking_copies"], waits["synchronizes"]
     run.tpot_ms = 1000.0 * seconds / max(1, max(len(t) for t in run.tokens))
-    if hooked:
-        from pyruntime import hook
-
-        status = hook.status()
-        run.hook_state, run.hook_engine = status.state, status.engine
-        run.hook_reason = status.reason
-        run.device_layers = dict(status.device_entries)
-        run.host_layers = dict(status.host_path_layers)
+    run.ranks = sorted(llm.collective_rpc(engine_workers.counts, args=(hooked,)),
+                       key=lambda w: w["rank"])
+    combine_ranks(run, host_waits(stats, before) if stats is not None else None)
     return run
+
+
+def combine_ranks(run: EngineRun, engine_waits: dict[str, int] | None = None) -> None:
+    """Fill `run`'s totals from its per-rank records (`run.ranks`): the updates, blocking
+    copies and synchronizes summed over the ranks (plus `engine_waits`, the engine process's
+    own when no worker runs in it); the hook ``active`` only when it is on every rank (else the
+    first other rank's state, its reason naming the rank); a layer on the device path only
+    when every rank has it there (else on the host path, the reason naming the ranks)."""
+    ranks = run.ranks
+    run.updates = sum(r["updates"] for r in ranks)
+    counted = [r for r in ranks if r["blocking_copies"] is not None]
+    if counted and len(counted) == len(ranks):
+        extra = engine_waits or {"blocking_copies": 0, "synchronizes": 0}
+        run.blocking_copies = sum(r["blocking_copies"] for r in ranks) + extra["blocking_copies"]
+        run.synchronizes = sum(r["synchronizes"] for r in ranks) + extra["synchronizes"]
+    if not run.hooked or not ranks:
+        return
+    off = [r for r in ranks if r["hook_state"] != "active"]
+    run.hook_state = off[0]["hook_state"] if off else "active"
+    run.hook_reason = (f"rank {off[0]['rank']}: {off[0]['hook_reason']}" if off and len(ranks) > 1
+                       else off[0]["hook_reason"] if off else ranks[0]["hook_reason"])
+    run.hook_engine = ranks[0]["hook_engine"]
+    everywhere = set.intersection(*(set(r["device_layers"]) for r in ranks))
+    run.device_layers = {n: ranks[0]["device_layers"][n] for n in sorted(everywhere)}
+    host: dict[str, str] = {}
+    for r in ranks:
+        for name, reason in r["host_layers"].items():
+            host.setdefault(name, reason if len(ranks) == 1 else f"rank {r['rank']}: {reason}")
+    for name in sorted(set().union(*(r["device_layers"] for r in ranks)) - everywhere):
+        on = [str(r["rank"]) for r in ranks if name in r["device_layers"]]
+        host.setdefault(name, f"on the device path on rank(s) {', '.join(on)} only")
+    run.host_layers = host
 
 
 def child_main(argv: list[str] | None = None) -> int:
@@ -234,9 +245,31 @@ def check_twin_autostart() -> None:
             "(tools/vllm_env.sh does it for its environments)")
 
 
-def child_env(hooked: bool) -> dict[str, str]:
+def check_twin_devices(tp: int) -> None:
+    """Where the children run on the twin (no torch_npu), `tp` ranks need `tp` twin devices
+    (one per worker, vLLM-Ascend's ``NPUWorker`` sets device ``local_rank``): raises
+    `EngineCheckError` naming ``AICPU_TILING_TWIN_DEVICES`` when it holds fewer (or is not a
+    device count)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        return
+    from pyruntime.npu_twin.device import DEVICES_ENV, device_count_from_env
+
+    try:
+        count = device_count_from_env()
+    except ValueError as exc:
+        raise EngineCheckError(str(exc)) from exc
+    if tp > count:
+        raise EngineCheckError(f"--tp {tp} needs {tp} NPUs and the NPU twin has {count}: set "
+                               f"{DEVICES_ENV}={tp}")
+
+
+def child_env(hooked: bool, plugin_path: Path | None = None) -> dict[str, str]:
     """The environment of a child: the twin on (unless torch_npu is installed: an NPU), the hook
-    on only for the hooked run, vLLM's engine core in process (its counters are the child's)."""
+    on only for the hooked run, vLLM's engine core in process (it steps the engine the child
+    counts; at TP > 1 its executor still starts one worker process per rank), and
+    `plugin_path` (`write_hook_plugin`'s folder), when given, first on ``PYTHONPATH``."""
     env = {k: v for k, v in os.environ.items() if k not in (HOOK_ENV, "AICPU_TILING_ENGINE")}
     import importlib.util
 
@@ -244,7 +277,42 @@ def child_env(hooked: bool) -> dict[str, str]:
         env[TWIN_ENV] = "1"  # the twin's Triton-Ascend backend is active: vLLM sets HAS_TRITON
     env[HOOK_ENV] = "1" if hooked else "0"
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if plugin_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(plugin_path)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
+
+
+def hook_plugin_installed() -> bool:
+    """Whether vLLM would load the hook's general plugin (`pyruntime.hook.vllm_plugin`) here:
+    an ``aicpu_tiling`` entry point in ``vllm.general_plugins`` (a regular or editable install
+    of this package)."""
+    from importlib.metadata import entry_points
+
+    from pyruntime.hook import vllm_plugin
+
+    return any(ep.name == vllm_plugin.NAME
+               for ep in entry_points(group=vllm_plugin.GROUP))
+
+
+def write_hook_plugin(folder: Path) -> Path:
+    """Write into `folder` the distribution metadata an install of this package has for vLLM
+    (``aicpu_tiling-VERSION.dist-info`` with pyproject.toml's ``vllm.general_plugins`` entry
+    point, `pyruntime.hook.vllm_plugin.register`) and return `folder`. On ``PYTHONPATH`` it
+    makes vLLM install the hook in every process it starts, the workers of TP > 1 included,
+    where the package runs from a checkout on ``PYTHONPATH`` and is not installed (vLLM's
+    ``load_general_plugins``, which ``WorkerWrapperBase.init_worker`` calls before it imports
+    the worker class, reads only entry points)."""
+    import pyruntime
+    from pyruntime.hook import vllm_plugin
+
+    info = folder / f"aicpu_tiling-{pyruntime.__version__}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: aicpu-tiling\nVersion: {pyruntime.__version__}\n")
+    (info / "entry_points.txt").write_text(
+        f"[{vllm_plugin.GROUP}]\n{vllm_plugin.NAME} = {vllm_plugin.__name__}:register\n")
+    return folder
 
 
 def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hooked: bool,
@@ -259,8 +327,13 @@ def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hook
         cmd.append("--hooked")
     if lora is not None:
         cmd += ["--lora", str(lora)]
-    proc = subprocess.run(cmd, env=child_env(hooked), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="aicpu-tiling-plugin-") as scratch:
+        plugin = (write_hook_plugin(Path(scratch))
+                  if hooked and not hook_plugin_installed() else None)
+        proc = subprocess.run(cmd, env=child_env(hooked, plugin), capture_output=True,
+                              text=True, timeout=timeout, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
     if not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -333,10 +406,34 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
             "request": divergence.request, "token": divergence.token,
             "margin": divergence.margin, "tolerance": divergence.tolerance},
         "tpot_ms": {"without": without.tpot_ms, "with": with_.tpot_ms},
+        "ranks": rank_report(without, with_),
         "verdict": "pass" if verdict else "fail",
     }
     assert tuple(report) == REPORT_FIELDS
     return report
+
+
+def rank_report(without: EngineRun, with_: EngineRun) -> list[dict[str, Any]]:
+    """The report's ``ranks``: per worker (rank order, from `engine_workers.counts` of both runs)
+    ``rank``, ``device``, the hooked run's ``device_layers`` (names), and ``updates_per_step``
+    and ``collectives_replayed`` (HCCL collectives run by graph replays over the generate
+    call; None off the twin) ``{"without", "with"}``. The report's totals are these summed
+    over the ranks (`combine_ranks`)."""
+    steps = {"without": max(1, without.decode_steps), "with": max(1, with_.decode_steps)}
+    runs = {"without": {r["rank"]: r for r in without.ranks},
+            "with": {r["rank"]: r for r in with_.ranks}}
+    out = []
+    for rank in sorted(set(runs["without"]) | set(runs["with"])):
+        both = {k: runs[k].get(rank) for k in runs}
+        device = next(r["device"] for r in both.values() if r is not None)
+        out.append({
+            "rank": rank, "device": device,
+            "device_layers": sorted((both["with"] or {}).get("device_layers", {})),
+            "updates_per_step": {k: None if r is None else r["updates"] / steps[k]
+                                 for k, r in both.items()},
+            "collectives_replayed": {k: None if r is None else r["collectives_replayed"]
+                                     for k, r in both.items()}})
+    return out
 
 
 def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | None = None,
@@ -347,6 +444,7 @@ def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | Non
     tokens, return the report (`build_report`). Raises `EngineCheckError` when a run stops
     (its first error: exception, message and where)."""
     check_twin_autostart()
+    check_twin_devices(tp)
     without = run_child(model_dir, max_tokens, placement, tp, hooked=False, lora=lora)
     if without.error:
         raise EngineCheckError(f"the engine without the hook stopped: {without.error}")
