@@ -123,6 +123,14 @@ def render(report: dict) -> str:
             f"reference margin {div['margin']:.4g} (tolerance {div['tolerance']:.4g})")
         lines.append(f"tokens: request {div['request']} differs from token {div['token']}: "
                      f"{margin}")
+    if report["tp"] > 1:
+        for rank in report["ranks"]:
+            ups, replayed = rank["updates_per_step"], rank["collectives_replayed"]
+            lines.append(f"  rank {rank['rank']} ({rank['device']}): "
+                         f"{len(rank['device_layers'])} layers on the device path, task "
+                         f"updates per step {ups['without']:g} without / {ups['with']:g} with, "
+                         f"collectives run by replays {replayed['without']} / "
+                         f"{replayed['with']}")
     lines.append(f"time per output token: {tpot['without']:.1f} ms without, "
                  f"{tpot['with']:.1f} ms with the hook")
     lines.append(f"verdict: {report['verdict']}")

@@ -342,6 +342,34 @@ def test_a_layer_moved_on_one_rank_only_is_on_the_host_path_and_fails():
     assert report["verdict"] == "fail"
 
 
+def test_a_worker_without_the_hook_says_how_vllm_installs_it(monkeypatch):
+    """What a worker reports when the hook was never installed in its process (it would run
+    vLLM-Ascend's own path): the reason names vLLM's plugin entry point."""
+    from types import SimpleNamespace
+
+    from pyruntime import hook
+    from pyruntime.hook.activation import Report
+    from pyruntime.hook.dryrun import engine_workers
+
+    monkeypatch.setattr(hook, "status", lambda: Report())
+    record = engine_workers.counts(SimpleNamespace(rank=1, device="npu:1"), True)
+    assert (record["rank"], record["device"], record["hook_state"]) == (1, "npu:1", "waiting")
+    assert "vllm.general_plugins entry point" in record["hook_reason"]
+    run = tp_run(True, rank_record(0, True), record)
+    assert run.hook_state == "waiting" and run.hook_reason.startswith("rank 1: the hook is not")
+
+
+def test_the_text_report_has_a_line_per_rank_at_tp_2():
+    from pyruntime.cli.serve_check import render
+
+    report = engine_check.build_report(
+        "qwen3", 2, False, "graph", tp_run(False, rank_record(0, False), rank_record(1, False)),
+        tp_run(True, rank_record(0, True), rank_record(1, True)), None)
+    text = render(report)
+    assert ("rank 1 (npu:1): 2 layers on the device path, task updates per step 1 without / "
+            "0 with, collectives run by replays 28 / 28") in text
+
+
 def test_the_hooked_child_gets_the_hooks_vllm_plugin_where_it_is_not_installed(monkeypatch):
     """Run from a checkout (not installed), vLLM's workers would start without the hook: the
     hooked child's PYTHONPATH starts with a folder whose dist-info names the hook's plugin in

@@ -182,9 +182,13 @@ def combine_ranks(run: EngineRun, engine_waits: dict[str, int] | None = None) ->
     if not run.hooked or not ranks:
         return
     off = [r for r in ranks if r["hook_state"] != "active"]
-    run.hook_state = off[0]["hook_state"] if off else "active"
-    run.hook_reason = (f"rank {off[0]['rank']}: {off[0]['hook_reason']}" if off and len(ranks) > 1
-                       else off[0]["hook_reason"] if off else ranks[0]["hook_reason"])
+    if off:
+        first = off[0]
+        run.hook_state = first["hook_state"]
+        run.hook_reason = (first["hook_reason"] if len(ranks) == 1
+                           else f"rank {first['rank']}: {first['hook_reason']}")
+    else:
+        run.hook_state, run.hook_reason = "active", None
     run.hook_engine = ranks[0]["hook_engine"]
     everywhere = set.intersection(*(set(r["device_layers"]) for r in ranks))
     run.device_layers = {n: ranks[0]["device_layers"][n] for n in sorted(everywhere)}

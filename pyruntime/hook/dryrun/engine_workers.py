@@ -87,7 +87,10 @@ def counts(worker: Any, hooked: bool) -> dict[str, Any]:
         from pyruntime import hook
 
         status = hook.status()
-        record.update(hook_state=status.state, hook_reason=status.reason,
+        reason = status.reason if status.installed else (
+            "the hook is not installed in this worker's process (vLLM installs it there "
+            "through its vllm.general_plugins entry point, aicpu_tiling)")
+        record.update(hook_state=status.state, hook_reason=reason,
                       hook_engine=status.engine, device_layers=dict(status.device_entries),
                       host_layers=dict(status.host_path_layers))
     return record
