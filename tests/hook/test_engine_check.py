@@ -10,7 +10,8 @@
   platform on the NPU twin, without and with the hook. Behind the ``engine`` marker
   (``python -m pytest -m engine tests/hook/test_engine_check.py``): today's twin lacks model
   ops that other work adds, so the engine stops before generating (the first failure per
-  release is in docs/hook-in-vllm-ascend.md, "The engine check").
+  release is in docs/hook-in-vllm-ascend.md, "The engine check"). ``--tp 2`` is its own
+  engine test (two workers on twin devices 0 and 1, counted per rank).
 
 Without an environment the tests skip, except under ``CI=true``, where they fail.
 """
