@@ -67,9 +67,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def _check_arguments(args: argparse.Namespace) -> None:
     MAX_TOKENS.check("--max-tokens", args.max_tokens)
     TP.check("--tp", args.tp)
-    if args.tp != 1:
-        raise CliError(f"--tp {args.tp}: only TP 1 runs yet (TP 2 needs the twin's two "
-                       "devices and workers, issue 29 item 4)")
     if args.lora and args.tiny not in LORA_MODELS:
         raise CliError(f"--lora writes a tiny adapter for --tiny {' or '.join(LORA_MODELS)} only "
                        "(its attention projections' names and shapes)")
@@ -176,6 +173,14 @@ def render(report: dict) -> str:
             f"reference margin {div['margin']:.4g} (tolerance {div['tolerance']:.4g})")
         lines.append(f"tokens: request {div['request']} differs from token {div['token']}: "
                      f"{margin}")
+    if report["tp"] > 1:
+        for rank in report["ranks"]:
+            ups, replayed = rank["updates_per_step"], rank["collectives_replayed"]
+            lines.append(f"  rank {rank['rank']} ({rank['device']}): "
+                         f"{len(rank['device_layers'])} layers on the device path, task "
+                         f"updates per step {ups['without']:g} without / {ups['with']:g} with, "
+                         f"collectives run by replays {replayed['without']} / "
+                         f"{replayed['with']}")
     lines.append(f"time per output token: {tpot['without']:.1f} ms without, "
                  f"{tpot['with']:.1f} ms with the hook")
     if report.get("profile"):

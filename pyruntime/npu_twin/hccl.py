@@ -221,6 +221,33 @@ class ProcessGroupHCCL(dist.ProcessGroup):
     def name(self) -> str:
         return "hccl"
 
+    # torch_npu's ProcessGroupHCCL is a ``c10d::Backend`` (``ProcessGroupHCCL.hpp``: ``class
+    # ProcessGroupHCCL : public c10d::Backend``) that torch registers on the ProcessGroup it
+    # makes, and ``ProcessGroup::getGroupName`` (torch ``csrc/distributed/c10d/
+    # ProcessGroup.hpp``) returns the name ``_set_group_name`` gave that backend. A Python
+    # ProcessGroup like this one has no backend registered, so torch's own getter raises
+    # "ProcessGroup name not set", and ``dist.destroy_process_group(group)`` (vLLM-Ascend
+    # 0.30.0rc2 ``patch/worker/patch_distributed.py`` ``_release_hccl_resources``, at every
+    # worker's shutdown) stops there; the name and description are kept here instead.
+    _twin_group_name: str | None = None
+    _twin_group_desc: str | None = None
+
+    def _set_group_name(self, name: str) -> None:
+        self._twin_group_name = name
+
+    @property
+    def group_name(self) -> str:
+        if self._twin_group_name is None:
+            raise RuntimeError("ProcessGroup name not set")  # torch's TORCH_CHECK text
+        return self._twin_group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._twin_group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._twin_group_desc or "undefined"
+
     def _get_backend(self, device: Any) -> ProcessGroupHCCL:
         if torch.device(device).type != "npu":
             raise RuntimeError(f"No backend type associated with device type "
@@ -250,6 +277,9 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         def run() -> None:
             body()
             self.collectives_run += 1
+            # per process, eager and replayed alike (the queued count is stats["hccl"]): the
+            # engine check tells a replay's collectives from the ones issued by the host
+            dev.stats["collectives_run"] += 1
         dev.enqueue(twin.Work("hccl", f"HCCL {label}", run), dev.current_stream(index))
         return _done_work(list(tensors))
 

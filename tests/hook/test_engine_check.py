@@ -10,7 +10,8 @@
   platform on the NPU twin, without and with the hook. Behind the ``engine`` marker
   (``python -m pytest -m engine tests/hook/test_engine_check.py``): today's twin lacks model
   ops that other work adds, so the engine stops before generating (the first failure per
-  release is in docs/hook-in-vllm-ascend.md, "The engine check").
+  release is in docs/hook-in-vllm-ascend.md, "The engine check"). ``--tp 2`` is its own
+  engine test (two workers on twin devices 0 and 1, counted per rank).
 
 Without an environment the tests skip, except under ``CI=true``, where they fail.
 """
@@ -218,3 +219,37 @@ def check_profile(report: dict, profile_dir: Path) -> None:
         <= set(with_hook["device_per_step"])
     for run in ("without", "with"):
         assert tables["meta"]["device_lanes"][run]["rows_outside_steps"] == 0
+
+
+@pytest.mark.engine
+def test_serve_check_at_tp_2_on_two_twin_devices(request):
+    """``serve-check --tiny qwen3 --tp 2``: vLLM's multiprocess executor starts two workers,
+    rank k on twin device npu:k, each with the hook from vLLM's plugin; on each rank both
+    layers take the device path with no task update, vLLM-Ascend updates them without the
+    hook, and the tensor-parallel all-reduces run inside the FULL graphs' replays (HCCL
+    collectives run by replays, counted by each worker's twin), in both runs."""
+    if not _selected(request.config, "engine"):
+        pytest.skip("the engine runs need -m engine (two engine starts of two workers each: "
+                    "docs/hook-in-vllm-ascend.md, 'The engine check')")
+    env_dir = vllm_env("0.30.0rc2")
+    python, tree = env_dir / "venv" / "bin" / "python", env_dir / "vllm-ascend"
+    proc = subprocess.run([str(python), "-m", "pyruntime.cli", "serve-check", "--tiny", "qwen3",
+                           "--tp", "2", "--placement", "graph", "--json"],
+                          env=_env_vars(tree), cwd=REPO, capture_output=True, text=True,
+                          timeout=1800, check=False)
+    start = proc.stdout.find("{")
+    assert start >= 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout[start:])
+    assert report["tp"] == 2 and report["backend"] == "npu-twin"
+    assert [layer["name"] for layer in report["layers"] if layer["path"] == "device"] == \
+        DEVICE_LAYERS["qwen3"]
+    ranks = report["ranks"]
+    assert [(r["rank"], r["device"]) for r in ranks] == [(0, "npu:0"), (1, "npu:1")]
+    for r in ranks:
+        assert r["device_layers"] == DEVICE_LAYERS["qwen3"], r
+        assert r["updates_per_step"]["with"] == 0 and r["updates_per_step"]["without"] > 0, r
+        assert r["collectives_replayed"]["without"] > 0, r
+        assert r["collectives_replayed"]["with"] > 0, r
+    assert report["updates_per_step"]["with"] == 0
+    assert report["added_per_step"] == {"blocking_copies": 0, "synchronizes": 0}
+    assert report["verdict"] == "pass" and proc.returncode == 0, report

@@ -144,7 +144,7 @@ def test_the_report_has_exactly_the_issues_schema_and_passes():
         "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
         "placement", "compilation_mode", "graph_sizes", "layers", "device_layers",
         "updates_per_step", "added_per_step", "tokens_identical", "divergence", "tpot_ms",
-        "profile", "verdict"]
+        "profile", "ranks", "verdict"]
     assert report["schema"] == "aicpu-tiling/serve-check" and report["version"] == 1
     assert report["placement"] == "graph"  # the hook's own, from its engine's name
     assert [layer["path"] for layer in report["layers"]] == ["device", "device"]
@@ -279,6 +279,142 @@ def test_the_children_find_triton_as_vllm_does(monkeypatch):
     assert engine_check.child_env(hooked=False)["CUDA_VISIBLE_DEVICES"] == "3"
 
 
+# -- tensor parallel: one record per worker -----------------------------------------------------
+
+
+def rank_record(rank: int, hooked: bool, **fields) -> dict:
+    """What `engine_check.worker_counts` returns from the worker of `rank` (on npu:`rank`)."""
+    layers = {"model.layers.0.self_attn.attn": "full_graph_fia",
+              "model.layers.1.self_attn.attn": "full_graph_fia"}
+    record = {"rank": rank, "device": f"npu:{rank}", "pid": 100 + rank,
+              "updates": 0 if hooked else 4, "blocking_copies": 3, "synchronizes": 0,
+              "collectives_issued": 8, "collectives_replayed": 28,
+              "hook_state": "active" if hooked else None, "hook_reason": None,
+              "hook_engine": "npu-graph" if hooked else None,
+              "device_layers": layers if hooked else {}, "host_layers": {}}
+    record.update(fields)
+    return record
+
+
+def tp_run(hooked: bool, *records: dict) -> EngineRun:
+    run = EngineRun(hooked=hooked, tokens=[[1, 2, 3], [4, 5], [6]], decode_steps=4,
+                    ranks=list(records))
+    engine_check.combine_ranks(run, {"blocking_copies": 1, "synchronizes": 0})
+    return run
+
+
+def test_two_ranks_are_summed_and_pass_with_both_layers_moved_on_both():
+    without = tp_run(False, rank_record(0, False), rank_record(1, False))
+    with_ = tp_run(True, rank_record(0, True), rank_record(1, True))
+    # the updates and host waits of both workers, plus the engine process's own waits
+    assert (without.updates, without.blocking_copies, without.synchronizes) == (8, 7, 0)
+    assert with_.hook_state == "active" and sorted(with_.device_layers) == [
+        "model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+    report = engine_check.build_report("qwen3", 2, False, "graph", without, with_, None)
+    assert report["updates_per_step"] == {"without": 2.0, "with": 0.0}
+    assert [r["device"] for r in report["ranks"]] == ["npu:0", "npu:1"]
+    assert report["ranks"][1]["updates_per_step"] == {"without": 1.0, "with": 0.0}
+    assert report["ranks"][1]["collectives_replayed"] == {"without": 28, "with": 28}
+    assert report["ranks"][0]["device_layers"] == ["model.layers.0.self_attn.attn",
+                                                   "model.layers.1.self_attn.attn"]
+    assert report["verdict"] == "pass"
+
+
+def test_a_rank_without_the_hook_is_named_and_not_active():
+    """Rank 0's hook alone active (the workers of TP 2 are other processes, where only vLLM's
+    plugin installs it): the run is not 'active', and the reason names rank 1."""
+    with_ = tp_run(True, rank_record(0, True),
+                   rank_record(1, True, hook_state="waiting", hook_reason="never installed",
+                               device_layers={}))
+    assert with_.hook_state == "waiting"
+    assert with_.hook_reason == "rank 1: never installed"
+
+
+def test_a_layer_moved_on_one_rank_only_is_on_the_host_path_and_fails():
+    with_ = tp_run(True, rank_record(0, True),
+                   rank_record(1, True, device_layers={
+                       "model.layers.0.self_attn.attn": "full_graph_fia"},
+                       host_layers={"model.layers.1.self_attn.attn": "a reason"}))
+    assert list(with_.device_layers) == ["model.layers.0.self_attn.attn"]
+    assert with_.host_layers == {"model.layers.1.self_attn.attn": "rank 1: a reason"}
+    report = engine_check.build_report(
+        "qwen3", 2, False, "graph", tp_run(False, rank_record(0, False), rank_record(1, False)),
+        with_, None, expected_device_layers=["model.layers.0.self_attn.attn",
+                                             "model.layers.1.self_attn.attn"])
+    assert report["verdict"] == "fail"
+
+
+def test_a_worker_without_the_hook_says_how_vllm_installs_it(monkeypatch):
+    """What a worker reports when the hook was never installed in its process (it would run
+    vLLM-Ascend's own path): the reason names vLLM's plugin entry point."""
+    from types import SimpleNamespace
+
+    from pyruntime import hook
+    from pyruntime.hook.activation import Report
+    from pyruntime.hook.dryrun import engine_workers
+
+    monkeypatch.setattr(hook, "status", lambda: Report())
+    record = engine_workers.counts(SimpleNamespace(rank=1, device="npu:1"), True)
+    assert (record["rank"], record["device"], record["hook_state"]) == (1, "npu:1", "waiting")
+    assert "vllm.general_plugins entry point" in record["hook_reason"]
+    run = tp_run(True, rank_record(0, True), record)
+    assert run.hook_state == "waiting" and run.hook_reason.startswith("rank 1: the hook is not")
+
+
+def test_the_text_report_has_a_line_per_rank_at_tp_2():
+    from pyruntime.cli.serve_check import render
+
+    report = engine_check.build_report(
+        "qwen3", 2, False, "graph", tp_run(False, rank_record(0, False), rank_record(1, False)),
+        tp_run(True, rank_record(0, True), rank_record(1, True)), None)
+    text = render(report)
+    assert ("rank 1 (npu:1): 2 layers on the device path, task updates per step 1 without / "
+            "0 with, collectives run by replays 28 / 28") in text
+
+
+def test_the_hooked_child_gets_the_hooks_vllm_plugin_where_it_is_not_installed(monkeypatch):
+    """Run from a checkout (not installed), vLLM's workers would start without the hook: the
+    hooked child's PYTHONPATH starts with a folder whose dist-info names the hook's plugin in
+    ``vllm.general_plugins``, which vLLM loads in every process it starts; the unhooked
+    child's has none."""
+    import os
+    from importlib.metadata import distributions
+    from types import SimpleNamespace
+
+    seen = {}
+
+    def fake_run(cmd, env, **kwargs):
+        first = env["PYTHONPATH"].split(os.pathsep)[0]
+        seen[env["AICPU_TILING"]] = [ep.value for d in distributions(path=[first])
+                                     for ep in d.entry_points
+                                     if ep.group == "vllm.general_plugins"]
+        line = engine_check.RESULT_PREFIX + json.dumps(EngineRun(hooked=True).__dict__)
+        return SimpleNamespace(stdout=line + "\n", stderr="", returncode=0)
+
+    monkeypatch.setenv("PYTHONPATH", "/nonexistent-checkout")
+    monkeypatch.setattr(engine_check, "hook_plugin_installed", lambda: False)
+    monkeypatch.setattr(engine_check.subprocess, "run", fake_run)
+    engine_check.run_child(engine_check.Path("m"), 8, "graph", 2, hooked=True)
+    engine_check.run_child(engine_check.Path("m"), 8, "graph", 2, hooked=False)
+    assert seen == {"1": ["pyruntime.hook.vllm_plugin:register"], "0": []}
+
+
+def test_more_ranks_than_twin_devices_is_a_typed_error_naming_the_variable(tmp_path,
+                                                                          monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed: the NPUs are real")
+    monkeypatch.setattr(engine_check, "check_twin_autostart", lambda: None)
+    monkeypatch.setattr(engine_check, "run_child",
+                        lambda *a, **k: pytest.fail("a child started without its devices"))
+    monkeypatch.setenv("AICPU_TILING_TWIN_DEVICES", "2")
+    with pytest.raises(engine_check.EngineCheckError,
+                       match="--tp 4 needs 4 NPUs and the NPU twin has 2: set "
+                             "AICPU_TILING_TWIN_DEVICES=4"):
+        engine_check.check(tmp_path, "qwen3", tp=4)
+
+
 # -- the command line --------------------------------------------------------------------------
 
 
@@ -288,7 +424,7 @@ def test_the_children_find_triton_as_vllm_does(monkeypatch):
     (["serve-check", "--tiny", "llama"], "invalid choice"),
     (["serve-check", "--tiny", "qwen3", "--max-tokens", "4"], "--max-tokens 4"),
     (["serve-check", "--tiny", "qwen3", "--max-tokens", "129"], "--max-tokens 129"),
-    (["serve-check", "--tiny", "qwen3", "--tp", "2"], "only TP 1 runs yet"),
+    (["serve-check", "--tiny", "qwen3", "--tp", "9"], "--tp 9"),
     (["serve-check", "--tiny", "gpt-oss", "--lora"],
      "--lora writes a tiny adapter for --tiny qwen3 only"),
     (["serve-check", "--model", "/nonexistent", "--lora"], "--lora writes a tiny adapter"),

@@ -258,6 +258,14 @@ try:
     pg.send([torch.ones(1, device="npu")], 0, 0)
 except NotImplementedError as exc:
     out["send"] = type(exc).__name__
+# vLLM-Ascend's GroupCoordinator makes its device groups with new_group and destroys each at
+# shutdown (patch/worker/patch_distributed.py _release_hccl_resources)
+sub = dist.new_group([0], backend="hccl", pg_options=ProcessGroupHCCL.Options())
+out["sub_name"] = [sub.group_name == dist.distributed_c10d._world.pg_names[sub],
+                   sub.group_desc]
+dist.destroy_process_group(sub)
+out["destroyed"] = sub not in dist.distributed_c10d._world.pg_map
+dist.destroy_process_group()
 print("RESULT " + json.dumps(out))
 '''
 
@@ -277,6 +285,8 @@ def test_the_backend_and_its_options_are_torch_npus(tmp_path):
     assert got["pg"][:3] == [True, True, {"hccl_buffer_size": 200}]
     assert got["pg"][3] != "" and got["pg"][4] is True
     assert got["send"] == "NotInTwinError"
+    # a group has the name torch gave it and can be destroyed (as at a vLLM worker's shutdown)
+    assert got["sub_name"] == [True, "undefined"] and got["destroyed"] is True
 
 
 def test_the_twins_creator_sets_what_the_wheels_creator_sets():

@@ -40,7 +40,9 @@ from typing import Any
 
 from ...profiler.data import DeviceTask, HostStep, Run, Session
 from ...profiler.report import write_profile_folder
+from . import engine_workers
 from . import judge as judging
+from .engine_workers import host_waits
 
 SCHEMA = "aicpu-tiling/serve-check"
 VERSION = 1
@@ -49,7 +51,7 @@ REPORT_FIELDS = (
     "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
     "placement", "compilation_mode", "graph_sizes", "layers", "device_layers",
     "updates_per_step", "added_per_step", "tokens_identical", "divergence", "tpot_ms",
-    "profile", "verdict")
+    "profile", "ranks", "verdict")
 #: the child's result line prefix
 RESULT_PREFIX = "ENGINE-RUN "
 #: the capture sizes (FULL_DECODE_ONLY graphs); the requests' max_tokens differ so the batch
@@ -66,10 +68,6 @@ COMPILATION_MODE = "NONE"
 #: what the hook's run needs to be called with the hook
 HOOK_ENV = "AICPU_TILING"
 TWIN_ENV = "AICPU_TILING_TWIN"
-#: the twin device's counters of host waits (`pyruntime.npu_twin.device`): blocking copies
-#: either direction, explicit synchronizes
-BLOCKING_COPIES = ("copies_h2d_blocking", "copies_d2h")
-SYNCHRONIZES = ("synchronizes",)
 #: ``--profile DIR``: each run's folder under DIR, and the profile `Run`'s mode it is shown as
 PROFILE_RUNS = {False: ("without", "without_hook"), True: ("with", "with_hook")}
 #: the child's torch_npu profiler output, inside a run's folder
@@ -85,16 +83,6 @@ PROFILE_TIMES = {
 
 class EngineCheckError(RuntimeError):
     """The engine check cannot run here, or a run stopped (says where and why)."""
-
-
-def host_waits(stats: Any, before: dict | None = None) -> dict[str, int]:
-    """The twin device's host waits (`stats`: ``pyruntime.npu_twin.device.device().stats``)
-    since the snapshot `before` (``dict(stats)``; None: since the start): ``blocking_copies``
-    (`BLOCKING_COPIES`) and ``synchronizes`` (`SYNCHRONIZES`)."""
-    before = before or {}
-    since = {k: stats[k] - before.get(k, 0) for k in BLOCKING_COPIES + SYNCHRONIZES}
-    return {"blocking_copies": sum(since[k] for k in BLOCKING_COPIES),
-            "synchronizes": sum(since[k] for k in SYNCHRONIZES)}
 
 
 def max_tokens_of(max_tokens: int) -> list[int]:
@@ -129,6 +117,9 @@ class EngineRun:
     #: with a profile folder: ``{"run": the profile Run as a dict, "lanes": what
     #: TorchNpuLanes read}``
     profile: dict[str, Any] | None = None
+    #: one `engine_workers.counts` record per worker (rank order): what the fields above sum or
+    #: combine over the ranks
+    ranks: list[dict] = field(default_factory=list)
     error: str | None = None
 
 
@@ -189,21 +180,19 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
            if lora else {}),
         compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
                             "cudagraph_capture_sizes": list(GRAPH_SIZES)})
-    counted = {"updates": 0, "steps": 0}
-    begin = torch.npu.graph_task_update_begin
-    # with a profile folder: the host clock of each step and task update (None: not timed)
+    counted = {"steps": 0}
+    # with a profile folder: the host clock of each step and task update (None: not timed);
+    # the updates are counted in the workers (engine_workers), this only times them, and only
+    # where a worker runs in this process (TP 1)
     host = HostTimeline() if profile_dir is not None else None
-    opened: list[float] = []
-
-    def counted_begin(*args, **kwargs):
-        counted["updates"] += 1
-        if host is not None:
-            opened.append(time.perf_counter())
-        return begin(*args, **kwargs)
-
-    torch.npu.graph_task_update_begin = counted_begin
     if host is not None:
+        opened: list[float] = []
+        begin_update = torch.npu.graph_task_update_begin
         end_update = torch.npu.graph_task_update_end
+
+        def timed_begin(*args, **kwargs):
+            opened.append(time.perf_counter())
+            return begin_update(*args, **kwargs)
 
         def timed_end(*args, **kwargs):
             out = end_update(*args, **kwargs)
@@ -211,6 +200,7 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
                 host.updates.append((opened.pop(), time.perf_counter()))
             return out
 
+        torch.npu.graph_task_update_begin = timed_begin
         torch.npu.graph_task_update_end = timed_end
     engine = llm.llm_engine
     step = engine.step
@@ -225,8 +215,13 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
         return out
 
     engine.step = counted_step
+    # the graph task updates, host waits and collectives are counted where the model runs:
+    # in each worker (one process per rank at TP > 1, this process at TP 1), through vLLM's
+    # own collective_rpc; the engine's process adds its own host waits when no worker runs
+    # in it
+    workers_before = llm.collective_rpc(engine_workers.begin)
     stats = None
-    if run.backend == "npu-twin":
+    if run.backend == "npu-twin" and all(w["pid"] != os.getpid() for w in workers_before):
         from pyruntime.npu_twin import device as twin_device
 
         stats = twin_device.device().stats
@@ -252,11 +247,10 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
     run.tokens = [list(o.outputs[0].token_ids) for o in outputs]
     # the first step is the prefill; every later engine step decodes one token per request
     run.decode_steps = max(1, counted["steps"] - 1)
-    run.updates = counted["updates"]
-    if stats is not None:
-        waits = host_waits(stats, before)
-        run.blocking_copies, run.synchronizes = waits["blocking_copies"], waits["synchronizes"]
     run.tpot_ms = 1000.0 * seconds / max(1, max(len(t) for t in run.tokens))
+    run.ranks = sorted(llm.collective_rpc(engine_workers.counts, args=(hooked,)),
+                       key=lambda w: w["rank"])
+    combine_ranks(run, host_waits(stats, before) if stats is not None else None)
     if lanes is not None and host is not None:
         # after the counts: this wait is the profile's, not the engine's (the engine's steps
         # already waited for their tokens)
@@ -269,15 +263,43 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
                     "max_tokens": max_tokens_of(max_tokens), "hooked": hooked}
         run.profile = {"run": asdict(profiled_run(mode, workload, host, by_mode.get(mode, []))),
                        "lanes": info}
-    if hooked:
-        from pyruntime import hook
-
-        status = hook.status()
-        run.hook_state, run.hook_engine = status.state, status.engine
-        run.hook_reason = status.reason
-        run.device_layers = dict(status.device_entries)
-        run.host_layers = dict(status.host_path_layers)
     return run
+
+
+def combine_ranks(run: EngineRun, engine_waits: dict[str, int] | None = None) -> None:
+    """Fill `run`'s totals from its per-rank records (`run.ranks`): the updates, blocking
+    copies and synchronizes summed over the ranks (plus `engine_waits`, the engine process's
+    own when no worker runs in it); the hook ``active`` only when it is on every rank (else the
+    first other rank's state, its reason naming the rank); a layer on the device path only
+    when every rank has it there (else on the host path, the reason naming the ranks)."""
+    ranks = run.ranks
+    run.updates = sum(r["updates"] for r in ranks)
+    counted = [r for r in ranks if r["blocking_copies"] is not None]
+    if counted and len(counted) == len(ranks):
+        extra = engine_waits or {"blocking_copies": 0, "synchronizes": 0}
+        run.blocking_copies = sum(r["blocking_copies"] for r in ranks) + extra["blocking_copies"]
+        run.synchronizes = sum(r["synchronizes"] for r in ranks) + extra["synchronizes"]
+    if not run.hooked or not ranks:
+        return
+    off = [r for r in ranks if r["hook_state"] != "active"]
+    if off:
+        first = off[0]
+        run.hook_state = first["hook_state"]
+        run.hook_reason = (first["hook_reason"] if len(ranks) == 1
+                           else f"rank {first['rank']}: {first['hook_reason']}")
+    else:
+        run.hook_state, run.hook_reason = "active", None
+    run.hook_engine = ranks[0]["hook_engine"]
+    everywhere = set.intersection(*(set(r["device_layers"]) for r in ranks))
+    run.device_layers = {n: ranks[0]["device_layers"][n] for n in sorted(everywhere)}
+    host: dict[str, str] = {}
+    for r in ranks:
+        for name, reason in r["host_layers"].items():
+            host.setdefault(name, reason if len(ranks) == 1 else f"rank {r['rank']}: {reason}")
+    for name in sorted(set().union(*(r["device_layers"] for r in ranks)) - everywhere):
+        on = [str(r["rank"]) for r in ranks if name in r["device_layers"]]
+        host.setdefault(name, f"on the device path on rank(s) {', '.join(on)} only")
+    run.host_layers = host
 
 
 def child_main(argv: list[str] | None = None) -> int:
@@ -329,9 +351,31 @@ def check_twin_autostart() -> None:
             "(tools/vllm_env.sh does it for its environments)")
 
 
-def child_env(hooked: bool) -> dict[str, str]:
+def check_twin_devices(tp: int) -> None:
+    """Where the children run on the twin (no torch_npu), `tp` ranks need `tp` twin devices
+    (one per worker, vLLM-Ascend's ``NPUWorker`` sets device ``local_rank``): raises
+    `EngineCheckError` naming ``AICPU_TILING_TWIN_DEVICES`` when it holds fewer (or is not a
+    device count)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        return
+    from pyruntime.npu_twin.device import DEVICES_ENV, device_count_from_env
+
+    try:
+        count = device_count_from_env()
+    except ValueError as exc:
+        raise EngineCheckError(str(exc)) from exc
+    if tp > count:
+        raise EngineCheckError(f"--tp {tp} needs {tp} NPUs and the NPU twin has {count}: set "
+                               f"{DEVICES_ENV}={tp}")
+
+
+def child_env(hooked: bool, plugin_path: Path | None = None) -> dict[str, str]:
     """The environment of a child: the twin on (unless torch_npu is installed: an NPU), the hook
-    on only for the hooked run, vLLM's engine core in process (its counters are the child's)."""
+    on only for the hooked run, vLLM's engine core in process (it steps the engine the child
+    counts; at TP > 1 its executor still starts one worker process per rank), and
+    `plugin_path` (`write_hook_plugin`'s folder), when given, first on ``PYTHONPATH``."""
     env = {k: v for k, v in os.environ.items() if k not in (HOOK_ENV, "AICPU_TILING_ENGINE")}
     import importlib.util
 
@@ -339,7 +383,42 @@ def child_env(hooked: bool) -> dict[str, str]:
         env[TWIN_ENV] = "1"  # the twin's Triton-Ascend backend is active: vLLM sets HAS_TRITON
     env[HOOK_ENV] = "1" if hooked else "0"
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if plugin_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(plugin_path)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
+
+
+def hook_plugin_installed() -> bool:
+    """Whether vLLM would load the hook's general plugin (`pyruntime.hook.vllm_plugin`) here:
+    an ``aicpu_tiling`` entry point in ``vllm.general_plugins`` (a regular or editable install
+    of this package)."""
+    from importlib.metadata import entry_points
+
+    from pyruntime.hook import vllm_plugin
+
+    return any(ep.name == vllm_plugin.NAME
+               for ep in entry_points(group=vllm_plugin.GROUP))
+
+
+def write_hook_plugin(folder: Path) -> Path:
+    """Write into `folder` the distribution metadata an install of this package has for vLLM
+    (``aicpu_tiling-VERSION.dist-info`` with pyproject.toml's ``vllm.general_plugins`` entry
+    point, `pyruntime.hook.vllm_plugin.register`) and return `folder`. On ``PYTHONPATH`` it
+    makes vLLM install the hook in every process it starts, the workers of TP > 1 included,
+    where the package runs from a checkout on ``PYTHONPATH`` and is not installed (vLLM's
+    ``load_general_plugins``, which ``WorkerWrapperBase.init_worker`` calls before it imports
+    the worker class, reads only entry points)."""
+    import pyruntime
+    from pyruntime.hook import vllm_plugin
+
+    info = folder / f"aicpu_tiling-{pyruntime.__version__}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: aicpu-tiling\nVersion: {pyruntime.__version__}\n")
+    (info / "entry_points.txt").write_text(
+        f"[{vllm_plugin.GROUP}]\n{vllm_plugin.NAME} = {vllm_plugin.__name__}:register\n")
+    return folder
 
 
 def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hooked: bool,
@@ -358,8 +437,13 @@ def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hook
         cmd += ["--lora", str(lora)]
     if profile_dir is not None:
         cmd += ["--profile", str(profile_dir)]
-    proc = subprocess.run(cmd, env=child_env(hooked), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="aicpu-tiling-plugin-") as scratch:
+        plugin = (write_hook_plugin(Path(scratch))
+                  if hooked and not hook_plugin_installed() else None)
+        proc = subprocess.run(cmd, env=child_env(hooked, plugin), capture_output=True,
+                              text=True, timeout=timeout, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
     if not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -435,6 +519,7 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
             "margin": divergence.margin, "tolerance": divergence.tolerance},
         "tpot_ms": {"without": without.tpot_ms, "with": with_.tpot_ms},
         "profile": profile,
+        "ranks": rank_report(without, with_),
         "verdict": "pass" if verdict else "fail",
     }
     assert tuple(report) == REPORT_FIELDS
@@ -492,6 +577,27 @@ def write_profiles(folder: Path, model: str, without: EngineRun,
                                f"{exc.strerror or exc}") from exc
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
     return {"dir": str(folder), "files": files}
+def rank_report(without: EngineRun, with_: EngineRun) -> list[dict[str, Any]]:
+    """The report's ``ranks``: per worker (rank order, from `engine_workers.counts` of both runs)
+    ``rank``, ``device``, the hooked run's ``device_layers`` (names), and ``updates_per_step``
+    and ``collectives_replayed`` (HCCL collectives run by graph replays over the generate
+    call; None off the twin) ``{"without", "with"}``. The report's totals are these summed
+    over the ranks (`combine_ranks`)."""
+    steps = {"without": max(1, without.decode_steps), "with": max(1, with_.decode_steps)}
+    runs = {"without": {r["rank"]: r for r in without.ranks},
+            "with": {r["rank"]: r for r in with_.ranks}}
+    out = []
+    for rank in sorted(set(runs["without"]) | set(runs["with"])):
+        both = {k: runs[k].get(rank) for k in runs}
+        device = next(r["device"] for r in both.values() if r is not None)
+        out.append({
+            "rank": rank, "device": device,
+            "device_layers": sorted((both["with"] or {}).get("device_layers", {})),
+            "updates_per_step": {k: None if r is None else r["updates"] / steps[k]
+                                 for k, r in both.items()},
+            "collectives_replayed": {k: None if r is None else r["collectives_replayed"]
+                                     for k, r in both.items()}})
+    return out
 
 
 def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | None = None,
@@ -505,6 +611,11 @@ def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | Non
     Raises `EngineCheckError` when a run stops (its first error: exception, message and
     where)."""
     check_twin_autostart()
+    check_twin_devices(tp)
+    if profile_dir is not None and tp > 1:
+        # the profiler runs in the engine's process; at TP > 1 the model runs in the workers'
+        raise EngineCheckError("--profile runs at --tp 1 only: the workers of TP > 1 are "
+                               "other processes, outside the profiler")
 
     def torch_npu_dir(hooked: bool) -> Path | None:
         if profile_dir is None:
