@@ -50,6 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="where the tiling task runs (default: the placement the hook would use)")
     p.add_argument("--max-tokens", type=int, default=8,
                    help="tokens the longest request generates (the others 2 and 4 fewer)")
+    p.add_argument("--compilation", choices=("none", "default"), default="none",
+                   help="vLLM's compilation: none (mode NONE, the default) or default (the "
+                        "release's default: VLLM_COMPILE with vLLM-Ascend's compiler; the "
+                        "report's compilation_mode and compilation_reason say what ran)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=run)
     return p
@@ -93,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
                    if args.lora else None)
         try:
             report = engine_check.check(model_dir, name, max_tokens=args.max_tokens,
-                                        placement=args.placement, tp=args.tp, lora=adapter)
+                                        placement=args.placement, tp=args.tp, lora=adapter,
+                                        compilation=args.compilation)
         except engine_check.EngineCheckError as exc:
             raise CliError(str(exc)) from exc
     print(json.dumps(report, indent=1) if args.json else render(report))
@@ -107,6 +112,8 @@ def render(report: dict) -> str:
             f"{report['tp']}, placement {report['placement']}, compilation "
             f"{report['compilation_mode']}, graphs {report['graph_sizes']}")
     lines = [head]
+    if report.get("compilation_reason"):
+        lines.append(f"  compilation: {report['compilation_reason']}")
     for layer in report["layers"]:
         reason = f" ({layer['reason']})" if layer["reason"] else ""
         lines.append(f"  {layer['name']}: {layer['path']}{reason}")
