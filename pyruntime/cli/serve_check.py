@@ -7,9 +7,11 @@ graphs, requests with different max_tokens so the batch shrinks through the capt
 the NPU twin where there is no NPU. It reports which layers took the device path, the graph
 task updates per step without and with the hook, the blocking copies and synchronizes the
 hook adds per step, whether the tokens are identical (or, at the first divergence, the fp32
-reference's margin and the tolerance), and the time per output token. Exit 0 only when the
-verdict is pass (at least one device-path layer, no task updates on them, nothing added, the
-tokens judged equal); 1 otherwise; 2 when it cannot run here (no vLLM or vLLM-Ascend, no
+reference's margin and the tolerance), with ``--tiny`` the unhooked run's tokens against that
+fp32 reference, and the time per output token. ``--compilation default`` runs the release's
+default compilation instead of mode NONE. Exit 0 only when the verdict is pass (at least one
+device-path layer, no task updates on them, nothing added, the tokens judged equal); 1
+otherwise; 2 when it cannot run here (no vLLM or vLLM-Ascend, no
 transformers for the reference, a run that stopped).
 """
 
@@ -98,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             report = engine_check.check(model_dir, name, max_tokens=args.max_tokens,
                                         placement=args.placement, tp=args.tp, lora=adapter,
-                                        compilation=args.compilation)
+                                        compilation=args.compilation,
+                                        reference=args.tiny is not None)
         except engine_check.EngineCheckError as exc:
             raise CliError(str(exc)) from exc
     print(json.dumps(report, indent=1) if args.json else render(report))
@@ -133,6 +136,12 @@ def render(report: dict) -> str:
             f"reference margin {div['margin']:.4g} (tolerance {div['tolerance']:.4g})")
         lines.append(f"tokens: request {div['request']} differs from token {div['token']}: "
                      f"{margin}")
+    ref = report["reference"]
+    if ref is not None:
+        lines.append("tokens without the hook vs the fp32 reference: " + (
+            "identical" if ref["identical"] else
+            f"request {ref['divergence']['request']} differs from token "
+            f"{ref['divergence']['token']}"))
     lines.append(f"time per output token: {tpot['without']:.1f} ms without, "
                  f"{tpot['with']:.1f} ms with the hook")
     lines.append(f"verdict: {report['verdict']}")

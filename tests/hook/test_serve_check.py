@@ -144,7 +144,7 @@ def test_the_report_has_exactly_the_issues_schema_and_passes():
         "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
         "placement", "compilation_mode", "compilation_reason", "graph_sizes", "layers",
         "device_layers", "updates_per_step", "added_per_step", "tokens_identical",
-        "divergence", "tpot_ms", "verdict"]
+        "divergence", "reference", "tpot_ms", "verdict"]
     assert report["schema"] == "aicpu-tiling/serve-check" and report["version"] == 1
     assert report["placement"] == "graph"  # the hook's own, from its engine's name
     assert [layer["path"] for layer in report["layers"]] == ["device", "device"]
@@ -176,6 +176,40 @@ def test_a_judged_near_tie_passes_and_is_reported():
     assert report["tokens_identical"] is False
     assert report["divergence"] == {"request": 1, "token": 1, "margin": 0.03, "tolerance": 0.24}
     assert report["verdict"] == "pass"
+
+
+def test_the_unhooked_run_against_the_fp32_reference(monkeypatch, tmp_path):
+    """``--tiny``: the unhooked run's greedy tokens against HF's fp32 greedy tokens, judged as
+    the two runs are (the reference is the first run); a divergence past the tolerance fails
+    the verdict, a near-tie within it passes and is reported."""
+    run = engine_run(False, tokens=[[1, 2, 3], [4, 5], [6]])
+    references = {(5, 17, 99, 300, 41): [1, 2, 3], (7, 250, 3, 88): [4, 7],
+                  (120, 64, 9, 401, 33, 12): [6]}
+    asked = []
+    monkeypatch.setattr(engine_check, "PROMPTS", tuple(references))
+    monkeypatch.setattr(engine_check, "max_tokens_of", lambda n: [3, 2, 1])
+
+    def reference_tokens(model, prompt, max_tokens, lora=None):
+        asked.append((tuple(prompt), max_tokens))
+        return references[tuple(prompt)]
+
+    monkeypatch.setattr(engine_check, "reference_tokens", reference_tokens)
+    # at request 1's token 1 the reference prefers 7 over 5 by a bf16 near-tie, then by 3
+    for logits, ok in ((logits_with({7: 7.7695, 5: 7.7372}), True),
+                       (logits_with({7: 7.0, 5: 4.0}), False)):
+        monkeypatch.setattr(engine_check, "reference_logits",
+                            lambda *a, logits=logits, **k: logits)
+        judged = engine_check.judge_against_reference(tmp_path, run, 3)
+        assert judged["identical"] is False and judged["ok"] is ok
+        assert (judged["divergence"]["request"], judged["divergence"]["token"]) == (1, 1)
+        report = engine_check.build_report("qwen3", 1, False, None, engine_run(False),
+                                           engine_run(True), None, reference=judged)
+        assert report["reference"]["divergence"] == judged["divergence"]
+        assert report["verdict"] == ("pass" if ok else "fail")
+    assert asked[:2] == [((5, 17, 99, 300, 41), 3), ((7, 250, 3, 88), 2)]
+    references[(7, 250, 3, 88)] = [4, 5]
+    assert engine_check.judge_against_reference(tmp_path, run, 3) == {
+        "identical": True, "ok": True, "divergence": None}
 
 
 def test_a_device_layer_list_other_than_the_expected_one_fails():

@@ -37,7 +37,7 @@ REPORT_FIELDS = (
     "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
     "placement", "compilation_mode", "compilation_reason", "graph_sizes", "layers",
     "device_layers", "updates_per_step", "added_per_step", "tokens_identical", "divergence",
-    "tpot_ms", "verdict")
+    "reference", "tpot_ms", "verdict")
 #: the child's result line prefix
 RESULT_PREFIX = "ENGINE-RUN "
 #: the capture sizes (FULL_DECODE_ONLY graphs); the requests' max_tokens differ so the batch
@@ -404,10 +404,52 @@ def reference_logits(model: Path, prompt: list[int], generated: list[int], index
         return hf(ids).logits[0, -1].tolist()
 
 
+def reference_tokens(model: Path, prompt: list[int], max_tokens: int,
+                     lora: Path | None = None) -> list[int]:
+    """The fp32 HF transformers greedy tokens of one request (the model on the CPU in
+    float32, with the LoRA adapter at `lora` folded in for a request that used it), as the
+    engine's requests run: `max_tokens` tokens, an end-of-sequence token not stopping it."""
+    import torch
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    if lora is not None:
+        from .tiny_models import merge_lora
+
+        merge_lora(hf, lora)
+    ids = list(prompt)
+    with torch.no_grad():  # argmax step by step: no end-of-sequence stop (ignore_eos)
+        for _ in range(max_tokens):
+            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def judge_against_reference(model_dir: Path, run: EngineRun, max_tokens: int,
+                            lora: Path | None = None) -> dict[str, Any]:
+    """The unhooked run's tokens against the fp32 HF reference's greedy tokens, request by
+    request (`judging.judge_request` with the reference as the first run): ``{"identical",
+    "divergence": null | {"request", "token", "margin", "tolerance"}, "ok"}``, the first
+    divergence only."""
+    for r, n in enumerate(max_tokens_of(max_tokens)):
+        adapter = lora if lora is not None and r in LORA_REQUESTS else None
+        ref = reference_tokens(model_dir, list(PROMPTS[r]), n, adapter)
+        found = judging.judge_request(
+            r, ref, run.tokens[r], lambda i, r=r, ref=ref, adapter=adapter: reference_logits(
+                model_dir, list(PROMPTS[r]), ref, i, adapter), run.dtype)
+        if found is not None:
+            return {"identical": False, "ok": found.ok, "divergence": {
+                "request": found.request, "token": found.token, "margin": found.margin,
+                "tolerance": found.tolerance}}
+    return {"identical": True, "ok": True, "divergence": None}
+
+
 def build_report(model: str, tp: int, lora: bool, placement: str | None, without: EngineRun,
                  with_: EngineRun, divergence: judging.Divergence | None,
-                 expected_device_layers: list[str] | None = None) -> dict[str, Any]:
-    """The serve-check report (`REPORT_FIELDS`) from the two runs and the judged divergence."""
+                 expected_device_layers: list[str] | None = None,
+                 reference: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The serve-check report (`REPORT_FIELDS`) from the two runs, the judged divergence and,
+    when computed (`judge_against_reference`), the unhooked run against the fp32 reference
+    (which must then be judged equal for a pass)."""
     layers = [{"name": n, "path": "device", "reason": None} for n in sorted(with_.device_layers)]
     layers += [{"name": n, "path": "host", "reason": r}
                for n, r in sorted(with_.host_layers.items())]
@@ -432,7 +474,8 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
     total = device_layers + len(with_.host_layers)
     host_share = len(with_.host_layers) / total if total else 0.0
     updates_ok = updates_with <= updates_without * host_share + 1e-9
-    verdict = tokens_ok and moved_ok and no_added and updates_ok
+    reference_ok = reference is None or reference["ok"]
+    verdict = tokens_ok and moved_ok and no_added and updates_ok and reference_ok
     report = {
         "schema": SCHEMA, "version": VERSION, "vllm": with_.vllm,
         "vllm_ascend": with_.vllm_ascend,
@@ -446,6 +489,8 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
         "divergence": None if divergence is None else {
             "request": divergence.request, "token": divergence.token,
             "margin": divergence.margin, "tolerance": divergence.tolerance},
+        "reference": None if reference is None else {
+            "identical": reference["identical"], "divergence": reference["divergence"]},
         "tpot_ms": {"without": without.tpot_ms, "with": with_.tpot_ms},
         "verdict": "pass" if verdict else "fail",
     }
@@ -456,7 +501,7 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
 def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | None = None,
           tp: int = 1, lora: Path | None = None,
           expected_device_layers: list[str] | None = None,
-          compilation: str = "none") -> dict[str, Any]:
+          compilation: str = "none", reference: bool = False) -> dict[str, Any]:
     """Run the engine without and with the hook on `model_dir` (reported as `model`), with the
     LoRA adapter directory `lora` on the requests of `LORA_REQUESTS` when given; judge the
     tokens, return the report (`build_report`). Raises `EngineCheckError` when a run stops
@@ -488,8 +533,10 @@ def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | Non
         if found is not None:
             divergence = found
             break
+    judged = (judge_against_reference(model_dir, without, max_tokens, lora) if reference
+              else None)
     return build_report(model, tp, lora is not None, placement, without, with_, divergence,
-                        expected_device_layers)
+                        expected_device_layers, judged)
 
 
 if __name__ == "__main__":
