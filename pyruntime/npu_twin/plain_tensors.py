@@ -292,6 +292,8 @@ def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
                          source.stride())
     if _is_view(op):
         return _view(op, args, kwargs)
+    if op in twin._SHAPE_FROM_VALUES_OPS:  # synchronous, as on the wrapper layer (LoRA's meta)
+        return twin._run_shape_from_values(twin.device(), op, args, kwargs)
     return twin._queue_op(twin.device(), op, args, kwargs)
 
 

@@ -166,6 +166,7 @@ def test_serve_check_on_the_twin(request, release, tiny, flags):
     start = proc.stdout.find("{")
     assert start >= 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout[start:])
+    print("SERVE-CHECK", release, " ".join(flags), json.dumps(report))  # shown with -s
     assert report["schema"] == "aicpu-tiling/serve-check" and report["backend"] == "npu-twin"
     assert report["lora"] == ("--lora" in flags)
     assert [layer["name"] for layer in report["layers"] if layer["path"] == "device"] == \

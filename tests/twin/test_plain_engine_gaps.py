@@ -1,4 +1,11 @@
-"""Pinned host memory made by torch's C++ on plain npu tensors (`plain_device.cpp`'s pinned
+"""What vLLM 0.30's engine reached on plain npu tensors that the wrapper layer had (both
+failed on plain tensors before their fix; one twin subprocess).
+
+* ``aten::unique_consecutive`` (vLLM's LoRA metadata, ``compute_meta``): synchronous, its
+  outputs npu tensors of the shapes it produced, as on the wrapper layer
+  (``device._SHAPE_FROM_VALUES_OPS``); before, the plain fallback queued it and asked its meta
+  kernel for a shape that only the values decide ("no fake impl or Meta kernel").
+* Pinned host memory made by torch's C++ on plain npu tensors (`plain_device.cpp`'s pinned
 allocator, the PrivateUse1 hooks' ``getPinnedMemoryAllocator`` / ``isPinnedPtr``): a
 ``non_blocking`` ``.to("cpu")`` of an npu tensor, which vLLM 0.30's model runner does with the
 sampled token ids under async scheduling (``AsyncGPUModelRunnerOutput``), and ``torch.zeros(...,
@@ -36,12 +43,30 @@ def pinned_block_feeds_a_non_blocking_h2d_copy():
     eq(back.cpu().tolist(), [0.0, 1.0, 2.0, 3.0])
 
 
+def unique_consecutive_is_synchronous():
+    from pyruntime.npu_twin import device as twin
+
+    ids = torch.tensor([0, 0, 1, 1, 1, -1], dtype=torch.int32).to("npu")
+    torch.npu.synchronize()
+    syncs = twin.device().stats["synchronizes"]
+    with torch.inference_mode():                                       # vLLM's execute_model
+        values, counts = torch.unique_consecutive(ids * 1, return_counts=True)
+    eq((type(values) is torch.Tensor, values.device.type, counts.device.type),
+       (True, "npu", "npu"))
+    eq(twin.device().stats["synchronizes"], syncs + 1)                 # the host waited
+    eq((values.cpu().tolist(), counts.cpu().tolist()), ([0, 1, -1], [2, 3, 1]))
+    with capture():
+        expect(twin.CaptureViolation, "while a graph is capturing",
+               lambda: torch.unique_consecutive(ids))
+
+
+check("unique_consecutive_is_synchronous", unique_consecutive_is_synchronous)
 check("non_blocking_to_cpu", non_blocking_to_cpu)
 check("pinned_factory_and_pageable", pinned_factory_and_pageable)
 check("pinned_block_feeds_a_non_blocking_h2d_copy", pinned_block_feeds_a_non_blocking_h2d_copy)
 """
 
-RULES = ("non_blocking_to_cpu", "pinned_factory_and_pageable",
+RULES = ("unique_consecutive_is_synchronous", "non_blocking_to_cpu", "pinned_factory_and_pageable",
          "pinned_block_feeds_a_non_blocking_h2d_copy")
 
 
@@ -52,5 +77,5 @@ def outcomes(run_twin):
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_pinned_host_memory_on_plain_tensors(outcomes, rule):
+def test_engine_gaps_on_plain_tensors(outcomes, rule):
     assert outcomes.get(rule) == "ok", outcomes
