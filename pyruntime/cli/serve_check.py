@@ -7,11 +7,13 @@ graphs, requests with different max_tokens so the batch shrinks through the capt
 the NPU twin where there is no NPU. It reports which layers took the device path, the graph
 task updates per step without and with the hook, the blocking copies and synchronizes the
 hook adds per step, whether the tokens are identical (or, at the first divergence, the fp32
-reference's margin and the tolerance), and the time per output token. With --profile DIR each
-run's generate call runs under torch_npu's profiler and DIR receives, per run and side by side,
-the Chrome trace and tables of profile --trace. Exit 0 only when the
-verdict is pass (at least one device-path layer, no task updates on them, nothing added, the
-tokens judged equal); 1 otherwise; 2 when it cannot run here (no vLLM or vLLM-Ascend, no
+reference's margin and the tolerance), with ``--tiny`` the unhooked run's tokens against that
+fp32 reference, and the time per output token. ``--compilation default`` runs the release's
+default compilation instead of mode NONE. With --profile DIR each run's generate call runs
+under torch_npu's profiler and DIR receives, per run and side by side, the Chrome trace and
+tables of profile --trace. Exit 0 only when the verdict is pass (at least one
+device-path layer, no task updates on them, nothing added, the tokens judged equal); 1
+otherwise; 2 when it cannot run here (no vLLM or vLLM-Ascend, no
 transformers for the reference, a run that stopped).
 """
 
@@ -59,6 +61,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help=FORCE_HELP + "; for --profile: a DIR that is not empty (serve-check's "
                         "own files and folders in it are replaced, nothing else)")
+    p.add_argument("--compilation", choices=("none", "default"), default="none",
+                   help="vLLM's compilation: none (mode NONE, the default) or default (the "
+                        "release's default: VLLM_COMPILE with vLLM-Ascend's compiler; the "
+                        "report's compilation_mode and compilation_reason say what ran)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=run)
     return p
@@ -140,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
             report = engine_check.check(
                 model_dir, name, max_tokens=args.max_tokens, placement=args.placement,
                 tp=args.tp, lora=adapter,
-                profile_dir=Path(args.profile).resolve() if args.profile else None)
+                profile_dir=Path(args.profile).resolve() if args.profile else None,
+                compilation=args.compilation, reference=args.tiny is not None)
         except engine_check.EngineCheckError as exc:
             raise CliError(str(exc)) from exc
     print(json.dumps(report, indent=1) if args.json else render(report))
@@ -154,6 +161,8 @@ def render(report: dict) -> str:
             f"{report['tp']}, placement {report['placement']}, compilation "
             f"{report['compilation_mode']}, graphs {report['graph_sizes']}")
     lines = [head]
+    if report.get("compilation_reason"):
+        lines.append(f"  compilation: {report['compilation_reason']}")
     for layer in report["layers"]:
         reason = f" ({layer['reason']})" if layer["reason"] else ""
         lines.append(f"  {layer['name']}: {layer['path']}{reason}")
@@ -181,6 +190,12 @@ def render(report: dict) -> str:
                          f"updates per step {ups['without']:g} without / {ups['with']:g} with, "
                          f"collectives run by replays {replayed['without']} / "
                          f"{replayed['with']}")
+    ref = report["reference"]
+    if ref is not None:
+        lines.append("tokens without the hook vs the fp32 reference: " + (
+            "identical" if ref["identical"] else
+            f"request {ref['divergence']['request']} differs from token "
+            f"{ref['divergence']['token']}"))
     lines.append(f"time per output token: {tpot['without']:.1f} ms without, "
                  f"{tpot['with']:.1f} ms with the hook")
     if report.get("profile"):

@@ -1046,9 +1046,17 @@ def _device_to_host(src: torch.Tensor, kwargs) -> torch.Tensor:
 _pinned: set[int] = set()
 
 
+#: on plain tensors, whether a host data pointer is a block of the extension's pinned
+#: allocator (torch's C++ pin_memory=True, e.g. a non_blocking ``.to("cpu")``); set by
+#: `pyruntime.npu_twin.plain_tensors.activate`
+_plain_is_pinned_ptr = None
+
+
 def _is_pinned(tensor: torch.Tensor) -> bool:
-    return (tensor.device.type == "cpu" and tensor.numel() > 0
-            and tensor.untyped_storage().data_ptr() in _pinned)
+    if tensor.device.type != "cpu" or tensor.numel() == 0:
+        return False
+    ptr = tensor.untyped_storage().data_ptr()
+    return ptr in _pinned or (_plain_is_pinned_ptr is not None and _plain_is_pinned_ptr(ptr))
 
 
 def install_pinned_memory() -> None:
@@ -1193,9 +1201,9 @@ def _run_shape_from_values(dev: Device, func, args, kwargs):
     def to_device(t):
         if not isinstance(t, torch.Tensor):
             return t
-        buf = device_memory(t.shape, t.stride(), t.dtype)
-        buf.copy_(t)
-        return NpuTensor(buf, index)
+        out = new_device_tensor(t.shape, t.stride(), t.dtype, index)  # either tensor layer
+        inner(out).copy_(t)
+        return out
 
     return pytree.tree_map(to_device, got)
 

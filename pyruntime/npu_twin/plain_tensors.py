@@ -169,6 +169,8 @@ def activate(backend_module: types.ModuleType) -> None:
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
     twin._plain_host_alias = torch.ops.aicpu_twin.host_alias
+    # host blocks of the extension's pinned allocator (pin_memory=True made in C++)
+    twin._plain_is_pinned_ptr = torch.ops.aicpu_twin.is_pinned_ptr
     _fallback_library = torch.library.Library("_", "IMPL")
     _fallback_library.fallback(_fallback, "PrivateUse1")
     _active = True
@@ -290,6 +292,8 @@ def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
                          source.stride())
     if _is_view(op):
         return _view(op, args, kwargs)
+    if op in twin._SHAPE_FROM_VALUES_OPS:  # synchronous, as on the wrapper layer (LoRA's meta)
+        return twin._run_shape_from_values(twin.device(), op, args, kwargs)
     return twin._queue_op(twin.device(), op, args, kwargs)
 
 

@@ -10,7 +10,8 @@ import sys
 import types
 
 from . import device as twin
-from . import fia, hccl, mla_ops, model_ops, moe_ops, npu_module, profiler
+from . import (fia, hccl, mla_ops, model_ops, moe_ops, npu_module, npugraph_ex, profiler,
+               quant_ops)
 from .npu_module import placeholder
 
 VERSION = "2.10.0.post4+npu-twin"
@@ -90,6 +91,7 @@ def build() -> types.ModuleType:
     mla_ops.install(module)
     model_ops.install(module, _module)  # a dense decoder's forward: norms, swiglu, rope, KV
     moe_ops.install(module)  # the fused-MoE path at TP 1: routing, grouped matmul, unpermute
+    quant_ops.install(module)  # what vLLM-Ascend's fusion patterns trace under VLLM_COMPILE
     module.profiler = profiler.build()  # torch_npu.profiler: profile, its handler and config
     # torch_npu/profiler/dynamic_profile.py (init, step, start, set_state: msMonitor's dynamic
     # profiling). vLLM-Ascend's worker/worker.py imports it at module top (0.23.0.post1 line 29,
@@ -140,6 +142,10 @@ def install() -> types.ModuleType:
     sys.modules["torch_npu.profiler"] = module.profiler
     sys.modules["torch_npu.profiler.dynamic_profile"] = module.profiler.dynamic_profile
     sys.modules["torch_npu._inductor"] = module._inductor
+    # torch_npu's import registers its graph compiler as the module npugraph_ex
+    # (torch_npu/dynamo/__init__.py _get_npugraph_ex_backend); vLLM-Ascend's fusion passes
+    # import it (pyruntime.npu_twin.npugraph_ex says which names are modelled)
+    npugraph_ex.install()
     # ``torch.npu.memory`` is a module there (vLLM-Ascend imports names from it)
     sys.modules["torch_npu.npu.memory"] = npu_module.memory
     sys.modules["torch.npu.memory"] = npu_module.memory

@@ -11,7 +11,8 @@
   (``python -m pytest -m engine tests/hook/test_engine_check.py``): today's twin lacks model
   ops that other work adds, so the engine stops before generating (the first failure per
   release is in docs/hook-in-vllm-ascend.md, "The engine check"). ``--tp 2`` is its own
-  engine test (two workers on twin devices 0 and 1, counted per rank).
+  engine test (two workers on twin devices 0 and 1, counted per rank). Each release runs the
+  tiny Qwen3 model under the release's default compilation too (``--compilation default``).
 
 Without an environment the tests skip, except under ``CI=true``, where they fail.
 """
@@ -137,16 +138,21 @@ DEVICE_LAYERS = {
 
 
 #: 0.23.0.post1 sets its ACL graph parameters only under VLLM_COMPILE (model_runner_v1.py
-#: _use_aclgraph), so mode NONE stops in its own full_graph_fia at capture, without the hook;
-#: VLLM_COMPILE stops in Dynamo on the twin's wrapper tensors (docs/hook-in-vllm-ascend.md)
+#: _use_aclgraph), so mode NONE stops in its own full_graph_fia at capture, without the hook,
+#: on any device; under VLLM_COMPILE (--compilation default, on plain npu tensors) it runs
+#: (docs/hook-in-vllm-ascend.md, "The engine check: compilation")
 NO_GRAPHS_IN_MODE_NONE = pytest.mark.xfail(
-    strict=True, reason="vLLM-Ascend 0.23.0.post1 captures FULL graphs only under VLLM_COMPILE, "
-                        "which needs the twin's plain tensors (issue 28 item 1)")
+    strict=True, reason="vLLM-Ascend 0.23.0.post1 captures FULL graphs only under VLLM_COMPILE "
+                        "(its full_graph_fia reads graph params that mode NONE never sets)")
 
 
 @pytest.mark.engine
 @pytest.mark.parametrize("release, tiny, flags", [
     ("0.30.0rc2", "qwen3", ["--placement", "graph", "--lora"]),
+    # the release's default compilation (issue 28 item 7): VLLM_COMPILE, vLLM-Ascend's
+    # compiler; the report names what differs from the release's default and why
+    ("0.30.0rc2", "qwen3", ["--placement", "graph", "--compilation", "default"]),
+    ("0.23.0.post1", "qwen3", ["--placement", "graph", "--compilation", "default"]),
     pytest.param("0.23.0.post1", "qwen3", ["--placement", "graph"],
                  marks=NO_GRAPHS_IN_MODE_NONE)])
 def test_serve_check_on_the_twin(request, tmp_path, release, tiny, flags):
@@ -164,12 +170,22 @@ def test_serve_check_on_the_twin(request, tmp_path, release, tiny, flags):
     start = proc.stdout.find("{")
     assert start >= 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout[start:])
+    print("SERVE-CHECK", release, " ".join(flags), json.dumps(report))  # shown with -s
     assert report["schema"] == "aicpu-tiling/serve-check" and report["backend"] == "npu-twin"
     assert report["lora"] == ("--lora" in flags)
     assert [layer["name"] for layer in report["layers"] if layer["path"] == "device"] == \
         DEVICE_LAYERS[tiny]
     assert report["updates_per_step"]["with"] == 0 and report["updates_per_step"]["without"] > 0
     assert report["added_per_step"] == {"blocking_copies": 0, "synchronizes": 0}
+    # --tiny: the unhooked run's tokens against the fp32 HF reference on the same weights
+    assert report["reference"] == {"identical": True, "divergence": None}, report
+    if "--compilation" in flags:
+        assert report["compilation_mode"] == "VLLM_COMPILE"
+        # on the twin: no npugraph_ex (torch_npu's graph compiler) and torch 2.13, not the
+        # release's pin 2.10 (docs/hook-in-vllm-ascend.md, "The engine check: compilation")
+        assert "enable_npugraph_ex false" in report["compilation_reason"]
+    else:
+        assert (report["compilation_mode"], report["compilation_reason"]) == ("NONE", None)
     assert report["verdict"] == "pass" and proc.returncode == 0, report
     check_profile(report, profile_dir)
 

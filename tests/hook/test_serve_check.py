@@ -142,9 +142,9 @@ def test_the_report_has_exactly_the_issues_schema_and_passes():
                                        engine_run(True), None)
     assert list(report) == [
         "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
-        "placement", "compilation_mode", "graph_sizes", "layers", "device_layers",
-        "updates_per_step", "added_per_step", "tokens_identical", "divergence", "tpot_ms",
-        "profile", "ranks", "verdict"]
+        "placement", "compilation_mode", "compilation_reason", "graph_sizes", "layers",
+        "device_layers", "updates_per_step", "added_per_step", "tokens_identical",
+        "divergence", "reference", "tpot_ms", "profile", "ranks", "verdict"]
     assert report["schema"] == "aicpu-tiling/serve-check" and report["version"] == 1
     assert report["placement"] == "graph"  # the hook's own, from its engine's name
     assert [layer["path"] for layer in report["layers"]] == ["device", "device"]
@@ -177,6 +177,40 @@ def test_a_judged_near_tie_passes_and_is_reported():
     assert report["tokens_identical"] is False
     assert report["divergence"] == {"request": 1, "token": 1, "margin": 0.03, "tolerance": 0.24}
     assert report["verdict"] == "pass"
+
+
+def test_the_unhooked_run_against_the_fp32_reference(monkeypatch, tmp_path):
+    """``--tiny``: the unhooked run's greedy tokens against HF's fp32 greedy tokens, judged as
+    the two runs are (the reference is the first run); a divergence past the tolerance fails
+    the verdict, a near-tie within it passes and is reported."""
+    run = engine_run(False, tokens=[[1, 2, 3], [4, 5], [6]])
+    references = {(5, 17, 99, 300, 41): [1, 2, 3], (7, 250, 3, 88): [4, 7],
+                  (120, 64, 9, 401, 33, 12): [6]}
+    asked = []
+    monkeypatch.setattr(engine_check, "PROMPTS", tuple(references))
+    monkeypatch.setattr(engine_check, "max_tokens_of", lambda n: [3, 2, 1])
+
+    def reference_tokens(model, prompt, max_tokens, lora=None):
+        asked.append((tuple(prompt), max_tokens))
+        return references[tuple(prompt)]
+
+    monkeypatch.setattr(engine_check, "reference_tokens", reference_tokens)
+    # at request 1's token 1 the reference prefers 7 over 5 by a bf16 near-tie, then by 3
+    for logits, ok in ((logits_with({7: 7.7695, 5: 7.7372}), True),
+                       (logits_with({7: 7.0, 5: 4.0}), False)):
+        monkeypatch.setattr(engine_check, "reference_logits",
+                            lambda *a, logits=logits, **k: logits)
+        judged = engine_check.judge_against_reference(tmp_path, run, 3)
+        assert judged["identical"] is False and judged["ok"] is ok
+        assert (judged["divergence"]["request"], judged["divergence"]["token"]) == (1, 1)
+        report = engine_check.build_report("qwen3", 1, False, None, engine_run(False),
+                                           engine_run(True), None, reference=judged)
+        assert report["reference"]["divergence"] == judged["divergence"]
+        assert report["verdict"] == ("pass" if ok else "fail")
+    assert asked[:2] == [((5, 17, 99, 300, 41), 3), ((7, 250, 3, 88), 2)]
+    references[(7, 250, 3, 88)] = [4, 5]
+    assert engine_check.judge_against_reference(tmp_path, run, 3) == {
+        "identical": True, "ok": True, "divergence": None}
 
 
 def test_a_device_layer_list_other_than_the_expected_one_fails():
@@ -264,10 +298,128 @@ def test_a_skipped_hook_is_an_error_with_the_hooks_reason(tmp_path, monkeypatch)
     monkeypatch.setattr(engine_check, "check_twin_autostart", lambda: None)
     monkeypatch.setattr(engine_check, "run_child",
                         lambda model, max_tokens, placement, tp, hooked, lora=None,
-                        profile_dir=None: runs[hooked])
+                        profile_dir=None, compilation="none": runs[hooked])
     with pytest.raises(engine_check.EngineCheckError,
                        match=f"hook was not active in the hooked run \\(skipped: {reason}\\)"):
         engine_check.check(tmp_path, "qwen3")
+
+
+# -- the compilation (--compilation) -----------------------------------------------------------
+
+
+def test_compilation_none_is_mode_none_with_full_decode_graphs():
+    config, additional, environ, reason = engine_check.compilation_arguments("none")
+    assert config == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
+                      "cudagraph_capture_sizes": list(engine_check.GRAPH_SIZES)}
+    assert additional is None and environ == {} and reason is None
+
+
+def test_compilation_default_leaves_mode_and_compiler_to_the_release(monkeypatch):
+    """Where torch_npu's graph compiler can be imported (an NPU host), ``default`` passes only
+    the graph mode and sizes: vLLM's default mode and vLLM-Ascend's default compiler."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "torch_npu.dynamo.npugraph_ex"
+                        else real(name, *a))
+    monkeypatch.setattr(engine_check, "torch_off_the_release_pin", lambda: None)
+    config, additional, environ, reason = engine_check.compilation_arguments("default")
+    assert "mode" not in config and config["cudagraph_mode"] == "FULL_DECODE_ONLY"
+    assert additional is None and environ == {} and reason is None
+
+
+def test_compilation_default_without_a_graph_compiler_turns_npugraph_ex_off_and_says_why(
+        monkeypatch):
+    """torch_npu ships neither npugraph_ex nor torchair (the twin, a torch_npu built without
+    them): vLLM-Ascend's own switch ``enable_npugraph_ex`` false, and the reason,
+    which the report carries as ``compilation_reason``."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    asked = []
+
+    def find_spec(name, *a):
+        if name in engine_check.GRAPH_COMPILERS:
+            asked.append(name)
+            return None
+        return real(name, *a)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(engine_check, "torch_off_the_release_pin", lambda: None)
+    config, additional, environ, reason = engine_check.compilation_arguments("default")
+    # vLLM-Ascend's import order
+    assert asked == ["torch_npu.dynamo.npugraph_ex", "torch_npu.dynamo.torchair"]
+    assert "mode" not in config
+    assert additional == {"ascend_compilation_config": {"enable_npugraph_ex": False}}
+    assert "neither npugraph_ex nor torchair" in reason and "enable_npugraph_ex false" in reason
+    report = engine_check.build_report(
+        "qwen3", 1, False, None, engine_run(False, compilation_mode="VLLM_COMPILE",
+                                            compilation_reason=reason),
+        engine_run(True, compilation_mode="VLLM_COMPILE", compilation_reason=reason), None)
+    assert report["compilation_mode"] == "VLLM_COMPILE"
+    assert report["compilation_reason"] == reason
+
+
+@pytest.mark.parametrize("pin, user, off", [
+    ("torch==2.10.0", None, True),       # torch here is not the release's pin
+    ("torch==HERE", None, False),        # the pin: vLLM's AOT compile as the release runs it
+    ("torch==2.10.0", "1", False),       # the user's own choice stands
+])
+def test_aot_compile_is_off_only_on_a_torch_other_than_the_releases_pin(monkeypatch, pin,
+                                                                          user, off):
+    from importlib import metadata
+
+    import torch
+
+    here = torch.__version__.split("+")[0]
+    if here == "2.10.0":
+        pytest.skip("torch here is 2.10.0, the pin of the first case")
+    monkeypatch.setattr(metadata, "requires",
+                        lambda name: [pin.replace("HERE", here), "torch-npu==2.10.0.post4"]
+                        if name == "vllm-ascend" else [])
+    monkeypatch.setattr(engine_check, "missing_graph_compiler", lambda: None)
+    if user is None:
+        monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_USE_AOT_COMPILE", user)
+    _, additional, environ, reason = engine_check.compilation_arguments("default")
+    assert additional is None
+    if off:
+        assert environ == {"VLLM_USE_AOT_COMPILE": "0"}
+        assert reason.startswith(f"VLLM_USE_AOT_COMPILE=0: torch {here} here, not "
+                                 "vLLM-Ascend's pin 2.10.0")
+    else:
+        assert environ == {} and reason is None
+
+
+def test_an_unknown_compilation_is_a_typed_error():
+    with pytest.raises(engine_check.EngineCheckError, match="unknown compilation 'inductor'"):
+        engine_check.compilation_arguments("inductor")
+
+
+def test_runs_that_compiled_differently_are_not_judged(tmp_path, monkeypatch):
+    runs = {False: engine_run(False, compilation_mode="NONE"),
+            True: engine_run(True, compilation_mode="VLLM_COMPILE")}
+    monkeypatch.setattr(engine_check, "check_twin_autostart", lambda: None)
+    monkeypatch.setattr(engine_check, "run_child",
+                        lambda model, max_tokens, placement, tp, hooked, lora=None,
+                        profile_dir=None, compilation="none": runs[hooked])
+    with pytest.raises(engine_check.EngineCheckError, match="the two runs compiled differently"):
+        engine_check.check(tmp_path, "qwen3", compilation="default")
+
+
+def test_the_children_run_on_plain_npu_tensors_unless_told_otherwise(monkeypatch):
+    """Dynamo traces plain npu tensors, not the wrapper subclass: the children ask for them
+    (where there is no torch_npu); a user's explicit layer passes through."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed: no twin in the children")
+    monkeypatch.delenv("AICPU_TILING_TWIN_TENSORS", raising=False)
+    assert engine_check.child_env(hooked=False)["AICPU_TILING_TWIN_TENSORS"] == "plain"
+    monkeypatch.setenv("AICPU_TILING_TWIN_TENSORS", "wrapper")
+    assert engine_check.child_env(hooked=True)["AICPU_TILING_TWIN_TENSORS"] == "wrapper"
 
 
 def test_the_children_find_triton_as_vllm_does(monkeypatch):
@@ -425,6 +577,7 @@ def test_more_ranks_than_twin_devices_is_a_typed_error_naming_the_variable(tmp_p
     (["serve-check", "--tiny", "qwen3", "--max-tokens", "4"], "--max-tokens 4"),
     (["serve-check", "--tiny", "qwen3", "--max-tokens", "129"], "--max-tokens 129"),
     (["serve-check", "--tiny", "qwen3", "--tp", "9"], "--tp 9"),
+    (["serve-check", "--tiny", "qwen3", "--compilation", "inductor"], "invalid choice"),
     (["serve-check", "--tiny", "gpt-oss", "--lora"],
      "--lora writes a tiny adapter for --tiny qwen3 only"),
     (["serve-check", "--model", "/nonexistent", "--lora"], "--lora writes a tiny adapter"),

@@ -49,9 +49,9 @@ VERSION = 1
 #: the report's fields, in order (issue 29, item 3)
 REPORT_FIELDS = (
     "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
-    "placement", "compilation_mode", "graph_sizes", "layers", "device_layers",
-    "updates_per_step", "added_per_step", "tokens_identical", "divergence", "tpot_ms",
-    "profile", "ranks", "verdict")
+    "placement", "compilation_mode", "compilation_reason", "graph_sizes", "layers",
+    "device_layers", "updates_per_step", "added_per_step", "tokens_identical", "divergence",
+    "reference", "tpot_ms", "profile", "ranks", "verdict")
 #: the child's result line prefix
 RESULT_PREFIX = "ENGINE-RUN "
 #: the capture sizes (FULL_DECODE_ONLY graphs); the requests' max_tokens differ so the batch
@@ -62,9 +62,23 @@ PROMPTS = ((5, 17, 99, 300, 41), (7, 250, 3, 88), (120, 64, 9, 401, 33, 12))
 #: with ``--lora``, the requests that use the adapter (the others the base model), so a batch
 #: of one size runs with and without LoRA as the requests finish
 LORA_REQUESTS = (1,)
-#: the compilation mode the check runs: NONE (0). vLLM's default VLLM_COMPILE stops in Dynamo
-#: on the twin's tensors (docs/hook-in-vllm-ascend.md, "The engine check")
-COMPILATION_MODE = "NONE"
+#: the compilation configs the check can run (``--compilation``): ``none``, vLLM's mode NONE
+#: (no Dynamo, the model's eager forward captured by vLLM-Ascend's ACL graphs); ``default``,
+#: the release's default, which is what ``vllm serve`` runs when the user gives only the graph
+#: mode: vLLM's default mode VLLM_COMPILE with vLLM-Ascend's compiler
+#: (``NPUPlatform.get_compile_backend``: ``AscendCompiler``) and, under FULL graphs on A2/A3,
+#: its ``enable_npugraph_ex`` default True (``ascend_config.py`` ``AscendCompilationConfig``)
+#: (docs/hook-in-vllm-ascend.md, "The engine check: compilation")
+COMPILATIONS = ("none", "default")
+#: torch_npu's graph compilers that vLLM-Ascend's ``npugraph_ex_compile`` uses, in its order
+#: (``compilation/compiler_interface.py``: ``import npugraph_ex``, on ImportError ``import
+#: torchair``): torch_npu 2.10 ships both as these subpackages and registers them as the
+#: top-level modules ``npugraph_ex`` and ``torchair`` (``torch_npu/dynamo/__init__.py``; it
+#: tells whether it was built with them by the package on disk, ``_get_default_backend``)
+GRAPH_COMPILERS = ("torch_npu.dynamo.npugraph_ex", "torch_npu.dynamo.torchair")
+#: the twin's tensor layer the children run on (`pyruntime.npu_twin.TENSORS_ENV`): plain npu
+#: tensors, which Dynamo traces (the wrapper subclass stops VLLM_COMPILE in Dynamo)
+TWIN_TENSORS = ("AICPU_TILING_TWIN_TENSORS", "plain")
 #: what the hook's run needs to be called with the hook
 HOOK_ENV = "AICPU_TILING"
 TWIN_ENV = "AICPU_TILING_TWIN"
@@ -120,6 +134,8 @@ class EngineRun:
     #: one `engine_workers.counts` record per worker (rank order): what the fields above sum or
     #: combine over the ranks
     ranks: list[dict] = field(default_factory=list)
+    compilation_mode: str | None = None
+    compilation_reason: str | None = None
     error: str | None = None
 
 
@@ -151,9 +167,88 @@ def profiled_run(mode: str, workload: dict[str, Any], host: HostTimeline,
     return Run(mode, workload, steps, list(tasks), counters)
 
 
+def missing_graph_compiler() -> str | None:
+    """None when torch_npu here ships one of its graph compilers (`GRAPH_COMPILERS`); else
+    why vLLM-Ascend's ``npugraph_ex_compile`` cannot run here."""
+    import importlib.util
+
+    for name in GRAPH_COMPILERS:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return None
+        except ImportError:  # no torch_npu, or one without torch_npu.dynamo
+            continue
+    return ("torch_npu here ships neither npugraph_ex nor torchair (torch_npu/dynamo, the "
+            "graph compiler vLLM-Ascend's default enable_npugraph_ex calls): vLLM-Ascend's "
+            "AscendCompiler ran with enable_npugraph_ex false, its fusion-pass path "
+            "(aot_autograd and GraphFusionPassManager)")
+
+
+def torch_off_the_release_pin() -> str | None:
+    """None when the torch here is the one the installed vLLM-Ascend pins (``torch==X`` in its
+    requirements), or when the user set ``VLLM_USE_AOT_COMPILE``; else why the engine check
+    turns vLLM's AOT compile off for the compiled run.
+
+    Why: vLLM 0.30 compiles through ``torch._dynamo.aot_compile`` by default with torch >=
+    2.10 (``vllm/envs.py`` ``use_aot_compile``). torch 2.13's ``aot_compile`` patches
+    ``force_autograd_cache`` on (``torch/_dynamo/aot_compile.py``), so AOTAutograd caches the
+    forward and requires the compiler to return Inductor's ``OutputCode``
+    (``autograd_cache.py`` ``unwrap_output_code``), which vLLM-Ascend's fusion-pass compiler
+    (a GraphModule from ``aot_autograd(fw_compiler=...)``) does not; torch 2.10, the release's
+    pin, patches only ``bundled_autograd_cache`` and caches nothing for a compiler that is not
+    ``SerializableAOTDispatchCompiler``."""
+    import re
+    from importlib import metadata
+
+    import torch
+
+    if "VLLM_USE_AOT_COMPILE" in os.environ:
+        return None
+    try:
+        requires = metadata.requires("vllm-ascend") or []
+    except metadata.PackageNotFoundError:
+        return None
+    pins = [m.group(1) for r in requires if (m := re.match(r"torch\s*==\s*([\w.]+)\s*$", r))]
+    here = torch.__version__.split("+")[0]
+    if not pins or pins[0] == here:
+        return None
+    return (f"VLLM_USE_AOT_COMPILE=0: torch {here} here, not vLLM-Ascend's pin {pins[0]}; "
+            f"torch {here}'s aot_compile forces AOTAutograd's cache, which needs Inductor's "
+            "OutputCode that vLLM-Ascend's fusion-pass compiler does not return")
+
+
+def compilation_arguments(compilation: str
+                          ) -> tuple[dict, dict | None, dict[str, str], str | None]:
+    """``(compilation_config, additional_config, environ, reason)`` for `compilation`
+    (`COMPILATIONS`): the ``vllm.LLM`` arguments and the variables to set before it.
+    FULL_DECODE_ONLY graphs of `GRAPH_SIZES` in both; ``none`` sets mode NONE; ``default``
+    leaves the mode to vLLM (VLLM_COMPILE) and the compiler to vLLM-Ascend, except where the
+    release's default cannot run here: without torch_npu's graph compiler
+    (`missing_graph_compiler`) vLLM-Ascend's own ``enable_npugraph_ex`` off, and on a torch
+    other than the release's pin (`torch_off_the_release_pin`) vLLM's AOT compile off. `reason`
+    says what differs from the release's default (None: nothing)."""
+    if compilation not in COMPILATIONS:
+        raise EngineCheckError(f"unknown compilation {compilation!r}: one of "
+                               f"{', '.join(COMPILATIONS)}")
+    config: dict[str, Any] = {"cudagraph_mode": "FULL_DECODE_ONLY",
+                              "cudagraph_capture_sizes": list(GRAPH_SIZES)}
+    if compilation == "none":
+        return {"mode": 0, **config}, None, {}, None
+    reasons, additional, environ = [], None, {}
+    no_compiler = missing_graph_compiler()
+    if no_compiler is not None:
+        additional = {"ascend_compilation_config": {"enable_npugraph_ex": False}}
+        reasons.append(no_compiler)
+    off_pin = torch_off_the_release_pin()
+    if off_pin is not None:
+        environ["VLLM_USE_AOT_COMPILE"] = "0"
+        reasons.append(off_pin)
+    return config, additional, environ, "; ".join(reasons) or None
+
+
 def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
                 hooked: bool, lora: str | None = None,
-                profile_dir: str | None = None) -> EngineRun:
+                profile_dir: str | None = None, compilation: str = "none") -> EngineRun:
     from importlib import metadata
 
     run = EngineRun(hooked=hooked)
@@ -172,14 +267,18 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
     run.backend = "npu-twin" if twin_active() else "npu"
     config = json.loads((Path(model) / "config.json").read_text())
     run.dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    compilation_config, additional_config, environ, run.compilation_reason = \
+        compilation_arguments(compilation)
+    os.environ.update(environ)  # before vLLM reads them (vllm.envs reads at each access)
     llm = vllm.LLM(
         model=model, skip_tokenizer_init=True, dtype=run.dtype, seed=0, tensor_parallel_size=tp,
         max_model_len=256, max_num_seqs=max(GRAPH_SIZES), block_size=128,
         kv_cache_memory_bytes=64 << 20,
         **({"enable_lora": True, "max_lora_rank": _lora_rank(lora), "max_loras": 1}
            if lora else {}),
-        compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
-                            "cudagraph_capture_sizes": list(GRAPH_SIZES)})
+        **({"additional_config": additional_config} if additional_config else {}),
+        compilation_config=compilation_config)
+    run.compilation_mode = _compilation_mode_of(llm)
     counted = {"steps": 0}
     # with a profile folder: the host clock of each step and task update (None: not timed);
     # the updates are counted in the workers (engine_workers), this only times them, and only
@@ -302,6 +401,14 @@ def combine_ranks(run: EngineRun, engine_waits: dict[str, int] | None = None) ->
     run.host_layers = host
 
 
+def _compilation_mode_of(llm: Any) -> str:
+    """The compilation mode the engine settled on (after vLLM-Ascend's platform adjusted it),
+    its name (``NONE``, ``VLLM_COMPILE``, ...)."""
+    from vllm.config import CompilationMode
+
+    return CompilationMode(llm.llm_engine.vllm_config.compilation_config.mode).name
+
+
 def child_main(argv: list[str] | None = None) -> int:
     """``python -m pyruntime.hook.dryrun.engine_check --child``: one engine run; prints
     ``ENGINE-RUN {json}`` (an `EngineRun`, ``error`` set when the run stopped: the exception's
@@ -316,10 +423,11 @@ def child_main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora", default=None, help="a LoRA adapter directory")
     p.add_argument("--profile", default=None,
                    help="run generate under torch_npu's profiler, its output kept here")
+    p.add_argument("--compilation", choices=COMPILATIONS, default="none")
     args = p.parse_args(argv)
     try:
         run = _engine_run(args.model, args.max_tokens, args.placement, args.tp, args.hooked,
-                          args.lora, args.profile)
+                          args.lora, profile_dir=args.profile, compilation=args.compilation)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which says where
         import traceback
 
@@ -381,6 +489,9 @@ def child_env(hooked: bool, plugin_path: Path | None = None) -> dict[str, str]:
 
     if importlib.util.find_spec("torch_npu") is None:
         env[TWIN_ENV] = "1"  # the twin's Triton-Ascend backend is active: vLLM sets HAS_TRITON
+        # plain npu tensors, which Dynamo traces (VLLM_COMPILE): explicit here until the
+        # twin's default layer is plain
+        env.setdefault(*TWIN_TENSORS)
     env[HOOK_ENV] = "1" if hooked else "0"
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if plugin_path is not None:
@@ -423,12 +534,13 @@ def write_hook_plugin(folder: Path) -> Path:
 
 def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hooked: bool,
               lora: Path | None = None, timeout: float = 1800,
-              profile_dir: Path | None = None) -> EngineRun:
+              profile_dir: Path | None = None, compilation: str = "none") -> EngineRun:
     """One engine run in a fresh process of this interpreter (its ``generate`` under
     torch_npu's profiler, output in `profile_dir`, when given); raises `EngineCheckError`
     when the child printed no result."""
     cmd = [sys.executable, "-m", "pyruntime.hook.dryrun.engine_check", "--child", "--model",
-           str(model), "--max-tokens", str(max_tokens), "--tp", str(tp)]
+           str(model), "--max-tokens", str(max_tokens), "--tp", str(tp),
+           "--compilation", compilation]
     if placement is not None:
         cmd += ["--placement", placement]
     if hooked:
@@ -474,12 +586,54 @@ def reference_logits(model: Path, prompt: list[int], generated: list[int], index
         return hf(ids).logits[0, -1].tolist()
 
 
+def reference_tokens(model: Path, prompt: list[int], max_tokens: int,
+                     lora: Path | None = None) -> list[int]:
+    """The fp32 HF transformers greedy tokens of one request (the model on the CPU in
+    float32, with the LoRA adapter at `lora` folded in for a request that used it), as the
+    engine's requests run: `max_tokens` tokens, an end-of-sequence token not stopping it."""
+    import torch
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    if lora is not None:
+        from .tiny_models import merge_lora
+
+        merge_lora(hf, lora)
+    ids = list(prompt)
+    with torch.no_grad():  # argmax step by step: no end-of-sequence stop (ignore_eos)
+        for _ in range(max_tokens):
+            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def judge_against_reference(model_dir: Path, run: EngineRun, max_tokens: int,
+                            lora: Path | None = None) -> dict[str, Any]:
+    """The unhooked run's tokens against the fp32 HF reference's greedy tokens, request by
+    request (`judging.judge_request` with the reference as the first run): ``{"identical",
+    "divergence": null | {"request", "token", "margin", "tolerance"}, "ok"}``, the first
+    divergence only."""
+    for r, n in enumerate(max_tokens_of(max_tokens)):
+        adapter = lora if lora is not None and r in LORA_REQUESTS else None
+        ref = reference_tokens(model_dir, list(PROMPTS[r]), n, adapter)
+        found = judging.judge_request(
+            r, ref, run.tokens[r], lambda i, r=r, ref=ref, adapter=adapter: reference_logits(
+                model_dir, list(PROMPTS[r]), ref, i, adapter), run.dtype)
+        if found is not None:
+            return {"identical": False, "ok": found.ok, "divergence": {
+                "request": found.request, "token": found.token, "margin": found.margin,
+                "tolerance": found.tolerance}}
+    return {"identical": True, "ok": True, "divergence": None}
+
+
 def build_report(model: str, tp: int, lora: bool, placement: str | None, without: EngineRun,
                  with_: EngineRun, divergence: judging.Divergence | None,
                  expected_device_layers: list[str] | None = None,
-                 profile: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The serve-check report (`REPORT_FIELDS`) from the two runs and the judged divergence;
-    ``profile``: `write_profiles`' ``{"dir", "files"}``, or None when not asked."""
+                 profile: dict[str, Any] | None = None,
+                 reference: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The serve-check report (`REPORT_FIELDS`) from the two runs, the judged divergence and,
+    when computed (`judge_against_reference`), the unhooked run against the fp32 reference
+    (which must then be judged equal for a pass); ``profile``: `write_profiles`' ``{"dir",
+    "files"}``, or None when not asked."""
     layers = [{"name": n, "path": "device", "reason": None} for n in sorted(with_.device_layers)]
     layers += [{"name": n, "path": "host", "reason": r}
                for n, r in sorted(with_.host_layers.items())]
@@ -504,19 +658,23 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
     total = device_layers + len(with_.host_layers)
     host_share = len(with_.host_layers) / total if total else 0.0
     updates_ok = updates_with <= updates_without * host_share + 1e-9
-    verdict = tokens_ok and moved_ok and no_added and updates_ok
+    reference_ok = reference is None or reference["ok"]
+    verdict = tokens_ok and moved_ok and no_added and updates_ok and reference_ok
     report = {
         "schema": SCHEMA, "version": VERSION, "vllm": with_.vllm,
         "vllm_ascend": with_.vllm_ascend,
         "backend": with_.backend, "model": model, "dtype": with_.dtype, "tp": tp, "lora": lora,
         "placement": placement or (with_.hook_engine or "").removeprefix("npu-") or None,
-        "compilation_mode": COMPILATION_MODE,
+        "compilation_mode": with_.compilation_mode,
+        "compilation_reason": with_.compilation_reason,
         "graph_sizes": list(GRAPH_SIZES), "layers": layers, "device_layers": device_layers,
         "updates_per_step": {"without": updates_without, "with": updates_with},
         "added_per_step": added, "tokens_identical": identical,
         "divergence": None if divergence is None else {
             "request": divergence.request, "token": divergence.token,
             "margin": divergence.margin, "tolerance": divergence.tolerance},
+        "reference": None if reference is None else {
+            "identical": reference["identical"], "divergence": reference["divergence"]},
         "tpot_ms": {"without": without.tpot_ms, "with": with_.tpot_ms},
         "profile": profile,
         "ranks": rank_report(without, with_),
@@ -603,7 +761,8 @@ def rank_report(without: EngineRun, with_: EngineRun) -> list[dict[str, Any]]:
 def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | None = None,
           tp: int = 1, lora: Path | None = None,
           expected_device_layers: list[str] | None = None,
-          profile_dir: Path | None = None) -> dict[str, Any]:
+          profile_dir: Path | None = None, compilation: str = "none",
+          reference: bool = False) -> dict[str, Any]:
     """Run the engine without and with the hook on `model_dir` (reported as `model`), with the
     LoRA adapter directory `lora` on the requests of `LORA_REQUESTS` when given; judge the
     tokens, return the report (`build_report`). With `profile_dir`, each run's ``generate``
@@ -623,13 +782,19 @@ def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | Non
         return Path(profile_dir) / PROFILE_RUNS[hooked][0] / TORCH_NPU_DIR
 
     without = run_child(model_dir, max_tokens, placement, tp, hooked=False, lora=lora,
-                        profile_dir=torch_npu_dir(False))
+                        profile_dir=torch_npu_dir(False), compilation=compilation)
     if without.error:
         raise EngineCheckError(f"the engine without the hook stopped: {without.error}")
     with_ = run_child(model_dir, max_tokens, placement, tp, hooked=True, lora=lora,
-                      profile_dir=torch_npu_dir(True))
+                      profile_dir=torch_npu_dir(True), compilation=compilation)
     if with_.error:
         raise EngineCheckError(f"the engine with the hook stopped: {with_.error}")
+    if (with_.compilation_mode, with_.compilation_reason) != (
+            without.compilation_mode, without.compilation_reason):
+        raise EngineCheckError(
+            f"the two runs compiled differently: {without.compilation_mode} "
+            f"({without.compilation_reason}) without the hook, {with_.compilation_mode} "
+            f"({with_.compilation_reason}) with it")
     if with_.hook_state != "active":
         raise EngineCheckError(f"the hook was not active in the hooked run ({with_.hook_state}: "
                                f"{with_.hook_reason})")
@@ -644,8 +809,10 @@ def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | Non
             break
     profile = (write_profiles(Path(profile_dir), model, without, with_)
                if profile_dir is not None else None)
+    judged = (judge_against_reference(model_dir, without, max_tokens, lora) if reference
+              else None)
     return build_report(model, tp, lora is not None, placement, without, with_, divergence,
-                        expected_device_layers, profile)
+                        expected_device_layers, profile, judged)
 
 
 if __name__ == "__main__":

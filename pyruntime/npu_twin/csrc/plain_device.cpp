@@ -42,6 +42,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace aicpu_twin {
@@ -209,6 +210,60 @@ struct HostBackedAllocator final : c10::Allocator {
 
 HostBackedAllocator allocator;
 
+// ---- pinned host memory -------------------------------------------------------------------
+// torch_npu registers its CachingHostAllocator as PrivateUse1's pinned-memory allocator
+// (torch_npu/csrc/core/npu/CachingHostAllocator.cpp, through its PrivateUse1 hooks'
+// getPinnedMemoryAllocator). torch asks the accelerator's hooks for it whenever C++ makes a
+// host tensor with pin_memory=true: `_to_copy` of an npu tensor to the CPU with
+// non_blocking=True (aten/src/ATen/native/TensorConversions.cpp, `pin_out`), which vLLM's
+// AsyncGPUModelRunnerOutput does with the sampled token ids (vllm/v1/worker/
+// gpu_model_runner.py). Host memory, remembered as pinned while it lives, so that
+// is_pinned() (hooks' isPinnedPtr and the twin's copy rules, `is_pinned_ptr`) says so.
+std::mutex pinned_lock;
+std::unordered_set<const void*> pinned_blocks;
+
+void free_pinned(void* memory) {
+  {
+    std::lock_guard<std::mutex> hold(pinned_lock);
+    pinned_blocks.erase(memory);
+  }
+  std::free(memory);
+}
+
+struct PinnedHostAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t bytes) override {
+    const c10::Device where(c10::DeviceType::CPU);
+    if (bytes == 0) {
+      return c10::DataPtr(nullptr, nullptr, &noop_delete, where);
+    }
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* memory = std::aligned_alloc(64, rounded);
+    TORCH_CHECK(memory != nullptr, "npu twin: out of host memory pinning ", bytes, " bytes");
+    {
+      std::lock_guard<std::mutex> hold(pinned_lock);
+      pinned_blocks.insert(memory);
+    }
+    return c10::DataPtr(memory, memory, &free_pinned, where);
+  }
+
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+
+  static void noop_delete(void*) {}
+};
+
+PinnedHostAllocator pinned_allocator;
+
+bool is_pinned_block(const void* data) {
+  std::lock_guard<std::mutex> hold(pinned_lock);
+  return pinned_blocks.count(data) != 0;
+}
+
+bool is_pinned_ptr(int64_t data) {
+  return is_pinned_block(reinterpret_cast<const void*>(static_cast<intptr_t>(data)));
+}
+
 // ---- device guard -------------------------------------------------------------------------
 struct NpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   NpuGuardImpl() = default;
@@ -299,6 +354,12 @@ struct NpuHooks final : at::PrivateUse1HooksInterface {
   }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t bytes) const override {
     resize_storage_bytes(storage.unsafeGetStorageImpl(), bytes);
+  }
+  bool isPinnedPtr(const void* data) const override {
+    return is_pinned_block(data);
+  }
+  at::Allocator* getPinnedMemoryAllocator() const override {
+    return &pinned_allocator;
   }
 };
 
@@ -458,6 +519,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
 TORCH_LIBRARY(aicpu_twin, m) {
   m.def("host_alias(Tensor self) -> Tensor", &host_alias);
+  m.def("is_pinned_ptr(int data) -> bool", &is_pinned_ptr);
   m.def("memory_stats(int device) -> int[]", &memory_stats);
   m.def("reset_peak_memory_stats(int device) -> ()", &reset_peak_memory_stats);
   m.def("empty_cache(int device) -> ()", &empty_cache);
