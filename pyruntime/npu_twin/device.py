@@ -1199,9 +1199,9 @@ def _run_shape_from_values(dev: Device, func, args, kwargs):
     def to_device(t):
         if not isinstance(t, torch.Tensor):
             return t
-        buf = device_memory(t.shape, t.stride(), t.dtype)
-        buf.copy_(t)
-        return NpuTensor(buf, index)
+        out = new_device_tensor(t.shape, t.stride(), t.dtype, index)
+        inner(out).copy_(t)  # the kernel wrote it on the device: no queued copy
+        return out
 
     return pytree.tree_map(to_device, got)
 

@@ -264,6 +264,8 @@ def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
     * copies (``_copy_from``, which ``copy_``, ``.to()`` and ``.cpu()`` reach) and ``.item()``
       follow the sync rules (`device._copy`, `device._device_to_host`);
     * view ops make npu views at once (metadata only, no device work);
+    * ops whose output shape comes from the values (``unique_consecutive``) run at once on a
+      synchronized stream (`device._run_shape_from_values`);
     * every other op is queued on the current stream of its tensors' device, or recorded by
       the capture on it (`device._queue_op`): outputs are allocated now and written when the
       stream runs it, on the host memory behind the tensors (`device.inner`).
@@ -290,6 +292,8 @@ def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
                          source.stride())
     if _is_view(op):
         return _view(op, args, kwargs)
+    if op in twin._SHAPE_FROM_VALUES_OPS:  # no meta kernel: run synchronously, as torch_npu
+        return twin._run_shape_from_values(twin.device(), op, args, kwargs)
     return twin._queue_op(twin.device(), op, args, kwargs)
 
 
