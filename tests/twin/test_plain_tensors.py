@@ -87,6 +87,12 @@ PROBE = textwrap.dedent('''
                                     torch.equal(host, a + 1)]
 
     @section
+    def non_blocking_d2h():  # vLLM's async output copy: _to_copy pins its host output
+        host = (na * 2).to("cpu", non_blocking=True)
+        torch.npu.synchronize()
+        out["non_blocking_d2h"] = [str(host.device), torch.equal(host, a * 2)]
+
+    @section
     def param():  # vLLM's parameter subclasses (vllm/model_executor/parameter.py)
         class ModelWeightParameter(torch.nn.Parameter):
             def __new__(cls, data, **kwargs):
@@ -242,6 +248,8 @@ def test_arithmetic_on_npu_copies_back_equal_to_the_cpu(probe):
     assert part(probe, "out_resized") == [[5, 7], True]
     # under inference mode (vLLM's execute_model) .cpu() is a host tensor (issue 28, bug 2)
     assert part(probe, "inference_cpu") == [True, "cpu", True]
+    # torch's _to_copy allocates a non_blocking copy's host side from the pinned allocator
+    assert part(probe, "non_blocking_d2h") == ["cpu", True]
 
 
 def test_vllm_parameter_subclass_keeps_class_and_weight_loader_and_data_assignment(probe):

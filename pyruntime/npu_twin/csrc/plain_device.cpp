@@ -30,6 +30,7 @@
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -299,6 +300,15 @@ struct NpuHooks final : at::PrivateUse1HooksInterface {
   }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t bytes) const override {
     resize_storage_bytes(storage.unsafeGetStorageImpl(), bytes);
+  }
+  // torch's _to_copy allocates the host side of a non_blocking device-to-host copy with
+  // pin_memory=True (aten/src/ATen/native/TensorConversions.cpp), which asks this hook;
+  // torch_npu answers with its CachingHostAllocator (torch_npu/csrc/core/npu/
+  // NPUHooksInterface.cpp, getPinnedMemoryAllocator). The twin's host memory is the CPU
+  // allocator's; the copy into it is the twin's synchronous device-to-host copy.
+  // vLLM's AsyncGPUModelRunnerOutput (gpu_model_runner.py) does such a copy every step.
+  at::Allocator* getPinnedMemoryAllocator() const override {
+    return c10::GetCPUAllocator();
   }
 };
 
