@@ -303,8 +303,9 @@ struct NpuHooks final : at::PrivateUse1HooksInterface {
   }
   // torch's _to_copy allocates the host side of a non_blocking device-to-host copy with
   // pin_memory=True (aten/src/ATen/native/TensorConversions.cpp), which asks this hook;
-  // torch_npu answers with its CachingHostAllocator (torch_npu/csrc/core/npu/
-  // NPUHooksInterface.cpp, getPinnedMemoryAllocator). The twin's host memory is the CPU
+  // torch_npu 2.10.0.post4 overrides it (torch_npu/csrc/core/npu/NPUHooksInterface.h of the
+  // wheel: getPinnedMemoryAllocator, isPinnedPtr) with its CachingHostAllocator
+  // (csrc/core/npu/CachingHostAllocator.h). The twin's host memory is the CPU
   // allocator's; the copy into it is the twin's synchronous device-to-host copy.
   // vLLM's AsyncGPUModelRunnerOutput (gpu_model_runner.py) does such a copy every step.
   at::Allocator* getPinnedMemoryAllocator() const override {
