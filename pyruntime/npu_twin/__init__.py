@@ -1,9 +1,10 @@
 """The NPU twin: a strict emulation of the parts of torch_npu and CANN that our NPU code uses,
 so that code runs, unmodified, on a machine without an NPU.
 
-``activate()`` makes ``device="npu"`` real in this process (torch's Python PrivateUse1 backend
-renamed ``npu``, tensors that wrap host memory and pass every aten op through one dispatch
-point), installs ``torch.npu`` and a ``torch_npu`` module with torch_npu 2.10.0.post4's
+``activate()`` makes ``device="npu"`` real in this process (torch's PrivateUse1 backend renamed
+``npu``: plain ``torch.Tensor`` objects over host memory whose aten ops reach the twin's rules
+through one boxed fallback, `pyruntime.npu_twin.plain_tensors`; ``AICPU_TILING_TWIN_TENSORS=wrapper``
+chooses the older wrapper-subclass layer, `device.NpuTensor`, for one more round), installs ``torch.npu`` and a ``torch_npu`` module with torch_npu 2.10.0.post4's
 signatures, the twin of our torch_npu extension (``plan_tiling`` with the checks of
 ``plan_tiling_op.cpp`` and the AI-CPU binary loader's naming rule), Triton-Ascend's launch
 seam (kernels run under Triton's interpreter) and a stand-in FIA. Its rules and where they
@@ -45,9 +46,12 @@ FAULTS: dict[str, str] = {
                 "that version (review 2 item 6)",
 }
 STATE_ENV = "AICPU_TILING_TWIN_STATE"
-#: the tensor layer: ``wrapper`` (default: `device.NpuTensor`, a wrapper subclass) or ``plain``
-#: (`pyruntime.npu_twin.plain_tensors`: plain torch.Tensors on PrivateUse1, the same rules)
+#: the tensor layer: ``plain`` (the default: `pyruntime.npu_twin.plain_tensors`, plain
+#: torch.Tensors on PrivateUse1, which Dynamo traces and vLLM's parameter subclasses keep) or
+#: ``wrapper`` (opt-in: `device.NpuTensor`, a wrapper subclass; the same rules)
 TENSORS_ENV = "AICPU_TILING_TWIN_TENSORS"
+TENSOR_LAYERS = ("plain", "wrapper")
+DEFAULT_TENSORS = "plain"
 #: ``triton`` (default: our AI Core ops run their Triton bodies, interpreted) or
 #: ``reference`` (they run their CPU body, the C reference attention, as an AI Core task)
 AICORE_ENV = "AICPU_TILING_TWIN_AICORE"
@@ -67,6 +71,19 @@ def is_active() -> bool:
     return _activated
 
 
+def tensor_layer() -> str:
+    """The tensor layer `activate` installs: ``AICPU_TILING_TWIN_TENSORS``, ``plain`` when
+    unset or empty.
+
+    Raises:
+        ValueError: any other value than ``plain`` or ``wrapper``.
+    """
+    chosen = os.environ.get(TENSORS_ENV) or DEFAULT_TENSORS
+    if chosen not in TENSOR_LAYERS:
+        raise ValueError(f"{TENSORS_ENV}={chosen!r}: choose plain (the default) or wrapper")
+    return chosen
+
+
 def activate(fault: str | None = None) -> None:
     """Install the twin into this process (idempotent for the same fault).
 
@@ -78,9 +95,10 @@ def activate(fault: str | None = None) -> None:
         TwinUnavailableError: a real torch_npu is importable (the twin would shadow it), or
             the AI-CPU binary cannot be built (no ziglang, or not a source checkout).
 
-    ``AICPU_TILING_TWIN_TENSORS=plain`` makes twin tensors plain ``torch.Tensor`` objects on
-    PrivateUse1 (`pyruntime.npu_twin.plain_tensors`) instead of `device.NpuTensor` wrappers;
-    the rules, faults and everything else are the same.
+    Twin tensors are plain ``torch.Tensor`` objects on PrivateUse1
+    (`pyruntime.npu_twin.plain_tensors`); ``AICPU_TILING_TWIN_TENSORS=wrapper`` makes them
+    `device.NpuTensor` wrappers instead (`tensor_layer`). The rules, faults and everything
+    else are the same on both.
     """
     global _active, _activated
     if fault is not None and fault not in FAULTS:
@@ -93,9 +111,7 @@ def activate(fault: str | None = None) -> None:
     if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None:
         raise TwinUnavailableError("a real torch_npu is importable here: the NPU twin would "
                                    "shadow it; use --backend npu on an NPU machine")
-    tensors = os.environ.get(TENSORS_ENV) or "wrapper"  # unset or empty: the default
-    if tensors not in ("wrapper", "plain"):
-        raise ValueError(f"{TENSORS_ENV}={tensors!r}: choose wrapper (the default) or plain")
+    tensors = tensor_layer()
     import torch
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 

@@ -834,8 +834,9 @@ class NpuTensor(torch.Tensor):
 
 
 # ---- the two tensor layers --------------------------------------------------------------------
-# A twin tensor is either an `NpuTensor` (the wrapper layer, the default) or a plain
-# ``torch.Tensor`` on the PrivateUse1 device ``npu`` (`pyruntime.npu_twin.plain_tensors`). The
+# A twin tensor is either a plain ``torch.Tensor`` on the PrivateUse1 device ``npu`` (the
+# default: `pyruntime.npu_twin.plain_tensors`) or an `NpuTensor` (the wrapper layer, chosen by
+# ``AICPU_TILING_TWIN_TENSORS=wrapper``). The
 # rules above and below see both through these functions: `is_npu_tensor`, `index_of`, `inner`
 # (the host memory a device task reads and writes) and `new_device_tensor`. The plain layer
 # sets `_plain_host_alias` when it activates.

@@ -8,7 +8,9 @@ torch's ``Parameter.__new__`` (``torch/nn/parameter.py``) takes its standard pat
 ``Parameter.__new__(cls, data=data, requires_grad=False)`` and its ``__init__`` stores the
 ``weight_loader`` that ``load_weights`` reads).
 
-The twin's npu tensor is a wrapper subclass (`pyruntime.npu_twin.device.NpuTensor`), which
+On the twin's default, plain tensor layer (`pyruntime.npu_twin.plain_tensors`) that path is
+torch's own and nothing here applies. The wrapper layer's npu tensor
+(``AICPU_TILING_TWIN_TENSORS=wrapper``) is a wrapper subclass (`pyruntime.npu_twin.device.NpuTensor`), which
 takes torch's "custom tensor" path instead: it returns ``data.detach()`` itself, an
 ``NpuTensor``, so the class is lost, ``__init__`` never runs and vLLM's weight loading stops
 (``'NpuTensor' object has no attribute 'weight_loader'``: the engine probe, step 17). While the

@@ -1,8 +1,9 @@
-"""Plain npu tensors: the twin's tensor layer without a wrapper subclass (opt-in).
+"""Plain npu tensors: the twin's tensor layer without a wrapper subclass (the default).
 
-The default twin tensor (`pyruntime.npu_twin.device.NpuTensor`) is a wrapper subclass. Dynamo
-cannot trace it, and vLLM's ``nn.Parameter`` subclasses and ``param.data = ...`` break on it
-(issue 28, the engine probe). Here a twin tensor is an ordinary ``torch.Tensor`` on the
+The older twin tensor (`pyruntime.npu_twin.device.NpuTensor`, still chosen by
+``AICPU_TILING_TWIN_TENSORS=wrapper``) is a wrapper subclass. Dynamo cannot trace it, and
+vLLM's ``nn.Parameter`` subclasses and ``param.data = ...`` break on it (issue 28, the engine
+probe). Here a twin tensor is an ordinary ``torch.Tensor`` on the
 PrivateUse1 device renamed ``npu``, and its ops reach the same rules (device.py):
 
 * ``csrc/plain_device.cpp``, a small C++ extension: an allocator over host memory that
@@ -17,10 +18,10 @@ PrivateUse1 device renamed ``npu``, and its ops reach the same rules (device.py)
 * `PlainDevice`: device.py's `Device` with the current device and memory in the extension;
 * `route_custom_ops`: our custom ops' missing-kernel and reference-body rules.
 
-Use: ``AICPU_TILING_TWIN_TENSORS=plain`` makes `pyruntime.npu_twin.activate` install the twin
-with this layer instead of the wrapper (the rest of the twin is the same). Activation is once
-per process, and excludes the wrapper twin in the same process (both rename torch's
-PrivateUse1 backend).
+Use: `pyruntime.npu_twin.activate` installs the twin with this layer unless
+``AICPU_TILING_TWIN_TENSORS=wrapper`` (`pyruntime.npu_twin.tensor_layer`; the rest of the twin
+is the same). Activation is once per process, and excludes the wrapper twin in the same
+process (both rename torch's PrivateUse1 backend).
 
 The extension is compiled at first use (g++, ``-Wall -Wextra -Werror``, torch's headers as
 ``-isystem``) into ``$XDG_CACHE_HOME/aicpu-tiling/twin-ext/<key>/`` (default ``~/.cache``),
@@ -48,7 +49,6 @@ from torch.utils import _pytree as pytree
 from . import device as twin
 from .memory import total_from_env
 
-TENSORS_ENV = "AICPU_TILING_TWIN_TENSORS"
 DEVICES_ENV = "AICPU_TILING_TWIN_DEVICES"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "plain_device.cpp"
 LIBRARY_NAME = "aicpu_twin_plain.so"
@@ -266,6 +266,8 @@ def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
     * copies (``_copy_from``, which ``copy_``, ``.to()`` and ``.cpu()`` reach) and ``.item()``
       follow the sync rules (`device._copy`, `device._device_to_host`);
     * view ops make npu views at once (metadata only, no device work);
+    * ops whose output shape comes from the values (``unique_consecutive``) run at once on a
+      synchronized stream (`device._run_shape_from_values`);
     * every other op is queued on the current stream of its tensors' device, or recorded by
       the capture on it (`device._queue_op`): outputs are allocated now and written when the
       stream runs it, on the host memory behind the tensors (`device.inner`).

@@ -11,9 +11,10 @@ mirrors (torch, torch_npu 2.10.0.post4, CANN's runtime; sources in the docstring
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
+
+from pyruntime.npu_twin import tensor_layer
 
 pytest.importorskip("triton", reason="the twin's AI Core runs our Triton kernels")
 
@@ -1004,8 +1005,9 @@ RULE_GROUP = {rule: group for group, rules in RULES.items() for rule in rules}
 
 
 
-#: the tensor layer this run's twin subprocesses use (they inherit the variable)
-PLAIN_TENSORS = os.environ.get("AICPU_TILING_TWIN_TENSORS", "wrapper") == "plain"
+#: the tensor layer this run's twin subprocesses use (they inherit the variable; plain unless
+#: ``AICPU_TILING_TWIN_TENSORS=wrapper``)
+PLAIN_TENSORS = tensor_layer() == "plain"
 #: rules the plain tensor layer models and the wrapper does not (a plain tensor is resized)
 MODELLED_ON_PLAIN = {"op_resizing_its_out_argument_gives_its_shape"}
 

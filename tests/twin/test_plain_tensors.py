@@ -1,13 +1,15 @@
-"""The plain npu tensor layer (`pyruntime.npu_twin.plain_tensors`, issue 28 item 1's
-foundation): a twin tensor is an exact ``torch.Tensor`` on PrivateUse1 ``npu``.
+"""The plain npu tensor layer (`pyruntime.npu_twin.plain_tensors`, issue 28 item 1), the
+twin's default: a twin tensor is an exact ``torch.Tensor`` on PrivateUse1 ``npu``.
 
 The layer is activated once per process, so the checks run in one fresh subprocess
-(`PROBE`, with ``AICPU_TILING_TWIN_TENSORS=plain`` through ``npu_twin.activate()``) that
-prints one JSON line; each test reads its part. The twin's rules are device.py's for both
-layers: two groups of the rule tests run here on plain tensors; the whole rule suite runs on
-them with ``AICPU_TILING_TWIN_TENSORS=plain python -m pytest tests/twin/test_device_rules.py
-...`` (docs/npu-twin.md). The C++ extension is built at first use into
-the user's cache (about 15 s of CPU cold; `plain_tensors.build_extension`).
+(`PROBE`, through ``npu_twin.activate()`` with ``AICPU_TILING_TWIN_TENSORS`` unset: the
+default) that prints one JSON line; each test reads its part. The twin's rules are device.py's
+for both layers, and the whole rule suite runs on the default layer; two groups of the rule
+tests run here on the wrapper layer (``AICPU_TILING_TWIN_TENSORS=wrapper``, opt-in for one more
+round), which keeps it tested in the default run; the whole suite runs on it with
+``AICPU_TILING_TWIN_TENSORS=wrapper python -m pytest tests/twin/test_device_rules.py ...``
+(docs/npu-twin.md). The C++ extension is built at first use into the user's cache (about 15 s
+of CPU cold; `plain_tensors.build_extension`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from pyruntime import npu_twin
 from pyruntime.npu_twin import plain_tensors
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,6 +85,12 @@ PROBE = textwrap.dedent('''
             host = (na + 1).cpu()
             out["inference_cpu"] = [type(host) is torch.Tensor, str(host.device),
                                     torch.equal(host, a + 1)]
+
+    @section
+    def non_blocking_d2h():  # vLLM's async output copy: _to_copy pins its host output
+        host = (na * 2).to("cpu", non_blocking=True)
+        torch.npu.synchronize()
+        out["non_blocking_d2h"] = [str(host.device), torch.equal(host, a * 2)]
 
     @section
     def param():  # vLLM's parameter subclasses (vllm/model_executor/parameter.py)
@@ -204,8 +213,10 @@ PROBE = textwrap.dedent('''
 
 
 def run_probe(source: str, **env: str) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": str(REPO), "AICPU_TILING_TWIN_TENSORS": "plain"}
-    full.pop("AICPU_TILING_TWIN_DEVICES", None)  # the default, 2, unless a test sets it
+    full = {**os.environ, "PYTHONPATH": str(REPO)}
+    # the defaults (plain tensors, 2 devices) unless a test sets them
+    full.pop(npu_twin.TENSORS_ENV, None)
+    full.pop("AICPU_TILING_TWIN_DEVICES", None)
     full.update(env)
     return subprocess.run([sys.executable, "-c", source], env=full, capture_output=True,
                           text=True, timeout=900, check=False)
@@ -237,6 +248,8 @@ def test_arithmetic_on_npu_copies_back_equal_to_the_cpu(probe):
     assert part(probe, "out_resized") == [[5, 7], True]
     # under inference mode (vLLM's execute_model) .cpu() is a host tensor (issue 28, bug 2)
     assert part(probe, "inference_cpu") == [True, "cpu", True]
+    # torch's _to_copy allocates a non_blocking copy's host side from the pinned allocator
+    assert part(probe, "non_blocking_d2h") == ["cpu", True]
 
 
 def test_vllm_parameter_subclass_keeps_class_and_weight_loader_and_data_assignment(probe):
@@ -295,17 +308,36 @@ def test_the_twin_rules_hold_on_plain_tensors(probe):
 
 
 @pytest.mark.parametrize("group", ["memory", "streams"])
-def test_rule_groups_of_the_wrapper_twin_pass_on_plain_tensors(run_twin, group):
-    """Two groups of tests/twin/test_device_rules.py (run the whole file with
-    ``AICPU_TILING_TWIN_TENSORS=plain`` for every group) in the default run."""
-    from tests.twin.test_device_rules import MODELLED_ON_PLAIN, RULES, SCRIPTS
+def test_rule_groups_pass_on_the_wrapper_layer_too(run_twin, group):
+    """Two groups of tests/twin/test_device_rules.py on the opt-in wrapper layer, in the
+    default run (run the whole file with ``AICPU_TILING_TWIN_TENSORS=wrapper`` for every
+    group): the rules the wrapper does not model stay out (their xfails there)."""
+    from tests.twin.test_device_rules import RULES, SCRIPTS
 
     spec = SCRIPTS[group]
-    found = run_twin.rules(run_twin(spec.script, fault=spec.fault,
-                                    env={**(spec.env or {}), "AICPU_TILING_TWIN_TENSORS": "plain"}))
-    want = {rule: "ok" for rule, mirrors in RULES[group].items()
-            if not isinstance(mirrors, tuple) or rule in MODELLED_ON_PLAIN}
+    env = {**(spec.env or {}), npu_twin.TENSORS_ENV: "wrapper"}
+    found = run_twin.rules(run_twin(spec.script, fault=spec.fault, env=env))
+    want = {rule: "ok" for rule, mirrors in RULES[group].items() if not isinstance(mirrors, tuple)}
     assert {rule: found.get(rule, "not reported") for rule in want} == want, found.get("<script>")
+
+
+def test_plain_is_the_default_layer_and_wrapper_an_opt_in(monkeypatch):
+    monkeypatch.delenv(npu_twin.TENSORS_ENV, raising=False)
+    assert npu_twin.tensor_layer() == "plain"
+    for value, layer in (("", "plain"), ("plain", "plain"), ("wrapper", "wrapper")):
+        monkeypatch.setenv(npu_twin.TENSORS_ENV, value)
+        assert npu_twin.tensor_layer() == layer
+    monkeypatch.setenv(npu_twin.TENSORS_ENV, "Plain")
+    with pytest.raises(ValueError, match="'Plain': choose plain \\(the default\\) or wrapper"):
+        npu_twin.tensor_layer()
+
+
+def test_the_wrapper_layer_is_chosen_by_the_variable():
+    source = ("from pyruntime import npu_twin; npu_twin.activate(); import torch; "
+              "x = torch.ones(2, device='npu'); print(type(x).__name__, (x * 2).cpu().tolist())")
+    wrapper = run_probe(source, **{npu_twin.TENSORS_ENV: "wrapper"})
+    assert wrapper.returncode == 0, wrapper.stderr[-3000:]
+    assert wrapper.stdout.splitlines()[-1] == "NpuTensor [2.0, 2.0]"
 
 
 def test_device_count_comes_from_the_environment():
@@ -328,10 +360,10 @@ def test_the_tensors_switch_refuses_unknown_values_and_carries_faults():
               "print('plain', plain_tensors.is_active(), npu_twin.is_active(), "
               "device.device().fault if npu_twin.is_active() else None)\n")
     bogus = run_probe(source, AICPU_TILING_TWIN_TENSORS="bogus")
-    assert "AICPU_TILING_TWIN_TENSORS='bogus': choose wrapper (the default) or plain" \
+    assert "AICPU_TILING_TWIN_TENSORS='bogus': choose plain (the default) or wrapper" \
         in bogus.stdout
     assert "plain False False None" in bogus.stdout
-    fault = run_probe(source)  # plain: the fault is the twin's, as on the wrapper layer
+    fault = run_probe(source)  # the default, plain: the fault is the twin's, as on the wrapper
     assert fault.returncode == 0, fault.stderr[-3000:]
     assert "ValueError the NPU twin is active with fault 'device-lost' in this process; it " \
         "cannot switch to None" in fault.stdout

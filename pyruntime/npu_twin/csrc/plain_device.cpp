@@ -30,6 +30,7 @@
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -355,6 +356,12 @@ struct NpuHooks final : at::PrivateUse1HooksInterface {
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t bytes) const override {
     resize_storage_bytes(storage.unsafeGetStorageImpl(), bytes);
   }
+  // torch's _to_copy allocates the host side of a non_blocking device-to-host copy with
+  // pin_memory=True (aten/src/ATen/native/TensorConversions.cpp), which asks this hook;
+  // torch_npu 2.10.0.post4 overrides both (torch_npu/csrc/core/npu/NPUHooksInterface.h of the
+  // wheel: getPinnedMemoryAllocator, isPinnedPtr) with its CachingHostAllocator
+  // (csrc/core/npu/CachingHostAllocator.h). vLLM's AsyncGPUModelRunnerOutput
+  // (gpu_model_runner.py) does such a copy every step.
   bool isPinnedPtr(const void* data) const override {
     return is_pinned_block(data);
   }
