@@ -32,19 +32,50 @@ from . import judge as judging
 
 SCHEMA = "aicpu-tiling/serve-check"
 VERSION = 1
-#: the report's fields, in order (issue 29, item 3)
+#: the report's fields, in order (issue 29, item 3; ``speculative`` and ``replayed_sizes``
+#: from item 4)
 REPORT_FIELDS = (
     "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
-    "placement", "compilation_mode", "graph_sizes", "layers", "device_layers",
+    "speculative", "placement", "compilation_mode", "graph_sizes", "replayed_sizes", "layers", "device_layers",
     "updates_per_step", "added_per_step", "tokens_identical", "divergence", "tpot_ms",
     "verdict")
 #: the child's result line prefix
 RESULT_PREFIX = "ENGINE-RUN "
-#: the capture sizes (FULL_DECODE_ONLY graphs); the requests' max_tokens differ so the batch
-#: shrinks through them
-GRAPH_SIZES = (1, 2, 4)
-#: prompt token ids of the requests (ids of the tiny models' vocabulary)
-PROMPTS = ((5, 17, 99, 300, 41), (7, 250, 3, 88), (120, 64, 9, 401, 33, 12))
+#: the most requests a step runs (vLLM's ``max_num_seqs``): the capture sizes are 1..MAX_SEQS
+#: requests, so at least 8 FULL decode graphs (issue 29 item 4)
+MAX_SEQS = 8
+#: prompt token ids of the requests (ids of the tiny models' vocabulary), one per request.
+#: Each repeats an n-gram, so that with ``--spec ngram`` vLLM's prompt-lookup proposer finds a
+#: match from the first decode step on (and a greedy model that repeats itself, as a random
+#: one does, gets its drafts accepted); without ``--spec`` they are plain prompts
+PROMPTS = ((5, 17, 99, 5, 17, 99, 5), (7, 250, 7, 250, 7), (120, 64, 9, 120, 64, 9, 120),
+           (33, 33, 33, 33), (301, 12, 44, 301, 12, 44), (88, 3, 88, 3, 88, 3),
+           (410, 222, 19, 410, 222), (61, 61, 140, 61, 61, 140, 61))
+#: the speculative decoding methods ``--spec`` runs: vLLM's ``speculative_config`` for each,
+#: 2 draft tokens, so a verify step has up to 3 query rows per request (q_len 3).
+#:
+#: * ``ngram``: vLLM's prompt-lookup proposer (``vllm/v1/spec_decode/ngram_proposer.py``,
+#:   which vLLM-Ascend's ``AscendNgramProposer`` subclasses, ``vllm_ascend/spec_decode/
+#:   ngram_proposer.py``), matched on the last 1 to 3 tokens. It proposes only where the
+#:   context repeats, so a step's requests carry 0, 1 or 2 drafts; vLLM dispatches a FULL
+#:   graph only for a uniform batch (every request ``1 + num_speculative_tokens`` rows,
+#:   ``gpu_model_runner.py`` ``uniform_decode``), so under FULL_DECODE_ONLY its ragged verify
+#:   steps run eager, outside any graph (docs/hook-in-vllm-ascend.md, "The engine check").
+#: * ``self-draft``: vLLM's draft-model proposer (``method: draft_model``; vLLM-Ascend's
+#:   ``AscendDraftModelProposer``) with the served model as its own draft: every request gets
+#:   both drafts every step, so every verify step is a uniform q_len-3 batch that replays a
+#:   FULL graph, and greedy drafts of the same weights are mostly accepted. The draft
+#:   model's own graphs keep vLLM-Ascend's path (the hook leaves speculative draft graphs on
+#:   the host path, pyruntime/hook/vllm_ascend_patches.py).
+SPECULATIVE_CONFIGS: dict[str, dict[str, Any]] = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1,
+              "prompt_lookup_max": 3},
+    "self-draft": {"method": "draft_model", "num_speculative_tokens": 2},
+}
+#: the fewest distinct FULL graph sizes the generate call must replay (the hooked run's): the
+#: requests' staggered max_tokens shrink the batch, and a check whose batches all hit one
+#: graph would not show the hook's per-size tilings
+MIN_REPLAYED_SIZES = 2
 #: with ``--lora``, the requests that use the adapter (the others the base model), so a batch
 #: of one size runs with and without LoRA as the requests finish
 LORA_REQUESTS = (1,)
@@ -75,9 +106,30 @@ def host_waits(stats: Any, before: dict | None = None) -> dict[str, int]:
 
 
 def max_tokens_of(max_tokens: int) -> list[int]:
-    """Each request's ``max_tokens``: `max_tokens`, and two fewer each, at least 1, so the
-    running batch shrinks from len(PROMPTS) to 1 through the capture sizes."""
-    return [max(1, max_tokens - 2 * i) for i in range(len(PROMPTS))]
+    """Each request's ``max_tokens``: `max_tokens`, and one fewer each, at least 1, so the
+    running batch shrinks by one request per decode step from len(PROMPTS) down to 1 through
+    the capture sizes."""
+    return [max(1, max_tokens - i) for i in range(len(PROMPTS))]
+
+
+def speculative_config(speculative: str, model: str) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for the method `speculative` on the served `model`."""
+    config = dict(SPECULATIVE_CONFIGS[speculative])
+    if config["method"] == "draft_model":
+        config["model"] = model
+    return config
+
+
+def graph_sizes(speculative: str | None = None) -> list[int]:
+    """The capture sizes (tokens per FULL_DECODE_ONLY graph) the check asks vLLM for: one
+    graph per batch of 1..`MAX_SEQS` requests, each request ``1 + num_speculative_tokens``
+    query rows under `speculative` (a `SPECULATIVE_CONFIGS` key). vLLM rounds the sizes up
+    to that multiple anyway (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``,
+    vllm/config/compilation.py) and drops those past the largest, so asking for 1..8 with
+    q_len 3 would leave two graphs."""
+    q_len = 1 + (SPECULATIVE_CONFIGS[speculative]["num_speculative_tokens"]
+                 if speculative else 0)
+    return [q_len * n for n in range(1, MAX_SEQS + 1)]
 
 
 # -- the child: one engine run ---------------------------------------------------------------
@@ -98,6 +150,15 @@ class EngineRun:
     blocking_copies: int | None = None
     synchronizes: int | None = None
     tpot_ms: float = 0.0
+    #: the capture sizes vLLM ended with (its compilation config after the model runner
+    #: rounded them for speculative decoding)
+    graph_sizes: list[int] = field(default_factory=list)
+    #: FULL graph replays over the generate call: [num_tokens, num_reqs, replays] per batch
+    #: descriptor (vLLM-Ascend's ``ACLGraphWrapper.__call__`` in FULL mode after the capture)
+    replays: list[list[int]] = field(default_factory=list)
+    #: draft tokens the verify steps accepted (tokens an engine step gave a request past its
+    #: first); None without speculative decoding
+    accepted_drafts: int | None = None
     hook_state: str | None = None
     hook_reason: str | None = None
     hook_engine: str | None = None
@@ -106,8 +167,34 @@ class EngineRun:
     error: str | None = None
 
 
+def _count_replays(replays: dict[tuple[int, int], int]) -> None:
+    """Count each FULL graph replay by its batch descriptor's (num_tokens, num_reqs) in
+    `replays`: wraps vLLM-Ascend's ``ACLGraphWrapper.__call__`` (``vllm_ascend/compilation/
+    acl_graph.py``: a call whose forward context's ``cudagraph_runtime_mode`` is the wrapper's
+    own, not NONE, captures the descriptor's graph the first time and replays it after), so
+    after the engine's capture every such call is a replay. Wraps what is there (the hook's
+    wrapper in a hooked run), at class level: the model's wrapper is an instance of it."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import get_forward_context
+    from vllm_ascend.compilation import acl_graph
+
+    call = acl_graph.ACLGraphWrapper.__call__
+
+    def counted_call(self, *args, **kwargs):
+        context = get_forward_context()
+        mode = context.cudagraph_runtime_mode
+        if mode != CUDAGraphMode.NONE and mode == self.runtime_mode:
+            descriptor = context.batch_descriptor
+            key = (int(descriptor.num_tokens), int(descriptor.num_reqs or 0))
+            replays[key] = replays.get(key, 0) + 1
+        return call(self, *args, **kwargs)
+
+    acl_graph.ACLGraphWrapper.__call__ = counted_call
+
+
 def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
-                hooked: bool, lora: str | None = None) -> EngineRun:
+                hooked: bool, lora: str | None = None,
+                speculative: str | None = None) -> EngineRun:
     from importlib import metadata
 
     run = EngineRun(hooked=hooked)
@@ -128,13 +215,19 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
     run.dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     llm = vllm.LLM(
         model=model, skip_tokenizer_init=True, dtype=run.dtype, seed=0, tensor_parallel_size=tp,
-        max_model_len=256, max_num_seqs=max(GRAPH_SIZES), block_size=128,
+        max_model_len=256, max_num_seqs=MAX_SEQS, block_size=128,
         kv_cache_memory_bytes=64 << 20,
         **({"enable_lora": True, "max_lora_rank": _lora_rank(lora), "max_loras": 1}
            if lora else {}),
+        **({"speculative_config": speculative_config(speculative, model)}
+           if speculative else {}),
         compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
-                            "cudagraph_capture_sizes": list(GRAPH_SIZES)})
-    counted = {"updates": 0, "steps": 0}
+                            "cudagraph_capture_sizes": graph_sizes(speculative)})
+    run.graph_sizes = sorted(
+        llm.llm_engine.vllm_config.compilation_config.cudagraph_capture_sizes or [])
+    replays: dict[tuple[int, int], int] = {}
+    _count_replays(replays)
+    counted = {"updates": 0, "steps": 0, "accepted": 0}
     begin = torch.npu.graph_task_update_begin
 
     def counted_begin(*args, **kwargs):
@@ -150,6 +243,15 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
         return step(*args, **kwargs)
 
     engine.step = counted_step
+    process_outputs = engine.output_processor.process_outputs
+
+    def counted_outputs(engine_core_outputs, *args, **kwargs):
+        # host lists: a verify step gives a request 1 + its accepted drafts tokens
+        counted["accepted"] += sum(max(0, len(o.new_token_ids) - 1)
+                                   for o in engine_core_outputs)
+        return process_outputs(engine_core_outputs, *args, **kwargs)
+
+    engine.output_processor.process_outputs = counted_outputs
     stats = None
     if run.backend == "npu-twin":
         from pyruntime.npu_twin import device as twin_device
@@ -172,6 +274,8 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
     # the first step is the prefill; every later engine step decodes one token per request
     run.decode_steps = max(1, counted["steps"] - 1)
     run.updates = counted["updates"]
+    run.replays = [[t, r, n] for (t, r), n in sorted(replays.items())]
+    run.accepted_drafts = counted["accepted"] if speculative else None
     if stats is not None:
         waits = host_waits(stats, before)
         run.blocking_copies, run.synchronizes = waits["blocking_copies"], waits["synchronizes"]
@@ -199,10 +303,12 @@ def child_main(argv: list[str] | None = None) -> int:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--hooked", action="store_true")
     p.add_argument("--lora", default=None, help="a LoRA adapter directory")
+    p.add_argument("--spec", default=None, choices=tuple(SPECULATIVE_CONFIGS),
+                   help="speculative decoding method")
     args = p.parse_args(argv)
     try:
         run = _engine_run(args.model, args.max_tokens, args.placement, args.tp, args.hooked,
-                          args.lora)
+                          args.lora, args.spec)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which says where
         import traceback
 
@@ -248,7 +354,8 @@ def child_env(hooked: bool) -> dict[str, str]:
 
 
 def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hooked: bool,
-              lora: Path | None = None, timeout: float = 1800) -> EngineRun:
+              lora: Path | None = None, timeout: float = 1800,
+              speculative: str | None = None) -> EngineRun:
     """One engine run in a fresh process of this interpreter; raises `EngineCheckError` when
     the child printed no result."""
     cmd = [sys.executable, "-m", "pyruntime.hook.dryrun.engine_check", "--child", "--model",
@@ -259,6 +366,8 @@ def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hook
         cmd.append("--hooked")
     if lora is not None:
         cmd += ["--lora", str(lora)]
+    if speculative is not None:
+        cmd += ["--spec", speculative]
     proc = subprocess.run(cmd, env=child_env(hooked), capture_output=True, text=True,
                           timeout=timeout, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
@@ -291,10 +400,33 @@ def reference_logits(model: Path, prompt: list[int], generated: list[int], index
         return hf(ids).logits[0, -1].tolist()
 
 
+def replayed_sizes(run: EngineRun) -> list[int]:
+    """The distinct FULL graph sizes (tokens) `run` replayed, ascending."""
+    return sorted({tokens for tokens, _, _ in run.replays})
+
+
+def speculative_report(speculative: str | None, without: EngineRun,
+                       with_: EngineRun) -> dict[str, Any] | None:
+    """The report's ``speculative`` field: None without it, else the method, its draft
+    tokens, the draft tokens each run's verify steps accepted, and ``max_q_len``, the most
+    query rows per request of a replayed graph of the hooked run (``num_tokens / num_reqs``
+    of its batch descriptor: 1 + the draft tokens for a verify batch)."""
+    if speculative is None:
+        return None
+    config = SPECULATIVE_CONFIGS[speculative]
+    return {"method": config["method"],
+            "num_speculative_tokens": config["num_speculative_tokens"],
+            "accepted_drafts": {"without": without.accepted_drafts,
+                                "with": with_.accepted_drafts},
+            "max_q_len": max((t // r for t, r, _ in with_.replays if r), default=0)}
+
+
 def build_report(model: str, tp: int, lora: bool, placement: str | None, without: EngineRun,
                  with_: EngineRun, divergence: judging.Divergence | None,
-                 expected_device_layers: list[str] | None = None) -> dict[str, Any]:
-    """The serve-check report (`REPORT_FIELDS`) from the two runs and the judged divergence."""
+                 expected_device_layers: list[str] | None = None,
+                 speculative: str | None = None) -> dict[str, Any]:
+    """The serve-check report (`REPORT_FIELDS`) from the two runs and the judged divergence
+    (`speculative`: the ``--spec`` method both ran with, or None)."""
     layers = [{"name": n, "path": "device", "reason": None} for n in sorted(with_.device_layers)]
     layers += [{"name": n, "path": "host", "reason": r}
                for n, r in sorted(with_.host_layers.items())]
@@ -319,14 +451,18 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
     total = device_layers + len(with_.host_layers)
     host_share = len(with_.host_layers) / total if total else 0.0
     updates_ok = updates_with <= updates_without * host_share + 1e-9
-    verdict = tokens_ok and moved_ok and no_added and updates_ok
+    replayed = replayed_sizes(with_)
+    # the staggered requests must shrink the batch through several graphs
+    sizes_ok = len(replayed) >= MIN_REPLAYED_SIZES
+    verdict = tokens_ok and moved_ok and no_added and updates_ok and sizes_ok
     report = {
         "schema": SCHEMA, "version": VERSION, "vllm": with_.vllm,
         "vllm_ascend": with_.vllm_ascend,
         "backend": with_.backend, "model": model, "dtype": with_.dtype, "tp": tp, "lora": lora,
+        "speculative": speculative_report(speculative, without, with_),
         "placement": placement or (with_.hook_engine or "").removeprefix("npu-") or None,
         "compilation_mode": COMPILATION_MODE,
-        "graph_sizes": list(GRAPH_SIZES), "layers": layers, "device_layers": device_layers,
+        "graph_sizes": with_.graph_sizes, "replayed_sizes": replayed, "layers": layers, "device_layers": device_layers,
         "updates_per_step": {"without": updates_without, "with": updates_with},
         "added_per_step": added, "tokens_identical": identical,
         "divergence": None if divergence is None else {
@@ -339,18 +475,22 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
     return report
 
 
-def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | None = None,
+def check(model_dir: Path, model: str, max_tokens: int = 10, placement: str | None = None,
           tp: int = 1, lora: Path | None = None,
-          expected_device_layers: list[str] | None = None) -> dict[str, Any]:
+          expected_device_layers: list[str] | None = None,
+          speculative: str | None = None) -> dict[str, Any]:
     """Run the engine without and with the hook on `model_dir` (reported as `model`), with the
-    LoRA adapter directory `lora` on the requests of `LORA_REQUESTS` when given; judge the
+    LoRA adapter directory `lora` on the requests of `LORA_REQUESTS` when given, with the
+    speculative decoding method `speculative` (a `SPECULATIVE_CONFIGS` key) when given; judge the
     tokens, return the report (`build_report`). Raises `EngineCheckError` when a run stops
     (its first error: exception, message and where)."""
     check_twin_autostart()
-    without = run_child(model_dir, max_tokens, placement, tp, hooked=False, lora=lora)
+    without = run_child(model_dir, max_tokens, placement, tp, hooked=False, lora=lora,
+                        speculative=speculative)
     if without.error:
         raise EngineCheckError(f"the engine without the hook stopped: {without.error}")
-    with_ = run_child(model_dir, max_tokens, placement, tp, hooked=True, lora=lora)
+    with_ = run_child(model_dir, max_tokens, placement, tp, hooked=True, lora=lora,
+                      speculative=speculative)
     if with_.error:
         raise EngineCheckError(f"the engine with the hook stopped: {with_.error}")
     if with_.hook_state != "active":
@@ -366,7 +506,7 @@ def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | Non
             divergence = found
             break
     return build_report(model, tp, lora is not None, placement, without, with_, divergence,
-                        expected_device_layers)
+                        expected_device_layers, speculative)
 
 
 if __name__ == "__main__":
