@@ -24,6 +24,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from pyruntime.hook.dryrun.engine_check import SPECULATIVE_CONFIGS
 from pyruntime.hook.dryrun.tiny_models import CONFIGS, LORA_MODELS
 
 from ._common import FORCE_HELP, CliError
@@ -52,8 +53,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "it (--tiny qwen3)")
     p.add_argument("--placement", choices=("graph", "pre-replay"), default=None,
                    help="where the tiling task runs (default: the placement the hook would use)")
-    p.add_argument("--max-tokens", type=int, default=8,
-                   help="tokens the longest request generates (the others 2 and 4 fewer)")
+    p.add_argument("--spec", choices=tuple(SPECULATIVE_CONFIGS), default=None,
+                   help="speculative decoding in both runs, 2 draft tokens (verify steps of "
+                        "up to 3 query rows per request): ngram, vLLM's prompt-lookup proposer "
+                        "(ragged drafts: its verify steps run outside the graphs); self-draft, "
+                        "the model as its own draft model (every verify step replays a graph)")
+    p.add_argument("--max-tokens", type=int, default=10,
+                   help="tokens the longest request generates (each next request one fewer, "
+                        "so the batch shrinks through the capture sizes)")
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="run each generate call under torch_npu's profiler (the twin's on "
                         "the twin) and write DIR/{without,with}/ and DIR/: trace.json, "
@@ -147,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
                 model_dir, name, max_tokens=args.max_tokens, placement=args.placement,
                 tp=args.tp, lora=adapter,
                 profile_dir=Path(args.profile).resolve() if args.profile else None,
-                compilation=args.compilation, reference=args.tiny is not None)
+                compilation=args.compilation, reference=args.tiny is not None,
+                speculative=args.spec)
         except engine_check.EngineCheckError as exc:
             raise CliError(str(exc)) from exc
     print(json.dumps(report, indent=1) if args.json else render(report))
@@ -160,7 +168,14 @@ def render(report: dict) -> str:
             f"{report['backend']}: model {report['model']} ({report['dtype']}), TP "
             f"{report['tp']}, placement {report['placement']}, compilation "
             f"{report['compilation_mode']}, graphs {report['graph_sizes']}")
-    lines = [head]
+    lines = [head, f"graph sizes replayed: {report['replayed_sizes']}"]
+    spec = report["speculative"]
+    if spec is not None:
+        accepted = spec["accepted_drafts"]
+        lines.append(f"speculative decoding {spec['method']}, {spec['num_speculative_tokens']} "
+                     f"draft tokens: up to {spec['max_q_len']} query rows per request in a "
+                     f"replayed graph, {accepted['without']} drafts accepted without the hook, "
+                     f"{accepted['with']} with it")
     if report.get("compilation_reason"):
         lines.append(f"  compilation: {report['compilation_reason']}")
     for layer in report["layers"]:

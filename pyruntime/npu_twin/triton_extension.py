@@ -24,7 +24,17 @@ whose ``handle.data`` is a NumPy array). Their semantics and checks come from Tr
   ``k`` of a dimension is at ``offset + k * stride``; ``insert_slice`` returns a copy;
 * ``docs/zh/triton_api/Extension_Ops/{insert_slice,extract_slice,get_element}.md``: bool
   tensors are not supported (A2/A3), the inserted region must lie inside ``ful`` and an
-  extracted one inside the source.
+  extracted one inside the source. The twin refuses bool for ``insert_slice`` and
+  ``extract_slice``, not for ``get_element``: its compiler path has no dtype check
+  (``vec_ops.py`` ``get_element`` builds ``create_extract_scalar`` on any element type), and
+  vLLM-Ascend's greedy rejection sampler reads its bool mask with it on the path every
+  speculative-decoding step takes (0.30.0rc2 ``vllm_ascend/ops/triton/reject_sample.py``,
+  ``rejection_greedy_sample_triton``: ``get_element(is_greedy_mask, (pos,))``, where
+  ``is_greedy_mask = mask & (is_greedy != 0)``), a kernel its nightly single-card NPU tests
+  run on the device (``tests/e2e/nightly/single_node/ops/singlecard_ops/triton/
+  test_rejection_sample.py``, ``test_rejection_greedy_sample_triton_kernel``, with a bool
+  ``is_greedy``). So the released path reads a bool element on A2/A3 despite the table; the
+  twin follows the path (the element as a bool scalar) and says so in docs/npu-twin.md.
 
 A slice or element outside its tensor is undefined on the AI Core (MLIR leaves an
 out-of-bounds dynamic offset undefined); the twin raises `ExtensionOpError` for it, and for
@@ -78,6 +88,11 @@ def _value(x: Any) -> Any:
     return x.value if isinstance(x, tl.constexpr) else x
 
 
+#: the ops whose bool operands the twin refuses (the module docstring says why get_element is
+#: not among them)
+BOOL_REFUSED = ("insert_slice", "extract_slice")
+
+
 def _shape(t: Any, op: str, what: str) -> tuple[int, ...]:
     import triton.language as tl
 
@@ -86,7 +101,7 @@ def _shape(t: Any, op: str, what: str) -> tuple[int, ...]:
     shape = tuple(int(_value(d)) for d in t.shape)
     if not shape:
         raise ExtensionOpError(f"{op}: {what} is a scalar; it needs a ranked tensor (rank > 0)")
-    if t.dtype == tl.int1:
+    if t.dtype == tl.int1 and op in BOOL_REFUSED:
         raise ExtensionOpError(f"{op}: {what} is a bool tensor, which Triton-Ascend's {op} "
                                "does not support on A2/A3 (Extension_Ops docs)")
     return shape

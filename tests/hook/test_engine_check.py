@@ -7,12 +7,14 @@
   read and accepted by vLLM's ``PEFTHelper`` (scaling alpha / r, the factor ``merge_lora``
   folds into the reference) and changes the reference's tokens; in each environment.
 * ``aicpu-tiling serve-check --tiny NAME --json`` end to end: vLLM's engine on vLLM-Ascend's
-  platform on the NPU twin, without and with the hook. Behind the ``engine`` marker
-  (``python -m pytest -m engine tests/hook/test_engine_check.py``): today's twin lacks model
-  ops that other work adds, so the engine stops before generating (the first failure per
-  release is in docs/hook-in-vllm-ascend.md, "The engine check"). ``--tp 2`` is its own
-  engine test (two workers on twin devices 0 and 1, counted per rank). Each release runs the
-  tiny Qwen3 model under the release's default compilation too (``--compilation default``).
+  platform on the NPU twin, without and with the hook, each run profiled (``--profile``). The
+  CI matrix's runs that run today (0.30.0rc2: the combined GQA run, TP 1 with ``--lora``, 8
+  capture sizes and speculative decoding with the model as its own draft; gpt-oss at TP 1)
+  are in the default run, in one xdist group; the others only with the ``engine`` marker
+  (``python -m pytest -m engine tests/hook/test_engine_check.py`` runs all of them): the
+  Qwen3 model under the release's default compilation (``--compilation default``) on each
+  release, and ``--tp 2`` (two workers on twin devices 0 and 1, counted per rank); see
+  docs/hook-in-vllm-ascend.md, "The engine check".
 
 Without an environment the tests skip, except under ``CI=true``, where they fail.
 """
@@ -130,10 +132,15 @@ def _selected(config, marker: str) -> bool:
     return marker in (config.getoption("markexpr") or "").replace("not " + marker, "")
 
 
-#: the attention layers each tiny model must have on the device path: written here, not
-#: derived from the hook's reasons
+#: the attention layers each tiny model must have on the device path: written here from what
+#: the hook supports (pyruntime/hook/vllm_ascend_patches.py), not derived from its reasons.
+#: gpt-oss: sinks on both layers (FIA v2, the hook's ``full_graph_fia_v2`` capture: a
+#: ``[num_heads]`` bf16 tensor our kernels read in place) and a window on layer 0 (the NPU
+#: engine applies both: ``applies_sinks``, ``applies_sliding_window``); vLLM names its layers
+#: ``model.layers.N.attn.attn`` (vllm/model_executor/models/gpt_oss.py, prefix ``.attn``)
 DEVICE_LAYERS = {
     "qwen3": ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
+    "gpt-oss": ["model.layers.0.attn.attn", "model.layers.1.attn.attn"],
 }
 
 
@@ -145,19 +152,38 @@ NO_GRAPHS_IN_MODE_NONE = pytest.mark.xfail(
     strict=True, reason="vLLM-Ascend 0.23.0.post1 captures FULL graphs only under VLLM_COMPILE "
                         "(its full_graph_fia reads graph params that mode NONE never sets)")
 
+#: the engine runs of the default test run (issue 29's CI matrix, the part that runs today):
+#: one xdist group, so they run one after another on one worker (each engine holds about
+#: 2 GB and both CPUs' worth of work); about 2 minutes each on a loaded 2-core machine
+IN_CI = [pytest.mark.engine, pytest.mark.xdist_group("engine")]
+#: the other engine runs: only with -m engine
+MARKED = [pytest.mark.engine]
 
-@pytest.mark.engine
+#: the combined GQA run: TP 1 with LoRA, 8 capture sizes and speculative decoding whose every
+#: verify step (3 query rows per request) replays a FULL graph: the model as its own draft.
+#: (``--spec ngram`` drafts only where the context repeats, so its ragged verify steps run
+#: outside the graphs under FULL_DECODE_ONLY: engine_check.SPECULATIVE_CONFIGS)
+COMBINED_GQA = ["--placement", "graph", "--lora", "--spec", "self-draft"]
+
+
 @pytest.mark.parametrize("release, tiny, flags", [
-    ("0.30.0rc2", "qwen3", ["--placement", "graph", "--lora"]),
+    pytest.param("0.30.0rc2", "qwen3", COMBINED_GQA, marks=IN_CI, id="0.30.0rc2-qwen3-combined"),
+    pytest.param("0.30.0rc2", "gpt-oss", ["--placement", "graph"], marks=IN_CI,
+                 id="0.30.0rc2-gpt-oss"),
+    pytest.param("0.30.0rc2", "qwen3", ["--placement", "graph", "--lora"], marks=MARKED,
+                 id="0.30.0rc2-qwen3-lora"),
     # the release's default compilation (issue 28 item 7): VLLM_COMPILE, vLLM-Ascend's
     # compiler; the report names what differs from the release's default and why
-    ("0.30.0rc2", "qwen3", ["--placement", "graph", "--compilation", "default"]),
-    ("0.23.0.post1", "qwen3", ["--placement", "graph", "--compilation", "default"]),
+    pytest.param("0.30.0rc2", "qwen3", ["--placement", "graph", "--compilation", "default"],
+                 marks=MARKED, id="0.30.0rc2-qwen3-compiled"),
+    pytest.param("0.23.0.post1", "qwen3", ["--placement", "graph", "--compilation", "default"],
+                 marks=MARKED, id="0.23.0.post1-qwen3-compiled"),
     pytest.param("0.23.0.post1", "qwen3", ["--placement", "graph"],
-                 marks=NO_GRAPHS_IN_MODE_NONE)])
+                 marks=[*MARKED, NO_GRAPHS_IN_MODE_NONE], id="0.23.0.post1-qwen3")])
 def test_serve_check_on_the_twin(request, tmp_path, release, tiny, flags):
-    if not _selected(request.config, "engine"):
-        pytest.skip("the engine runs need -m engine (two engine starts each: "
+    in_ci = request.node.get_closest_marker("xdist_group") is not None
+    if not in_ci and not _selected(request.config, "engine"):
+        pytest.skip("this engine run needs -m engine (two engine starts each: "
                     "docs/hook-in-vllm-ascend.md, 'The engine check')")
     env_dir = vllm_env(release)
     python, tree = env_dir / "venv" / "bin" / "python", env_dir / "vllm-ascend"
@@ -177,8 +203,27 @@ def test_serve_check_on_the_twin(request, tmp_path, release, tiny, flags):
         DEVICE_LAYERS[tiny]
     assert report["updates_per_step"]["with"] == 0 and report["updates_per_step"]["without"] > 0
     assert report["added_per_step"] == {"blocking_copies": 0, "synchronizes": 0}
-    # --tiny: the unhooked run's tokens against the fp32 HF reference on the same weights
-    assert report["reference"] == {"identical": True, "divergence": None}, report
+    # at least 8 FULL decode graphs, and the shrinking batch replayed several of them
+    assert len(report["graph_sizes"]) >= 8, report["graph_sizes"]
+    assert len(report["replayed_sizes"]) >= 2, report["replayed_sizes"]
+    assert set(report["replayed_sizes"]) <= set(report["graph_sizes"])
+    spec = report["speculative"]
+    if "--spec" in flags:
+        # verify steps of 1 + 2 draft rows per request replayed a graph, and drafts were
+        # accepted (greedy drafts of the same weights)
+        assert spec["method"] == "draft_model" and spec["max_q_len"] == 3, spec
+        assert all(size % 3 == 0 for size in report["graph_sizes"])
+        assert spec["accepted_drafts"]["with"] > 0, spec
+        if report["tokens_identical"]:
+            assert spec["accepted_drafts"]["with"] == spec["accepted_drafts"]["without"]
+    else:
+        assert spec is None
+    # --tiny: the unhooked run's tokens against the fp32 HF reference on the same weights:
+    # identical for Qwen3; gpt-oss may part at a near-tie, judged as the two runs are
+    if tiny == "qwen3":
+        assert report["reference"] == {"identical": True, "divergence": None}, report
+    else:
+        assert report["reference"] is not None, report
     if "--compilation" in flags:
         assert report["compilation_mode"] == "VLLM_COMPILE"
         # on the twin: no npugraph_ex (torch_npu's graph compiler) and torch 2.13, not the

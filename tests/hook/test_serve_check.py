@@ -129,6 +129,8 @@ def engine_run(hooked: bool, **fields) -> EngineRun:
             "dtype": "bfloat16", "tokens": [[1, 2, 3], [4, 5], [6]], "decode_steps": 4,
             "updates": 0 if hooked else 8, "blocking_copies": 12, "synchronizes": 0,
             "tpot_ms": 3.0, "hook_state": "active" if hooked else None,
+            "graph_sizes": [1, 2, 3, 4, 5, 6, 7, 8],
+            "replays": [[1, 1, 1], [2, 2, 2], [3, 3, 1]],
             "hook_engine": "npu-graph" if hooked else None,
             "device_layers": {"model.layers.0.self_attn.attn": "full_graph_fia",
                               "model.layers.1.self_attn.attn": "full_graph_fia"}
@@ -142,9 +144,10 @@ def test_the_report_has_exactly_the_issues_schema_and_passes():
                                        engine_run(True), None)
     assert list(report) == [
         "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
-        "placement", "compilation_mode", "compilation_reason", "graph_sizes", "layers",
-        "device_layers", "updates_per_step", "added_per_step", "tokens_identical",
-        "divergence", "reference", "tpot_ms", "profile", "ranks", "verdict"]
+        "speculative", "placement", "compilation_mode", "compilation_reason", "graph_sizes",
+        "replayed_sizes", "layers", "device_layers", "updates_per_step", "added_per_step",
+        "tokens_identical", "divergence", "reference", "tpot_ms", "profile", "ranks",
+        "verdict"]
     assert report["schema"] == "aicpu-tiling/serve-check" and report["version"] == 1
     assert report["placement"] == "graph"  # the hook's own, from its engine's name
     assert [layer["path"] for layer in report["layers"]] == ["device", "device"]
@@ -153,6 +156,8 @@ def test_the_report_has_exactly_the_issues_schema_and_passes():
     assert report["added_per_step"] == {"blocking_copies": 0.0, "synchronizes": 0.0}
     assert set(report["tpot_ms"]) == {"without", "with"}
     assert report["profile"] is None  # no --profile
+    assert report["graph_sizes"] == [1, 2, 3, 4, 5, 6, 7, 8]  # the run's, as vLLM kept them
+    assert report["replayed_sizes"] == [1, 2, 3] and report["speculative"] is None
     assert report["verdict"] == "pass"
     json.dumps(report)
 
@@ -161,6 +166,8 @@ def test_the_report_has_exactly_the_issues_schema_and_passes():
     ({"device_layers": {}}, None),                        # nothing moved
     ({"updates": 4}, None),                               # our layers still updated
     ({"blocking_copies": 16}, None),                      # one blocking copy added per step
+    ({"replays": [[4, 4, 3]]}, None),                     # the batch never left one graph
+    ({"replays": []}, None),                              # no graph replayed at all
     ({"tokens": [[1, 2, 3], [4, 9], [6]]},                # tokens differ, not a near-tie
      judge.Divergence(1, 1, 5, 9, None, 0.1, False)),
 ])
@@ -221,8 +228,47 @@ def test_a_device_layer_list_other_than_the_expected_one_fails():
 
 
 def test_the_requests_shrink_the_batch_through_the_graph_sizes():
-    lengths = engine_check.max_tokens_of(8)
-    assert lengths == [8, 6, 4] and len(set(lengths)) == len(engine_check.PROMPTS)
+    lengths = engine_check.max_tokens_of(10)
+    # one request fewer per decode step, from the most a step runs (8) down to 1
+    assert lengths == [10, 9, 8, 7, 6, 5, 4, 3]
+    assert len(engine_check.PROMPTS) == engine_check.MAX_SEQS == 8
+    assert engine_check.max_tokens_of(5) == [5, 4, 3, 2, 1, 1, 1, 1]
+
+
+def test_at_least_eight_capture_sizes_and_multiples_of_the_verify_rows():
+    assert engine_check.graph_sizes() == [1, 2, 3, 4, 5, 6, 7, 8]
+    # q_len 3 (2 draft tokens): vLLM rounds sizes up to multiples of 3 and drops those past
+    # the largest (adjust_cudagraph_sizes_for_spec_decode), so the check asks for them
+    assert engine_check.graph_sizes("ngram") == [3, 6, 9, 12, 15, 18, 21, 24]
+    assert engine_check.graph_sizes("self-draft") == [3, 6, 9, 12, 15, 18, 21, 24]
+
+
+def test_the_self_draft_drafts_with_the_served_model():
+    assert engine_check.speculative_config("self-draft", "/m") == {
+        "method": "draft_model", "num_speculative_tokens": 2, "model": "/m"}
+    assert "model" not in engine_check.speculative_config("ngram", "/m")
+    assert "model" not in engine_check.SPECULATIVE_CONFIGS["self-draft"]  # not written into
+
+
+def test_the_prompts_repeat_an_ngram_the_proposer_can_match():
+    config = engine_check.SPECULATIVE_CONFIGS["ngram"]
+    shortest = config["prompt_lookup_min"]
+    for prompt in engine_check.PROMPTS:
+        tail = prompt[-shortest:]
+        earlier = [prompt[i:i + shortest] for i in range(len(prompt) - shortest)]
+        assert tail in earlier, prompt
+        assert all(0 <= t < tiny_models.VOCAB for t in prompt)
+
+
+def test_the_speculative_report_names_the_verify_rows_and_the_accepted_drafts():
+    replays = [[3, 1, 2], [6, 2, 1], [24, 8, 1]]
+    report = engine_check.build_report(
+        "qwen3", 1, False, None, engine_run(False, replays=replays, accepted_drafts=5),
+        engine_run(True, replays=replays, accepted_drafts=5), None, speculative="ngram")
+    assert report["speculative"] == {"method": "ngram", "num_speculative_tokens": 2,
+                                     "accepted_drafts": {"without": 5, "with": 5},
+                                     "max_q_len": 3}
+    assert report["replayed_sizes"] == [3, 6, 24] and report["verdict"] == "pass"
 
 
 def test_the_host_waits_are_the_twins_counters(tmp_path):
@@ -298,7 +344,7 @@ def test_a_skipped_hook_is_an_error_with_the_hooks_reason(tmp_path, monkeypatch)
     monkeypatch.setattr(engine_check, "check_twin_autostart", lambda: None)
     monkeypatch.setattr(engine_check, "run_child",
                         lambda model, max_tokens, placement, tp, hooked, lora=None,
-                        profile_dir=None, compilation="none": runs[hooked])
+                        profile_dir=None, compilation="none", speculative=None: runs[hooked])
     with pytest.raises(engine_check.EngineCheckError,
                        match=f"hook was not active in the hooked run \\(skipped: {reason}\\)"):
         engine_check.check(tmp_path, "qwen3")
@@ -310,7 +356,7 @@ def test_a_skipped_hook_is_an_error_with_the_hooks_reason(tmp_path, monkeypatch)
 def test_compilation_none_is_mode_none_with_full_decode_graphs():
     config, additional, environ, reason = engine_check.compilation_arguments("none")
     assert config == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
-                      "cudagraph_capture_sizes": list(engine_check.GRAPH_SIZES)}
+                      "cudagraph_capture_sizes": engine_check.graph_sizes()}
     assert additional is None and environ == {} and reason is None
 
 
@@ -404,7 +450,7 @@ def test_runs_that_compiled_differently_are_not_judged(tmp_path, monkeypatch):
     monkeypatch.setattr(engine_check, "check_twin_autostart", lambda: None)
     monkeypatch.setattr(engine_check, "run_child",
                         lambda model, max_tokens, placement, tp, hooked, lora=None,
-                        profile_dir=None, compilation="none": runs[hooked])
+                        profile_dir=None, compilation="none", speculative=None: runs[hooked])
     with pytest.raises(engine_check.EngineCheckError, match="the two runs compiled differently"):
         engine_check.check(tmp_path, "qwen3", compilation="default")
 
@@ -441,6 +487,7 @@ def rank_record(rank: int, hooked: bool, **fields) -> dict:
     record = {"rank": rank, "device": f"npu:{rank}", "pid": 100 + rank,
               "updates": 0 if hooked else 4, "blocking_copies": 3, "synchronizes": 0,
               "collectives_issued": 8, "collectives_replayed": 28,
+              "replays": [[4, 4, 2], [2, 2, 3], [1, 1, 2]],
               "hook_state": "active" if hooked else None, "hook_reason": None,
               "hook_engine": "npu-graph" if hooked else None,
               "device_layers": layers if hooked else {}, "host_layers": {}}
@@ -574,6 +621,7 @@ def test_more_ranks_than_twin_devices_is_a_typed_error_naming_the_variable(tmp_p
     (["serve-check"], "one of the arguments --model --tiny is required"),
     (["serve-check", "--tiny", "qwen3", "--model", "x"], "not allowed with"),
     (["serve-check", "--tiny", "llama"], "invalid choice"),
+    (["serve-check", "--tiny", "qwen3", "--spec", "eagle"], "invalid choice"),
     (["serve-check", "--tiny", "qwen3", "--max-tokens", "4"], "--max-tokens 4"),
     (["serve-check", "--tiny", "qwen3", "--max-tokens", "129"], "--max-tokens 129"),
     (["serve-check", "--tiny", "qwen3", "--tp", "9"], "--tp 9"),
@@ -607,4 +655,5 @@ def test_the_text_report_names_the_divergence():
                                        engine_run(True, tokens=[[1, 2, 3], [4, 9], [6]]), d)
     text = render(report)
     assert "request 1 differs from token 6: reference margin 0.0323 (tolerance 0.2428)" in text
+    assert "graph sizes replayed: [1, 2, 3]" in text
     assert text.endswith("verdict: pass")

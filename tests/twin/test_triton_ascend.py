@@ -124,7 +124,7 @@ OPS = r'''
 import json
 import sys
 sys.path.insert(0, {here!r})
-from triton_ascend_kernels import misuse, slices
+from triton_ascend_kernels import bool_element, misuse, slices
 
 out = {}
 for name, dtype in (("float32", torch.float32), ("int32", torch.int32), ("float16", torch.float16)):
@@ -162,6 +162,15 @@ for case, rule, fragment in (
         (8, "extract_slice_of_bool", "bool tensor"),
         (9, "insert_slice_past_the_end_dynamic", "leaves ful of shape (4, 4) in dimension 1")):
     check(rule, lambda case=case, fragment=fragment: refused(case, fragment))
+
+# a bool element, as vLLM-Ascend's greedy rejection sampler reads its is_greedy_mask (the
+# module docstring of pyruntime.npu_twin.triton_extension says why it is not refused)
+def bool_element_reads_the_mask():
+    x = torch.tensor([3.0, -1.0, 0.0, 2.0, -5.0, 7.0, 1.0, -2.0])
+    flags = torch.zeros(8, dtype=torch.int32, device="npu")
+    bool_element[(1,)](x.npu(), flags, N=8)
+    eq(flags.cpu().tolist(), (x > 0).int().tolist())
+check("get_element_of_a_bool_mask", bool_element_reads_the_mask)
 '''
 
 
@@ -176,7 +185,7 @@ def test_extension_ops_against_numpy_and_their_rules(run_twin):
     proc = run_twin(OPS.replace("{here!r}", repr(str(HERE))), timeout=300)
     results = run_twin.rules(proc)
     failed = {rule: outcome for rule, outcome in results.items() if outcome != "ok"}
-    assert len(results) == 10 and not failed, failed or results
+    assert len(results) == 11 and not failed, failed or results
     got = json.loads(proc.stdout.split("OPS ")[1].splitlines()[0])
     for name, run in got.items():
         x = np.array(run["x"])

@@ -63,6 +63,18 @@ def misuse(x_ptr, y_ptr, CASE: tl.constexpr):
 
 
 @triton.jit
+def bool_element(x_ptr, out_ptr, N: tl.constexpr):
+    """out[k] = int32(get_element(x > 0 & mask, (k,))) for k < N: a bool element read the way
+    vLLM-Ascend's rejection_greedy_sample_triton reads its is_greedy_mask."""
+    offs = tl.arange(0, N)
+    mask = offs < N
+    positive = mask & (tl.load(x_ptr + offs) > 0)
+    for k in tl.range(0, N):
+        flag = get_element(positive, (k,))
+        tl.store(out_ptr + k, 1 if flag else 0)
+
+
+@triton.jit
 def bf16_math(a_ptr, b_ptr, c_ptr, x_ptr, out_ptr, neg_ptr, lt_ptr, cast_ptr, red_ptr,
               N: tl.constexpr):
     """bf16 arithmetic as vLLM-Ascend's RoPE kernels do it: out = a * b - c, neg = -a,

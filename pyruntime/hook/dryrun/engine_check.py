@@ -46,19 +46,50 @@ from .engine_workers import host_waits
 
 SCHEMA = "aicpu-tiling/serve-check"
 VERSION = 1
-#: the report's fields, in order (issue 29, item 3)
+#: the report's fields, in order (issue 29, item 3; ``speculative`` and ``replayed_sizes``
+#: from item 4)
 REPORT_FIELDS = (
     "schema", "version", "vllm", "vllm_ascend", "backend", "model", "dtype", "tp", "lora",
-    "placement", "compilation_mode", "compilation_reason", "graph_sizes", "layers",
-    "device_layers", "updates_per_step", "added_per_step", "tokens_identical", "divergence",
-    "reference", "tpot_ms", "profile", "ranks", "verdict")
+    "speculative", "placement", "compilation_mode", "compilation_reason", "graph_sizes",
+    "replayed_sizes", "layers", "device_layers", "updates_per_step", "added_per_step",
+    "tokens_identical", "divergence", "reference", "tpot_ms", "profile", "ranks", "verdict")
 #: the child's result line prefix
 RESULT_PREFIX = "ENGINE-RUN "
-#: the capture sizes (FULL_DECODE_ONLY graphs); the requests' max_tokens differ so the batch
-#: shrinks through them
-GRAPH_SIZES = (1, 2, 4)
-#: prompt token ids of the requests (ids of the tiny models' vocabulary)
-PROMPTS = ((5, 17, 99, 300, 41), (7, 250, 3, 88), (120, 64, 9, 401, 33, 12))
+#: the most requests a step runs (vLLM's ``max_num_seqs``): the capture sizes are 1..MAX_SEQS
+#: requests, so at least 8 FULL decode graphs (issue 29 item 4)
+MAX_SEQS = 8
+#: prompt token ids of the requests (ids of the tiny models' vocabulary), one per request.
+#: Each repeats an n-gram, so that with ``--spec ngram`` vLLM's prompt-lookup proposer finds a
+#: match from the first decode step on (and a greedy model that repeats itself, as a random
+#: one does, gets its drafts accepted); without ``--spec`` they are plain prompts
+PROMPTS = ((5, 17, 99, 5, 17, 99, 5), (7, 250, 7, 250, 7), (120, 64, 9, 120, 64, 9, 120),
+           (33, 33, 33, 33), (301, 12, 44, 301, 12, 44), (88, 3, 88, 3, 88, 3),
+           (410, 222, 19, 410, 222), (61, 61, 140, 61, 61, 140, 61))
+#: the speculative decoding methods ``--spec`` runs: vLLM's ``speculative_config`` for each,
+#: 2 draft tokens, so a verify step has up to 3 query rows per request (q_len 3).
+#:
+#: * ``ngram``: vLLM's prompt-lookup proposer (``vllm/v1/spec_decode/ngram_proposer.py``,
+#:   which vLLM-Ascend's ``AscendNgramProposer`` subclasses, ``vllm_ascend/spec_decode/
+#:   ngram_proposer.py``), matched on the last 1 to 3 tokens. It proposes only where the
+#:   context repeats, so a step's requests carry 0, 1 or 2 drafts; vLLM dispatches a FULL
+#:   graph only for a uniform batch (every request ``1 + num_speculative_tokens`` rows,
+#:   ``gpu_model_runner.py`` ``uniform_decode``), so under FULL_DECODE_ONLY its ragged verify
+#:   steps run eager, outside any graph (docs/hook-in-vllm-ascend.md, "The engine check").
+#: * ``self-draft``: vLLM's draft-model proposer (``method: draft_model``; vLLM-Ascend's
+#:   ``AscendDraftModelProposer``) with the served model as its own draft: every request gets
+#:   both drafts every step, so every verify step is a uniform q_len-3 batch that replays a
+#:   FULL graph, and greedy drafts of the same weights are mostly accepted. The draft
+#:   model's own graphs keep vLLM-Ascend's path (the hook leaves speculative draft graphs on
+#:   the host path, pyruntime/hook/vllm_ascend_patches.py).
+SPECULATIVE_CONFIGS: dict[str, dict[str, Any]] = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1,
+              "prompt_lookup_max": 3},
+    "self-draft": {"method": "draft_model", "num_speculative_tokens": 2},
+}
+#: the fewest distinct FULL graph sizes the generate call must replay (the hooked run's): the
+#: requests' staggered max_tokens shrink the batch, and a check whose batches all hit one
+#: graph would not show the hook's per-size tilings
+MIN_REPLAYED_SIZES = 2
 #: with ``--lora``, the requests that use the adapter (the others the base model), so a batch
 #: of one size runs with and without LoRA as the requests finish
 LORA_REQUESTS = (1,)
@@ -100,9 +131,30 @@ class EngineCheckError(RuntimeError):
 
 
 def max_tokens_of(max_tokens: int) -> list[int]:
-    """Each request's ``max_tokens``: `max_tokens`, and two fewer each, at least 1, so the
-    running batch shrinks from len(PROMPTS) to 1 through the capture sizes."""
-    return [max(1, max_tokens - 2 * i) for i in range(len(PROMPTS))]
+    """Each request's ``max_tokens``: `max_tokens`, and one fewer each, at least 1, so the
+    running batch shrinks by one request per decode step from len(PROMPTS) down to 1 through
+    the capture sizes."""
+    return [max(1, max_tokens - i) for i in range(len(PROMPTS))]
+
+
+def speculative_config(speculative: str, model: str) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for the method `speculative` on the served `model`."""
+    config = dict(SPECULATIVE_CONFIGS[speculative])
+    if config["method"] == "draft_model":
+        config["model"] = model
+    return config
+
+
+def graph_sizes(speculative: str | None = None) -> list[int]:
+    """The capture sizes (tokens per FULL_DECODE_ONLY graph) the check asks vLLM for: one
+    graph per batch of 1..`MAX_SEQS` requests, each request ``1 + num_speculative_tokens``
+    query rows under `speculative` (a `SPECULATIVE_CONFIGS` key). vLLM rounds the sizes up
+    to that multiple anyway (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``,
+    vllm/config/compilation.py) and drops those past the largest, so asking for 1..8 with
+    q_len 3 would leave two graphs."""
+    q_len = 1 + (SPECULATIVE_CONFIGS[speculative]["num_speculative_tokens"]
+                 if speculative else 0)
+    return [q_len * n for n in range(1, MAX_SEQS + 1)]
 
 
 # -- the child: one engine run ---------------------------------------------------------------
@@ -123,6 +175,15 @@ class EngineRun:
     blocking_copies: int | None = None
     synchronizes: int | None = None
     tpot_ms: float = 0.0
+    #: the capture sizes vLLM ended with (its compilation config after the model runner
+    #: rounded them for speculative decoding)
+    graph_sizes: list[int] = field(default_factory=list)
+    #: FULL graph replays over the generate call: [num_tokens, num_reqs, replays] per batch
+    #: descriptor (vLLM-Ascend's ``ACLGraphWrapper.__call__`` in FULL mode after the capture)
+    replays: list[list[int]] = field(default_factory=list)
+    #: draft tokens the verify steps accepted (tokens an engine step gave a request past its
+    #: first); None without speculative decoding
+    accepted_drafts: int | None = None
     hook_state: str | None = None
     hook_reason: str | None = None
     hook_engine: str | None = None
@@ -217,11 +278,11 @@ def torch_off_the_release_pin() -> str | None:
             "OutputCode that vLLM-Ascend's fusion-pass compiler does not return")
 
 
-def compilation_arguments(compilation: str
+def compilation_arguments(compilation: str, speculative: str | None = None
                           ) -> tuple[dict, dict | None, dict[str, str], str | None]:
     """``(compilation_config, additional_config, environ, reason)`` for `compilation`
     (`COMPILATIONS`): the ``vllm.LLM`` arguments and the variables to set before it.
-    FULL_DECODE_ONLY graphs of `GRAPH_SIZES` in both; ``none`` sets mode NONE; ``default``
+    FULL_DECODE_ONLY graphs of `graph_sizes` (`speculative`'s) in both; ``none`` sets mode NONE; ``default``
     leaves the mode to vLLM (VLLM_COMPILE) and the compiler to vLLM-Ascend, except where the
     release's default cannot run here: without torch_npu's graph compiler
     (`missing_graph_compiler`) vLLM-Ascend's own ``enable_npugraph_ex`` off, and on a torch
@@ -231,7 +292,7 @@ def compilation_arguments(compilation: str
         raise EngineCheckError(f"unknown compilation {compilation!r}: one of "
                                f"{', '.join(COMPILATIONS)}")
     config: dict[str, Any] = {"cudagraph_mode": "FULL_DECODE_ONLY",
-                              "cudagraph_capture_sizes": list(GRAPH_SIZES)}
+                              "cudagraph_capture_sizes": graph_sizes(speculative)}
     if compilation == "none":
         return {"mode": 0, **config}, None, {}, None
     reasons, additional, environ = [], None, {}
@@ -248,7 +309,8 @@ def compilation_arguments(compilation: str
 
 def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
                 hooked: bool, lora: str | None = None,
-                profile_dir: str | None = None, compilation: str = "none") -> EngineRun:
+                profile_dir: str | None = None, compilation: str = "none",
+                speculative: str | None = None) -> EngineRun:
     from importlib import metadata
 
     run = EngineRun(hooked=hooked)
@@ -268,18 +330,22 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
     config = json.loads((Path(model) / "config.json").read_text())
     run.dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     compilation_config, additional_config, environ, run.compilation_reason = \
-        compilation_arguments(compilation)
+        compilation_arguments(compilation, speculative)
     os.environ.update(environ)  # before vLLM reads them (vllm.envs reads at each access)
     llm = vllm.LLM(
         model=model, skip_tokenizer_init=True, dtype=run.dtype, seed=0, tensor_parallel_size=tp,
-        max_model_len=256, max_num_seqs=max(GRAPH_SIZES), block_size=128,
+        max_model_len=256, max_num_seqs=MAX_SEQS, block_size=128,
         kv_cache_memory_bytes=64 << 20,
         **({"enable_lora": True, "max_lora_rank": _lora_rank(lora), "max_loras": 1}
            if lora else {}),
         **({"additional_config": additional_config} if additional_config else {}),
+        **({"speculative_config": speculative_config(speculative, model)}
+           if speculative else {}),
         compilation_config=compilation_config)
     run.compilation_mode = _compilation_mode_of(llm)
-    counted = {"steps": 0}
+    run.graph_sizes = sorted(
+        llm.llm_engine.vllm_config.compilation_config.cudagraph_capture_sizes or [])
+    counted = {"steps": 0, "accepted": 0}
     # with a profile folder: the host clock of each step and task update (None: not timed);
     # the updates are counted in the workers (engine_workers), this only times them, and only
     # where a worker runs in this process (TP 1)
@@ -314,6 +380,16 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
         return out
 
     engine.step = counted_step
+    process_outputs = engine.output_processor.process_outputs
+
+    def counted_outputs(engine_core_outputs, *args, **kwargs):
+        # host lists: a verify step gives a request 1 + its accepted drafts tokens
+        counted["accepted"] += sum(max(0, len(o.new_token_ids) - 1)
+                                   for o in engine_core_outputs)
+        return process_outputs(engine_core_outputs, *args, **kwargs)
+
+    engine.output_processor.process_outputs = counted_outputs
+
     # the graph task updates, host waits and collectives are counted where the model runs:
     # in each worker (one process per rank at TP > 1, this process at TP 1), through vLLM's
     # own collective_rpc; the engine's process adds its own host waits when no worker runs
@@ -346,6 +422,7 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
     run.tokens = [list(o.outputs[0].token_ids) for o in outputs]
     # the first step is the prefill; every later engine step decodes one token per request
     run.decode_steps = max(1, counted["steps"] - 1)
+    run.accepted_drafts = counted["accepted"] if speculative else None
     run.tpot_ms = 1000.0 * seconds / max(1, max(len(t) for t in run.tokens))
     run.ranks = sorted(llm.collective_rpc(engine_workers.counts, args=(hooked,)),
                        key=lambda w: w["rank"])
@@ -373,6 +450,8 @@ def combine_ranks(run: EngineRun, engine_waits: dict[str, int] | None = None) ->
     when every rank has it there (else on the host path, the reason naming the ranks)."""
     ranks = run.ranks
     run.updates = sum(r["updates"] for r in ranks)
+    # every rank replays the same graphs (one batch, tensor-parallel): rank 0's are the run's
+    run.replays = [list(x) for x in ranks[0].get("replays", [])] if ranks else []
     counted = [r for r in ranks if r["blocking_copies"] is not None]
     if counted and len(counted) == len(ranks):
         extra = engine_waits or {"blocking_copies": 0, "synchronizes": 0}
@@ -424,10 +503,13 @@ def child_main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default=None,
                    help="run generate under torch_npu's profiler, its output kept here")
     p.add_argument("--compilation", choices=COMPILATIONS, default="none")
+    p.add_argument("--spec", default=None, choices=tuple(SPECULATIVE_CONFIGS),
+                   help="speculative decoding method")
     args = p.parse_args(argv)
     try:
         run = _engine_run(args.model, args.max_tokens, args.placement, args.tp, args.hooked,
-                          args.lora, profile_dir=args.profile, compilation=args.compilation)
+                          args.lora, profile_dir=args.profile, compilation=args.compilation,
+                          speculative=args.spec)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which says where
         import traceback
 
@@ -534,7 +616,8 @@ def write_hook_plugin(folder: Path) -> Path:
 
 def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hooked: bool,
               lora: Path | None = None, timeout: float = 1800,
-              profile_dir: Path | None = None, compilation: str = "none") -> EngineRun:
+              profile_dir: Path | None = None, compilation: str = "none",
+              speculative: str | None = None) -> EngineRun:
     """One engine run in a fresh process of this interpreter (its ``generate`` under
     torch_npu's profiler, output in `profile_dir`, when given); raises `EngineCheckError`
     when the child printed no result."""
@@ -547,6 +630,8 @@ def run_child(model: Path, max_tokens: int, placement: str | None, tp: int, hook
         cmd.append("--hooked")
     if lora is not None:
         cmd += ["--lora", str(lora)]
+    if speculative is not None:
+        cmd += ["--spec", speculative]
     if profile_dir is not None:
         cmd += ["--profile", str(profile_dir)]
     import tempfile
@@ -625,15 +710,38 @@ def judge_against_reference(model_dir: Path, run: EngineRun, max_tokens: int,
     return {"identical": True, "ok": True, "divergence": None}
 
 
+def replayed_sizes(run: EngineRun) -> list[int]:
+    """The distinct FULL graph sizes (tokens) `run` replayed, ascending."""
+    return sorted({tokens for tokens, _, _ in run.replays})
+
+
+def speculative_report(speculative: str | None, without: EngineRun,
+                       with_: EngineRun) -> dict[str, Any] | None:
+    """The report's ``speculative`` field: None without it, else the method, its draft
+    tokens, the draft tokens each run's verify steps accepted, and ``max_q_len``, the most
+    query rows per request of a replayed graph of the hooked run (``num_tokens / num_reqs``
+    of its batch descriptor: 1 + the draft tokens for a verify batch)."""
+    if speculative is None:
+        return None
+    config = SPECULATIVE_CONFIGS[speculative]
+    return {"method": config["method"],
+            "num_speculative_tokens": config["num_speculative_tokens"],
+            "accepted_drafts": {"without": without.accepted_drafts,
+                                "with": with_.accepted_drafts},
+            "max_q_len": max((t // r for t, r, _ in with_.replays if r), default=0)}
+
+
 def build_report(model: str, tp: int, lora: bool, placement: str | None, without: EngineRun,
                  with_: EngineRun, divergence: judging.Divergence | None,
                  expected_device_layers: list[str] | None = None,
                  profile: dict[str, Any] | None = None,
-                 reference: dict[str, Any] | None = None) -> dict[str, Any]:
+                 reference: dict[str, Any] | None = None,
+                 speculative: str | None = None) -> dict[str, Any]:
     """The serve-check report (`REPORT_FIELDS`) from the two runs, the judged divergence and,
     when computed (`judge_against_reference`), the unhooked run against the fp32 reference
     (which must then be judged equal for a pass); ``profile``: `write_profiles`' ``{"dir",
-    "files"}``, or None when not asked."""
+    "files"}``, or None when not asked; `speculative`: the ``--spec`` method both ran with,
+    or None."""
     layers = [{"name": n, "path": "device", "reason": None} for n in sorted(with_.device_layers)]
     layers += [{"name": n, "path": "host", "reason": r}
                for n, r in sorted(with_.host_layers.items())]
@@ -659,15 +767,21 @@ def build_report(model: str, tp: int, lora: bool, placement: str | None, without
     host_share = len(with_.host_layers) / total if total else 0.0
     updates_ok = updates_with <= updates_without * host_share + 1e-9
     reference_ok = reference is None or reference["ok"]
-    verdict = tokens_ok and moved_ok and no_added and updates_ok and reference_ok
+    replayed = replayed_sizes(with_)
+    # the staggered requests must shrink the batch through several graphs
+    sizes_ok = len(replayed) >= MIN_REPLAYED_SIZES
+    verdict = (tokens_ok and moved_ok and no_added and updates_ok and reference_ok
+               and sizes_ok)
     report = {
         "schema": SCHEMA, "version": VERSION, "vllm": with_.vllm,
         "vllm_ascend": with_.vllm_ascend,
         "backend": with_.backend, "model": model, "dtype": with_.dtype, "tp": tp, "lora": lora,
+        "speculative": speculative_report(speculative, without, with_),
         "placement": placement or (with_.hook_engine or "").removeprefix("npu-") or None,
         "compilation_mode": with_.compilation_mode,
         "compilation_reason": with_.compilation_reason,
-        "graph_sizes": list(GRAPH_SIZES), "layers": layers, "device_layers": device_layers,
+        "graph_sizes": with_.graph_sizes, "replayed_sizes": replayed, "layers": layers,
+        "device_layers": device_layers,
         "updates_per_step": {"without": updates_without, "with": updates_with},
         "added_per_step": added, "tokens_identical": identical,
         "divergence": None if divergence is None else {
@@ -758,14 +872,15 @@ def rank_report(without: EngineRun, with_: EngineRun) -> list[dict[str, Any]]:
     return out
 
 
-def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | None = None,
+def check(model_dir: Path, model: str, max_tokens: int = 10, placement: str | None = None,
           tp: int = 1, lora: Path | None = None,
           expected_device_layers: list[str] | None = None,
           profile_dir: Path | None = None, compilation: str = "none",
-          reference: bool = False) -> dict[str, Any]:
+          reference: bool = False, speculative: str | None = None) -> dict[str, Any]:
     """Run the engine without and with the hook on `model_dir` (reported as `model`), with the
-    LoRA adapter directory `lora` on the requests of `LORA_REQUESTS` when given; judge the
-    tokens, return the report (`build_report`). With `profile_dir`, each run's ``generate``
+    LoRA adapter directory `lora` on the requests of `LORA_REQUESTS` when given, with the
+    speculative decoding method `speculative` (a `SPECULATIVE_CONFIGS` key) when given; judge
+    the tokens, return the report (`build_report`). With `profile_dir`, each run's ``generate``
     runs under torch_npu's profiler and `write_profiles` writes the traces and tables there.
     Raises `EngineCheckError` when a run stops (its first error: exception, message and
     where)."""
@@ -782,11 +897,13 @@ def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | Non
         return Path(profile_dir) / PROFILE_RUNS[hooked][0] / TORCH_NPU_DIR
 
     without = run_child(model_dir, max_tokens, placement, tp, hooked=False, lora=lora,
-                        profile_dir=torch_npu_dir(False), compilation=compilation)
+                        profile_dir=torch_npu_dir(False), compilation=compilation,
+                        speculative=speculative)
     if without.error:
         raise EngineCheckError(f"the engine without the hook stopped: {without.error}")
     with_ = run_child(model_dir, max_tokens, placement, tp, hooked=True, lora=lora,
-                      profile_dir=torch_npu_dir(True), compilation=compilation)
+                      profile_dir=torch_npu_dir(True), compilation=compilation,
+                      speculative=speculative)
     if with_.error:
         raise EngineCheckError(f"the engine with the hook stopped: {with_.error}")
     if (with_.compilation_mode, with_.compilation_reason) != (
@@ -812,7 +929,7 @@ def check(model_dir: Path, model: str, max_tokens: int = 8, placement: str | Non
     judged = (judge_against_reference(model_dir, without, max_tokens, lora) if reference
               else None)
     return build_report(model, tp, lora is not None, placement, without, with_, divergence,
-                        expected_device_layers, profile, judged)
+                        expected_device_layers, profile, judged, speculative)
 
 
 if __name__ == "__main__":

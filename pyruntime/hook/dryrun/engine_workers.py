@@ -32,14 +32,42 @@ def host_waits(stats: Any, before: dict | None = None) -> dict[str, int]:
 
 
 #: this process's counters while a worker of it counts (`begin`)
-_WORKER = {"updates": 0, "stats": None, "wrapped": False}
+_WORKER: dict[str, Any] = {"updates": 0, "stats": None, "wrapped": False, "replays": {},
+                           "replays_wrapped": False}
+
+
+def _count_replays() -> None:
+    """Count each FULL graph replay in `_WORKER`'s ``replays`` by its batch descriptor's
+    ``(num_tokens, num_reqs)``: wraps vLLM-Ascend's ``ACLGraphWrapper.__call__``
+    (``vllm_ascend/compilation/acl_graph.py``: a call whose forward context's
+    ``cudagraph_runtime_mode`` is the wrapper's own, not NONE, captures the descriptor's graph
+    the first time and replays it after), so after the engine's capture (`begin` runs after
+    it) every such call is a replay. Wraps what is there (the hook's wrapper in a hooked
+    run), at class level: the model's wrapper is an instance of it."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import get_forward_context
+    from vllm_ascend.compilation import acl_graph
+
+    call = acl_graph.ACLGraphWrapper.__call__
+
+    def counted_call(self, *args, **kwargs):
+        context = get_forward_context()
+        mode = context.cudagraph_runtime_mode
+        if mode != CUDAGraphMode.NONE and mode == self.runtime_mode:
+            descriptor = context.batch_descriptor
+            key = (int(descriptor.num_tokens), int(getattr(descriptor, "num_reqs", 0) or 0))
+            _WORKER["replays"][key] = _WORKER["replays"].get(key, 0) + 1
+        return call(self, *args, **kwargs)
+
+    acl_graph.ACLGraphWrapper.__call__ = counted_call
 
 
 def begin(worker: Any) -> dict[str, Any]:
     """``LLM.collective_rpc`` target, in each worker (`worker`: vLLM-Ascend's ``NPUWorker``)
     before the generate call: from now on count the graph task updates
     (``torch.npu.graph_task_update_begin``, wrapped once per process) and, on the twin,
-    snapshot the device's counters. Returns ``{"rank", "pid"}``."""
+    snapshot the device's counters; count the FULL graph replays by batch descriptor
+    (`_count_replays`). Returns ``{"rank", "pid"}``."""
     import torch
 
     if not _WORKER["wrapped"]:
@@ -51,7 +79,10 @@ def begin(worker: Any) -> dict[str, Any]:
 
         torch.npu.graph_task_update_begin = counted_begin
         _WORKER["wrapped"] = True
-    _WORKER["updates"] = 0
+    if not _WORKER["replays_wrapped"]:
+        _count_replays()
+        _WORKER["replays_wrapped"] = True
+    _WORKER["updates"], _WORKER["replays"] = 0, {}
     from pyruntime.npu_twin import is_active as twin_active
 
     if twin_active():
@@ -64,14 +95,17 @@ def begin(worker: Any) -> dict[str, Any]:
 def counts(worker: Any, hooked: bool) -> dict[str, Any]:
     """``LLM.collective_rpc`` target, in each worker after the generate call: what it counted
     since `begin`: ``rank``, ``device`` (``"npu:k"``), ``pid``, ``updates``
-    (graph task updates), on the twin ``blocking_copies`` and ``synchronizes``
+    (graph task updates), ``replays`` (``[num_tokens, num_reqs, replays]`` per batch
+    descriptor, ascending), on the twin ``blocking_copies`` and ``synchronizes``
     (`host_waits`), ``collectives_issued`` (HCCL collectives the host queued eagerly) and
     ``collectives_replayed`` (those run by graph replays: run minus issued), else None; and,
     when `hooked`, the hook's ``hook_state``, ``hook_reason``, ``hook_engine``,
     ``device_layers`` and ``host_layers`` in this worker."""
     record: dict[str, Any] = {
         "rank": int(worker.rank), "device": str(worker.device), "pid": os.getpid(),
-        "updates": _WORKER["updates"], "blocking_copies": None, "synchronizes": None,
+        "updates": _WORKER["updates"],
+        "replays": [[t, r, n] for (t, r), n in sorted(_WORKER["replays"].items())],
+        "blocking_copies": None, "synchronizes": None,
         "collectives_issued": None, "collectives_replayed": None,
         "hook_state": None, "hook_reason": None, "hook_engine": None,
         "device_layers": {}, "host_layers": {}}

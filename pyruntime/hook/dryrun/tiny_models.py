@@ -14,8 +14,9 @@ Three shapes, each the real model's architecture with its smallest sizes (the na
 * ``gpt-oss``: ``GptOssForCausalLM``: attention sinks on every layer, a sliding window on the
   even layers (transformers ``GptOssConfig.layer_types``; vLLM ``gpt_oss.py``:
   ``sliding_window if layer_idx % 2 == 0``), 4 experts, 2 per token (gpt-oss is MoE on every
-  layer; unquantized bf16 weights, no ``quantization_config``). Window 16, so the decode
-  steps of a check pass it.
+  layer; unquantized bf16 weights, no ``quantization_config``). Window 16, small enough for
+  a check's decode steps to pass it, but only from ``--max-tokens`` 11 on (the longest prompt
+  is 7 tokens; the default 10 stays within the window).
 * ``deepseek-v3``: ``DeepseekV3ForCausalLM``, MLA with DeepSeek-V3's latent geometry
   (``kv_lora_rank`` 512, ``qk_rope_head_dim`` 64, ``qk_nope_head_dim`` 128, ``v_head_dim``
   128: the geometry of ``hook-dryrun --model mla``), which is also the only one vLLM-Ascend's
