@@ -48,7 +48,7 @@ def cached_wheel(glob: str) -> Path:
     return found[-1]
 
 
-def wheel_file(glob: str, path: str) -> bytes:
+def read_wheel_file(glob: str, path: str) -> bytes:
     """The bytes of the file at `path` inside the cached wheel matching `glob`
     (:func:`cached_wheel`: downloaded once if missing, else a skip)."""
     with zipfile.ZipFile(cached_wheel(glob)) as wheel:

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from pyruntime.npu_twin import STATE_ENV
-from tests.wheels import REPO, TORCH_NPU_WHEEL, vllm_env, wheel_file
+from tests.wheels import REPO, TORCH_NPU_WHEEL, read_wheel_file, vllm_env
 
 PREAMBLE = """\
 from pyruntime import npu_twin
@@ -220,4 +220,4 @@ def run_vllm_tool(tmp_path):
 def registered_schemas() -> bytes:
     """The bytes of torch_npu 2.10.0.post4's ``libtorch_npu.so``: its registered op schemas
     stand in its read-only data, NUL-terminated."""
-    return wheel_file(TORCH_NPU_WHEEL, "torch_npu/lib/libtorch_npu.so")
+    return read_wheel_file(TORCH_NPU_WHEEL, "torch_npu/lib/libtorch_npu.so")

@@ -11,14 +11,14 @@ import re
 import pytest
 
 from pyruntime.npu_twin import model_ops
-from tests.wheels import TORCH_NPU_WHEEL, wheel_file
+from tests.wheels import TORCH_NPU_WHEEL, read_wheel_file
 
 
 @pytest.fixture(scope="module")
 def wheel_files() -> dict[str, bytes]:
     names = ("torch_npu/_op_plugin_docs.py", "torch_npu/lib/libtorch_npu.so",
              "torch_npu/lib/libop_plugin_atb.so", "torch_npu/op_plugin/atb/_atb_ops.py")
-    return {name.rsplit("/", 1)[1]: wheel_file(TORCH_NPU_WHEEL, name) for name in names}
+    return {name.rsplit("/", 1)[1]: read_wheel_file(TORCH_NPU_WHEEL, name) for name in names}
 
 
 @pytest.mark.parametrize("name", sorted(model_ops.NPU_SCHEMAS))
