@@ -6,9 +6,10 @@ whose first lines activate the twin (`PREAMBLE`). Each call gets its own twin st
 directory (``AICPU_TILING_TWIN_STATE``) unless it is handed one (the device-lost fault
 persists there, so two processes sharing one directory share a lost device).
 
-`run_vllm_tool` runs one of ``tools/vllm_ascend_*.py`` in a built vLLM environment (the twin
-active inside vLLM-Ascend's own code) and returns the report it printed; `registered_schemas`
-is what a test compares the twin's op schemas with.
+`OP_SCRIPT` starts the op tests' scripts. `run_vllm_tool` runs one of
+``tools/vllm_ascend_*.py`` in a built vLLM environment (the twin active inside vLLM-Ascend's
+own code) and returns the report it printed; `registered_schemas` is what a test compares the
+twin's op schemas with.
 
 A script may use the helpers of `CHECKS` (prepended after the preamble): ``check(rule, fn)``
 records ``"ok"`` or the exception's type and text under ``rule``, ``expect(exc_type,
@@ -39,6 +40,26 @@ import torch
 """
 
 RESULT_TAG = "TWIN-RULES "
+
+#: the start that the op tests' scripts share (after the preamble and `CHECKS`): numpy,
+#: torch_npu, `NotInTwinError`, a seeded generator ``gen``, ``dev`` and ``close(got, want,
+#: tol)``, which requires the largest difference of a device tensor from a float64 numpy
+#: reference to be at most `tol` times the reference's largest value (or 1)
+OP_SCRIPT = '''
+import numpy as np
+import torch_npu
+from pyruntime.npu_twin.npu_module import NotInTwinError
+
+gen = torch.Generator().manual_seed(0)
+dev = "npu"
+
+
+def close(got, want, tol):
+    got = got.detach().cpu().double().numpy()
+    err = float(np.abs(got - want).max())
+    if not err <= tol * max(1.0, float(np.abs(want).max())):
+        raise AssertionError(f"max error {err} over {tol}")
+'''
 
 CHECKS = f'''
 import atexit as _atexit

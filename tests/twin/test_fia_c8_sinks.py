@@ -12,26 +12,15 @@ from __future__ import annotations
 
 import pytest
 
+from tests.twin.conftest import OP_SCRIPT
+
 pytestmark = pytest.mark.usefixtures("run_twin")
 
 # Builders shared by the scripts: random caches written through our own quantiser and our own
 # ND -> NZ permute ([blocks, bs, Hkv, D] -> [blocks, Hkv, D/32, bs, 32]).
-COMMON = '''
-import numpy as np
-import torch_npu
+COMMON = OP_SCRIPT + '''
 from pyruntime.kernels import kv_quant
-from pyruntime.npu_twin.npu_module import NotInTwinError
 from pyruntime.workload.reference import reference_attention
-
-gen = torch.Generator().manual_seed(0)
-dev = "npu"
-
-
-def close(got, want, tol):
-    got = got.detach().cpu().double().numpy()
-    err = float(np.abs(got - want).max())
-    if not err <= tol * max(1.0, float(np.abs(want).max())):
-        raise AssertionError(f"max error {err} over {tol}")
 
 
 def to_nz(nd):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from pyruntime.npu_twin import mla_ops
+from tests.twin.conftest import OP_SCRIPT
 
 pytestmark = pytest.mark.usefixtures("run_twin")
 
@@ -26,21 +27,7 @@ def test_mla_op_schemas_are_the_wheels(schema, registered_schemas):
     assert b"\0" + schema.encode() + b"\0" in registered_schemas
 
 
-COMMON = '''
-import numpy as np
-import torch_npu
-from pyruntime.npu_twin.npu_module import NotInTwinError
-
-gen = torch.Generator().manual_seed(0)
-dev = "npu"
-
-
-def close(got, want, tol):
-    got = got.detach().cpu().double().numpy()
-    err = float(np.abs(got - want).max())
-    if not err <= tol * max(1.0, float(np.abs(want).max())):
-        raise AssertionError(f"max error {err} over {tol}")
-
+COMMON = OP_SCRIPT + '''
 
 def rope64(x, cos, sin):
     """Interleaved RoPE, element by element in float64: pair i is (x[2i], x[2i+1]); its

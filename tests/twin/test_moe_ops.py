@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from pyruntime.npu_twin import moe_ops, vllm_ascend_c_schemas
+from tests.twin.conftest import OP_SCRIPT
 
 pytestmark = pytest.mark.usefixtures("run_twin")
 
@@ -40,21 +41,7 @@ def test_the_c_ascend_moe_ops_have_bodies(release):
             moe_ops.init_routing_custom
 
 
-COMMON = '''
-import numpy as np
-import torch_npu
-from pyruntime.npu_twin.npu_module import NotInTwinError
-
-gen = torch.Generator().manual_seed(0)
-dev = "npu"
-
-
-def close(got, want, tol):
-    got = got.detach().cpu().double().numpy()
-    err = float(np.abs(got - want).max())
-    if not err <= tol * max(1.0, float(np.abs(want).max())):
-        raise AssertionError(f"max error {err} over {tol}")
-'''
+COMMON = OP_SCRIPT
 
 ROUTING = COMMON + '''
 T, K, H, E = 5, 3, 16, 6
