@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,13 @@ def cached_wheel(glob: str) -> Path:
             pytest.fail(f"{message}; CI=true requires it (run tools/fetch_wheels.sh)")
         pytest.skip(message)
     return found[-1]
+
+
+def read_wheel_file(glob: str, path: str) -> bytes:
+    """The bytes of the file at `path` inside the cached wheel matching `glob`
+    (:func:`cached_wheel`: downloaded once if missing, else a skip)."""
+    with zipfile.ZipFile(cached_wheel(glob)) as wheel:
+        return wheel.read(path)
 
 
 #: The vLLM environments ``tools/vllm_env.sh`` builds (``.ci/run`` builds them), one folder a

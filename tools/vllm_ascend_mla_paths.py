@@ -76,6 +76,7 @@ def main() -> int:
     from vllm_ascend.ascend_config import init_ascend_config
     from vllm_ascend.compilation import acl_graph
 
+    from pyruntime.npu_twin import device as twin
     from pyruntime.npu_twin import fia, mla_ops
 
     # the twin's ops vLLM-Ascend issues, by name, per phase
@@ -96,13 +97,15 @@ def main() -> int:
         return fia_issue(query, key, value, options, *args, **kwargs)
 
     fia._issue = recorded_issue
-    enqueue = mla_ops._enqueue  # npu_interleave_rope's and npu_kv_rmsnorm_rope_cache's task
+    enqueue_aicore = twin.Device.enqueue_aicore
 
-    def recorded_enqueue(op, *args, **kwargs):
-        issued.append(op)
-        return enqueue(op, *args, **kwargs)
+    def recorded_enqueue(dev, op, run, **kwargs):
+        # npu_interleave_rope's and npu_kv_rmsnorm_rope_cache's task (its body is mla_ops')
+        if run.__module__ == mla_ops.__name__:
+            issued.append(op)
+        return enqueue_aicore(dev, op, run, **kwargs)
 
-    mla_ops._enqueue = recorded_enqueue
+    twin.Device.enqueue_aicore = recorded_enqueue
     for name in ("npu_format_cast", "npu_transpose_batchmatmul"):
         setattr(torch_npu, name, recording(name, getattr(torch_npu, name)))
 

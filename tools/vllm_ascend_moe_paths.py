@@ -52,6 +52,7 @@ def main() -> int:
     from vllm_ascend.ops.fused_moe import moe_mlp
     from vllm_ascend.ops.fused_moe.token_dispatcher import TokenDispatcherWithAllGather
 
+    from pyruntime.npu_twin import device as twin
     from pyruntime.npu_twin import moe_ops
 
     release = metadata.version("vllm_ascend")
@@ -64,13 +65,14 @@ def main() -> int:
         from vllm_ascend.ops.fused_moe.dataclass.router_input import MoeRouterInput
         from vllm_ascend.ops.fused_moe.dataclass.token_dispatcher import MoETokenDispatchInput
     issued: list[str] = []
-    enqueue = moe_ops._enqueue
+    enqueue_aicore = twin.Device.enqueue_aicore
 
-    def recorded_enqueue(op, *args, **kwargs):
-        issued.append(op)
-        return enqueue(op, *args, **kwargs)
+    def recorded_enqueue(dev, op, run, **kwargs):
+        if run.__module__ == moe_ops.__name__:  # a task of moe_ops (its body is moe_ops')
+            issued.append(op)
+        return enqueue_aicore(dev, op, run, **kwargs)
 
-    moe_ops._enqueue = recorded_enqueue
+    twin.Device.enqueue_aicore = recorded_enqueue
     gen = torch.Generator().manual_seed(0)
     dev = torch.device("npu", 0)
     bf16 = torch.bfloat16

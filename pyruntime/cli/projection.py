@@ -175,24 +175,29 @@ def render(table: dict) -> str:
     return "\n".join(lines)
 
 
+def _read_report(path: Path | None, option: str, kind: str) -> dict | None:
+    """The aicpu-tiling `kind` JSON (``bench``, ``selfcheck``) that `option` names, or None
+    when the option was not given.
+
+    Raises:
+        CliError: the file cannot be read, is not JSON or is not an aicpu-tiling `kind` JSON
+            (the message names the option and the file).
+    """
+    if path is None:
+        return None
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CliError(f"{option} {path}: {exc}") from exc
+    if report.get("schema") != f"aicpu-tiling/{kind}":
+        raise CliError(f"{option} {path}: not an aicpu-tiling {kind} JSON")
+    return report
+
+
 def run(args: argparse.Namespace) -> int:
-    result = None
-    if args.source is not None:
-        try:
-            result = json.loads(args.source.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CliError(f"--from {args.source}: {exc}") from exc
-        if result.get("schema") != "aicpu-tiling/bench":
-            raise CliError(f"--from {args.source}: not an aicpu-tiling bench JSON")
-    selfcheck = None
-    if args.selfcheck is not None:
-        try:
-            report = json.loads(args.selfcheck.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CliError(f"--selfcheck {args.selfcheck}: {exc}") from exc
-        if report.get("schema") != "aicpu-tiling/selfcheck":
-            raise CliError(f"--selfcheck {args.selfcheck}: not an aicpu-tiling selfcheck JSON")
-        selfcheck = from_selfcheck(report)
+    result = _read_report(args.source, "--from", "bench")
+    report = _read_report(args.selfcheck, "--selfcheck", "selfcheck")
+    selfcheck = None if report is None else from_selfcheck(report)
     table = projection(result, selfcheck)
     if args.json:
         emit_json(table)

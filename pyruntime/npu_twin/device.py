@@ -404,6 +404,27 @@ class Device:
             return
         stream.queue.append(work)
 
+    def enqueue_aicore(self, label: str, run: Callable[[], None], *, index: int,
+                       writes: tuple = (), kind: str = "aicore") -> None:
+        """Queue an op's device task on the calling thread's current stream of device `index`
+        (recorded into the graph when that stream captures), as torch_npu queues an op on the
+        current stream of its tensors' device (a device guard from them).
+
+        Args:
+            label: the op's name (task records, errors).
+            run: the task's body, run when the stream reaches it (every replay, if captured):
+                reads and writes device memory (inner tensors) only.
+            index: the device of the op's tensors.
+            writes: the device memory `run` writes (twin tensors or their inner tensors):
+                what fault ``stale-aicpu-read`` keeps the previous contents of.
+            kind: ``aicore``, a kernel (a torch_npu or custom op), or ``op``, an aten op
+                (`stats` counts them apart).
+        """
+        # map, not a generator: no Python call per task when nothing is written (the bench
+        # counts a host step's Python calls)
+        self.enqueue(Work(kind, label, run, writes=tuple(map(inner, writes))),
+                     self.current_stream(index))
+
     def _record(self, graph: GraphState, stream: StreamState, work: Work) -> None:
         if graph.status != "capturing":
             raise CaptureViolation(f"{work.label} issued on {stream}, which is still capturing "
@@ -849,6 +870,21 @@ def is_npu_tensor(value: Any) -> bool:
         return True
     return _plain_host_alias is not None and isinstance(value, torch.Tensor) \
         and value.device.type == "npu"
+
+
+def refuse_host_tensors(op: str, *values: Any) -> None:
+    """`HostPointerError` if any of an op's arguments is a host tensor (a pointer the AI Core
+    cannot read); values that are not tensors (None, numbers, lists) pass."""
+    # by device type, not by tensor class: both tensor layers say ``device.type == "npu"``
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.device.type != "npu":
+            raise HostPointerError(f"{op}: every tensor must be on the NPU")
+
+
+def op_refused(op: str, message: str) -> RuntimeError:
+    """The error an op raises for a call its documented rules refuse: a RuntimeError (what
+    torch_npu's and the kernels' TORCH_CHECKs raise) whose message starts with the op."""
+    return RuntimeError(f"{op}: {message}")
 
 
 def index_of(value: torch.Tensor) -> int:

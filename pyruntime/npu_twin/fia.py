@@ -336,12 +336,6 @@ def _reference_c8(query, key, value, options: dict) -> tuple[torch.Tensor, torch
     return out.reshape(query.shape), lse.reshape(query.shape[:3] + (1,))
 
 
-def _check_on_device(op: str, query, key, value, options: dict) -> None:
-    for t in (query, key, value, *options.values()):
-        if isinstance(t, torch.Tensor) and not twin.is_npu_tensor(t):
-            raise twin.HostPointerError(f"{op}: every tensor must be on the NPU")
-
-
 def _reference(query, key, value, options: dict, sink: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """FIA's result: ``[T, num_heads, D]`` output and ``[T, num_heads, 1]`` lse (BNSD:
@@ -477,10 +471,9 @@ def _issue(query, key, value, options, attention_out, softmax_lse, *,
     """Queue FIA (``op``) as an AI Core task on the current stream. The options the caller
     passed are checked now, on the host, as the real op's tiling does (C8's and v2's rules;
     the data-dependent ones again when the task runs)."""
-    dev = twin.device()
     options = {**(_DEFAULTS if defaults is None else defaults), **options}
     reference = _reference if reference is None else reference
-    _check_on_device(op, query, key, value, options)
+    twin.refuse_host_tensors(op, query, key, value, *options.values())
     frozen = _frozen(options)
     q, k, v = twin.inner(query), twin.inner(key), twin.inner(value)
     _precheck(op, q, k, v, frozen)
@@ -491,8 +484,7 @@ def _issue(query, key, value, options, attention_out, softmax_lse, *,
         out_i.copy_(out.reshape(out_i.shape))
         if lse_i.numel() == lse.numel():
             lse_i.copy_(lse.reshape(lse_i.shape))
-    # a torch_npu op runs on the current stream of its tensors' device (a device guard)
-    dev.enqueue(twin.Work("aicore", op, run), dev.current_stream(twin.index_of(query)))
+    twin.device().enqueue_aicore(op, run, index=twin.index_of(query))
 
 
 def _precheck(op: str, query, key, value, options: dict) -> None:
@@ -538,8 +530,8 @@ def get_max_workspace(query, key, value, **options):
     raises ``NotInTwinError``), on the host, since the real op sizes the workspace from
     them when it is called."""
     options = _int_lists({**_DEFAULTS, **options}, SCHEMA)
-    _check_on_device("_npu_fused_infer_attention_score_get_max_workspace", query, key, value,
-                     options)
+    twin.refuse_host_tensors("_npu_fused_infer_attention_score_get_max_workspace", query, key,
+                             value, *options.values())
     _precheck("npu_fused_infer_attention_score", twin.inner(query), twin.inner(key),
               twin.inner(value), _frozen(options))
     return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=query.device)
@@ -661,8 +653,8 @@ def get_max_workspace_v2(query, key, value, **options):
         raise TypeError(f"_npu_fused_infer_attention_score_v2_get_max_workspace() got "
                         f"unexpected keyword arguments {unknown}")
     options = _int_lists({**_V2_DEFAULTS, **options}, V2_SCHEMA)
-    _check_on_device("_npu_fused_infer_attention_score_v2_get_max_workspace", query, key,
-                     value, options)
+    twin.refuse_host_tensors("_npu_fused_infer_attention_score_v2_get_max_workspace", query,
+                             key, value, *options.values())
     _v2_checked(twin.inner(query), twin.inner(key), twin.inner(value), _frozen(options))
     return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=query.device)
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from . import device as twin
+from .device import op_refused as _fail
 from .npu_module import NotInTwinError
 
 #: torch_npu 2.10.0.post4, ``torch_npu/lib/libtorch_npu.so`` (the registered schemas, verbatim)
@@ -56,25 +57,6 @@ _HALF = (torch.float16, torch.bfloat16)
 
 #: ``aclFormat`` ACL_FORMAT_ND (CANN ``acl_base.h``), the only format a twin tensor has
 ACL_FORMAT_ND = 2
-
-
-def _fail(op: str, message: str) -> RuntimeError:
-    return RuntimeError(f"{op}: {message}")
-
-
-def _on_device(op: str, *tensors) -> None:
-    # by device type, not by tensor class (the twin's tensor layer is being ported to plain
-    # PrivateUse1 tensors; both say ``device.type == "npu"``)
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.device.type != "npu":
-            raise twin.HostPointerError(f"{op}: every tensor must be on the NPU")
-
-
-def _enqueue(op: str, run, like: torch.Tensor, writes: tuple = ()) -> None:
-    """Queue `run` as an AI Core task on the current stream of `like`'s device."""
-    dev = twin.device()
-    dev.enqueue(twin.Work("aicore", op, run, writes=writes),
-                dev.current_stream(like.device.index or 0))
 
 
 # ---- npu_interleave_rope --------------------------------------------------------------------
@@ -128,14 +110,14 @@ def interleave_rope(x, cos, sin):
         RuntimeError: what the doc forbids (`check_interleave_rope`), at the call.
     """
     op = "npu_interleave_rope"
-    _on_device(op, x, cos, sin)
+    twin.refuse_host_tensors(op, x, cos, sin)
     check_interleave_rope(x, cos, sin)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     xi, ci, si, oi = (twin.inner(t) for t in (x, cos, sin, out))
 
     def run() -> None:
         oi.copy_(_rope_f32(xi, ci, si).to(oi.dtype))
-    _enqueue(op, run, x, writes=(oi,))
+    twin.device().enqueue_aicore(op, run, index=twin.index_of(x), writes=(oi,))
     return out
 
 
@@ -230,8 +212,8 @@ def kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, **opti
     the rope and normed rows in kv's dtype (unwritten otherwise, as the kernel leaves them).
     """
     op = "npu_kv_rmsnorm_rope_cache"
-    _on_device(op, kv, gamma, cos, sin, index, k_cache, ckv_cache,
-               *(v for v in options.values() if isinstance(v, torch.Tensor)))
+    twin.refuse_host_tensors(op, kv, gamma, cos, sin, index, k_cache, ckv_cache,
+                             *(v for v in options.values() if isinstance(v, torch.Tensor)))
     check_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, options)
     epsilon = float(options.get("epsilon", 1e-5))
     output_kv = bool(options.get("is_output_kv", False))
@@ -250,7 +232,7 @@ def kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, **opti
         if output_kv:
             kei.copy_(roped)
             yi.copy_(normed)
-    _enqueue(op, run, kv, writes=(kci, cci, kei, yi))
+    twin.device().enqueue_aicore(op, run, index=twin.index_of(kv), writes=(kci, cci, kei, yi))
     return k_cache, ckv_cache, k_embed, y_out
 
 

@@ -103,15 +103,6 @@ def _on_device(op: str, **tensors: torch.Tensor | None) -> int:
     return found.pop()
 
 
-def _issue(op: str, index: int, run: Callable[[], None], writes: tuple,
-           kind: str = "aicore") -> None:
-    """Queue `run` as an AI Core task (`kind` ``aicore``, a torch_npu op; ``op``, an aten op)
-    on the current stream of device `index`."""
-    dev = twin.device()
-    dev.enqueue(twin.Work(kind, op, run, writes=tuple(twin.inner(w) for w in writes)),
-                dev.current_stream(index))
-
-
 def _dtype(op: str, name: str, t: torch.Tensor, allowed: tuple) -> None:
     if t.dtype not in allowed:
         names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
@@ -170,7 +161,7 @@ def npu_rms_norm(input: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-0
         out, r = rms_norm_reference(x_i, g_i, epsilon)
         y_i.copy_(out)
         r_i.copy_(r)
-    _issue(op, index, run, (y, rstd))
+    twin.device().enqueue_aicore(op, run, index=index, writes=(y, rstd))
     return y, rstd
 
 
@@ -198,7 +189,7 @@ def npu_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor,
         y_i.copy_(out)
         r_i.copy_(r)
         x_i.copy_(total)
-    _issue(op, index, run, (y, rstd, x))
+    twin.device().enqueue_aicore(op, run, index=index, writes=(y, rstd, x))
     return y, rstd, x
 
 
@@ -227,7 +218,7 @@ def npu_swiglu(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     def run() -> None:
         a, b = x_i.float().chunk(2, dim=dim)
         o_i.copy_(torch.nn.functional.silu(a) * b)
-    _issue(op, index, run, (out,))
+    twin.device().enqueue_aicore(op, run, index=index, writes=(out,))
     return out
 
 
@@ -335,7 +326,7 @@ def npu_mrope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
         cos, sin = _cos_sin(op, c_i, p_i)
         qo_i.copy_(rope_reference(q_i, cos, sin, head_size, neox))
         ko_i.copy_(rope_reference(k_i, cos, sin, head_size, neox))
-    _issue(op, index, run, (q_out, k_out))
+    twin.device().enqueue_aicore(op, run, index=index, writes=(q_out, k_out))
     return q_out, k_out
 
 
@@ -382,7 +373,7 @@ def npu_rotary_embedding_atb(positions: torch.Tensor, query: torch.Tensor, key: 
         k_new = rope_reference(k_i, cos, sin, head_size, bool(is_neox_style))
         q_i.copy_(q_new)
         k_i.copy_(k_new)
-    _issue(op, index, run, (query, key))
+    twin.device().enqueue_aicore(op, run, index=index, writes=(query, key))
 
 
 # ---- KV cache writes -----------------------------------------------------------------------
@@ -487,8 +478,9 @@ def npu_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, *,
     # { continue; }" per token. vLLM pads slot_mapping with PAD_SLOT_ID -1, and vLLM-Ascend
     # 0.30's reshape_and_cache (attention_v1.py) writes the padded tokens of the dummy batches
     # it warms up and captures (num_actual_tokens is the padded count there)
-    _issue(op, index, lambda: _write_slots(op, *tensors, skip_negative=True),
-           (key_cache, value_cache))
+    twin.device().enqueue_aicore(
+        op, lambda: _write_slots(op, *tensors, skip_negative=True), index=index,
+        writes=(key_cache, value_cache))
 
 
 def npu_reshape_and_cache_atb(key, value, key_cache, value_cache, slot_indices) -> None:
@@ -512,8 +504,9 @@ def npu_reshape_and_cache_atb(key, value, key_cache, value_cache, slot_indices) 
     # (hicann/ascend-transformer-boost src/kernels/mixkernels/reshape_and_cache/op_kernel/
     # reshape_and_cache_nd.cpp, ProcessKVEqual / ProcessKVUnequalIncrement: "if (slotValue < 0)
     # continue;"); vLLM-Ascend 0.23's capture warm-up writes padded slots -1 through it
-    _issue(op, index, lambda: _write_slots(op, *tensors, skip_negative=True),
-           (key_cache, value_cache))
+    twin.device().enqueue_aicore(
+        op, lambda: _write_slots(op, *tensors, skip_negative=True), index=index,
+        writes=(key_cache, value_cache))
 
 
 # ---- ATB warm-up matmul ----------------------------------------------------------------------
@@ -535,7 +528,7 @@ def npu_matmul_add_fp32_atb(x: torch.Tensor, weight: torch.Tensor, C: torch.Tens
 
     def run() -> None:
         c_i.add_(x_i.float().t() @ w_i.float())
-    _issue(op, index, run, (C,))
+    twin.device().enqueue_aicore(op, run, index=index, writes=(C,))
 
 
 # ---- fake kernels (the wheel's meta kernels) ----------------------------------------------
@@ -590,8 +583,8 @@ def arange(start, end=None, step=1, *, dtype=None, layout=None, device=None, pin
         else torch.arange(start, dtype=dtype)
     out = torch.empty(values.shape, dtype=values.dtype, device=device or "npu")
     target = twin.inner(out)
-    _issue("aten::arange", out.device.index or 0, lambda: target.copy_(values), (out,),
-           kind="op")
+    twin.device().enqueue_aicore("aten::arange", lambda: target.copy_(values),
+                                 index=out.device.index or 0, writes=(out,), kind="op")
     return out
 
 

@@ -49,6 +49,7 @@ import itertools
 import torch
 
 from . import device as twin
+from .device import op_refused as _fail
 from .npu_module import NotInTwinError
 
 #: torch_npu 2.10.0.post4, ``torch_npu/lib/libtorch_npu.so`` (the registered schemas, verbatim)
@@ -72,25 +73,6 @@ TOKEN_UNPERMUTE_SCHEMA = (
     "probs=None, bool padded_mode=False, int[]? restore_shape=None) -> Tensor")
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _fail(op: str, message: str) -> RuntimeError:
-    return RuntimeError(f"{op}: {message}")
-
-
-def _on_device(op: str, *tensors) -> None:
-    # by device type, not by tensor class (the twin's tensor layer is being ported to plain
-    # PrivateUse1 tensors; both say ``device.type == "npu"``)
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.device.type != "npu":
-            raise twin.HostPointerError(f"{op}: every tensor must be on the NPU")
-
-
-def _enqueue(op: str, run, like: torch.Tensor, writes: tuple = ()) -> None:
-    """Queue `run` as an AI Core task on the current stream of `like`'s device."""
-    dev = twin.device()
-    dev.enqueue(twin.Work("aicore", op, run, writes=writes),
-                dev.current_stream(like.device.index or 0))
 
 
 # ---- npu_moe_init_routing_v2 ------------------------------------------------------------------
@@ -203,7 +185,7 @@ def init_routing_v2_reference(x: torch.Tensor, expert_idx: torch.Tensor, expert_
 
 
 def _init_routing(op: str, x, expert_idx, options: dict):
-    _on_device(op, x, expert_idx, options.get("scale"), options.get("offset"))
+    twin.refuse_host_tensors(op, x, expert_idx, options.get("scale"), options.get("offset"))
     start, end = check_init_routing_v2(x, expert_idx, options, op)
     expert_num = int(options["expert_num"])
     rows = expert_idx.numel()
@@ -222,7 +204,7 @@ def _init_routing(op: str, x, expert_idx, options: dict):
         for out, value in zip((exi, ri, ci), got):
             out.copy_(value)
         si.zero_()
-    _enqueue(op, run, x, writes=(exi, ri, ci, si))
+    twin.device().enqueue_aicore(op, run, index=twin.index_of(x), writes=(exi, ri, ci, si))
     return expanded, row_idx, counts, expanded_scale
 
 
@@ -437,7 +419,7 @@ def grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_s
                "act_type": act_type, "output_dtype": output_dtype, "x_dtype": x_dtype,
                "weight_dtype": weight_dtype, "scale_dtype": scale_dtype,
                "per_token_scale_dtype": per_token_scale_dtype}
-    _on_device(op, *x, *weight, *(bias or ()), group_list)
+    twin.refuse_host_tensors(op, *x, *weight, *(bias or ()), group_list)
     check_grouped_matmul(x, weight, bias, group_list, options)
     x0, w0 = x[0], weight[0]
     out = torch.empty((x0.shape[0], w0.shape[2]), dtype=x0.dtype, device=x0.device)
@@ -448,7 +430,7 @@ def grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_s
     def run() -> None:
         ends = group_ends(gi, group_list_type, rows, op)
         oi.copy_(grouped_matmul_reference(xi, wi, bi, ends))
-    _enqueue(op, run, x0, writes=(oi,))
+    twin.device().enqueue_aicore(op, run, index=twin.index_of(x0), writes=(oi,))
     return [out]
 
 
@@ -524,7 +506,7 @@ def token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_mode=Fal
             outside the permuted rows when the task runs.
     """
     op = "npu_moe_token_unpermute"
-    _on_device(op, permuted_tokens, sorted_indices, probs)
+    twin.refuse_host_tensors(op, permuted_tokens, sorted_indices, probs)
     top_k = check_token_unpermute(permuted_tokens, sorted_indices, probs, padded_mode)
     tokens = sorted_indices.shape[0] // top_k
     out = torch.empty((tokens, permuted_tokens.shape[1]), dtype=permuted_tokens.dtype,
@@ -534,7 +516,7 @@ def token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_mode=Fal
 
     def run() -> None:
         oi.copy_(token_unpermute_reference(pi, ii, qi, top_k))
-    _enqueue(op, run, permuted_tokens, writes=(oi,))
+    twin.device().enqueue_aicore(op, run, index=twin.index_of(permuted_tokens), writes=(oi,))
     return out
 
 
@@ -655,7 +637,7 @@ def gating_top_k(x, k, k_group, group_count, group_select_mode, renorm, norm_typ
         RuntimeError: what the adapter and the tiling refuse (`check_gating_top_k`).
     """
     op = "_C_ascend::moe_gating_top_k"
-    _on_device(op, x, bias_opt)
+    twin.refuse_host_tensors(op, x, bias_opt)
     check_gating_top_k(x, k, k_group, group_count, group_select_mode, renorm, norm_type,
                        bias_opt)
     rows, experts = x.shape
@@ -672,7 +654,7 @@ def gating_top_k(x, k, k_group, group_count, group_select_mode, renorm, norm_typ
         yi.copy_(weights)
         ii.copy_(ids)
         oi.copy_(norm) if out_flag else oi.zero_()
-    _enqueue(op, run, x, writes=(yi, ii, oi))
+    twin.device().enqueue_aicore(op, run, index=twin.index_of(x), writes=(yi, ii, oi))
     return y, idx, out
 
 

@@ -216,8 +216,7 @@ def npu_add_rms_norm_bias(x1, x2, gamma, beta=None, epsilon=1e-6):
     def run() -> None:
         for out, value in zip(outputs, add_rms_norm_bias_reference(*inputs, eps), strict=True):
             out.copy_(value.to(out.dtype))
-    dev = twin.device()
-    dev.enqueue(twin.Work("aicore", op, run, writes=tuple(outputs)), dev.current_stream(index))
+    twin.device().enqueue_aicore(op, run, index=index, writes=tuple(outputs))
     return y, rstd, x
 
 
@@ -346,8 +345,7 @@ def _queue_punica(op: str, x, weight, y, lora_indices, seq_len, *, shrink: bool,
         tokens = token_lora_indices(x_i.size(0), ind_i, seq_i)
         y_i.copy_(punica_reference(x_i, w_i, y_i, tokens, shrink=shrink, scale=scale,
                                    slice_offset=slice_offset, slice_size=slice_size))
-    dev = twin.device()
-    dev.enqueue(twin.Work("aicore", op, run, writes=(y_i,)), dev.current_stream(index))
+    twin.device().enqueue_aicore(op, run, index=index, writes=(y_i,))
 
 
 def bgmv_shrink(x, weight, indices, y, scale):
@@ -541,9 +539,7 @@ def npu_copy_and_expand_eagle_inputs(target_token_ids, target_positions, next_to
         for out, value in zip(outs_i, copy_and_expand_eagle_inputs_reference(*inputs, *scalars),
                               strict=True):
             out.copy_(value)
-    dev = twin.device()
-    dev.enqueue(twin.Work("aicore", _EAGLE_OP, run, writes=tuple(outs_i)),
-                dev.current_stream(index))
+    twin.device().enqueue_aicore(_EAGLE_OP, run, index=index, writes=tuple(outs_i))
     return outputs
 
 

@@ -57,6 +57,20 @@ def test_a_file_that_is_not_a_bench_json_is_one_line_error(cli, tmp_path):
     assert code == 2 and "not an aicpu-tiling bench JSON" in err
 
 
+def test_each_input_file_is_checked_under_its_own_option(cli, tmp_path):
+    """A bench JSON handed to --selfcheck, and a file that is missing or not JSON, are one-line
+    errors that name the option and the file."""
+    bench = tmp_path / "b.json"
+    bench.write_text(json.dumps(_bench(44.0, 30.0, 20.0)))
+    code, _, err = cli("bench", "projection", "--selfcheck", str(bench))
+    assert code == 2 and f"--selfcheck {bench}: not an aicpu-tiling selfcheck JSON" in err
+    missing, broken = tmp_path / "missing.json", tmp_path / "broken.json"
+    broken.write_text("{")
+    for option, path in (("--from", missing), ("--selfcheck", broken)):
+        code, _, err = cli("bench", "projection", option, str(path))
+        assert code == 2 and f"{option} {path}: " in err and "Traceback" not in err, err
+
+
 def _selfcheck(backend: str, emulated: bool) -> dict:
     where = {"backend": backend, "emulated": emulated}
     return {"schema": "aicpu-tiling/selfcheck", "checks": [

@@ -6,6 +6,11 @@ whose first lines activate the twin (`PREAMBLE`). Each call gets its own twin st
 directory (``AICPU_TILING_TWIN_STATE``) unless it is handed one (the device-lost fault
 persists there, so two processes sharing one directory share a lost device).
 
+`OP_SCRIPT` starts the op tests' scripts. `run_vllm_tool` runs one of
+``tools/vllm_ascend_*.py`` in a built vLLM environment (the twin active inside vLLM-Ascend's
+own code) and returns the report it printed; `registered_schemas` is what a test compares the
+twin's op schemas with.
+
 A script may use the helpers of `CHECKS` (prepended after the preamble): ``check(rule, fn)``
 records ``"ok"`` or the exception's type and text under ``rule``, ``expect(exc_type,
 fragment, fn)`` requires exactly that exception type with ``fragment`` in its message,
@@ -26,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from pyruntime.npu_twin import STATE_ENV
+from tests.wheels import REPO, TORCH_NPU_WHEEL, read_wheel_file, vllm_env
 
 PREAMBLE = """\
 from pyruntime import npu_twin
@@ -34,6 +40,26 @@ import torch
 """
 
 RESULT_TAG = "TWIN-RULES "
+
+#: the start that the op tests' scripts share (after the preamble and `CHECKS`): numpy,
+#: torch_npu, `NotInTwinError`, a seeded generator ``gen``, ``dev`` and ``close(got, want,
+#: tol)``, which requires the largest difference of a device tensor from a float64 numpy
+#: reference to be at most `tol` times the reference's largest value (or 1)
+OP_SCRIPT = '''
+import numpy as np
+import torch_npu
+from pyruntime.npu_twin.npu_module import NotInTwinError
+
+gen = torch.Generator().manual_seed(0)
+dev = "npu"
+
+
+def close(got, want, tol):
+    got = got.detach().cpu().double().numpy()
+    err = float(np.abs(got - want).max())
+    if not err <= tol * max(1.0, float(np.abs(want).max())):
+        raise AssertionError(f"max error {err} over {tol}")
+'''
 
 CHECKS = f'''
 import atexit as _atexit
@@ -176,3 +202,43 @@ def run_twin(tmp_path_factory):
     runner = TwinRunner(tmp_path_factory.mktemp("npu-twin"))
     yield runner
     runner.close()
+
+
+#: what a vLLM-environment tool must not inherit from the test's shell: our own switches (the
+#: tool runs vLLM-Ascend without our hook), the suite's PYTHONHOME and Triton interpreter
+#: (the twin interprets our kernels itself), and a TASK_QUEUE_ENABLE that refuses captures
+_NOT_FOR_VLLM_TOOLS = ("AICPU_TILING", "AICPU_TILING_ENGINE", "PYTHONHOME", "TRITON_INTERPRET",
+                       "TASK_QUEUE_ENABLE")
+
+
+@pytest.fixture
+def run_vllm_tool(tmp_path):
+    """``run(release, tool, timeout=300) -> dict``: runs ``tools/<tool>`` with the python of
+    vLLM-Ascend `release`'s environment (`vllm_env`: a skip without it, a failure under CI),
+    that release's source tree on the path and a fresh twin state directory, and returns its
+    report (the last stdout line starting with ``{``, as JSON). The test fails, with the end
+    of the tool's stderr, when the tool exits non-zero or prints no report, or when the
+    report is not of `release` on the twin."""
+
+    def run(release: str, tool: str, timeout: float = 300) -> dict:
+        env = vllm_env(release)
+        child = {k: v for k, v in os.environ.items() if k not in _NOT_FOR_VLLM_TOOLS}
+        child["PYTHONPATH"] = os.pathsep.join([str(REPO), str(env / "vllm-ascend")])
+        child[STATE_ENV] = str(tmp_path)
+        proc = subprocess.run([str(env / "venv" / "bin" / "python"), str(REPO / "tools" / tool)],
+                              capture_output=True, text=True, env=child, cwd=REPO,
+                              timeout=timeout, check=False)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+        report = json.loads(lines[-1])
+        assert report["vllm_ascend"] == release and report["device"] == "npu-twin", report
+        return report
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def registered_schemas() -> bytes:
+    """The bytes of torch_npu 2.10.0.post4's ``libtorch_npu.so``: its registered op schemas
+    stand in its read-only data, NUL-terminated."""
+    return read_wheel_file(TORCH_NPU_WHEEL, "torch_npu/lib/libtorch_npu.so")

@@ -10,36 +10,17 @@ newest supported release's environment, without our hook."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 
-from pyruntime.npu_twin import STATE_ENV
-from tests.wheels import vllm_env
+from tests.twin.conftest import OP_SCRIPT
 
 pytestmark = pytest.mark.usefixtures("run_twin")
 
 # Builders shared by the scripts: random caches written through our own quantiser and our own
 # ND -> NZ permute ([blocks, bs, Hkv, D] -> [blocks, Hkv, D/32, bs, 32]).
-COMMON = '''
-import numpy as np
-import torch_npu
+COMMON = OP_SCRIPT + '''
 from pyruntime.kernels import kv_quant
-from pyruntime.npu_twin.npu_module import NotInTwinError
 from pyruntime.workload.reference import reference_attention
-
-gen = torch.Generator().manual_seed(0)
-dev = "npu"
-
-
-def close(got, want, tol):
-    got = got.detach().cpu().double().numpy()
-    err = float(np.abs(got - want).max())
-    if not err <= tol * max(1.0, float(np.abs(want).max())):
-        raise AssertionError(f"max error {err} over {tol}")
 
 
 def to_nz(nd):
@@ -389,29 +370,14 @@ def test_fia_paths_on_the_twin(script, run_twin):
     assert not bad, bad
 
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.parametrize("release", ["0.23.0.post1", "0.30.0rc2"])
-def test_vllm_ascends_own_c8_and_sinks_layers_on_the_twin(release, tmp_path):
+def test_vllm_ascends_own_c8_and_sinks_layers_on_the_twin(release, run_vllm_tool):
     """Each layer's graph captures the FIA vLLM-Ascend's entry issues (C8: v1 BNSD on the int8
     NZ view with its antiquant scales; sinks: v2 TND with learnable_sink), vLLM-Ascend's own
     update rewrites it once a step, and every replayed output matches float64, closer than
     the answer without the sinks; so does one eager step."""
-    env = vllm_env(release)
-    child = {k: v for k, v in os.environ.items()
-             if k not in ("AICPU_TILING", "AICPU_TILING_ENGINE", "PYTHONHOME",
-                          "TRITON_INTERPRET", "TASK_QUEUE_ENABLE")}
-    child["PYTHONPATH"] = os.pathsep.join([str(REPO), str(env / "vllm-ascend")])
-    child[STATE_ENV] = str(tmp_path)
-    proc = subprocess.run([str(env / "venv" / "bin" / "python"),
-                           str(REPO / "tools" / "vllm_ascend_fia_paths.py")],
-                          capture_output=True, text=True, env=child, cwd=REPO, timeout=300,
-                          check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    report = json.loads(lines[-1])
-    assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
+    report = run_vllm_tool(release, "vllm_ascend_fia_paths.py")
     c8, sinks = report["captured"]
     assert (c8["layout"], c8["key"], c8["key_dtype"], c8["key_antiquant_scale"]) == (
         "BNSD", [24, 1, 128 // 32, 128, 32], "int8", True)

@@ -294,13 +294,12 @@ def test_the_twins_creator_sets_what_the_wheels_creator_sets():
     the extended API; its creator sets these ``pg_options`` fields, and so does the twin's."""
     import inspect
     import re
-    import zipfile
 
     from pyruntime.npu_twin import hccl
-    from tests.wheels import TORCH_NPU_WHEEL, cached_wheel
+    from tests.wheels import TORCH_NPU_WHEEL, read_wheel_file
 
-    with zipfile.ZipFile(cached_wheel(TORCH_NPU_WHEEL)) as wheel:
-        source = wheel.read("torch_npu/_init/registry/distributed.py").decode()
+    source = read_wheel_file(TORCH_NPU_WHEEL,
+                             "torch_npu/_init/registry/distributed.py").decode()
     helper = source[source.index("def _new_process_group_hccl_helper"):
                     source.index("def _new_process_group_lccl_helper")]
     wheel_sets = set(re.findall(r"pg_options\.(\w+) = ", helper))

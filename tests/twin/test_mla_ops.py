@@ -10,25 +10,12 @@ supported release's environment, without our hook."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import zipfile
-from pathlib import Path
-
 import pytest
 
-from pyruntime.npu_twin import STATE_ENV, mla_ops
-from tests.wheels import TORCH_NPU_WHEEL, cached_wheel, vllm_env
+from pyruntime.npu_twin import mla_ops
+from tests.twin.conftest import OP_SCRIPT
 
 pytestmark = pytest.mark.usefixtures("run_twin")
-
-
-@pytest.fixture(scope="module")
-def registered_schemas() -> bytes:
-    """The bytes of torch_npu 2.10.0.post4's ``libtorch_npu.so`` (its schema strings)."""
-    with zipfile.ZipFile(cached_wheel(TORCH_NPU_WHEEL)) as wheel:
-        return wheel.read("torch_npu/lib/libtorch_npu.so")
 
 
 @pytest.mark.parametrize("schema", [mla_ops.INTERLEAVE_ROPE_SCHEMA,
@@ -40,21 +27,7 @@ def test_mla_op_schemas_are_the_wheels(schema, registered_schemas):
     assert b"\0" + schema.encode() + b"\0" in registered_schemas
 
 
-COMMON = '''
-import numpy as np
-import torch_npu
-from pyruntime.npu_twin.npu_module import NotInTwinError
-
-gen = torch.Generator().manual_seed(0)
-dev = "npu"
-
-
-def close(got, want, tol):
-    got = got.detach().cpu().double().numpy()
-    err = float(np.abs(got - want).max())
-    if not err <= tol * max(1.0, float(np.abs(want).max())):
-        raise AssertionError(f"max error {err} over {tol}")
-
+COMMON = OP_SCRIPT + '''
 
 def rope64(x, cos, sin):
     """Interleaved RoPE, element by element in float64: pair i is (x[2i], x[2i+1]); its
@@ -450,11 +423,9 @@ def test_mla_ops_on_the_twin(script, run_twin):
     assert not bad, bad
 
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.parametrize("release", ["0.23.0.post1", "0.30.0rc2"])
-def test_vllm_ascends_own_mla_layer_on_the_twin(release, tmp_path):
+def test_vllm_ascends_own_mla_layer_on_the_twin(release, run_vllm_tool):
     """vLLM-Ascend's ``AscendMLAImpl`` (``tools/vllm_ascend_mla_paths.py``) without our hook:
     its weight loading casts ``kv_b_proj`` to ND; its prefill writes both caches through
     ``npu_kv_rmsnorm_rope_cache``, ropes the query and runs FIA v1 TND with rope; its decode
@@ -463,20 +434,7 @@ def test_vllm_ascends_own_mla_layer_on_the_twin(release, tmp_path):
     ``update_graph_params``, once a step; an eager decode step calls FIA v2 itself. Every
     output matches float64 non-absorbed DeepSeek MLA, closer than the answer without the rope
     part."""
-    env = vllm_env(release)
-    child = {k: v for k, v in os.environ.items()
-             if k not in ("AICPU_TILING", "AICPU_TILING_ENGINE", "PYTHONHOME",
-                          "TRITON_INTERPRET", "TASK_QUEUE_ENABLE")}
-    child["PYTHONPATH"] = os.pathsep.join([str(REPO), str(env / "vllm-ascend")])
-    child[STATE_ENV] = str(tmp_path)
-    proc = subprocess.run([str(env / "venv" / "bin" / "python"),
-                           str(REPO / "tools" / "vllm_ascend_mla_paths.py")],
-                          capture_output=True, text=True, env=child, cwd=REPO, timeout=300,
-                          check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    report = json.loads(lines[-1])
-    assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
+    report = run_vllm_tool(release, "vllm_ascend_mla_paths.py")
     fia_v1 = "npu_fused_infer_attention_score TND rope=True"
     fia_v2_out = "npu_fused_infer_attention_score_v2.out BNSD_NBSD rope=True"
     rope, cache, up_proj = ("npu_interleave_rope", "npu_kv_rmsnorm_rope_cache",

@@ -6,25 +6,19 @@ capture and replay like any AI Core task (each script runs on a fresh twin)."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import zipfile
-from pathlib import Path
 
 import pytest
 
-from pyruntime.npu_twin import STATE_ENV, model_ops
-from tests.wheels import TORCH_NPU_WHEEL, cached_wheel, vllm_env
+from pyruntime.npu_twin import model_ops
+from tests.wheels import TORCH_NPU_WHEEL, read_wheel_file
 
 
 @pytest.fixture(scope="module")
 def wheel_files() -> dict[str, bytes]:
     names = ("torch_npu/_op_plugin_docs.py", "torch_npu/lib/libtorch_npu.so",
              "torch_npu/lib/libop_plugin_atb.so", "torch_npu/op_plugin/atb/_atb_ops.py")
-    with zipfile.ZipFile(cached_wheel(TORCH_NPU_WHEEL)) as wheel:
-        return {name.rsplit("/", 1)[1]: wheel.read(name) for name in names}
+    return {name.rsplit("/", 1)[1]: read_wheel_file(TORCH_NPU_WHEEL, name) for name in names}
 
 
 @pytest.mark.parametrize("name", sorted(model_ops.NPU_SCHEMAS))
@@ -624,8 +618,6 @@ def test_model_ops_on_the_twin(script, run_twin):
     bad = {rule: outcome for rule, outcome in found.items() if outcome != "ok"}
     assert not bad, bad
 
-
-REPO = Path(__file__).resolve().parents[2]
 #: the AI Core tasks each vLLM-Ascend entry queues, per release, on the default path of an NPU
 #: with Triton-Ascend and vllm_ascend_C (the twin registers Triton-Ascend's backend, so vLLM
 #: sets HAS_TRITON, and installs the vllm_ascend_C twin, so custom ops are on): the norm with
@@ -658,26 +650,13 @@ FALLBACK_OPS = {
 
 
 @pytest.mark.parametrize("release", sorted(EXPECTED_OPS))
-def test_vllm_ascends_own_dense_entries_on_the_twin(release, tmp_path):
+def test_vllm_ascends_own_dense_entries_on_the_twin(release, run_vllm_tool):
     """vLLM-Ascend's own norm, activation, rope, KV write (0.30: into the block-strided views
     its model runner makes) and prefill attention run on the twin without our hook, each
     through the task that release queues on an NPU with Triton-Ascend and vllm_ascend_C (the
     default path), and the Triton / custom-op entries again on the torch_npu fallback path,
     within bf16 rounding of float32/float64 formulas (``tools/vllm_ascend_dense_ops.py``)."""
-    env = vllm_env(release)
-    child = {k: v for k, v in os.environ.items()
-             if k not in ("AICPU_TILING", "AICPU_TILING_ENGINE", "PYTHONHOME",
-                          "TRITON_INTERPRET", "TASK_QUEUE_ENABLE")}
-    child["PYTHONPATH"] = os.pathsep.join([str(REPO), str(env / "vllm-ascend")])
-    child[STATE_ENV] = str(tmp_path)
-    proc = subprocess.run([str(env / "venv" / "bin" / "python"),
-                           str(REPO / "tools" / "vllm_ascend_dense_ops.py")],
-                          capture_output=True, text=True, env=child, cwd=REPO, timeout=300,
-                          check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    report = json.loads(lines[-1])
-    assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
+    report = run_vllm_tool(release, "vllm_ascend_dense_ops.py")
     for key, expected in (("entries", EXPECTED_OPS), ("fallback_entries", FALLBACK_OPS)):
         entries = report[key]
         assert {name: entry.get("ops", entry.get("error")) for name, entry in entries.items()} \

@@ -10,25 +10,12 @@ vLLM-Ascend's own router, AllGather dispatcher and expert MLP in each release's 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import zipfile
-from pathlib import Path
-
 import pytest
 
-from pyruntime.npu_twin import STATE_ENV, moe_ops, vllm_ascend_c_schemas
-from tests.wheels import TORCH_NPU_WHEEL, cached_wheel, vllm_env
+from pyruntime.npu_twin import moe_ops, vllm_ascend_c_schemas
+from tests.twin.conftest import OP_SCRIPT
 
 pytestmark = pytest.mark.usefixtures("run_twin")
-
-
-@pytest.fixture(scope="module")
-def registered_schemas() -> bytes:
-    """The bytes of torch_npu 2.10.0.post4's ``libtorch_npu.so`` (its schema strings)."""
-    with zipfile.ZipFile(cached_wheel(TORCH_NPU_WHEEL)) as wheel:
-        return wheel.read("torch_npu/lib/libtorch_npu.so")
 
 
 @pytest.mark.parametrize("schema", [moe_ops.INIT_ROUTING_V2_SCHEMA,
@@ -54,21 +41,7 @@ def test_the_c_ascend_moe_ops_have_bodies(release):
             moe_ops.init_routing_custom
 
 
-COMMON = '''
-import numpy as np
-import torch_npu
-from pyruntime.npu_twin.npu_module import NotInTwinError
-
-gen = torch.Generator().manual_seed(0)
-dev = "npu"
-
-
-def close(got, want, tol):
-    got = got.detach().cpu().double().numpy()
-    err = float(np.abs(got - want).max())
-    if not err <= tol * max(1.0, float(np.abs(want).max())):
-        raise AssertionError(f"max error {err} over {tol}")
-'''
+COMMON = OP_SCRIPT
 
 ROUTING = COMMON + '''
 T, K, H, E = 5, 3, 16, 6
@@ -564,31 +537,16 @@ def test_moe_ops_on_the_twin(script, run_twin):
     assert not bad, bad
 
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.parametrize("release", ["0.23.0.post1", "0.30.0rc2"])
-def test_vllm_ascends_own_moe_path_on_the_twin(release, tmp_path):
+def test_vllm_ascends_own_moe_path_on_the_twin(release, run_vllm_tool):
     """vLLM-Ascend's own ``DeviceOperator.moe_gating_top_k``, ``TokenDispatcherWithAllGather``
     (the dispatcher ``select_moe_comm_method`` picks at TP 1) and unquantised expert MLP
     (0.30.0rc2 ``apply_moe_mlp``, 0.23.0.post1 ``unquant_apply_mlp``) issue the twin's MoE
     ops in order, and the gpt-oss-shaped layer and the DeepSeek-V3 router match float64, much
     closer than the answer without the expert biases; the correction bias changes the experts
     chosen, and the twin chose the reference's."""
-    env = vllm_env(release)
-    child = {k: v for k, v in os.environ.items()
-             if k not in ("AICPU_TILING", "AICPU_TILING_ENGINE", "PYTHONHOME",
-                          "TRITON_INTERPRET", "TASK_QUEUE_ENABLE")}
-    child["PYTHONPATH"] = os.pathsep.join([str(REPO), str(env / "vllm-ascend")])
-    child[STATE_ENV] = str(tmp_path)
-    proc = subprocess.run([str(env / "venv" / "bin" / "python"),
-                           str(REPO / "tools" / "vllm_ascend_moe_paths.py")],
-                          capture_output=True, text=True, env=child, cwd=REPO, timeout=300,
-                          check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    report = json.loads(lines[-1])
-    assert report["vllm_ascend"] == release and report["device"] == "npu-twin"
+    report = run_vllm_tool(release, "vllm_ascend_moe_paths.py")
     routing = ("_C_ascend::npu_moe_init_routing_custom" if release == "0.23.0.post1"
                else "npu_moe_init_routing_v2")
     gate, unpermute, gmm = ("_C_ascend::moe_gating_top_k", "npu_moe_token_unpermute",

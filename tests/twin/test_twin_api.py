@@ -4,19 +4,17 @@ FIA schemas it defines, and every ``torch.npu`` name the NPU backend uses."""
 from __future__ import annotations
 
 import re
-import zipfile
 
 import pytest
 
 from pyruntime.backends.npu import TORCH_NPU_API
 from pyruntime.npu_twin import fia, npu_module
-from tests.wheels import TORCH_NPU_WHEEL, cached_wheel
+from tests.wheels import TORCH_NPU_WHEEL, read_wheel_file
 
 
 @pytest.fixture(scope="module")
 def plugin_docs() -> str:
-    with zipfile.ZipFile(cached_wheel(TORCH_NPU_WHEEL)) as wheel:
-        return wheel.read("torch_npu/_op_plugin_docs.py").decode()
+    return read_wheel_file(TORCH_NPU_WHEEL, "torch_npu/_op_plugin_docs.py").decode()
 
 
 @pytest.mark.parametrize("schema", [fia.SCHEMA, fia.OUT_SCHEMA, fia.V2_SCHEMA, fia.V2_OUT_SCHEMA,

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,13 @@ import pytest
 from pyruntime.npu_twin import profiler as twin_profiler
 from pyruntime.npu_twin import tensor_layer
 from tests.perfetto_json import import_problems
-from tests.wheels import TORCH_NPU_WHEEL, cached_wheel
+from tests.wheels import TORCH_NPU_WHEEL, read_wheel_file
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _wheel_source(path: str) -> ast.Module:
-    with zipfile.ZipFile(cached_wheel(TORCH_NPU_WHEEL)) as wheel:
-        return ast.parse(wheel.read(path).decode())
+    return ast.parse(read_wheel_file(TORCH_NPU_WHEEL, path).decode())
 
 
 def _function(tree: ast.Module, qualname: str) -> ast.FunctionDef:
