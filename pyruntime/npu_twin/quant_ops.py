@@ -28,7 +28,7 @@ import types
 
 import torch
 
-from .model_ops import _HALVES, _dtype, _fail, _issue, _on_device
+from .model_ops import _HALVES, _dtype, _fail, _on_device
 from .npu_module import NotInTwinError
 
 #: torch_npu 2.10.0.post4, the schemas ``libtorch_npu.so`` registers (namespace ``npu``)
@@ -96,7 +96,7 @@ def npu_dynamic_quant(input: torch.Tensor, *, smooth_scales: torch.Tensor | None
         out, s = dynamic_quant_reference(x_i, m_i)
         y_i.copy_(out)
         s_i.copy_(s)
-    _issue(op, index, run, (y, scale))
+    twin.device().enqueue_aicore(op, run, index=index, writes=(y, scale))
     return y, scale
 
 
@@ -149,7 +149,7 @@ def npu_quantize(input: torch.Tensor, scales: torch.Tensor, zero_points: torch.T
         y_i.copy_(quantize_reference(x_i, s_i.expand(size) if s_i.numel() == 1 else s_i,
                                      None if z_i is None else (
                                          z_i.expand(size) if z_i.numel() == 1 else z_i), axis))
-    _issue(op, index, run, (y,))
+    twin.device().enqueue_aicore(op, run, index=index, writes=(y,))
     return y
 
 

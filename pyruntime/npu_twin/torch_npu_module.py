@@ -10,8 +10,7 @@ import sys
 import types
 
 from . import device as twin
-from . import (fia, hccl, mla_ops, model_ops, moe_ops, npu_module, npugraph_ex, profiler,
-               quant_ops)
+from . import fia, hccl, mla_ops, model_ops, moe_ops, npu_module, npugraph_ex, profiler, quant_ops
 from .npu_module import placeholder
 
 VERSION = "2.10.0.post4+npu-twin"
