@@ -187,6 +187,14 @@ def make_before_replay(method: str, attn: Any, mode: str,
 
 #: the run mode of the floor (`FloorStep`), stepped beside the modes in one run
 FLOOR_MODE = "floor"
+#: what the floor's measured step follows under the symmetric method (``bench
+#: --floor-method``): ``lead``, a whole device_tiling step on the floor's backend
+#: (`pyruntime.measurement.abrun.FloorLead`), the host state the device modes' measured steps
+#: start from; ``noop``, the floor's own previous step (its one no-op task), waited for, the
+#: way the floor was measured before 2026-12-03 (warm, against cold device modes). Several,
+#: comma-separated, run side by side in one run; the first is the headline's.
+FLOOR_METHODS = ("lead", "noop")
+DEFAULT_FLOOR_METHOD = "lead"
 
 
 def _no_op(core: int, **args: Any) -> None:
