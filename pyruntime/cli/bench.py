@@ -405,10 +405,7 @@ def engine_work(graph_keys: int) -> dict[str, EngineWork]:
             counts = engine_step_work(VARIANTS[mode][1], graph_keys)
         except EngineStepError as exc:
             raise CliError(str(exc)) from exc
-        out[mode] = EngineWork(graph_keys=graph_keys, h2d_copies=counts.h2d_copies,
-                               blocking_copies=counts.blocking_copies,
-                               tiling_launches=counts.tiling_launches,
-                               device_ops=counts.device_ops)
+        out[mode] = EngineWork.from_counts(graph_keys, counts)
     return out
 
 

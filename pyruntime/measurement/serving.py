@@ -97,6 +97,14 @@ class EngineWork:
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
 
+    @classmethod
+    def from_counts(cls, graph_keys: int, counts: Any) -> EngineWork:
+        """From `pyruntime.hook.engine_step.engine_step_work`'s counts (its
+        ``EngineStepCounts``: the same fields but ``graph_keys``)."""
+        return cls(graph_keys=graph_keys, h2d_copies=counts.h2d_copies,
+                   blocking_copies=counts.blocking_copies,
+                   tiling_launches=counts.tiling_launches, device_ops=counts.device_ops)
+
 
 class ServingStep:
     """The ``before_replay`` work of one mode under the symmetric method, on its backend.
