@@ -425,6 +425,43 @@ class Backend(abc.ABC):
             num_cores: AI Core cores the task spreads over (block dim).
         """
         stream = self._resolve(stream)
+        task = self._freeze(kernel, args, num_cores)
+        self._launch_frozen(stream, task)
+
+    @_wrapped("make_task")
+    def make_task(self, kernel: Kernel, args: Mapping[str, Any], *,
+                  num_cores: int = 1) -> Task:
+        """A launch checked and frozen once, for `launch_task` to issue every step: what
+        `launch` does at each call (buffers checked live, by-value numpy arrays copied),
+        done here once. A path that launches the same task every step (the pre-replay
+        tiling task) saves that host work per step.
+
+        Raises:
+            LaunchError: a bad core count; DeviceBufferError: a buffer that is not live.
+        """
+        task = self._freeze(kernel, args, num_cores)
+        task.checked_at = self._frees
+        return task
+
+    @_wrapped("launch")
+    def launch_task(self, task: Task, *, stream: Stream | None = None) -> None:
+        """`launch` of a `make_task` task: the same launch, counters and errors. Its buffers
+        are checked live again only if some buffer was freed since the last check (as
+        `replay` does), so a freed argument still raises `DeviceBufferError`; on a capturing
+        or updating stream it is a plain `launch` of the task's kernel and arguments."""
+        stream = self._resolve(stream)
+        if stream.capturing is not None or stream.updating is not None:
+            self._launch_frozen(stream, self._freeze(task.kernel, task.args, task.num_cores))
+            return
+        if task.checked_at != self._frees:
+            for key, value in task.args.items():
+                if isinstance(value, torch.Tensor):
+                    self._check_buffer(key, value)
+            task.checked_at = self._frees
+        self._launch_frozen(stream, task)
+
+    def _freeze(self, kernel: Kernel, args: Mapping[str, Any], num_cores: int) -> Task:
+        """Check a launch and freeze its arguments (`launch`)."""
         if kernel.kind == AICPU and num_cores != 1:
             raise LaunchError(f"AI-CPU kernel {kernel.name!r} runs as one task, "
                              f"got num_cores={num_cores}")
@@ -437,7 +474,11 @@ class Backend(abc.ABC):
             elif isinstance(value, np.ndarray):
                 value = np.array(value, copy=True)
             frozen[key] = value
-        task = Task(kernel, frozen, int(num_cores))
+        return Task(kernel, frozen, int(num_cores))
+
+    def _launch_frozen(self, stream: Stream, task: Task) -> None:
+        """Count and issue a frozen task (captured, recorded as an update, or run)."""
+        kernel, frozen = task.kernel, task.args
         if kernel.kind == AICPU:
             self.counters.launches_aicpu += 1
         else:
