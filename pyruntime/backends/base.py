@@ -424,9 +424,38 @@ class Backend(abc.ABC):
             args: name -> live device buffer, numpy array (passed by value) or scalar.
             num_cores: AI Core cores the task spreads over (block dim).
         """
+        # inline, not through `_freeze`: host_update launches twice per layer per step, and
+        # its host work per layer is the baseline the device path is measured against
         stream = self._resolve(stream)
-        task = self._freeze(kernel, args, num_cores)
-        self._launch_frozen(stream, task)
+        if kernel.kind == AICPU and num_cores != 1:
+            raise LaunchError(f"AI-CPU kernel {kernel.name!r} runs as one task, "
+                             f"got num_cores={num_cores}")
+        if kernel.kind == AICORE and num_cores < 1:
+            raise LaunchError(f"AI Core kernel {kernel.name!r} needs num_cores >= 1")
+        frozen = {}
+        for key, value in args.items():
+            if isinstance(value, torch.Tensor):
+                self._check_buffer(key, value)
+            elif isinstance(value, np.ndarray):
+                value = np.array(value, copy=True)
+            frozen[key] = value
+        task = Task(kernel, frozen, int(num_cores))
+        if kernel.kind == AICPU:
+            self.counters.launches_aicpu += 1
+        else:
+            self.counters.launches_aicore += 1
+        if stream.updating is not None:
+            stream.pending_update.append(task)
+        elif stream.capturing is not None:
+            graph = stream.capturing
+            graph.task_count += 1
+            for key, value in frozen.items():
+                if isinstance(value, torch.Tensor):
+                    graph.buffers[self._storage(value)] = key
+            if stream.open_group is not None:
+                stream.open_group.append(task)
+            self._note_side_task(stream)
+        self._launch(stream, task)
 
     @_wrapped("make_task")
     def make_task(self, kernel: Kernel, args: Mapping[str, Any], *,
@@ -451,14 +480,18 @@ class Backend(abc.ABC):
         or updating stream it is a plain `launch` of the task's kernel and arguments."""
         stream = self._resolve(stream)
         if stream.capturing is not None or stream.updating is not None:
-            self._launch_frozen(stream, self._freeze(task.kernel, task.args, task.num_cores))
+            self.launch(task.kernel, task.args, num_cores=task.num_cores, stream=stream)
             return
         if task.checked_at != self._frees:
             for key, value in task.args.items():
                 if isinstance(value, torch.Tensor):
                     self._check_buffer(key, value)
             task.checked_at = self._frees
-        self._launch_frozen(stream, task)
+        if task.kernel.kind == AICPU:
+            self.counters.launches_aicpu += 1
+        else:
+            self.counters.launches_aicore += 1
+        self._launch(stream, task)
 
     def _freeze(self, kernel: Kernel, args: Mapping[str, Any], num_cores: int) -> Task:
         """Check a launch and freeze its arguments (`launch`)."""
@@ -475,26 +508,6 @@ class Backend(abc.ABC):
                 value = np.array(value, copy=True)
             frozen[key] = value
         return Task(kernel, frozen, int(num_cores))
-
-    def _launch_frozen(self, stream: Stream, task: Task) -> None:
-        """Count and issue a frozen task (captured, recorded as an update, or run)."""
-        kernel, frozen = task.kernel, task.args
-        if kernel.kind == AICPU:
-            self.counters.launches_aicpu += 1
-        else:
-            self.counters.launches_aicore += 1
-        if stream.updating is not None:
-            stream.pending_update.append(task)
-        elif stream.capturing is not None:
-            graph = stream.capturing
-            graph.task_count += 1
-            for key, value in frozen.items():
-                if isinstance(value, torch.Tensor):
-                    graph.buffers[self._storage(value)] = key
-            if stream.open_group is not None:
-                stream.open_group.append(task)
-            self._note_side_task(stream)
-        self._launch(stream, task)
 
     def prepare_kernels(self) -> None:
         """Load what our device kernels need (once), before a capture launches them: loading

@@ -313,13 +313,12 @@ class CpuBackend(Backend):
         r = state.replays
         main = stream.native
         name = f"graph{graph.id}"
-        sides = [(state.nodes[sid], worker) for sid, worker in state.side_workers.items()]
         nodes = state.nodes[graph.stream.id]
 
         def run() -> None:  # on the replay stream's worker, in stream order
-            for side_nodes, worker in sides:
-                worker.submit("graph", name,
-                              lambda n=side_nodes, w=worker: self._run_nodes(n, r, w, main))
+            for sid, worker in state.side_workers.items():
+                worker.submit("graph", name, lambda n=state.nodes[sid], w=worker:
+                              self._run_nodes(n, r, w, main))
             self._run_nodes(nodes, r, main, main)
 
         main.submit("graph", name, run)
