@@ -424,6 +424,8 @@ class Backend(abc.ABC):
             args: name -> live device buffer, numpy array (passed by value) or scalar.
             num_cores: AI Core cores the task spreads over (block dim).
         """
+        # inline, not through `_freeze`: host_update launches twice per layer per step, and
+        # its host work per layer is the baseline the device path is measured against
         stream = self._resolve(stream)
         if kernel.kind == AICPU and num_cores != 1:
             raise LaunchError(f"AI-CPU kernel {kernel.name!r} runs as one task, "
@@ -454,6 +456,58 @@ class Backend(abc.ABC):
                 stream.open_group.append(task)
             self._note_side_task(stream)
         self._launch(stream, task)
+
+    @_wrapped("make_task")
+    def make_task(self, kernel: Kernel, args: Mapping[str, Any], *,
+                  num_cores: int = 1) -> Task:
+        """A launch checked and frozen once, for `launch_task` to issue every step: what
+        `launch` does at each call (buffers checked live, by-value numpy arrays copied),
+        done here once. A path that launches the same task every step (the pre-replay
+        tiling task) saves that host work per step.
+
+        Raises:
+            LaunchError: a bad core count; DeviceBufferError: a buffer that is not live.
+        """
+        task = self._freeze(kernel, args, num_cores)
+        task.checked_at = self._frees
+        return task
+
+    @_wrapped("launch")
+    def launch_task(self, task: Task, *, stream: Stream | None = None) -> None:
+        """`launch` of a `make_task` task: the same launch, counters and errors. Its buffers
+        are checked live again only if some buffer was freed since the last check (as
+        `replay` does), so a freed argument still raises `DeviceBufferError`; on a capturing
+        or updating stream it is a plain `launch` of the task's kernel and arguments."""
+        stream = self._resolve(stream)
+        if stream.capturing is not None or stream.updating is not None:
+            self.launch(task.kernel, task.args, num_cores=task.num_cores, stream=stream)
+            return
+        if task.checked_at != self._frees:
+            for key, value in task.args.items():
+                if isinstance(value, torch.Tensor):
+                    self._check_buffer(key, value)
+            task.checked_at = self._frees
+        if task.kernel.kind == AICPU:
+            self.counters.launches_aicpu += 1
+        else:
+            self.counters.launches_aicore += 1
+        self._launch(stream, task)
+
+    def _freeze(self, kernel: Kernel, args: Mapping[str, Any], num_cores: int) -> Task:
+        """Check a launch and freeze its arguments (`launch`)."""
+        if kernel.kind == AICPU and num_cores != 1:
+            raise LaunchError(f"AI-CPU kernel {kernel.name!r} runs as one task, "
+                             f"got num_cores={num_cores}")
+        if kernel.kind == AICORE and num_cores < 1:
+            raise LaunchError(f"AI Core kernel {kernel.name!r} needs num_cores >= 1")
+        frozen = {}
+        for key, value in args.items():
+            if isinstance(value, torch.Tensor):
+                self._check_buffer(key, value)
+            elif isinstance(value, np.ndarray):
+                value = np.array(value, copy=True)
+            frozen[key] = value
+        return Task(kernel, frozen, int(num_cores))
 
     def prepare_kernels(self) -> None:
         """Load what our device kernels need (once), before a capture launches them: loading

@@ -5,8 +5,10 @@
   stream records them, and refuse a second record before a reset.
 - Capture records launches as graph nodes instead of running them. A stream that waits
   on an event recorded in the capture joins it (a fork); at replay its nodes run on a
-  graph-owned worker, ordered against the replay stream by the captured events.
-  Replay is one host call whatever the graph size, like ``aclmdlRIExecuteAsync``.
+  graph-owned worker, ordered against the replay stream by the captured events, and
+  enqueued there once the replay stream reaches the graph (`CpuBackend._replay`).
+  Replay is one host call and one queue submit whatever the graph size, like
+  ``aclmdlRIExecuteAsync``.
 - Task-group updates replace the group's tasks when the update stream reaches the
   update (asynchronously); a second stream may not update a group while an update of it
   is still in flight.
@@ -291,16 +293,35 @@ class CpuBackend(Backend):
             self._workers.remove(worker)
 
     def _replay(self, graph: Graph, stream: Stream) -> None:
+        """One submit on `stream`; the graph's side-stream nodes are enqueued by the device
+        when `stream` reaches the graph, not by this host call.
+
+        Why: ``aclmdlRIExecuteAsync(modelRI, stream)`` runs the model as work of `stream`
+        (hicann/runtime ``docs/api_docs/aclmdlRIExecuteAsync.md``), so none of its tasks,
+        those of its forked streams included, starts before the tasks enqueued on `stream`
+        before it; a captured ``aclrtStreamWaitEvent`` then blocks its stream until the
+        event's record (``docs/api_docs/aclrtStreamWaitEvent.md``), and a wait timeout
+        (``aclrtSetOpWaitTimeout``, none by default: ``docs/api_docs/aclrtSetOpWaitTimeout.md``)
+        counts from there. Submitting the side nodes at the host call started their waits
+        while the replay stream still ran earlier work (a previous replay's whole attention:
+        measured up to 1.7 s under load), and `wait_timeout_s` counted that backlog: the
+        ``captured event record did not happen`` EventError. It also cost the host one
+        queue submit per side stream, which a replay, one host call, does not.
+        """
         state = graph.native
         state.replays += 1
         r = state.replays
         main = stream.native
-        for sid, worker in state.side_workers.items():
-            nodes = state.nodes[sid]
-            worker.submit("graph", f"graph{graph.id}",
-                          lambda n=nodes, w=worker: self._run_nodes(n, r, w, main))
+        name = f"graph{graph.id}"
         nodes = state.nodes[graph.stream.id]
-        main.submit("graph", f"graph{graph.id}", lambda: self._run_nodes(nodes, r, main, main))
+
+        def run() -> None:  # on the replay stream's worker, in stream order
+            for sid, worker in state.side_workers.items():
+                worker.submit("graph", name, lambda n=state.nodes[sid], w=worker:
+                              self._run_nodes(n, r, w, main))
+            self._run_nodes(nodes, r, main, main)
+
+        main.submit("graph", name, run)
 
     def _run_nodes(self, nodes, r: int, where: Worker, report: Worker) -> None:
         failed = False

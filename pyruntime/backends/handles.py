@@ -40,6 +40,9 @@ class Task:
     kernel: Kernel
     args: dict[str, Any]
     num_cores: int
+    #: `Backend.launch_task`: the backend's free count when its buffers were last checked
+    #: live (-1: never); a prepared task re-checks them only after a free
+    checked_at: int = dataclasses.field(default=-1, compare=False, repr=False)
 
     @property
     def signature(self) -> tuple[str, str]:

@@ -46,8 +46,10 @@ from ..measurement.abrun import (
 )
 from ..measurement.invariants import INVARIANT_LAYERS
 from ..measurement.serving import (
+    DEFAULT_FLOOR_METHOD,
     DEFAULT_GRAPH_KEYS,
     DEFAULT_METHOD,
+    FLOOR_METHODS,
     FLOOR_MODE,
     METHODS,
     EngineWork,
@@ -81,6 +83,14 @@ METHOD_DEFINITIONS = {
                  "synchronize, the device modes also the hook engine's per-step work for K "
                  "graph keys; every measured step starts with the device idle and the host "
                  "warm (pyruntime.measurement.serving)",
+}
+FLOOR_METHOD_DEFINITIONS = {
+    "lead": "under symmetric, the floor's measured step follows a whole device_tiling step at "
+            "the point's L on the floor's backend, waited for (FloorLead): the host state the "
+            "device modes' measured steps start from (since 2026-12-03)",
+    "noop": "under symmetric, the floor's measured step follows the floor's own previous step "
+            "(one no-op task), waited for: the floor measured warm against cold device modes "
+            "(the way before 2026-12-03)",
 }
 SCHEMA = "aicpu-tiling/bench"
 SCHEMA_VERSION = 4
@@ -159,6 +169,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "what its host does in vLLM-Ascend, the hook engine's work included) "
                         "or old (the figures up to 2026-12-02); several, comma-separated, run "
                         "side by side in one run, the first is the headline")
+    p.add_argument("--floor-method", type=comma_choices(FLOOR_METHODS, "floor method"),
+                   default=[DEFAULT_FLOOR_METHOD],
+                   help="what the floor's measured step follows under the symmetric method: "
+                        "lead (default: a device_tiling step, the device modes' host state) or "
+                        "noop (its own no-op step, the way before 2026-12-03); several, "
+                        "comma-separated, run side by side in one run, the first is the "
+                        "headline's floor_ratio")
     p.add_argument("--graph-keys", type=int, default=DEFAULT_GRAPH_KEYS, metavar="K",
                    help="captured graph keys the hook engine serves per step in the symmetric "
                         f"method (default {DEFAULT_GRAPH_KEYS}: vLLM's default capture sizes)")
@@ -259,7 +276,12 @@ def check_before_work(args: argparse.Namespace, points: list[Point], flatness: b
     _limits.HEADS.check("--kv-heads", args.num_kv_heads)
     _limits.HEAD_DIM.check("--head-dim", args.head_dim)
     _limits.MAX_KV.check("--max-kv", args.max_kv)
-    rows = [(f"point {p.name}", len(BENCH_MODES), p.layers, p.source, p.batch) for p in points]
+    # every method's modes, and the floor lead's device_tiling attention under symmetric
+    methods = list(dict.fromkeys(getattr(args, "method", [DEFAULT_METHOD])))
+    floor_methods = getattr(args, "floor_method", [DEFAULT_FLOOR_METHOD])
+    attentions = len(methods) * len(BENCH_MODES) + (
+        "symmetric" in methods and "lead" in floor_methods)
+    rows = [(f"point {p.name}", attentions, p.layers, p.source, p.batch) for p in points]
     if flatness:
         # one attention per device-path mode at each of the figure's layer counts
         rows.append(("the flatness figure", 2, sum(FLATNESS_LAYERS), FLATNESS_SOURCE,
@@ -313,6 +335,8 @@ def summarize_point(point: Point, runs: list, *, seed: int, resamples: int) -> d
             "blocked_us": {"median": float(np.median(blocked)) * 1e6,
                            "max": float(np.max(blocked)) * 1e6},
             "slept_steps": sum(b > SLEPT_S for b in blocked),
+            # the other marker: the run mode of the unmeasured step before each measured one
+            "preceded_by": sorted({s.preceded_by for s in r.steps}),
         }
     a, b = by_mode["host_update"], by_mode["device_tiling"]
     out = {
@@ -331,7 +355,20 @@ def summarize_point(point: Point, runs: list, *, seed: int, resamples: int) -> d
         floor = by_mode[FLOOR_MODE]
         out["floor_ratio"] = {m: ratio("host_s", by_mode[m], floor)
                               for m in ("device_tiling", "pre_replay") if m in by_mode}
+    floors = {r.workload["floor_method"]: r for r in runs if "floor_method" in r.workload}
+    if floors:  # symmetric: every floor method's floor, side by side
+        out["floor_ratios"] = {
+            fm: {"mode": r.mode, "preceded_by": modes[r.mode]["preceded_by"],
+                 **{m: ratio("host_s", by_mode[m], r)
+                    for m in ("device_tiling", "pre_replay") if m in by_mode}}
+            for fm, r in floors.items()}  # fmt: skip
     return out
+
+
+def floor_mode_name(floor_method: str, floor_methods: list[str]) -> str:
+    """The run mode of a floor method's floor in a point's ``modes``: ``floor`` for the
+    headline's (the first), ``floor_<method>`` for the others."""
+    return FLOOR_MODE if floor_method == floor_methods[0] else f"{FLOOR_MODE}_{floor_method}"
 
 
 def method_lines(result: dict) -> list[str]:
@@ -343,13 +380,17 @@ def method_lines(result: dict) -> list[str]:
         for m, q in p["methods"].items():
             us = {k: v["host_us"]["median"] for k, v in q["modes"].items()}
             floor = q.get("floor_ratio", {})
+            others = "".join(
+                f"; {fm} {r.get('device_tiling', {}).get('value', float('nan')):.2f} / "
+                f"{r.get('pre_replay', {}).get('value', float('nan')):.2f}"
+                for fm, r in q.get("floor_ratios", {}).items())
             lines.append(
                 f"  L={p['layers']} b{p['batch']} {p['source']:<8} {m:<9} "
                 f"{us['host_update']:9.1f} / {us['device_tiling']:7.1f} / "
                 f"{us['pre_replay']:7.1f} / {us.get(FLOOR_MODE, float('nan')):7.1f}   "
                 f"{q['host_ratio']['value']:6.1f}x {q['host_ratio_pre_replay']['value']:6.1f}x"
                 f"   floor ratio {floor.get('device_tiling', {}).get('value', float('nan')):.2f}"
-                f" / {floor.get('pre_replay', {}).get('value', float('nan')):.2f}")
+                f" / {floor.get('pre_replay', {}).get('value', float('nan')):.2f}{others}")
     return lines
 
 
@@ -364,20 +405,29 @@ def engine_work(graph_keys: int) -> dict[str, EngineWork]:
             counts = engine_step_work(VARIANTS[mode][1], graph_keys)
         except EngineStepError as exc:
             raise CliError(str(exc)) from exc
-        out[mode] = EngineWork(graph_keys=graph_keys, h2d_copies=counts.h2d_copies,
-                               blocking_copies=counts.blocking_copies,
-                               tiling_launches=counts.tiling_launches,
-                               device_ops=counts.device_ops)
+        out[mode] = EngineWork.from_counts(graph_keys, counts)
     return out
 
 
 def run_methods(point: Point, geom: Geometry, methods: list[str], engine: dict, *,
                 steps: int, warmup: int, seed: int, on_step=None,
-                backend_factory=None) -> dict[str, list]:
+                backend_factory=None,
+                floor_methods: list[str] | None = None) -> dict[str, list]:
     """Every mode and the floor of `point` under every method, side by side in one
-    interleaved run; method -> its runs (``host_update`` first, the floor last)."""
-    modes = (*BENCH_MODES, FLOOR_MODE)
-    specs = [RunSpec(f"{m}/{mode}", mode, point.layers, m) for m in methods for mode in modes]
+    interleaved run; method -> its runs (``host_update`` first, the floors last).
+
+    Under ``symmetric`` there is one floor per floor method (`FLOOR_METHODS`; default the
+    headline's alone), its run mode `floor_mode_name` and its ``workload["floor_method"]``
+    set; under ``old`` one floor, which follows its own step of the warm pair."""
+    floor_methods = list(floor_methods or [DEFAULT_FLOOR_METHOD])
+    specs = []
+    for m in methods:
+        specs += [RunSpec(f"{m}/{mode}", mode, point.layers, m) for mode in BENCH_MODES]
+        if m == "symmetric":
+            specs += [RunSpec(f"{m}/{floor_mode_name(fm, floor_methods)}", FLOOR_MODE,
+                              point.layers, m, floor_method=fm) for fm in floor_methods]
+        else:
+            specs.append(RunSpec(f"{m}/{FLOOR_MODE}", FLOOR_MODE, point.layers, m))
     workload = {"name": point.name, "layers": point.layers, "batch": point.batch,
                 "source": point.source, "geometry": geom.as_dict()}
     runs = run_interleaved(specs, point.batch, point.source, geom, workload, steps=steps,
@@ -385,7 +435,9 @@ def run_methods(point: Point, geom: Geometry, methods: list[str], engine: dict, 
                            backend_factory=backend_factory, on_step=on_step)  # fmt: skip
     out: dict[str, list] = {m: [] for m in methods}
     for spec, run in zip(specs, runs):
-        run.mode = spec.mode
+        run.mode = spec.key.split("/", 1)[1]
+        if spec.mode == FLOOR_MODE and spec.method == "symmetric":
+            run.workload["floor_method"] = spec.floor_method
         out[spec.method].append(run)
     return out
 
@@ -399,7 +451,7 @@ def placements_summary(points: list[dict]) -> dict | None:
                    (HEADLINE.batch, HEADLINE.source)), key=lambda p: p["layers"])
     if len(rows) < 2:
         return None
-    modes = [m for m in rows[0]["modes"] if m != FLOOR_MODE]
+    modes = [m for m in rows[0]["modes"] if not m.startswith(FLOOR_MODE)]
     return {
         "batch": HEADLINE.batch, "source": HEADLINE.source,
         "layers": [p["layers"] for p in rows],
@@ -479,6 +531,10 @@ def run(args: argparse.Namespace) -> int:
     full_steps, full_warmup = ((DEEPSEEK_V3_STEPS, DEEPSEEK_V3_WARMUP) if mla
                                else (DEFAULT_STEPS, DEFAULT_WARMUP))
     methods = list(dict.fromkeys(args.method))
+    floor_methods = list(dict.fromkeys(args.floor_method))
+    if floor_methods != [DEFAULT_FLOOR_METHOD] and "symmetric" not in methods:
+        raise CliError("--floor-method chooses what the symmetric method's floor follows; "
+                       "add symmetric to --method")
     if args.graph_keys < 1:
         raise CliError(f"--graph-keys must be >= 1 (got {args.graph_keys})")
     engine = engine_work(args.graph_keys) if "symmetric" in methods else {}
@@ -512,7 +568,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 by_method = run_methods(point, geom, methods, engine, steps=steps,
                                         warmup=warmup, seed=args.seed,
-                                        backend_factory=factory,
+                                        backend_factory=factory, floor_methods=floor_methods,
                                         on_step=lambda: bar.advance(task))  # fmt: skip
             except SourceError as exc:
                 raise CliError(str(exc)) from exc
@@ -577,8 +633,11 @@ def run(args: argparse.Namespace) -> int:
                    "graph_keys": args.graph_keys if engine else None,
                    "engine_per_step": {m: w.as_dict() for m, w in engine.items()},
                    "definitions": METHOD_DEFINITIONS},
+        "floor_method": {"headline": floor_methods[0], "methods": floor_methods,
+                         "definitions": FLOOR_METHOD_DEFINITIONS},
         "points": results,
         "floor_ratio": None,
+        "floor_ratios": None,
         "placements": placements_summary(results),
         "host_flatness": flat,
         "invariants": counts,
@@ -590,6 +649,10 @@ def run(args: argparse.Namespace) -> int:
         at = next((p for p in results if (p["layers"], p["batch"], p["source"]) ==
                    (HEADLINE.layers, HEADLINE.batch, HEADLINE.source)), results[0])
         result["floor_ratio"] = {m: r["value"] for m, r in at["floor_ratio"].items()}
+        if "floor_ratios" in at:
+            result["floor_ratios"] = {fm: {m: r[m]["value"] for m in ("device_tiling",
+                                                                        "pre_replay") if m in r}
+                                      for fm, r in at["floor_ratios"].items()}
     for p in results:
         if (p["layers"], p["batch"], p["source"]) == (61, 64, "trace"):
             result["headline"] = {

@@ -54,6 +54,7 @@ class DeviceTilingPath:
         self.graph = backend.graph()
         self._last_epoch: int | None = None
         self._tiling_args_of_bucket: dict | None = None
+        self._tiling_task = None  # the tiling launch, checked and frozen once (make_task)
 
     def _tiling_args(self) -> dict:
         """The tiling task's arguments: the bucket's static buffers and constants, the same
@@ -69,11 +70,22 @@ class DeviceTilingPath:
 
     def _launch_tiling(self, fork=None, join=None) -> None:
         """Fork to the AI-CPU stream, launch the tiling task there, join back (new events
-        unless `fork` and `join` are given)."""
-        main, side = self.stream, self.aicpu_stream
-        side.wait_event(main.record_event(fork))
-        self.backend.launch(kernels.TILING, self._tiling_args(), stream=side)
-        main.wait_event(side.record_event(join))
+        unless `fork` and `join` are given).
+
+        The pre-replay placement runs this every step, so its host work is kept to the
+        backend calls themselves: the events are recorded and waited through the backend
+        (what `Stream.record_event` and `Stream.wait_event` call), and the tiling launch is
+        checked and frozen once (`Backend.make_task`, re-checked after any buffer free)."""
+        be, main, side = self.backend, self.stream, self.aicpu_stream
+        fork = fork if fork is not None else be.event()
+        join = join if join is not None else be.event()
+        be.event_record(fork, main)
+        be.event_wait(fork, side)
+        if self._tiling_task is None:
+            self._tiling_task = be.make_task(kernels.TILING, self._tiling_args())
+        be.launch_task(self._tiling_task, stream=side)
+        be.event_record(join, side)
+        be.event_wait(join, main)
 
     def _launch_layers(self) -> None:
         b = self.buffers

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,8 @@ from ..profiler.clock import Clock, PerfClock
 from ..profiler.data import DeviceTask, HostStep, Run
 from ..profiler.instrument import PhaseRecorder, instrument
 from .serving import (
+    DEFAULT_FLOOR_METHOD,
+    FLOOR_METHODS,
     FLOOR_MODE,
     METHODS,
     EngineWork,
@@ -189,6 +191,9 @@ class RunSpec:
     layers: int
     #: how its steps are measured, `pyruntime.measurement.serving.METHODS`
     method: str = "old"
+    #: the floor's (`FLOOR_MODE` under ``symmetric`` only): what its measured step follows,
+    #: `pyruntime.measurement.serving.FLOOR_METHODS`
+    floor_method: str = DEFAULT_FLOOR_METHOD
 
 
 def run_point(
@@ -282,7 +287,11 @@ def run_interleaved(
     the measured step with the device held; its synchronize finds the device idle.
     ``step_s`` is then the measured step's wall time, host part and device work.
     ``HostStep.blocked_s`` records, per step, how long the host was blocked inside the
-    measured host part.
+    measured host part, and ``HostStep.preceded_by`` the run mode of the unmeasured step
+    that ran just before it on the same backend: the mode itself, except for a floor spec
+    with ``floor_method="lead"`` under ``symmetric``, whose measured step follows a
+    `FloorLead` (``FLOOR_LEAD_MODE``); with ``floor_method="noop"`` it follows its own no-op
+    step, as before 2026-12-03.
 
     With ``device_tasks``, a backend that keeps task records (the CPU backend's
     ``timings``) gives each step's tasks; on one that does not (the NPU backend, on a device
@@ -295,10 +304,13 @@ def run_interleaved(
 
     if device_tasks and warm_host:
         raise ValueError("device_tasks needs warm_host=False (a warm pair runs two steps)")
-    specs = [s if method == "old" else RunSpec(s.key, s.mode, s.layers, method) for s in specs]
+    specs = [s if method == "old" else replace(s, method=method) for s in specs]
     for s in specs:
         if s.method not in METHODS:
             raise ValueError(f"unknown method {s.method!r}; choose from {', '.join(METHODS)}")
+        if s.floor_method not in FLOOR_METHODS:
+            raise ValueError(f"unknown floor method {s.floor_method!r}; choose from "
+                             f"{', '.join(FLOOR_METHODS)}")
     symmetric_of = {s.key: s.method == "symmetric" for s in specs}
     clock = clock or PerfClock()
     factory = backend_factory or (lambda: backends.get("cpu"))
@@ -329,11 +341,11 @@ def run_interleaved(
                                              (engine or {}).get(s.mode)) for s in specs}
         # the floor's unmeasured previous step: a device mode's, on the floor's own backend
         for s in specs:
-            if s.mode == FLOOR_MODE and symmetric_of[s.key]:
-                lead = _floor_lead(bes[s.key], s, geom, batch, src.max_tokens(), seed,
-                                   engine or {})
-                if lead is not None:
-                    leads[s.key] = lead
+            if s.mode == FLOOR_MODE and symmetric_of[s.key] and s.floor_method == "lead":
+                leads[s.key] = _floor_lead(bes[s.key], s, geom, batch, src.max_tokens(), seed,
+                                           engine or {})
+        # the host-state marker: the run mode of the unmeasured step before each measured one
+        preceded_by = {s.key: FLOOR_LEAD_MODE if s.key in leads else s.mode for s in specs}
         recorders = {k: PhaseRecorder(clock) for k in keys}
         for i in range(warmup + steps):
             if i == warmup:
@@ -386,7 +398,7 @@ def run_interleaved(
                     booked["other"] = max(0.0, (t1 - t0) - sum(booked.values()))
                 runs[k].steps.append(
                     HostStep(t0, (t1 - t_start) / per_pair, host_s, booked, list(recorder.spans),
-                             blocked_s)
+                             blocked_s, preceded_by[k])
                 )  # fmt: skip
                 if lanes is not None:
                     lanes.window(k, i - warmup, t_start, t1)
@@ -467,11 +479,16 @@ class FloorLead:
 
 
 def _floor_lead(backend: Any, spec: RunSpec, geom: Geometry, batch: int, max_tokens: int,
-                seed: int, engine: dict[str, EngineWork]) -> FloorLead | None:
-    """The floor's `FloorLead` at the spec's layer count (None without the lead mode's
-    engine work, which the symmetric method needs for it)."""
+                seed: int, engine: dict[str, EngineWork]) -> FloorLead:
+    """The floor's `FloorLead` at the spec's layer count.
+
+    Raises:
+        ValueError: no engine work for the lead mode, which the symmetric method needs to
+            step it (the floor would otherwise follow its own step, silently).
+    """
     if FLOOR_LEAD_MODE not in engine:
-        return None
+        raise ValueError(f"floor method 'lead' needs the hook engine's work of mode "
+                         f"{FLOOR_LEAD_MODE!r} (engine); use floor method 'noop' without it")
     attn = make_attention(backend, FLOOR_LEAD_MODE, geom, spec.layers, batch, max_tokens, seed)
     return FloorLead(attn, make_before_replay("symmetric", attn, FLOOR_LEAD_MODE,
                                               engine[FLOOR_LEAD_MODE]))

@@ -97,6 +97,14 @@ class EngineWork:
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
 
+    @classmethod
+    def from_counts(cls, graph_keys: int, counts: Any) -> EngineWork:
+        """From `pyruntime.hook.engine_step.engine_step_work`'s counts (its
+        ``EngineStepCounts``: the same fields but ``graph_keys``)."""
+        return cls(graph_keys=graph_keys, h2d_copies=counts.h2d_copies,
+                   blocking_copies=counts.blocking_copies,
+                   tiling_launches=counts.tiling_launches, device_ops=counts.device_ops)
+
 
 class ServingStep:
     """The ``before_replay`` work of one mode under the symmetric method, on its backend.
@@ -187,6 +195,14 @@ def make_before_replay(method: str, attn: Any, mode: str,
 
 #: the run mode of the floor (`FloorStep`), stepped beside the modes in one run
 FLOOR_MODE = "floor"
+#: what the floor's measured step follows under the symmetric method (``bench
+#: --floor-method``): ``lead``, a whole device_tiling step on the floor's backend
+#: (`pyruntime.measurement.abrun.FloorLead`), the host state the device modes' measured steps
+#: start from; ``noop``, the floor's own previous step (its one no-op task), waited for, the
+#: way the floor was measured before 2026-12-03 (warm, against cold device modes). Several,
+#: comma-separated, run side by side in one run; the first is the headline's.
+FLOOR_METHODS = ("lead", "noop")
+DEFAULT_FLOOR_METHOD = "lead"
 
 
 def _no_op(core: int, **args: Any) -> None:

@@ -38,6 +38,8 @@ class HostStep:
         blocked_s: wall time of the host part minus ``host_s``: how long the host was
             blocked inside it (``last_step_blocked_seconds``; a sleep through a device
             phase shows here).
+        preceded_by: the run mode of the unmeasured step that ran just before it on the
+            same backend (the bench's host-state marker; empty where not recorded).
     """
 
     start: float
@@ -46,6 +48,7 @@ class HostStep:
     phases: dict[str, float] = field(default_factory=dict)
     spans: list[tuple[str, float, float]] = field(default_factory=list)
     blocked_s: float = 0.0
+    preceded_by: str = ""
 
 
 @dataclass
@@ -86,7 +89,7 @@ class Run:
             HostStep(_num(s["start"]), _num(s["step_s"]), _num(s["host_s"]),
                      {_str(k): _num(v) for k, v in _dict(s.get("phases", {})).items()},
                      [(_str(p), _num(a), _num(b)) for p, a, b in _list(s.get("spans", []))],
-                     _num(s.get("blocked_s", 0.0)))
+                     _num(s.get("blocked_s", 0.0)), _str(s.get("preceded_by", "")))
             for s in map(_dict, _list(d.get("steps", [])))
         ]  # fmt: skip
         tasks = [

@@ -141,7 +141,13 @@ def host_time(ctx: Context) -> CheckResult:
     host_update's grow by a whole amount per layer (the positive control); the device path
     makes no task update or host tiling and at most one AI-CPU launch per step. Reported
     beside, not judged: host and step time at L = 61 (host_update against the device path)
-    and the flatness figure (the device path's host time at L = 61 over L = 1)."""
+    and the flatness figure (the device path's host time at L = 61 over L = 1).
+
+    Counted and timed as ``bench`` does (its headline method, `DEFAULT_METHOD`): the whole
+    serving step, not `StaticAttention.step` alone: every mode's input copies and
+    vLLM-Ascend's pre-replay synchronize, the device path's hook engine work for
+    `DEFAULT_GRAPH_KEYS` captured graph keys (counted off `NpuTilingEngine`,
+    `pyruntime.hook.engine_step`)."""
     name = "host_time"
     if ctx.placement is None:
         return skipped(name, "no placement was found (see aicpu_replay)")
@@ -157,11 +163,15 @@ def host_time(ctx: Context) -> CheckResult:
         measure_flatness,
         run_point,
     )
+    from pyruntime.hook.engine_step import engine_step_work
+    from pyruntime.measurement.serving import DEFAULT_GRAPH_KEYS, DEFAULT_METHOD, EngineWork
     from pyruntime.measurement.sources import SourceError
 
     from .device_checks import measured_on
 
     variant = "device_tiling" if ctx.placement == "graph" else "pre_replay"
+    method, keys = DEFAULT_METHOD, DEFAULT_GRAPH_KEYS
+    engine = {variant: EngineWork.from_counts(keys, engine_step_work(ctx.placement, keys))}
     low, high = FLATNESS_LAYERS
     steps, warmup = (12, 1) if ctx.quick else (20, 2)
     # short KV (<= 1024 tokens): host time hardly depends on it, the emulated attention does
@@ -170,13 +180,14 @@ def host_time(ctx: Context) -> CheckResult:
         counts = inv.measure(geometry, layers=INVARIANT_CHECK_LAYERS,
                              modes=(inv.PER_LAYER_MODE, variant), batch=FLATNESS_BATCH,
                              source=FLATNESS_SOURCE, warmup=max(warmup, 1),
-                             backend_factory=ctx.make_backend)
+                             backend_factory=ctx.make_backend, method=method, engine=engine)
         runs = run_point(Point(high, FLATNESS_BATCH, FLATNESS_SOURCE), geometry,
                          steps=max(3, steps // 4), warmup=warmup,
-                         modes=("host_update", variant), backend_factory=ctx.make_backend)
+                         modes=("host_update", variant), backend_factory=ctx.make_backend,
+                         method=method, engine=engine)
         flat_low, flat_high = measure_flatness(geometry, modes=(variant,), steps=steps,
-                                               warmup=warmup,
-                                               backend_factory=ctx.make_backend)[variant]
+                                               warmup=warmup, backend_factory=ctx.make_backend,
+                                               method=method, engine=engine)[variant]
     except SourceError as exc:
         return skipped(name, f"could not load the workload: {exc}")
     except BackendError as exc:
@@ -197,6 +208,8 @@ def host_time(ctx: Context) -> CheckResult:
                         f"launch per step ({row})")
     per_layer = inv.per_layer_amount(counts[inv.PER_LAYER_MODE])
     data = {"placement": ctx.placement, "batch": FLATNESS_BATCH, "max_kv": geometry.max_kv,
+            "method": method, "graph_keys": keys,
+            "engine_per_step": engine[variant].as_dict(),
             "invariants": counts, "invariants_problems": problems,
             "host_update_per_layer": per_layer,
             "steps": {"a_b": len(by_mode[variant].steps), "flatness": steps},

@@ -243,3 +243,59 @@ def test_engine_work_with_host_copies_is_refused_not_left_out():
         attn.close()
     finally:
         be.close()
+
+
+def test_both_floor_methods_side_by_side_in_one_run(cli):
+    """``--floor-method lead,noop``: the floor measured after a device_tiling step (the
+    device modes' host state, the headline) and after its own no-op step (the way before
+    2026-12-03) in ONE run, each with its ratios. They measure the same work (counters) and
+    differ in what preceded the measured step (the recorded marker), not by a timing."""
+    code, out, err = cli("bench", "--layers", "2", "--batch-sizes", "4", "--sources", "uniform",
+                         "--steps", "2", "--warmup", "0", "--max-kv", "512",
+                         "--floor-method", "lead,noop", "--graph-keys", "2", "--json",
+                         "--no-save", "--no-progress", "--no-flatness", "--no-invariants")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["floor_method"]["headline"] == "lead"
+    assert result["floor_method"]["methods"] == ["lead", "noop"]
+    point = result["points"][0]
+    modes = point["modes"]
+    assert {"floor", "floor_noop"} <= set(modes)
+    # what preceded each measured step: the lead floor a device_tiling step, as every device
+    # mode its own; the noop floor its own no-op step
+    assert modes["floor"]["preceded_by"] == ["device_tiling"]
+    assert modes["floor_noop"]["preceded_by"] == ["floor"]
+    assert modes["device_tiling"]["preceded_by"] == ["device_tiling"]
+    assert modes["pre_replay"]["preceded_by"] == ["pre_replay"]
+    # the same work per step: the lead's counters are left out of its floor's (host waits
+    # differ: the noop floor's are averaged over both steps of its pair, the check's with them)
+    work = ("copies_h2d", "copies_h2d_blocking", "replays", "launches_aicpu", "launches_aicore",
+            "task_updates", "host_tiling_calls", "event_records", "event_waits")
+    lead, noop = (modes[m]["counters_per_step"] for m in ("floor", "floor_noop"))
+    assert {k: lead[k] for k in work} == {k: noop[k] for k in work}
+    assert (lead["replays"], lead["copies_h2d"], lead["launches_aicore"]) == (1.0, 2.0, 0.0)
+    ratios = point["floor_ratios"]
+    assert set(ratios) == {"lead", "noop"}
+    assert ratios["lead"]["mode"] == "floor" and ratios["noop"]["mode"] == "floor_noop"
+    assert ratios["lead"]["device_tiling"] == point["floor_ratio"]["device_tiling"]
+    assert all(ratios[fm][m]["value"] > 0 for fm in ratios for m in ("device_tiling",
+                                                                      "pre_replay"))
+    assert set(result["floor_ratios"]) == {"lead", "noop"}
+    assert result["floor_ratio"] == {m: result["floor_ratios"]["lead"][m]
+                                     for m in ("device_tiling", "pre_replay")}
+    # the placements table leaves every floor out
+    assert result["placements"] is None or not any(
+        m.startswith("floor") for m in result["placements"]["host_us"])
+
+
+def test_a_floor_method_without_symmetric_is_refused(cli):
+    code, _, err = cli("bench", "--method", "old", "--floor-method", "noop", "--no-save")
+    assert code != 0 and "--floor-method" in err
+    code, _, err = cli("bench", "--floor-method", "slow")
+    assert code == 2 and "unknown floor method slow" in err
+
+
+def test_the_lead_floor_needs_the_lead_modes_engine_work():
+    with pytest.raises(ValueError, match="floor method 'lead'"):
+        run_interleaved([RunSpec("f", "floor", 1, floor_method="lead")], 4, "uniform", GEOM,
+                        {}, steps=1, warmup=0, method="symmetric", engine={})

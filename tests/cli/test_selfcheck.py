@@ -55,6 +55,14 @@ def test_cpu_selfcheck_passes_with_the_schema(cpu_report, capsys):
     # lib calls); times and the flatness figure are reported, not judged
     host = by_name["host_time"]
     assert host["invariants_problems"] == []
+    # counted and timed over the whole serving step, as bench does (its headline method),
+    # not StaticAttention.step alone: every mode's two input copies and vLLM-Ascend's
+    # pre-replay synchronize; the device path with the hook engine's work for K keys
+    for mode in ("host_update", "device_tiling"):
+        row = host["invariants"][mode]["4"]
+        assert (row["copies_h2d"], row["synchronizes"]) == (2, 1), (mode, row)
+    assert (host["method"], host["graph_keys"]) == ("symmetric", 35)
+    assert host["engine_per_step"]["h2d_copies"] == 0
     device = host["invariants"]["device_tiling"]
     assert device["1"] == device["4"] and device["4"]["task_updates"] == 0
     per_layer = host["host_update_per_layer"]

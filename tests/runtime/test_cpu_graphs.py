@@ -1,6 +1,7 @@
 """CPU backend: capture records, replay re-issues, task groups update per the CANN rules."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -227,3 +228,37 @@ def test_replay_without_the_update_never_runs_the_group(cpu):
         s.synchronize()
     assert x.tolist() == [0.0, 0.0]
     be.close()
+
+
+def test_a_forked_graph_starts_when_its_stream_reaches_it():
+    """The EventError at K = 35, L = 61 (docs/benchmarks.md): replay enqueued the graph's
+    side-stream nodes at the host call, so the side stream's captured wait for the fork
+    started while the replay stream still ran earlier work, and the device-side wait
+    timeout counted that backlog ("captured event record did not happen"). In CANN the
+    graph runs as work of its stream (aclmdlRIExecuteAsync): nothing of it, forked streams
+    included, starts before the stream reaches it. Made deterministic by a replay stream
+    busy for longer than the wait timeout before the replay."""
+    from pyruntime import backends
+
+    be = backends.get("cpu", wait_timeout_s=0.3)
+    try:
+        x = be.alloc([1], torch.float32)
+        busy = Kernel("busy", "aicore", lambda core, x: time.sleep(0.8))
+        g = be.graph()
+        main, side = be.stream("main"), be.stream("aicpu")
+        with be.capture(g, main):  # the device-tiling graph's shape: fork, AI-CPU, join
+            side.wait_event(main.record_event())
+            be.launch(AICPU_ADD, {"x": x, "value": 1.0}, stream=side)
+            main.wait_event(side.record_event())
+            be.launch(ADD, {"x": x, "value": 10.0}, num_cores=1, stream=main)
+        be.launch(busy, {"x": x}, num_cores=1, stream=main)  # earlier work on the stream
+        submits = []
+        real = type(main.native).submit
+        for worker in be._workers:  # the host call: one submit, on the replay stream
+            worker.submit = lambda *a, w=worker: (submits.append(w.name), real(w, *a))
+        g.replay(main)
+        assert submits == [main.native.name]
+        main.synchronize()  # raised DeviceTaskError (EventError) before the fix
+        assert x.item() == 11.0
+    finally:
+        be.close()

@@ -194,3 +194,33 @@ def test_the_base_backend_hold_is_a_no_op():
 
     # an NPU's device does not run on the host's CPU: nothing to hold
     assert Backend.hold_device(object()).__class__.__name__ == "nullcontext"
+
+
+def test_a_prepared_task_launches_like_launch_and_rechecks_after_a_free(cpu):
+    """`make_task` checks and freezes a launch once; `launch_task` issues it with launch's
+    counters and errors: a buffer freed since the check still refuses the launch."""
+    add = Kernel("add1", "aicpu", lambda x, by: x.add_(float(by[0])))
+    x, other = cpu.alloc([2], torch.float32), cpu.alloc([1], torch.float32)
+    by = np.array([2.0])
+    task = cpu.make_task(add, {"x": x, "by": by})
+    by[0] = 100.0  # frozen at make_task, as launch freezes at the call
+    s = cpu.stream()
+    checks = []
+    real = type(cpu)._check_buffer
+    type(cpu)._check_buffer = lambda self, n, b: (checks.append(n), real(self, n, b))
+    try:
+        for _ in range(3):
+            cpu.launch_task(task, stream=s)
+        assert checks == []  # nothing freed since make_task: no per-launch check
+        cpu.free(other)
+        cpu.launch_task(task, stream=s)
+        assert checks == ["x"]  # a free since: checked again, once
+    finally:
+        type(cpu)._check_buffer = real
+    s.synchronize()
+    assert x.tolist() == [8.0, 8.0] and cpu.counters.launches_aicpu == 4
+    cpu.free(x)
+    with pytest.raises(DeviceBufferError, match="argument 'x' is not a live device buffer"):
+        cpu.launch_task(task, stream=s)
+    with pytest.raises(LaunchError, match="runs as one task"):
+        cpu.make_task(add, {"x": other}, num_cores=2)
