@@ -296,7 +296,35 @@ def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
         return _view(op, args, kwargs)
     if op in twin._SHAPE_FROM_VALUES_OPS:  # synchronous, as on the wrapper layer (LoRA's meta)
         return twin._run_shape_from_values(twin.device(), op, args, kwargs)
+    args, kwargs = _wrapped_numbers_as_tensors(op, args, kwargs)
     return twin._queue_op(twin.device(), op, args, kwargs)
+
+
+def _wrapped_numbers_as_tensors(op: torch._ops.OpOverload, args: tuple,
+                                kwargs: dict) -> tuple[tuple, dict]:
+    """`args` and `kwargs` with a Python number in a ``Tensor`` argument made a 0-dim host
+    tensor again.
+
+    Why: ``x % 128`` is ``remainder.Scalar``, whose CompositeExplicitAutograd kernel calls
+    ``remainder.Tensor`` with the scalar wrapped in a 0-dim tensor (ATen's
+    ``wrapped_scalar_tensor``); with no PrivateUse1 kernel the structured op reaches this
+    boxed fallback as ``remainder.Tensor_out``, and boxing to Python hands a wrapped number
+    over as the Python number (``torch/csrc/jit/python/pybind_utils`` ``toPyObject``), which
+    the same overload then refuses. A 0-dim host tensor is what the wrapped number was; the
+    output's dtype is already fixed by ``out``. (vLLM's ``compute_new_slot_mapping``,
+    ``vllm/v1/spec_decode/utils.py``, does this on device positions.)"""
+    number = (bool, int, float, complex)
+    schema = op._schema.arguments
+    if not any(isinstance(a, number) for a in args) and \
+            not any(isinstance(v, number) for v in kwargs.values()):
+        return args, kwargs
+    tensor_arguments = {a.name for a in schema if str(a.type) == "Tensor"}
+    fixed = tuple(torch.tensor(value) if isinstance(value, number) and i < len(schema)
+                  and schema[i].name in tensor_arguments else value
+                  for i, value in enumerate(args))
+    fixed_kwargs = {k: torch.tensor(v) if isinstance(v, number) and k in tensor_arguments
+                    else v for k, v in kwargs.items()}
+    return fixed, fixed_kwargs
 
 
 def _is_view(op: torch._ops.OpOverload) -> bool:

@@ -11,7 +11,11 @@ allocator, the PrivateUse1 hooks' ``getPinnedMemoryAllocator`` / ``isPinnedPtr``
 sampled token ids under async scheduling (``AsyncGPUModelRunnerOutput``), and ``torch.zeros(...,
 pin_memory=True)``. Before the allocator, torch raised "You should register
 ``PrivateUse1HooksInterface`` ... and implement ``getPinnedMemoryAllocator``" and the engine
-stopped at its first sample."""
+stopped at its first sample.
+* A Python number among a tensor op's arguments (``positions % block_size`` in vLLM's
+  draft-model slot mapping, ``compute_new_slot_mapping``): ``remainder.Scalar`` reaches the
+  boxed fallback as ``remainder.Tensor_out`` with the wrapped number unwrapped to a Python int;
+  before, it stopped with "Expected a value of type 'Tensor' for argument 'other'"."""
 
 from __future__ import annotations
 
@@ -60,14 +64,25 @@ def unique_consecutive_is_synchronous():
                lambda: torch.unique_consecutive(ids))
 
 
+def python_numbers_in_tensor_arguments():
+    x = torch.arange(6).to("npu")
+    eq((x % 4).cpu().tolist(), [0, 1, 2, 3, 0, 1])                 # remainder.Scalar
+    eq(torch.remainder(x, 3).cpu().tolist(), [0, 1, 2, 0, 1, 2])
+    half = x.to(torch.bfloat16)
+    got = half % 2.5                                               # a float: the tensor's dtype
+    eq((got.dtype, got.cpu().tolist()), (torch.bfloat16, [0.0, 1.0, 2.0, 0.5, 1.5, 0.0]))
+    eq((x.to(torch.int32) % 4).dtype, torch.int32)
+
+
 check("unique_consecutive_is_synchronous", unique_consecutive_is_synchronous)
+check("python_numbers_in_tensor_arguments", python_numbers_in_tensor_arguments)
 check("non_blocking_to_cpu", non_blocking_to_cpu)
 check("pinned_factory_and_pageable", pinned_factory_and_pageable)
 check("pinned_block_feeds_a_non_blocking_h2d_copy", pinned_block_feeds_a_non_blocking_h2d_copy)
 """
 
 RULES = ("unique_consecutive_is_synchronous", "non_blocking_to_cpu", "pinned_factory_and_pageable",
-         "pinned_block_feeds_a_non_blocking_h2d_copy")
+         "pinned_block_feeds_a_non_blocking_h2d_copy", "python_numbers_in_tensor_arguments")
 
 
 @pytest.fixture(scope="module")
