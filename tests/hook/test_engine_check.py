@@ -219,11 +219,14 @@ def test_serve_check_on_the_twin(request, tmp_path, release, tiny, flags):
     else:
         assert spec is None
     # --tiny: the unhooked run's tokens against the fp32 HF reference on the same weights:
-    # identical for Qwen3; gpt-oss may part at a near-tie, judged as the two runs are
-    if tiny == "qwen3":
-        assert report["reference"] == {"identical": True, "divergence": None}, report
-    else:
-        assert report["reference"] is not None, report
+    # identical, or parted at a near-tie (the judge's margin under its tolerance), as the
+    # two runs are judged; LoRA with a draft model and gpt-oss's sinks have parted at one
+    reference = report["reference"]
+    assert reference is not None, report
+    if not reference["identical"]:
+        divergence = reference["divergence"]
+        assert divergence["margin"] is not None, reference
+        assert divergence["margin"] < divergence["tolerance"], reference
     if "--compilation" in flags:
         assert report["compilation_mode"] == "VLLM_COMPILE"
         # on the twin: no npugraph_ex (torch_npu's graph compiler) and torch 2.13, not the
