@@ -54,12 +54,6 @@ class Timings:
             if self.records is not None and len(self.records) < self.max_records:
                 self.records.append((kind, name, where, start, end))
 
-    def reset(self) -> None:
-        with self._lock:
-            self.by_kind = {}
-            if self.records is not None:
-                self.records = []
-
 
 class DeviceGate:
     """Keeps the emulated device off the host's cores while the host does measured work.

@@ -66,10 +66,6 @@ class EngineStepCounts:
     tiling_launches: int
     device_ops: int = 0
 
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict (for JSON)."""
-        return dict(self.__dict__)
-
 
 class _RecordingOps:
     """The engine's op namespace: records calls, runs nothing."""

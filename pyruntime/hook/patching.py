@@ -34,9 +34,6 @@ class PatchLedger:
     def __init__(self) -> None:
         self._entries: list[_Entry] = []
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     def resolve(self, module: ModuleType, path: str) -> tuple[Any, str, Any]:
         """Return ``(owner, name, raw_value)`` for ``path`` (``"func"`` or ``"Cls.attr"``).
 

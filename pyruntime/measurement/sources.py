@@ -42,11 +42,6 @@ class Step:
     seqlens_kv: np.ndarray
 
     @property
-    def batch(self) -> int:
-        """Live requests."""
-        return int(self.seqlens_kv.size)
-
-    @property
     def num_tokens(self) -> int:
         """Query tokens in the step."""
         return int(self.cu_seqlens_q[-1])
