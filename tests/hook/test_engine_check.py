@@ -13,7 +13,8 @@
   are in the default run, in one xdist group; the others only with the ``engine`` marker
   (``python -m pytest -m engine tests/hook/test_engine_check.py`` runs all of them): the
   Qwen3 model under the release's default compilation (``--compilation default``) on each
-  release, and ``--tp 2`` (two workers on twin devices 0 and 1, counted per rank); see
+  release, the DeepSeek-V3 model (MLA) under it on 0.30.0rc2 (in mode NONE a strict xfail),
+  and ``--tp 2`` (two workers on twin devices 0 and 1, counted per rank); see
   docs/hook-in-vllm-ascend.md, "The engine check".
 
 Without an environment the tests skip, except under ``CI=true``, where they fail.
