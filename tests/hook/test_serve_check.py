@@ -473,7 +473,7 @@ def test_dynamo_keeps_an_untaken_branchs_names_in_the_code_vllms_bytecode_hook_r
     import dis
 
     import torch
-    import torch._dynamo.convert_frame as convert_frame
+    from torch._dynamo import convert_frame
 
     def forward(x, last_rank: bool):
         y = x * 2
