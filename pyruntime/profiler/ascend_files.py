@@ -198,13 +198,28 @@ class ClockAnchor:
         return self.perf_s + (wall_us - self.wall_ns / 1000) * 1e-6
 
 
+#: kernel-name parts (lower case) of attention kernels whose name does not say "attention":
+#: our MLA decode (`pyruntime.kernels.triton_mla`'s ``mla_decode_kernel``, multi-head latent
+#: attention, which the hook's MLA layers run in place of vLLM-Ascend's FIA). Not a bare "mla":
+#: vLLM-Ascend's ``npu_mla_prolog`` (``MlaProlog``) is the projection before attention
+ATTENTION_NAME_PARTS = ("attention", "mla_decode")
+
+
+def is_attention_kernel(name: str) -> bool:
+    """Whether a kernel named `name` computes attention (and is not the combine step):
+    a name with one of `ATTENTION_NAME_PARTS` and without "combine"."""
+    lowered = name.lower()
+    return "combine" not in lowered and any(part in lowered for part in ATTENTION_NAME_PARTS)
+
+
 def attribute(rows: Iterable[KernelRow], windows: Sequence[StepWindow], anchor: ClockAnchor,
               ) -> tuple[dict[str, list[DeviceTask]], int]:
     """Each kernel row as a `DeviceTask` of the step window its start falls in.
 
     Tasks are named as `pyruntime.measurement.abrun.device_tasks_of_step` names the CPU
     backend's: the n-th attention kernel of a step (an AI Core task whose name says
-    attention and not combine) is ``attention layer n``; the lane is the core type.
+    attention, or MLA decode, and not combine: `is_attention_kernel`) is ``attention layer
+    n``; the lane is the core type.
 
     Returns:
         ``({window key: tasks in start order}, rows outside every window)``.
@@ -223,8 +238,7 @@ def attribute(rows: Iterable[KernelRow], windows: Sequence[StepWindow], anchor: 
             continue
         w = ordered[i]
         name = row.name
-        lowered = name.lower()
-        if row.kind == "aicore" and "attention" in lowered and "combine" not in lowered:
+        if row.kind == "aicore" and is_attention_kernel(name):
             n = layer.get((w.key, w.step), 0)
             layer[(w.key, w.step)] = n + 1
             name = f"attention layer {n}"

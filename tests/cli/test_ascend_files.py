@@ -84,6 +84,23 @@ def test_a_task_before_every_step_or_between_steps_is_outside():
     assert outside == 2 and tasks == {"a": []}
 
 
+def test_the_mla_decode_kernel_is_an_attention_layer_and_mla_prolog_is_not():
+    """The hook's MLA layers run `pyruntime.kernels.triton_mla`'s ``mla_decode_kernel`` (its
+    name does not say attention); vLLM-Ascend's ``MlaProlog`` (``npu_mla_prolog``) is the
+    projection before attention, and the combine stays the combine."""
+    rows = [KernelRow("aicpu_tiling_kernel", "aicpu_tiling_kernel", "AI_CPU", T0_US + 100, 1.0),
+            KernelRow("MlaProlog", "MlaProlog", "AI_CORE", T0_US + 200, 1.0),
+            KernelRow("mla_decode_kernel", "mla_decode_kernel", "AI_CORE", T0_US + 300, 1.0),
+            KernelRow("attention_combine_kernel", "attention_combine_kernel", "AI_CORE",
+                      T0_US + 400, 1.0),
+            KernelRow("mla_decode_kernel", "mla_decode_kernel", "AI_CORE", T0_US + 500, 1.0)]
+    tasks, outside = attribute(rows, [StepWindow("a", 0, 100.0, 100.002)], ANCHOR)
+    assert outside == 0
+    assert [t.name for t in tasks["a"]] == ["aicpu_tiling_kernel", "MlaProlog",
+                                            "attention layer 0", "attention_combine_kernel",
+                                            "attention layer 1"]
+
+
 def _copy(tmp_path: Path) -> Path:
     shutil.copytree(FIXTURE, tmp_path / "prof")
     return next((tmp_path / "prof").glob("*_ascend_pt/ASCEND_PROFILER_OUTPUT"))

@@ -13,7 +13,8 @@
   are in the default run, in one xdist group; the others only with the ``engine`` marker
   (``python -m pytest -m engine tests/hook/test_engine_check.py`` runs all of them): the
   Qwen3 model under the release's default compilation (``--compilation default``) on each
-  release, and ``--tp 2`` (two workers on twin devices 0 and 1, counted per rank); see
+  release, the DeepSeek-V3 model (MLA) under it on 0.30.0rc2 (in mode NONE a strict xfail),
+  and ``--tp 2`` (two workers on twin devices 0 and 1, counted per rank); see
   docs/hook-in-vllm-ascend.md, "The engine check".
 
 Without an environment the tests skip, except under ``CI=true``, where they fail.
@@ -141,6 +142,12 @@ def _selected(config, marker: str) -> bool:
 DEVICE_LAYERS = {
     "qwen3": ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
     "gpt-oss": ["model.layers.0.attn.attn", "model.layers.1.attn.attn"],
+    # MLA (pyruntime/hook/vllm_ascend_mla.py, mla_unsupported_reason): bf16 latent caches in
+    # the ND layout (enable_kv_nz off by default), no FA quantization, rope 64, one kv head,
+    # TP 1, no context parallel, no draft graphs: both layers. vLLM names them
+    # model.layers.N.self_attn.attn (deepseek_v2.py: the decoder layer's ``.self_attn``, the
+    # MLA wrapper's ``.attn``, vllm/model_executor/layers/mla.py)
+    "deepseek-v3": ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
 }
 
 
@@ -151,6 +158,15 @@ DEVICE_LAYERS = {
 NO_GRAPHS_IN_MODE_NONE = pytest.mark.xfail(
     strict=True, reason="vLLM-Ascend 0.23.0.post1 captures FULL graphs only under VLLM_COMPILE "
                         "(its full_graph_fia reads graph params that mode NONE never sets)")
+
+#: vLLM-Ascend 0.30.0rc2's MLA decode reads the ACL graph parameters while capturing
+#: (attention/mla_v1.py:1887 ``graph_params.events[num_tokens]``), which its model runner sets
+#: only when ``use_aclgraph`` (worker/model_runner_v1.py:815-823 and 6425: VLLM_COMPILE or
+#: vLLM's breakable cudagraph): in mode NONE DeepSeek stops at capture, without the hook, on
+#: any device (docs/hook-in-vllm-ascend.md, "The engine check")
+MLA_NO_GRAPHS_IN_MODE_NONE = pytest.mark.xfail(
+    strict=True, reason="vLLM-Ascend 0.30.0rc2's MLA decode captures FULL graphs only under "
+                        "VLLM_COMPILE (it reads graph params that mode NONE never sets)")
 
 #: the engine runs of the default test run (issue 29's CI matrix, the part that runs today):
 #: one xdist group, so they run one after another on one worker (each engine holds about
@@ -178,6 +194,12 @@ COMBINED_GQA = ["--placement", "graph", "--lora", "--spec", "self-draft"]
                  marks=MARKED, id="0.30.0rc2-qwen3-compiled"),
     pytest.param("0.23.0.post1", "qwen3", ["--placement", "graph", "--compilation", "default"],
                  marks=MARKED, id="0.23.0.post1-qwen3-compiled"),
+    # MLA through vLLM's engine: VLLM_COMPILE only (mode NONE below)
+    pytest.param("0.30.0rc2", "deepseek-v3", ["--placement", "graph", "--compilation",
+                                              "default"],
+                 marks=MARKED, id="0.30.0rc2-deepseek-v3-compiled"),
+    pytest.param("0.30.0rc2", "deepseek-v3", ["--placement", "graph"],
+                 marks=[*MARKED, MLA_NO_GRAPHS_IN_MODE_NONE], id="0.30.0rc2-deepseek-v3"),
     pytest.param("0.23.0.post1", "qwen3", ["--placement", "graph"],
                  marks=[*MARKED, NO_GRAPHS_IN_MODE_NONE], id="0.23.0.post1-qwen3")])
 def test_serve_check_on_the_twin(request, tmp_path, release, tiny, flags):

@@ -414,6 +414,9 @@ def test_compilation_default_without_a_graph_compiler_turns_npugraph_ex_off_and_
 ])
 def test_aot_compile_is_off_only_on_a_torch_other_than_the_releases_pin(monkeypatch, pin,
                                                                           user, off):
+    """Off the pin, vLLM's AOT compile off and with it vLLM's bytecode hook, which the
+    release's AOT compile never runs (`engine_check.bytecode_hook_runs_only_without_aot_compile`:
+    without it vLLM-Ascend 0.30.0rc2's DeepSeek forward stops in the hook's name check)."""
     from importlib import metadata
 
     import torch
@@ -425,6 +428,8 @@ def test_aot_compile_is_off_only_on_a_torch_other_than_the_releases_pin(monkeypa
                         lambda name: [pin.replace("HERE", here), "torch-npu==2.10.0.post4"]
                         if name == "vllm-ascend" else [])
     monkeypatch.setattr(engine_check, "missing_graph_compiler", lambda: None)
+    for name in ("VLLM_USE_BYTECODE_HOOK", "VLLM_DISABLE_COMPILE_CACHE"):
+        monkeypatch.delenv(name, raising=False)
     if user is None:
         monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
     else:
@@ -432,11 +437,68 @@ def test_aot_compile_is_off_only_on_a_torch_other_than_the_releases_pin(monkeypa
     _, additional, environ, reason = engine_check.compilation_arguments("default")
     assert additional is None
     if off:
-        assert environ == {"VLLM_USE_AOT_COMPILE": "0"}
+        assert environ == {"VLLM_USE_AOT_COMPILE": "0", "VLLM_USE_BYTECODE_HOOK": "0"}
         assert reason.startswith(f"VLLM_USE_AOT_COMPILE=0: torch {here} here, not "
                                  "vLLM-Ascend's pin 2.10.0")
+        assert reason.endswith("; " + engine_check.BYTECODE_HOOK_REASON)
     else:
         assert environ == {} and reason is None
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("VLLM_USE_BYTECODE_HOOK", "1"),      # the user's own choice stands
+    ("VLLM_DISABLE_COMPILE_CACHE", "1"),  # the release itself would not AOT-compile: hook on
+])
+def test_the_bytecode_hook_stays_as_vllm_has_it_where_the_release_would_run_it(
+        monkeypatch, variable, value):
+    from importlib import metadata
+
+    monkeypatch.setattr(metadata, "requires",
+                        lambda name: ["torch==0.0.1"] if name == "vllm-ascend" else [])
+    monkeypatch.setattr(engine_check, "missing_graph_compiler", lambda: None)
+    for name in ("VLLM_USE_AOT_COMPILE", "VLLM_USE_BYTECODE_HOOK",
+                 "VLLM_DISABLE_COMPILE_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, value)
+    _, _, environ, reason = engine_check.compilation_arguments("default")
+    assert environ == {"VLLM_USE_AOT_COMPILE": "0"}
+    assert "VLLM_USE_BYTECODE_HOOK" not in reason
+
+
+def test_dynamo_keeps_an_untaken_branchs_names_in_the_code_vllms_bytecode_hook_reads():
+    """Why the bytecode hook goes with the AOT compile (the mechanism, on the torch here):
+    the transformed code of a frame that calls ``.update`` only on a branch not taken (as
+    vLLM-Ascend's DeepSeek forward does at PP 1) still has ``update`` in ``co_names``, the
+    names vLLM's ``bytecode_hook`` checks, although no instruction of it loads that name."""
+    import dis
+
+    import torch
+    from torch._dynamo import convert_frame
+
+    def forward(x, last_rank: bool):
+        y = x * 2
+        if not last_rank:
+            tensors = {}
+            tensors.update({"hidden_states": y})  # the pipeline-parallel branch
+            return tensors
+        return y + 1
+
+    transformed = {}
+
+    def hook(old_code, new_code):
+        if old_code is forward.__code__:
+            transformed["code"] = new_code
+
+    handle = convert_frame.register_bytecode_hook(hook)
+    try:
+        torch._dynamo.reset()
+        torch.compile(forward, fullgraph=True, backend="eager")(torch.ones(3), True)
+    finally:
+        handle.remove()
+        torch._dynamo.reset()
+    code = transformed["code"]
+    assert "update" in code.co_names
+    assert not any(ins.argval == "update" for ins in dis.get_instructions(code))
 
 
 def test_an_unknown_compilation_is_a_typed_error():

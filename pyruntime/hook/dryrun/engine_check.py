@@ -278,6 +278,46 @@ def torch_off_the_release_pin() -> str | None:
             "OutputCode that vLLM-Ascend's fusion-pass compiler does not return")
 
 
+#: why the compiled run turns vLLM's bytecode hook off with its AOT compile (the report's
+#: ``compilation_reason``; `bytecode_hook_runs_only_without_aot_compile`)
+BYTECODE_HOOK_REASON = (
+    "VLLM_USE_BYTECODE_HOOK=0: the release's AOT compile never runs vLLM's bytecode hook "
+    "(torch 2.10's aot_compile captures through compile_frame, which calls no Dynamo "
+    "bytecode hook), so its check of the transformed frame's names does not run either")
+
+
+def bytecode_hook_runs_only_without_aot_compile() -> bool:
+    """Whether the check, having turned vLLM's AOT compile off (`torch_off_the_release_pin`),
+    also turns vLLM's bytecode hook off (``VLLM_USE_BYTECODE_HOOK=0``): True unless the user
+    set that variable or ``VLLM_DISABLE_COMPILE_CACHE`` (with which the release itself does
+    not AOT-compile, ``vllm/envs.py`` ``use_aot_compile``, and so runs the hook).
+
+    Why: with ``VLLM_USE_BYTECODE_HOOK`` (vLLM's default 1) ``TorchCompileWithNoGuardsWrapper``
+    registers ``bytecode_hook`` with Dynamo (``vllm/compilation/wrapper.py:156-158``), which
+    raises "Assigning / modifying buffers of nn.Module ..." whenever a cudagraph mode is set
+    and ``"update" in new_code.co_names`` (``wrapper.py:250-263``). Dynamo builds the
+    transformed code's names from the original frame's and only appends
+    (``torch/_dynamo/bytecode_transformation.py`` ``transform_code_object``: ``code_options``
+    from ``code``; ``fix_vars`` appends), so a name the frame only reads in a branch never
+    taken trips it: vLLM-Ascend 0.30.0rc2's DeepSeek forward
+    (``vllm_ascend/patch/worker/patch_deepseek_v2.py:361`` ``_patched_forward``) has
+    ``pp_output.tensors.update(...)`` on its pipeline-parallel branch (line 414). The
+    release's default, AOT compile on its pinned torch 2.10 (``envs.py`` ``use_aot_compile``:
+    on for torch >= 2.10), never calls the hook: ``decorators.py`` compiles the first call
+    through ``self.aot_compile`` and later calls run ``aot_compiled_fn``; torch 2.10's
+    ``aot_compile`` captures through ``convert_frame.fullgraph_capture`` ->
+    ``_fullgraph_capture_frame`` -> ``compile_frame``, and only ``_compile_inner`` calls the
+    registered ``_bytecode_hooks`` (``torch/_dynamo/convert_frame.py:1505`` in torch 2.10.0).
+    Off the AOT compile, the hook off is that default's behaviour: vLLM calls its
+    ``torch.compile`` callable (``wrapper.py`` ``__call__``, the ``else`` branch)."""
+    if "VLLM_USE_BYTECODE_HOOK" in os.environ:
+        return False
+    try:  # as vLLM reads it (envs.py disable_compile_cache: bool(int(...)))
+        return not int(os.environ.get("VLLM_DISABLE_COMPILE_CACHE", "0"))
+    except ValueError:  # vLLM refuses the value itself: leave its hook as it is
+        return False
+
+
 def compilation_arguments(compilation: str, speculative: str | None = None
                           ) -> tuple[dict, dict | None, dict[str, str], str | None]:
     """``(compilation_config, additional_config, environ, reason)`` for `compilation`
@@ -286,7 +326,9 @@ def compilation_arguments(compilation: str, speculative: str | None = None
     leaves the mode to vLLM (VLLM_COMPILE) and the compiler to vLLM-Ascend, except where the
     release's default cannot run here: without torch_npu's graph compiler
     (`missing_graph_compiler`) vLLM-Ascend's own ``enable_npugraph_ex`` off, and on a torch
-    other than the release's pin (`torch_off_the_release_pin`) vLLM's AOT compile off. `reason`
+    other than the release's pin (`torch_off_the_release_pin`) vLLM's AOT compile off, and with
+    it vLLM's bytecode hook, which the release's AOT compile never runs
+    (`bytecode_hook_runs_only_without_aot_compile`). `reason`
     says what differs from the release's default (None: nothing)."""
     if compilation not in COMPILATIONS:
         raise EngineCheckError(f"unknown compilation {compilation!r}: one of "
@@ -304,6 +346,9 @@ def compilation_arguments(compilation: str, speculative: str | None = None
     if off_pin is not None:
         environ["VLLM_USE_AOT_COMPILE"] = "0"
         reasons.append(off_pin)
+        if bytecode_hook_runs_only_without_aot_compile():
+            environ["VLLM_USE_BYTECODE_HOOK"] = "0"
+            reasons.append(BYTECODE_HOOK_REASON)
     return config, additional, environ, "; ".join(reasons) or None
 
 
