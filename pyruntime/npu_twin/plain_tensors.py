@@ -296,8 +296,20 @@ def _fallback(op: torch._ops.OpOverload, *args, **kwargs):
         return _view(op, args, kwargs)
     if op in twin._SHAPE_FROM_VALUES_OPS:  # synchronous, as on the wrapper layer (LoRA's meta)
         return twin._run_shape_from_values(twin.device(), op, args, kwargs)
-    args, kwargs = _wrapped_numbers_as_tensors(op, args, kwargs)
-    return twin._queue_op(twin.device(), op, args, kwargs)
+    try:
+        return twin._queue_op(twin.device(), op, args, kwargs)
+    except RuntimeError as exc:
+        # the op refused a Python number where its schema has a Tensor (before anything was
+        # allocated or queued: the meta call comes first); other ops keep their numbers, as
+        # the boxed call gave them
+        if "Expected a value of type 'Tensor'" not in str(exc):
+            raise
+        fixed_args, fixed_kwargs = _wrapped_numbers_as_tensors(op, args, kwargs)
+        unchanged = all(a is b for a, b in zip(fixed_args, args)) and \
+            all(fixed_kwargs[k] is v for k, v in kwargs.items())
+        if unchanged:
+            raise
+        return twin._queue_op(twin.device(), op, fixed_args, fixed_kwargs)
 
 
 def _wrapped_numbers_as_tensors(op: torch._ops.OpOverload, args: tuple,
