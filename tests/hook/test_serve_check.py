@@ -428,6 +428,7 @@ def test_aot_compile_is_off_only_on_a_torch_other_than_the_releases_pin(monkeypa
                         lambda name: [pin.replace("HERE", here), "torch-npu==2.10.0.post4"]
                         if name == "vllm-ascend" else [])
     monkeypatch.setattr(engine_check, "missing_graph_compiler", lambda: None)
+    monkeypatch.setattr(engine_check, "custom_op_aliasing_raises", lambda: False)
     for name in ("VLLM_USE_BYTECODE_HOOK", "VLLM_DISABLE_COMPILE_CACHE"):
         monkeypatch.delenv(name, raising=False)
     if user is None:
@@ -456,6 +457,7 @@ def test_the_bytecode_hook_stays_as_vllm_has_it_where_the_release_would_run_it(
     monkeypatch.setattr(metadata, "requires",
                         lambda name: ["torch==0.0.1"] if name == "vllm-ascend" else [])
     monkeypatch.setattr(engine_check, "missing_graph_compiler", lambda: None)
+    monkeypatch.setattr(engine_check, "custom_op_aliasing_raises", lambda: False)
     for name in ("VLLM_USE_AOT_COMPILE", "VLLM_USE_BYTECODE_HOOK",
                  "VLLM_DISABLE_COMPILE_CACHE"):
         monkeypatch.delenv(name, raising=False)
@@ -463,6 +465,83 @@ def test_the_bytecode_hook_stays_as_vllm_has_it_where_the_release_would_run_it(
     _, _, environ, reason = engine_check.compilation_arguments("default")
     assert environ == {"VLLM_USE_AOT_COMPILE": "0"}
     assert "VLLM_USE_BYTECODE_HOOK" not in reason
+
+
+@pytest.mark.parametrize("pin, ci, user, kept_a_warning", [
+    ("torch==0.0.1", "true", None, True),   # off the pin, in a CI job: the check would raise
+    ("torch==0.0.1", None, None, False),    # off the pin, no CI: torch only warns already
+    ("torch==0.0.1", "true", "1", False),   # the user's own choice stands
+    ("torch==HERE", "true", None, False),   # the pin: the release's torch as it is
+])
+def test_the_custom_op_aliasing_check_stays_a_warning_only_off_the_pin_where_it_would_raise(
+        monkeypatch, pin, ci, user, kept_a_warning):
+    """vLLM-Ascend 0.23.0.post1's compiled engine stopped in the project's CI (CI=true) and
+    not on a developer's machine: torch 2.13 raises on a custom op that returns its input only
+    where CI is set (`engine_check.custom_op_aliasing_raises`); torch 2.10, the pin, never
+    checks."""
+    from importlib import metadata
+
+    import torch
+    import torch._functorch.config as functorch_config
+
+    here = torch.__version__.split("+")[0]
+    monkeypatch.setattr(metadata, "requires",
+                        lambda name: [pin.replace("HERE", here)] if name == "vllm-ascend"
+                        else [])
+    monkeypatch.setattr(engine_check, "missing_graph_compiler", lambda: None)
+    for name in ("VLLM_USE_AOT_COMPILE", "VLLM_USE_BYTECODE_HOOK",
+                 "VLLM_DISABLE_COMPILE_CACHE", engine_check.ALIASING_ENV):
+        monkeypatch.delenv(name, raising=False)
+    if user is not None:
+        monkeypatch.setenv(engine_check.ALIASING_ENV, user)
+    # torch read CI once, at import (its default): the setting as a CI job's torch has it
+    monkeypatch.setattr(functorch_config, "error_on_custom_op_aliasing", ci is not None)
+    _, _, environ, reason = engine_check.compilation_arguments("default")
+    assert (environ.get(engine_check.ALIASING_ENV) == "0") == kept_a_warning
+    assert (reason is not None and engine_check.ALIASING_REASON in reason) == kept_a_warning
+
+
+_LIBRARIES: list = []
+
+
+def test_torch_raises_on_a_compiled_custom_op_that_returns_its_input_only_when_told_to():
+    """The mechanism on the torch here (why `custom_op_aliasing_raises` exists): a compiled
+    graph's first call runs every custom op under torch's aliasing check, which raises with
+    ``error_on_custom_op_aliasing`` on and warns with it off."""
+    import warnings
+
+    import torch
+    import torch._functorch.config as functorch_config
+
+    if not hasattr(functorch_config, "error_on_custom_op_aliasing"):
+        pytest.skip(f"torch {torch.__version__} has no custom-op aliasing check")
+
+    # registered as vLLM's direct_register_custom_op does (Library.define and impl: no
+    # eager check, unlike torch.library.custom_op), once per process
+    if not hasattr(torch.ops.aicpu_tiling_test, "returns_its_input"):
+        library = torch.library.Library("aicpu_tiling_test", "FRAGMENT")
+        library.define("returns_its_input(Tensor x) -> Tensor")
+        library.impl("returns_its_input", lambda x: x,   # what maybe_pad_and_reduce does at TP 1
+                     dispatch_key="CPU")
+        library._register_fake("returns_its_input", torch.empty_like)
+        _LIBRARIES.append(library)   # a Library unregisters its ops when collected
+    returns_its_input = torch.ops.aicpu_tiling_test.returns_its_input
+
+    def forward(x):
+        return returns_its_input(x + 1) * 2
+
+    for raises in (True, False):
+        torch._dynamo.reset()
+        compiled = torch.compile(forward, backend="aot_eager", fullgraph=True)
+        with functorch_config.patch(error_on_custom_op_aliasing=raises), \
+                warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if raises:
+                with pytest.raises(RuntimeError, match="may not alias any inputs"):
+                    compiled(torch.ones(3))
+            else:
+                assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 4.0))
+                assert any("alias" in str(w.message) for w in caught)
 
 
 def test_dynamo_keeps_an_untaken_branchs_names_in_the_code_vllms_bytecode_hook_reads():

@@ -278,6 +278,15 @@ def torch_off_the_release_pin() -> str | None:
             "OutputCode that vLLM-Ascend's fusion-pass compiler does not return")
 
 
+#: why the compiled run, off the release's pin, keeps torch's custom-op aliasing check a
+#: warning (`custom_op_aliasing_raises`)
+ALIASING_REASON = (
+    "the torch here checks at a compiled graph's first call that no custom op returns an "
+    "alias of its input and raises where CI is set (else it warns); torch 2.10, the "
+    "release's pin, has no such check, and vLLM-Ascend 0.23's maybe_pad_and_reduce returns "
+    "its input at TP 1")
+
+
 #: why the compiled run turns vLLM's bytecode hook off with its AOT compile (the report's
 #: ``compilation_reason``; `bytecode_hook_runs_only_without_aot_compile`)
 BYTECODE_HOOK_REASON = (
@@ -318,6 +327,30 @@ def bytecode_hook_runs_only_without_aot_compile() -> bool:
         return False
 
 
+#: the variable that overrides torch's `custom_op_aliasing_raises` setting (torch 2.13 has it,
+#: torch 2.10 has neither)
+ALIASING_ENV = "TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING"
+
+
+def custom_op_aliasing_raises() -> bool:
+    """Whether the torch here raises at a compiled graph's first call when a custom op returns
+    an alias of its input, and the user left `ALIASING_ENV` unset.
+
+    Why it matters off the release's pin: torch 2.13 runs that check on every compiled graph's
+    first call (``torch/_functorch/_aot_autograd/runtime_wrappers.py``
+    ``_FirstInvocationContext``) and raises only where ``error_on_custom_op_aliasing`` is on,
+    which defaults to ``bool(os.getenv("CI"))`` (``torch/_functorch/config.py``): a warning on
+    a developer's machine, an error in a CI job. torch 2.10, vLLM-Ascend's pin, has no such
+    check, and vLLM-Ascend 0.23.0.post1's ``maybe_pad_and_reduce`` returns its input at TP 1
+    (``vllm_ascend/ops/register_custom_ops.py``: ``tensor_model_parallel_all_reduce`` of one
+    rank), so the release's compiled engine stops on torch 2.13 only where ``CI`` is set."""
+    if ALIASING_ENV in os.environ:
+        return False
+    import torch._functorch.config as functorch_config
+
+    return bool(getattr(functorch_config, "error_on_custom_op_aliasing", False))
+
+
 def compilation_arguments(compilation: str, speculative: str | None = None
                           ) -> tuple[dict, dict | None, dict[str, str], str | None]:
     """``(compilation_config, additional_config, environ, reason)`` for `compilation`
@@ -328,7 +361,8 @@ def compilation_arguments(compilation: str, speculative: str | None = None
     (`missing_graph_compiler`) vLLM-Ascend's own ``enable_npugraph_ex`` off, and on a torch
     other than the release's pin (`torch_off_the_release_pin`) vLLM's AOT compile off, and with
     it vLLM's bytecode hook, which the release's AOT compile never runs
-    (`bytecode_hook_runs_only_without_aot_compile`). `reason`
+    (`bytecode_hook_runs_only_without_aot_compile`), and torch's custom-op aliasing check a
+    warning, which the release's torch does not run (`custom_op_aliasing_raises`). `reason`
     says what differs from the release's default (None: nothing)."""
     if compilation not in COMPILATIONS:
         raise EngineCheckError(f"unknown compilation {compilation!r}: one of "
@@ -349,6 +383,9 @@ def compilation_arguments(compilation: str, speculative: str | None = None
         if bytecode_hook_runs_only_without_aot_compile():
             environ["VLLM_USE_BYTECODE_HOOK"] = "0"
             reasons.append(BYTECODE_HOOK_REASON)
+        if custom_op_aliasing_raises():
+            environ[ALIASING_ENV] = "0"
+            reasons.append(f"{ALIASING_ENV}=0: {ALIASING_REASON}")
     return config, additional, environ, "; ".join(reasons) or None
 
 
@@ -377,6 +414,10 @@ def _engine_run(model: str, max_tokens: int, placement: str | None, tp: int,
     compilation_config, additional_config, environ, run.compilation_reason = \
         compilation_arguments(compilation, speculative)
     os.environ.update(environ)  # before vLLM reads them (vllm.envs reads at each access)
+    if ALIASING_ENV in environ:  # torch read its variables at import: this process by hand
+        import torch._functorch.config as functorch_config
+
+        functorch_config.error_on_custom_op_aliasing = False
     llm = vllm.LLM(
         model=model, skip_tokenizer_init=True, dtype=run.dtype, seed=0, tensor_parallel_size=tp,
         max_model_len=256, max_num_seqs=MAX_SEQS, block_size=128,
