@@ -8,13 +8,14 @@
   folds into the reference) and changes the reference's tokens; in each environment.
 * ``aicpu-tiling serve-check --tiny NAME --json`` end to end: vLLM's engine on vLLM-Ascend's
   platform on the NPU twin, without and with the hook, each run profiled (``--profile``). The
-  CI matrix's runs that run today (0.30.0rc2: the combined GQA run, TP 1 with ``--lora``, 8
-  capture sizes and speculative decoding with the model as its own draft; gpt-oss at TP 1)
-  are in the default run, in one xdist group; the others only with the ``engine`` marker
-  (``python -m pytest -m engine tests/hook/test_engine_check.py`` runs all of them): the
-  Qwen3 model under the release's default compilation (``--compilation default``) on each
-  release, the DeepSeek-V3 model (MLA) under it on 0.30.0rc2 (in mode NONE a strict xfail),
-  and ``--tp 2`` (two workers on twin devices 0 and 1, counted per rank); see
+  CI matrix's runs (issue 29) are in the default run, in one xdist group: on 0.30.0rc2 the
+  combined GQA run (TP 1 with ``--lora``, 8 capture sizes and speculative decoding with the
+  model as its own draft), gpt-oss at TP 1, DeepSeek-V3 (MLA) under the release's default
+  compilation and ``--tp 2`` (two workers on twin devices 0 and 1, counted per rank); on
+  0.23.0.post1 the Qwen3 model under the release's default compilation (``--compilation
+  default``). The others only with the ``engine`` marker (``python -m pytest -m engine
+  tests/hook/test_engine_check.py`` runs all of them): 0.30.0rc2's Qwen3 with ``--lora``
+  alone and under ``--compilation default``, and the strict xfails of mode NONE; see
   docs/hook-in-vllm-ascend.md, "The engine check".
 
 Without an environment the tests skip, except under ``CI=true``, where they fail.
@@ -310,15 +311,13 @@ def check_profile(report: dict, profile_dir: Path) -> None:
 
 
 @pytest.mark.engine
+@pytest.mark.xdist_group("engine")
 def test_serve_check_at_tp_2_on_two_twin_devices(request):
     """``serve-check --tiny qwen3 --tp 2``: vLLM's multiprocess executor starts two workers,
     rank k on twin device npu:k, each with the hook from vLLM's plugin; on each rank both
     layers take the device path with no task update, vLLM-Ascend updates them without the
     hook, and the tensor-parallel all-reduces run inside the FULL graphs' replays (HCCL
     collectives run by replays, counted by each worker's twin), in both runs."""
-    if not _selected(request.config, "engine"):
-        pytest.skip("the engine runs need -m engine (two engine starts of two workers each: "
-                    "docs/hook-in-vllm-ascend.md, 'The engine check')")
     env_dir = vllm_env("0.30.0rc2")
     python, tree = env_dir / "venv" / "bin" / "python", env_dir / "vllm-ascend"
     proc = subprocess.run([str(python), "-m", "pyruntime.cli", "serve-check", "--tiny", "qwen3",
