@@ -171,7 +171,7 @@ MLA_NO_GRAPHS_IN_MODE_NONE = pytest.mark.xfail(
 
 #: the engine runs of the default test run (issue 29's CI matrix: on 0.30.0rc2 the combined
 #: GQA run, gpt-oss and DeepSeek-V3 at TP 1; on 0.23.0.post1 the GQA model, under the release's
-#: default compilation, the only mode with graphs there; TP 2 stays behind the marker):
+#: default compilation, the only mode with graphs there; TP 2 in its own test below):
 #: one xdist group, so they run one after another on one worker (each engine holds about
 #: 2 GB and both CPUs' worth of work); about 2 minutes each on a loaded 2-core machine
 IN_CI = [pytest.mark.engine, pytest.mark.xdist_group("engine")]

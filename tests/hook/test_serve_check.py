@@ -397,6 +397,7 @@ def test_compilation_default_without_a_graph_compiler_turns_npugraph_ex_off_and_
     # vLLM-Ascend's import order
     assert asked == ["torch_npu.dynamo.npugraph_ex", "torch_npu.dynamo.torchair"]
     assert "mode" not in config
+    assert environ == {}   # on the release's pin (patched above): nothing else differs
     assert additional == {"ascend_compilation_config": {"enable_npugraph_ex": False}}
     assert "neither npugraph_ex nor torchair" in reason and "enable_npugraph_ex false" in reason
     report = engine_check.build_report(
