@@ -25,12 +25,25 @@
 # the Dockerfile's VLLM_TAG). Archives come from ${AICPU_TILING_WHEELS:-~/.cache/aicpu-tiling/wheels},
 # fetched by tools/fetch_sdists.py when missing (a `pip download --no-binary :all:` of vLLM
 # fails: that flag also forbids the torch wheel its isolated build needs).
-# Env overrides: AICPU_TILING_VLLM_VERSION (the vLLM to pair), AICPU_TILING_PYTHON (python3).
+# Versions: tools/vllm-env-locks/RELEASE.txt, where it exists, names every other package of
+# the venv (a freeze.txt of an env the whole test suite passed in, less torch, vLLM and pip);
+# after the steps have installed what they resolve today, step_lock puts each package at the
+# lock's version and removes what the lock does not name, so an env built today holds what
+# it held when the lock was written, whatever PyPI has released since (on 2026-12-06 a fresh
+# 0.23.0.post1 env stopped at `import vllm.config`: see step_ascend_deps). The pins are not
+# constraints of the steps: the release's requirements replace some of vLLM's (fastapi and
+# starlette on 0.30.0rc2), so no one set satisfies every step. The lock's hash is in
+# READY.json: a changed lock rebuilds the env.
+# To refresh a lock: AICPU_TILING_VLLM_UNLOCKED=1 tools/vllm_env.sh RELEASE (after removing
+# the env), run the whole test suite, then write the env's freeze.txt over the lock, less
+# what it never pins: grep -v -i -E '^(torch|vllm|pip)==' ENV/freeze.txt > LOCK.
+# Env overrides: AICPU_TILING_VLLM_VERSION (the vLLM to pair), AICPU_TILING_PYTHON (python3),
+# AICPU_TILING_VLLM_UNLOCKED=1 (build without the lock).
 # Exit 0 when the env is ready; otherwise 1 and one line "vllm_env: ..." on stderr.
 set -uo pipefail
 unset PYTHONPATH PYTHONHOME   # nothing from the caller's interpreter setup leaks in
 
-RECIPE=2   # bump when the recipe changes: an env stamped with another recipe is rebuilt
+RECIPE=3   # bump when the recipe changes: an env stamped with another recipe is rebuilt
 TORCH_VERSION=2.13.0
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -42,13 +55,21 @@ RELEASE="$1"
 ROOT="${AICPU_TILING_VLLM_ENVS:-$HOME/.cache/aicpu-tiling/vllm-envs}"
 CACHE="${AICPU_TILING_WHEELS:-$HOME/.cache/aicpu-tiling/wheels}"
 PY="${AICPU_TILING_PYTHON:-python3}"
+ROOT="$(realpath -m "$ROOT")"; CACHE="$(realpath -m "$CACHE")"   # the steps run in $ROOT
 ENV="$ROOT/$RELEASE"
 STAMP="$ENV/READY.json"
 START=$(date +%s)
+LOCK="$HERE/vllm-env-locks/$RELEASE.txt"
+if [ -n "${AICPU_TILING_VLLM_UNLOCKED:-}" ] || [ ! -f "$LOCK" ]; then LOCK=""; fi
+LOCK_SHA=$([ -n "$LOCK" ] && sha256sum "$LOCK" | cut -c1-16 || echo none)
 
 env_size() { du -sh "$ENV" 2>/dev/null | cut -f1; }
 
 mkdir -p "$ROOT" || die "cannot create $ROOT"
+# Every step from here, where no package's metadata lies: the venv's python and pip put the
+# working directory on sys.path, and a checkout's aicpu_tiling.egg-info there would count as
+# installed (it reached a freeze.txt once, and pip would uninstall it from the checkout).
+cd "$ROOT" || die "cannot enter $ROOT"
 exec 9>"$ROOT/.$RELEASE.lock"
 flock -w 3600 9 || die "another build of $RELEASE holds $ROOT/.$RELEASE.lock"
 
@@ -62,12 +83,13 @@ install_twin_pth() {
 }
 
 if [ -f "$STAMP" ]; then
-    if grep -q "\"recipe\": $RECIPE," "$STAMP" && [ -x "$ENV/venv/bin/python" ]; then
+    if grep -q "\"recipe\": $RECIPE," "$STAMP" && [ -x "$ENV/venv/bin/python" ] \
+            && { [ -z "$LOCK" ] || grep -q "\"lock\": \"$LOCK_SHA\"" "$STAMP"; }; then
         install_twin_pth
         echo "vllm_env: $RELEASE ready (cached) at $ENV: $(( $(date +%s) - START )) s, $(env_size)"
         exit 0
     fi
-    echo "vllm_env: $STAMP is from another recipe or incomplete: rebuilding" >&2
+    echo "vllm_env: $STAMP is from another recipe or lock, or incomplete: rebuilding" >&2
     rm -rf "$ENV"
 fi
 # --- 1. archives ----------------------------------------------------------------
@@ -315,24 +337,19 @@ EOF
     # Their CPU UT job uninstalls triton after installing vLLM (tests/ut/conftest.py mocks
     # triton.runtime); some requirement may have brought it in.
     if pip_ show triton >/dev/null 2>&1; then pip_ uninstall -y triton; fi
+    # vLLM's step installed the newest transformers and what it requires; the release's pin
+    # then replaced transformers, leaving those behind. HF's `kernels` is one: transformers
+    # >= 5.x (newest: 5.25) requires it, 5.5.4 (0.23.0.post1's pin) lists it only as an extra
+    # (kernels<0.13) yet imports it when present, and kernels 0.19 makes that import raise
+    # ("Either a revision or a version must be specified", transformers.activations), which
+    # stopped every vLLM import of a fresh 0.23.0.post1 env on 2026-12-06. Left with nothing
+    # that requires it, it goes, as an install of the pinned transformers alone would have it.
+    if pip_ show kernels 2>/dev/null | grep -q '^Required-by: *$'; then
+        pip_ uninstall -y kernels
+    fi
     pip_ check || echo "pip check reports conflicts (kept, as in vLLM-Ascend's CI install order)"
 }
 run_step ascend-deps step_ascend_deps
-
-step_verify() {
-    set -e
-    # vLLM imports on its own (the tree's entry points would activate the Ascend platform,
-    # which imports torch_npu: only tests/ut/conftest.py's mocks make that work)
-    TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$VPY" -c "
-import importlib.util, torch, vllm, pytest, transformers
-assert importlib.util.find_spec('torch_npu') is None, 'torch_npu must not be installed'
-assert torch.version.cuda is None, 'torch is not the CPU build'
-print('torch', torch.__version__, 'vllm', vllm.__version__, 'pytest', pytest.__version__)"
-    PYTHONPATH="$TREE" "$VPY" -c "
-import importlib.metadata as md, sys
-v = md.version('vllm-ascend'); print('vllm-ascend', v); sys.exit(v != '$RELEASE')"
-}
-run_step verify step_verify
 
 # --- 5. what aicpu-tiling's own code needs there: the NPU twin (ziglang builds the AArch64
 # AI-CPU binary, unicorn runs it, pyelftools reads it) and triton, which our NPU engine
@@ -346,6 +363,53 @@ step_twin() {
 }
 run_step twin step_twin
 
+# --- 6. the lock: every package at the version of an env the whole suite passed in ---------
+step_lock() {
+    set -e
+    if [ -z "$LOCK" ]; then
+        echo "no lock for $RELEASE (or AICPU_TILING_VLLM_UNLOCKED set): as resolved"; return 0
+    fi
+    grep -v -i -E '^(torch|vllm|pip)==' "$LOCK" >"$ENV/lock-pins.txt"
+    echo "lock: $LOCK ($(grep -c . "$ENV/lock-pins.txt") pins)"
+    # exact versions, no resolution: what is already at its version stays
+    pip_ install --no-deps -r "$ENV/lock-pins.txt"
+    # what today's resolution added and the lock does not name goes
+    local extra
+    extra=$("$VPY" - "$ENV/lock-pins.txt" <<'EOF'
+import re, sys
+from importlib import metadata
+def norm(name): return re.sub(r"[-_.]+", "-", name).lower()
+locked = {norm(line.split("==")[0]) for line in open(sys.argv[1]) if "==" in line}
+keep = locked | {"torch", "vllm", "pip"}
+print(" ".join(sorted({d.metadata["Name"] for d in metadata.distributions()
+                       if norm(d.metadata["Name"]) not in keep})))
+EOF
+)
+    if [ -n "$extra" ]; then
+        echo "not in the lock, removed: $extra"
+        # shellcheck disable=SC2086  # one word per package
+        pip_ uninstall -y $extra
+    fi
+}
+run_step lock step_lock
+
+step_verify() {
+    set -e
+    # vLLM imports on its own (the tree's entry points would activate the Ascend platform,
+    # which imports torch_npu: only tests/ut/conftest.py's mocks make that work)
+    TORCH_DEVICE_BACKEND_AUTOLOAD=0 "$VPY" -c "
+import importlib.util, torch, vllm, pytest, transformers
+import transformers.activations, vllm.config  # what vLLM's config imports of transformers
+assert importlib.util.find_spec('torch_npu') is None, 'torch_npu must not be installed'
+assert torch.version.cuda is None, 'torch is not the CPU build'
+print('torch', torch.__version__, 'vllm', vllm.__version__, 'pytest', pytest.__version__)"
+    PYTHONPATH="$TREE" "$VPY" -c "
+import importlib.metadata as md, sys
+v = md.version('vllm-ascend'); print('vllm-ascend', v); sys.exit(v != '$RELEASE')"
+}
+run_step verify step_verify
+
+
 install_twin_pth
 ELAPSED=$(( $(date +%s) - START ))
 BUILD_S=$(cat "$ENV"/.steps/* | awk '{s += $1} END {print s + 0}')   # all steps, all calls
@@ -355,7 +419,7 @@ versions=$(PYTHONPATH="$TREE" "$VPY" -c "import importlib.metadata as m; print('
     || die "cannot list the venv's distributions"
 cat >"$STAMP" <<EOF
 {"recipe": $RECIPE, "release": "$RELEASE", "vllm": "$VLLM_VERSION", "torch": "$TORCH_VERSION",
- "python": "$VPY", "tree": "$TREE", "built_in_s": $BUILD_S,
+ "python": "$VPY", "tree": "$TREE", "built_in_s": $BUILD_S, "lock": "$LOCK_SHA",
  "versions": "$versions", "built_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"}
 EOF
 echo "vllm_env: $RELEASE ready at $ENV: built in $BUILD_S s (this call $ELAPSED s), $(env_size) on disk" \
