@@ -92,6 +92,18 @@ EXPECTED_CLASSES = {"qwen3": "Qwen3ForCausalLM", "gpt-oss": "GptOssForCausalLM",
                     "deepseek-v3": "DeepseekV3ForCausalLM"}
 
 
+#: a folder to keep each engine run's ``serve-check --json`` report in (the docs quote them);
+#: unset, nothing is kept
+REPORTS_ENV = "AICPU_TILING_TEST_ENGINE_REPORTS"
+
+
+def _keep_report(name: str, stdout: str) -> None:
+    folder = os.environ.get(REPORTS_ENV)
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / f"{name}.json").write_text(stdout)
+
+
 def _env_vars(tree: Path | None = None) -> dict:
     # TRITON_INTERPRET=1 is tests/conftest.py's default for our own kernels; a user's engine
     # has none, and with it upstream Triton's interpreter takes vLLM-Ascend's launches away
@@ -221,6 +233,7 @@ def test_serve_check_on_the_twin(request, tmp_path, release, tiny, flags):
     start = proc.stdout.find("{")
     assert start >= 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout[start:])
+    _keep_report(request.node.callspec.id, proc.stdout[start:])
     print("SERVE-CHECK", release, " ".join(flags), json.dumps(report))  # shown with -s
     assert report["schema"] == "aicpu-tiling/serve-check" and report["backend"] == "npu-twin"
     assert report["lora"] == ("--lora" in flags)
@@ -327,6 +340,7 @@ def test_serve_check_at_tp_2_on_two_twin_devices(request):
     start = proc.stdout.find("{")
     assert start >= 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout[start:])
+    _keep_report("0.30.0rc2-qwen3-tp2", proc.stdout[start:])
     assert report["tp"] == 2 and report["backend"] == "npu-twin"
     assert [layer["name"] for layer in report["layers"] if layer["path"] == "device"] == \
         DEVICE_LAYERS["qwen3"]
