@@ -56,12 +56,13 @@ def test_each_release_has_a_lock_of_exact_pins_without_what_the_recipe_pins_itse
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_the_built_environment_holds_exactly_its_lock(release):
-    python = vllm_env(release) / "venv" / "bin" / "python"
-    stamp = json.loads((vllm_env(release) / "READY.json").read_text())
+    env_dir = vllm_env(release)
+    stamp = json.loads((env_dir / "READY.json").read_text())
     # from the environment's folder: the working directory is on sys.path, and a checkout's
     # aicpu_tiling.egg-info there would count as installed
-    proc = subprocess.run([str(python), "-c", INSTALLED], capture_output=True, text=True,
-                          cwd=vllm_env(release), timeout=120, check=False)
+    proc = subprocess.run([str(env_dir / "venv" / "bin" / "python"), "-c", INSTALLED],
+                          capture_output=True, text=True, cwd=env_dir, timeout=120,
+                          check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     installed = {_norm(name): version for name, version in json.loads(proc.stdout).items()
                  if _norm(name) not in UNLOCKED}

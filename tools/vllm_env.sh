@@ -369,13 +369,13 @@ step_lock() {
     if [ -z "$LOCK" ]; then
         echo "no lock for $RELEASE (or AICPU_TILING_VLLM_UNLOCKED set): as resolved"; return 0
     fi
-    grep -v -i -E '^(torch|vllm|pip)==' "$LOCK" >"$ENV/lock-pins.txt"
-    echo "lock: $LOCK ($(grep -c . "$ENV/lock-pins.txt") pins)"
+    # the lock never names torch, vLLM or pip (tests/test_vllm_env_lock.py)
+    echo "lock: $LOCK ($(grep -c . "$LOCK") pins)"
     # exact versions, no resolution: what is already at its version stays
-    pip_ install --no-deps -r "$ENV/lock-pins.txt"
+    pip_ install --no-deps -r "$LOCK"
     # what today's resolution added and the lock does not name goes
     local extra
-    extra=$("$VPY" - "$ENV/lock-pins.txt" <<'EOF'
+    extra=$("$VPY" - "$LOCK" <<'EOF'
 import re, sys
 from importlib import metadata
 def norm(name): return re.sub(r"[-_.]+", "-", name).lower()

@@ -97,11 +97,16 @@ EXPECTED_CLASSES = {"qwen3": "Qwen3ForCausalLM", "gpt-oss": "GptOssForCausalLM",
 REPORTS_ENV = "AICPU_TILING_TEST_ENGINE_REPORTS"
 
 
-def _keep_report(name: str, stdout: str) -> None:
+def _report(proc: subprocess.CompletedProcess, name: str) -> dict:
+    """The ``serve-check --json`` report `proc` printed (its stderr's tail when there is none),
+    kept as ``NAME.json`` under `REPORTS_ENV` when that is set."""
+    start = proc.stdout.find("{")
+    assert start >= 0, proc.stderr[-3000:]
     folder = os.environ.get(REPORTS_ENV)
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / f"{name}.json").write_text(stdout)
+        (Path(folder) / f"{name}.json").write_text(proc.stdout[start:])
+    return json.loads(proc.stdout[start:])
 
 
 def _env_vars(tree: Path | None = None) -> dict:
@@ -230,10 +235,7 @@ def test_serve_check_on_the_twin(request, tmp_path, release, tiny, flags):
                            "--json", "--profile", str(profile_dir), *flags],
                           env=_env_vars(tree), cwd=REPO,
                           capture_output=True, text=True, timeout=1800, check=False)
-    start = proc.stdout.find("{")
-    assert start >= 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout[start:])
-    _keep_report(request.node.callspec.id, proc.stdout[start:])
+    report = _report(proc, request.node.callspec.id)
     print("SERVE-CHECK", release, " ".join(flags), json.dumps(report))  # shown with -s
     assert report["schema"] == "aicpu-tiling/serve-check" and report["backend"] == "npu-twin"
     assert report["lora"] == ("--lora" in flags)
@@ -337,10 +339,7 @@ def test_serve_check_at_tp_2_on_two_twin_devices(request):
                            "--tp", "2", "--placement", "graph", "--json"],
                           env=_env_vars(tree), cwd=REPO, capture_output=True, text=True,
                           timeout=1800, check=False)
-    start = proc.stdout.find("{")
-    assert start >= 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout[start:])
-    _keep_report("0.30.0rc2-qwen3-tp2", proc.stdout[start:])
+    report = _report(proc, "0.30.0rc2-qwen3-tp2")
     assert report["tp"] == 2 and report["backend"] == "npu-twin"
     assert [layer["name"] for layer in report["layers"] if layer["path"] == "device"] == \
         DEVICE_LAYERS["qwen3"]

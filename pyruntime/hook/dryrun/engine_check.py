@@ -278,13 +278,17 @@ def torch_off_the_release_pin() -> str | None:
             "OutputCode that vLLM-Ascend's fusion-pass compiler does not return")
 
 
+#: the variable that overrides torch's `custom_op_aliasing_raises` setting (torch 2.13 has it,
+#: torch 2.10 has neither)
+ALIASING_ENV = "TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING"
+
 #: why the compiled run, off the release's pin, keeps torch's custom-op aliasing check a
 #: warning (`custom_op_aliasing_raises`)
 ALIASING_REASON = (
-    "the torch here checks at a compiled graph's first call that no custom op returns an "
-    "alias of its input and raises where CI is set (else it warns); torch 2.10, the "
-    "release's pin, has no such check, and vLLM-Ascend 0.23's maybe_pad_and_reduce returns "
-    "its input at TP 1")
+    f"{ALIASING_ENV}=0: the torch here checks at a compiled graph's first call that no "
+    "custom op returns an alias of its input and raises where CI is set (else it warns); "
+    "torch 2.10, the release's pin, has no such check, and vLLM-Ascend 0.23's "
+    "maybe_pad_and_reduce returns its input at TP 1")
 
 
 #: why the compiled run turns vLLM's bytecode hook off with its AOT compile (the report's
@@ -325,11 +329,6 @@ def bytecode_hook_runs_only_without_aot_compile() -> bool:
         return not int(os.environ.get("VLLM_DISABLE_COMPILE_CACHE", "0"))
     except ValueError:  # vLLM refuses the value itself: leave its hook as it is
         return False
-
-
-#: the variable that overrides torch's `custom_op_aliasing_raises` setting (torch 2.13 has it,
-#: torch 2.10 has neither)
-ALIASING_ENV = "TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING"
 
 
 def custom_op_aliasing_raises() -> bool:
@@ -385,7 +384,7 @@ def compilation_arguments(compilation: str, speculative: str | None = None
             reasons.append(BYTECODE_HOOK_REASON)
         if custom_op_aliasing_raises():
             environ[ALIASING_ENV] = "0"
-            reasons.append(f"{ALIASING_ENV}=0: {ALIASING_REASON}")
+            reasons.append(ALIASING_REASON)
     return config, additional, environ, "; ".join(reasons) or None
 
 
