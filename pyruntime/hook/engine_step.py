@@ -55,8 +55,9 @@ class EngineStepCounts:
         h2d_copies: host-to-device copies issued.
         blocking_copies: those of them that block the host (each synchronises the stream).
         tiling_launches: AI-CPU tiling launches (``plan_tiling`` / ``plan_tilings``).
-        device_ops: enqueued in-place AI Core ops on the engine's buffers (the step epoch's
-            advance), each a launch with no copy and no host wait.
+        device_ops: enqueued in-place AI Core ops on the engine's buffers, each a launch
+            with no copy and no host wait (the step epoch's advance under ``pre-replay``
+            until 2026-12-06; since then captured in the graphs: 0 in both placements).
     """
 
     placement: str

@@ -17,16 +17,25 @@ flag-0 stream and joins back with sync events) runs:
 * placement ``pre-replay``: not captured; `before_replay` launches it once per step on the
   current stream, just before the graph replays (the extension orders it by events).
 
-The step epoch is advanced on the device, never written by the host: an in-place add on the
-shared epoch buffer, captured in each key's graph just before its tiling task (``graph``),
-or launched once by `before_replay` before the step's tiling tasks (``pre-replay``). The
-tiling task echoes the epoch it read into its header and attention compares the two, so a
-tiling not planned since the last advance (a captured AI-CPU task that a replay did not
-re-run; a key replayed without its pre-replay task) is refused: zeros, never a wrong answer.
-So our path adds no host-to-device copy and no host wait per step, whatever the number of
-captured graphs: `before_replay` does nothing under ``graph`` and only enqueues under
-``pre-replay`` (until issue 30 it made one blocking epoch copy per captured key per step,
-each of which synchronised the stream: torch_npu's ``copy_`` without ``non_blocking``).
+The step epoch is advanced on the device, never written by the host, by ops captured once
+per graph before its first device layer, so that every replay advances it:
+
+* ``graph``: an in-place add on the shared epoch, then the key's tiling task, which echoes
+  the advanced epoch into its header;
+* ``pre-replay``: the tiling tasks `before_replay` launches echo a second buffer, the *plan
+  epoch*; the graph's first ops publish it as the step epoch (a device copy) and advance it.
+  A key replayed without a tiling task since its graph's last replay, or a replay that
+  `before_replay` did not precede, then has a header one advance behind the step epoch.
+
+Attention compares the header's epoch with the step epoch, so a tiling not planned for this
+replay (a captured AI-CPU task that a replay did not re-run; a key replayed without its
+pre-replay task) is refused: zeros, never a wrong answer. So our path adds no host-to-device
+copy, no host wait and no device op per step, whatever the number of captured graphs:
+`before_replay` does nothing under ``graph`` and launches only the replayed keys' tiling
+tasks under ``pre-replay`` (until issue 30 it made one blocking epoch copy per captured key
+per step, each of which synchronised the stream: torch_npu's ``copy_`` without
+``non_blocking``; until 2026-12-06 it launched the epoch's advance under ``pre-replay`` as
+one more AI Core op per step).
 `errors()` reads the tiling headers and the epoch back on demand (device-to-host copies,
 for diagnosis only: nothing reads them per step).
 
@@ -83,12 +92,19 @@ class _KeyBuffers:
     params: tiling.TilingParams  # the first window's (``windows[0]``)
     capture: AttentionCapture  # the key's first layer: its length buffers are the key's
     tiling: torch.Tensor  # the first window's
-    epoch: torch.Tensor
+    epoch: torch.Tensor  # the step epoch the key's layers compare their tiling's with
     partial_out: torch.Tensor
     partial_lse: torch.Tensor
     #: sliding window (None: none) -> (its params, its tiling buffer), one per distinct
     #: window of the graph's layers, planned together by the key's one tiling task
     tilings: dict = field(default_factory=dict)
+    #: the epoch the key's tiling task echoes: `epoch` under ``graph``, the engine's plan
+    #: epoch under ``pre-replay`` (None: `epoch`)
+    plan_epoch: torch.Tensor | None = None
+
+    def echoed_epoch(self) -> torch.Tensor:
+        """The buffer whose value the key's tiling task writes into its header."""
+        return self.epoch if self.plan_epoch is None else self.plan_epoch
 
 
 class NpuTilingEngine:
@@ -133,6 +149,11 @@ class NpuTilingEngine:
         #: int32 ``[1]`` on the device, shared by every key: allocated (never filled: it runs
         #: inside vLLM's capture) with the first key, then only ever advanced by the device
         self._device_epoch: torch.Tensor | None = None
+        #: ``pre-replay``: int32 ``[1]``, what the tiling tasks echo, published as the step
+        #: epoch and advanced by each replay (``graph``: `_device_epoch` itself)
+        self._plan_epoch: torch.Tensor | None = None
+        #: the vLLM-Ascend graph keys whose epoch ops are captured (one graph, one advance)
+        self._opened_graphs: set[Hashable] = set()
         self.tiling_launches = 0
         self.epoch_advances = 0
         #: graph key -> kv_lora_rank of the MLA keys (`capture_mla`)
@@ -168,29 +189,49 @@ class NpuTilingEngine:
             return torch.empty(shape, dtype=dtype, device=device)
 
         buffers = {w: (t, empty((t.tiling_bytes,), torch.uint8)) for w, t in tilings.items()}
-        return _KeyBuffers(params, c, buffers[windows[0]][1],
-                           self._epoch_buffer(device),
+        epoch = self._epoch_buffer(device)
+        return _KeyBuffers(params, c, buffers[windows[0]][1], epoch,
                            empty((slots, params.q_tile, params.group, params.head_dim),
                                  torch.float32),
                            empty((slots, params.q_tile, params.group), torch.float32),
-                           buffers)
+                           buffers, self._plan_epoch)
 
     def _epoch_buffer(self, device: torch.device) -> torch.Tensor:
-        """The device epoch every key shares (allocated with the first key)."""
+        """The device epoch every key shares (allocated with the first key, with the plan
+        epoch under ``pre-replay``)."""
         if self._device_epoch is None:
             self._device_epoch = torch.empty((1,), dtype=torch.int32, device=device)
+            if self.placement == "pre-replay":
+                self._plan_epoch = torch.empty((1,), dtype=torch.int32, device=device)
         return self._device_epoch
 
     def _advance_epoch(self) -> None:
-        """Advance the shared epoch on the device: one AI Core op, enqueued (captured under
-        ``graph``), no host copy; int32 wraps, only equality with a header counts."""
+        """Advance the shared epoch on the device (``graph``): one AI Core op, captured, no
+        host copy; int32 wraps, only equality with a header counts."""
         self._device_epoch.add_(1)
         self.epoch_advances += 1
+
+    def _publish_epoch(self) -> None:
+        """``pre-replay``'s advance, captured: the plan epoch the step's tiling tasks echoed
+        becomes the step epoch, then the plan epoch advances for the next step's tasks (two
+        AI Core ops, on the device only)."""
+        self._device_epoch.copy_(self._plan_epoch)
+        self._plan_epoch.add_(1)
+        self.epoch_advances += 1
+
+    def _open_graph(self, graph_key: Hashable) -> None:
+        """Capture the epoch's advance once per graph, before its first device layer (and,
+        under ``graph``, before the first key's tiling task): a graph holding a GQA and an
+        MLA key advances it once per replay, so both keys' tilings echo the same epoch."""
+        if graph_key in self._opened_graphs:
+            return
+        self._opened_graphs.add(graph_key)
+        self.launch(self._advance_epoch if self.placement == "graph" else self._publish_epoch)
 
     def _plan(self, key: _KeyBuffers, count: bool = True) -> None:
         c = key.capture
         lengths = {"cu_seqlens_q": c.query_start_loc, "seqlens_kv": c.seq_lens,
-                   "batch": c.batch, "step_epoch": key.epoch, "causal": c.causal}
+                   "batch": c.batch, "step_epoch": key.echoed_epoch(), "causal": c.causal}
         if len(key.tilings) <= 1:
             self.ops.plan_tiling(tiling_out=key.tiling, params=kernels.params_list(key.params),
                                  **lengths)
@@ -207,9 +248,9 @@ class NpuTilingEngine:
         key = self.keys.get(c.graph_key)
         if key is None:
             key = self.keys[c.graph_key] = self._buffers(c)
+            # captured before the key's layers, re-run by every replay of its graph
+            self._open_graph(c.graph_key)
             if self.placement == "graph":
-                # captured before the key's layers, re-run by every replay of its graph
-                self.launch(self._advance_epoch)
                 self.launch(lambda k=key: self._plan(k))
         elif (c.num_heads, c.num_kv_heads, c.head_size) != (
                 key.params.num_q_heads, key.params.num_kv_heads, key.params.head_dim):
@@ -256,7 +297,8 @@ class NpuTilingEngine:
         current again)."""
         if variant in self.warmed:
             return False
-        scratch = replace(scratch, epoch=torch.zeros((1,), dtype=torch.int32, device=device))
+        scratch = replace(scratch, epoch=torch.zeros((1,), dtype=torch.int32, device=device),
+                          plan_epoch=None)
         self._plan(scratch, count=False)
         attention(replace(c, output=torch.empty_like(c.output)), scratch)()
         self.warmed.add(variant)
@@ -318,11 +360,12 @@ class NpuTilingEngine:
             causal=True)
         tiling_buffer = empty((params.tiling_bytes,), torch.uint8)
         # its one tiling under `tilings` too, so that errors() reads MLA keys as GQA ones
-        return _KeyBuffers(params, lengths, tiling_buffer, self._epoch_buffer(c.q_nope.device),
+        epoch = self._epoch_buffer(c.q_nope.device)
+        return _KeyBuffers(params, lengths, tiling_buffer, epoch,
                            empty((slots, params.q_tile, params.group, c.kv_lora_rank),
                                  torch.float32),
                            empty((slots, params.q_tile, params.group), torch.float32),
-                           {None: (params, tiling_buffer)})
+                           {None: (params, tiling_buffer)}, self._plan_epoch)
 
     def capture_mla(self, capture) -> None:
         """Enqueue (the key's tiling task under ``graph``, then) one MLA layer's decode.
@@ -345,9 +388,9 @@ class NpuTilingEngine:
         if key is None:
             key = self.keys[mla_key] = self._mla_buffers(c)
             self.mla_lora[mla_key] = c.kv_lora_rank
+            # captured before the key's layers, re-run by every replay of its graph
+            self._open_graph(c.graph_key)
             if self.placement == "graph":
-                # captured before the key's layers, re-run by every replay of its graph
-                self.launch(self._advance_epoch)
                 self.launch(lambda k=key: self._plan(k))
         elif (self.mla_lora.get(mla_key) != c.kv_lora_rank or geometry != (
                 key.params.num_q_heads, key.params.num_kv_heads, key.params.head_dim)):
@@ -400,18 +443,16 @@ class NpuTilingEngine:
     # ---- every step -------------------------------------------------------------------------
     def before_replay(self, num_tokens: int | None = None) -> None:
         """Before a graph replays. Under ``graph`` nothing reaches the device (the replay
-        advances the epoch and re-runs the tiling task); under ``pre-replay``: the epoch
-        advanced on the device, then the tiling of the keys of `num_tokens` (every key when
-        None), all enqueued: no host-to-device copy, no host wait, whatever the key count."""
+        advances the epoch and re-runs the tiling task); under ``pre-replay``: the tiling
+        task of each key of `num_tokens` (every key when None), enqueued, echoing the plan
+        epoch that the replay then publishes: no host-to-device copy, no host wait and no
+        other device op, whatever the key count."""
         self.epoch = self.epoch % (2**31 - 1) + 1
         if self.placement != "pre-replay":
             return
-        planned = [key for graph_key, key in self.keys.items()
-                   if num_tokens is None or _tokens_of(graph_key) == num_tokens]
-        if planned:
-            self._advance_epoch()
-        for key in planned:
-            self._plan(key)
+        for graph_key, key in self.keys.items():
+            if num_tokens is None or _tokens_of(graph_key) == num_tokens:
+                self._plan(key)
 
     def device_epoch(self) -> int | None:
         """The shared epoch as the device holds it now (a device-to-host copy: diagnosis
@@ -422,8 +463,8 @@ class NpuTilingEngine:
 
     def errors(self) -> dict[Hashable, tiling.TilingError]:
         """The tiling errors per key as of now, GQA and MLA keys alike (reads the epoch and
-        every tiling header back): a key whose tiling was not planned since the epoch's last
-        advance is stale (under ``graph`` every key but the last replayed one)."""
+        every tiling header back): a key whose tiling was not planned for the last replay is
+        stale (every key but those of the last replayed graph)."""
         found = {}
         current = self.device_epoch()
         for graph_key, key in self.keys.items():

@@ -84,8 +84,8 @@ class EngineWork:
             one of them, so the bench adds ``tiling_launches - 1`` (``pre-replay``) or
             ``tiling_launches`` (``graph``).
         device_ops: enqueued AI Core ops per step with no copy and no host wait (the shared
-            step epoch's advance under ``pre-replay``); the bench launches as many no-op
-            AI Core tasks.
+            step epoch's advance under ``pre-replay`` until 2026-12-06, 0 since: the graphs
+            advance it); the bench launches as many no-op AI Core tasks.
     """
 
     graph_keys: int

@@ -10,7 +10,6 @@ are checked against a stand-in torch.npu.
 """
 
 import importlib
-
 import types
 
 import pytest
@@ -23,6 +22,9 @@ from pyruntime.hook.npu_engine import NpuTilingEngine, vllm_tiling_engine
 pytest.importorskip("pyruntime.tiling", reason="needs our tiling kernels (pyruntime.tiling)")
 
 from test_behaviour import CFG, STEPS, _fresh, _run
+
+from pyruntime.kernels.step import tiling_status
+from pyruntime.tiling import StaleTilingError
 
 
 @pytest.mark.parametrize("where", ["graph", "pre-replay"])
@@ -47,7 +49,7 @@ def test_before_replay_copies_nothing_from_the_host_whatever_the_key_count(fixtu
                                                                          monkeypatch, where):
     """Issue 30: before_replay writes no host value into any key's buffers (it made one
     blocking epoch copy per captured key per step before): under graph it enqueues nothing,
-    under pre-replay one epoch advance on the device and the tiling of the replayed keys."""
+    under pre-replay only the tiling of the replayed keys (the epoch's advance is captured)."""
     npu = importlib.import_module("vllm_ascend._fixture_npu")
     engine = NpuTilingEngine(where, num_cores=4, launch=npu.launch)
     hook.install(engine_factory=lambda: (engine, None))
@@ -65,11 +67,18 @@ def test_before_replay_copies_nothing_from_the_host_whatever_the_key_count(fixtu
         engine.before_replay(None)
     assert copies == []
     planned = where == "pre-replay"
-    assert engine.epoch_advances - advances == (3 if planned else 0)
+    # the replays advance the epoch (ops captured once per graph), never before_replay
+    assert engine.epoch_advances == advances
     assert engine.tiling_launches - launches == (3 * len(engine.keys) if planned else 0)
-    # every key's tiling was planned after the last advance: none is stale (pre-replay)
     if planned:
-        assert engine.errors() == {}
+        # every key's tiling echoes the plan epoch, which only the next replay publishes as
+        # the step epoch: until then every key reads as stale (a replay that before_replay
+        # did not precede is refused)
+        plan = int(engine._plan_epoch.cpu()[0])
+        assert {tiling_status(k.params, k.tiling).epoch for k in engine.keys.values()} == {plan}
+        assert engine.device_epoch() != plan
+        assert all(isinstance(e, StaleTilingError) for e in engine.errors().values())
+        assert len(engine.errors()) == len(engine.keys)
 
 
 @pytest.mark.parametrize("where", ["graph", "pre-replay"])

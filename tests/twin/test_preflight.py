@@ -223,30 +223,40 @@ def test_item9_step_copies_never_read_freed_host_memory(tmp_path):
     assert "PageableCopyRace" in got["error"]
 
 
-def test_item11_engine_epoch_is_advanced_on_the_device_with_no_host_copy(tmp_path):
+@pytest.mark.parametrize("placement", ["graph", "pre-replay"])
+def test_item11_engine_epoch_is_advanced_on_the_device_with_no_host_copy(tmp_path, placement):
     """Item 11 was a race on the engine's pageable host epoch, copied to every key before
     each replay; since issue 30 there is no host epoch: the engine advances one device epoch
-    in place (an AI Core op, captured under ``graph``), which the twin runs in stream order
-    with no host-to-device copy and no host wait, and which wraps in int32 from whatever the
-    fresh memory held."""
-    body = '''
+    in place (AI Core ops captured once per graph: an add under ``graph``; under
+    ``pre-replay`` the plan epoch published as the step epoch, then advanced), which the twin
+    runs in stream order with no host-to-device copy and no host wait, and which wraps in
+    int32 from whatever the fresh memory held."""
+    body = f'''
     from pyruntime.hook.npu_engine import NpuTilingEngine
     from pyruntime.npu_twin import device as twin
-    engine = NpuTilingEngine("pre-replay", num_cores=4, ops=object())
+    engine = NpuTilingEngine({placement!r}, num_cores=4, ops=object())
     epoch = engine._epoch_buffer(torch.device("npu", 0))
+    advance = engine._advance_epoch if engine.placement == "graph" else engine._publish_epoch
     stats = twin.device().stats
     waits = ("copies_h2d_blocking", "copies_d2h", "synchronizes")
     before = [stats[k] for k in waits]
     for _ in range(3):
-        engine._advance_epoch()
+        advance()
     during = [stats[k] - b for k, b in zip(waits, before)]
     first = twin.inner(epoch).clone()  # what the device holds now: nothing has run yet
     torch.npu.synchronize()
-    result = {"waits": during, "unrun": int(first[0]), "advanced": engine.device_epoch()}
+    plan = None if engine._plan_epoch is None else int(engine._plan_epoch.cpu()[0])
+    result = {{"waits": during, "unrun": int(first[0]), "advanced": engine.device_epoch(),
+               "plan": plan}}
     '''
     got = run_case(body, tmp_path=tmp_path)["ok"]
     poison = int.from_bytes(bytes([0xA5] * 4), "little", signed=True)
-    assert got == {"waits": [0, 0, 0], "unrun": poison, "advanced": poison + 3}
+    if placement == "graph":
+        assert got == {"waits": [0, 0, 0], "unrun": poison, "advanced": poison + 3,
+                       "plan": None}
+    else:  # the step epoch is the plan epoch of the last replay, one behind the next's
+        assert got == {"waits": [0, 0, 0], "unrun": poison, "advanced": poison + 2,
+                       "plan": poison + 3}
 
 
 def test_found_by_the_twin_plan_tiling_needs_the_extension_before_capture(tmp_path):
