@@ -101,6 +101,10 @@ LORA_REQUESTS = (1,)
 #: its ``enable_npugraph_ex`` default True (``ascend_config.py`` ``AscendCompilationConfig``)
 #: (docs/hook-in-vllm-ascend.md, "The engine check: compilation")
 COMPILATIONS = ("none", "default")
+#: what `eager_reference_check` runs (a child's ``--compilation`` only, not serve-check's):
+#: mode NONE with no graphs at all (``cudagraph_mode`` NONE), vLLM-Ascend's eager forward, for
+#: the releases and models whose FULL graphs vLLM-Ascend cannot capture in mode NONE
+EAGER = "eager"
 #: torch_npu's graph compilers that vLLM-Ascend's ``npugraph_ex_compile`` uses, in its order
 #: (``compilation/compiler_interface.py``: ``import npugraph_ex``, on ImportError ``import
 #: torchair``): torch_npu 2.10 ships both as these subpackages and registers them as the
@@ -363,6 +367,8 @@ def compilation_arguments(compilation: str, speculative: str | None = None
     (`bytecode_hook_runs_only_without_aot_compile`), and torch's custom-op aliasing check a
     warning, which the release's torch does not run (`custom_op_aliasing_raises`). `reason`
     says what differs from the release's default (None: nothing)."""
+    if compilation == EAGER:
+        return {"mode": 0, "cudagraph_mode": "NONE"}, None, {}, None
     if compilation not in COMPILATIONS:
         raise EngineCheckError(f"unknown compilation {compilation!r}: one of "
                                f"{', '.join(COMPILATIONS)}")
@@ -587,7 +593,7 @@ def child_main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora", default=None, help="a LoRA adapter directory")
     p.add_argument("--profile", default=None,
                    help="run generate under torch_npu's profiler, its output kept here")
-    p.add_argument("--compilation", choices=COMPILATIONS, default="none")
+    p.add_argument("--compilation", choices=(*COMPILATIONS, EAGER), default="none")
     p.add_argument("--spec", default=None, choices=tuple(SPECULATIVE_CONFIGS),
                    help="speculative decoding method")
     args = p.parse_args(argv)
@@ -1015,6 +1021,28 @@ def check(model_dir: Path, model: str, max_tokens: int = 10, placement: str | No
               else None)
     return build_report(model, tp, lora is not None, placement, without, with_, divergence,
                         expected_device_layers, profile, judged, speculative)
+
+
+def eager_reference_check(model_dir: Path, model: str, max_tokens: int = 10) -> dict[str, Any]:
+    """vLLM's engine without the hook, in mode NONE with no graphs (`EAGER`), on `model_dir`
+    (reported as `model`): its tokens against the fp32 HF reference (`judge_against_reference`).
+
+    What it is for: on the twin, the check that vLLM-Ascend's own eager forward of a model runs
+    and gives the reference's tokens where its FULL graphs cannot be captured in mode NONE
+    (0.23.0.post1, any model; 0.30.0rc2's MLA), so serve-check cannot run there. The hook has
+    nothing to act on without graphs, so it is not run. Returns ``{"model", "vllm",
+    "vllm_ascend", "backend", "compilation_mode", "graph_replays", "decode_steps", "tokens",
+    "reference"}`` (``reference``: `judge_against_reference`'s). Raises `EngineCheckError`
+    when the run stops."""
+    check_twin_autostart()
+    run = run_child(model_dir, max_tokens, None, 1, hooked=False, compilation=EAGER)
+    if run.error:
+        raise EngineCheckError(f"the eager engine run stopped: {run.error}")
+    return {"model": model, "vllm": run.vllm, "vllm_ascend": run.vllm_ascend,
+            "backend": run.backend, "compilation_mode": run.compilation_mode,
+            "graph_replays": sum(n for _, _, n in run.replays),
+            "decode_steps": run.decode_steps, "tokens": run.tokens,
+            "reference": judge_against_reference(model_dir, run, max_tokens)}
 
 
 if __name__ == "__main__":
