@@ -150,7 +150,7 @@ class NpuTilingEngine:
         #: inside vLLM's capture) with the first key, then only ever advanced by the device
         self._device_epoch: torch.Tensor | None = None
         #: ``pre-replay``: int32 ``[1]``, what the tiling tasks echo, published as the step
-        #: epoch and advanced by each replay (``graph``: `_device_epoch` itself)
+        #: epoch and advanced by each replay (``graph``: None, the tasks echo `_device_epoch`)
         self._plan_epoch: torch.Tensor | None = None
         #: the vLLM-Ascend graph keys whose epoch ops are captured (one graph, one advance)
         self._opened_graphs: set[Hashable] = set()
